@@ -1,0 +1,244 @@
+"""Python face of the C++ session core (`onnx_tts._core`).
+
+The core loads the ONNX Runtime shared library that ships inside the installed `onnxruntime`
+(or `onnxruntime-gpu`) wheel, found without importing the wheel's Python module, so there is
+one ORT per process and GPU builds work unchanged.
+"""
+
+from __future__ import annotations
+
+import glob
+import importlib.util
+import os
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from onnx_tts import _core
+from onnx_tts.errors import ModelError, SessionError
+
+KVMode = Literal["copy", "chain", "inplace"]
+KV_MODES: tuple[str, ...] = ("copy", "chain", "inplace")
+
+_init_lock = threading.Lock()
+
+
+def ort_library_path() -> str:
+    """Path of libonnxruntime inside the installed onnxruntime wheel (or $ONNX_TTS_ORT_LIBRARY)."""
+    override = os.environ.get("ONNX_TTS_ORT_LIBRARY")
+    if override:
+        return override
+    spec = importlib.util.find_spec("onnxruntime")
+    if spec is None or not spec.submodule_search_locations:
+        raise SessionError(
+            "onnxruntime is not installed: pip install onnxruntime (or onnxruntime-gpu)"
+        )
+    for location in spec.submodule_search_locations:
+        candidates = sorted(glob.glob(os.path.join(location, "capi", "libonnxruntime.so*")))
+        if candidates:
+            return candidates[-1]
+    raise SessionError(
+        "the installed onnxruntime wheel has no capi/libonnxruntime.so*; reinstall onnxruntime "
+        "or set ONNX_TTS_ORT_LIBRARY to the library's path"
+    )
+
+
+def ensure_runtime() -> None:
+    """Load ONNX Runtime into the core once per process."""
+    if _core.is_initialized():
+        return
+    with _init_lock:
+        if not _core.is_initialized():
+            try:
+                _core.init(ort_library_path())
+            except _core.RunError as error:
+                raise SessionError(str(error)) from None
+
+
+def ort_version() -> str:
+    ensure_runtime()
+    return _core.ort_version()
+
+
+def available_providers() -> list[str]:
+    ensure_runtime()
+    return list(_core.available_providers())
+
+
+@dataclass(frozen=True)
+class SessionOptions:
+    """How a graph is run. `shared_thread_pool` makes sessions share ORT's global pool."""
+
+    providers: tuple[str, ...] = ("CPUExecutionProvider",)
+    intra_op_threads: int = 0
+    inter_op_threads: int = 0
+    graph_optimization_level: str = "all"
+    shared_thread_pool: bool = False
+    device_id: int = 0
+
+    def to_core(self) -> Any:
+        config = _core.SessionConfig()
+        config.providers = list(self.providers)
+        config.intra_op_threads = int(self.intra_op_threads)
+        config.inter_op_threads = int(self.inter_op_threads)
+        config.graph_optimization_level = self.graph_optimization_level
+        config.shared_thread_pool = bool(self.shared_thread_pool)
+        config.device_id = int(self.device_id)
+        return config
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    dtype: np.dtype
+    shape: tuple[int | str | None, ...]
+
+    def describe(self) -> str:
+        dims = ", ".join("?" if d is None else str(d) for d in self.shape)
+        return f"{self.name}: {self.dtype} [{dims}]"
+
+
+def _tensor_infos(raw: list[dict[str, Any]]) -> list[TensorInfo]:
+    return [TensorInfo(i["name"], np.dtype(i["dtype"]), tuple(i["shape"])) for i in raw]
+
+
+@dataclass
+class Session:
+    """One ONNX graph on the C++ core."""
+
+    path: Path
+    options: SessionOptions = field(default_factory=SessionOptions)
+
+    def __post_init__(self) -> None:
+        self.path = Path(self.path)
+        if not self.path.is_file():
+            raise ModelError(f"ONNX graph not found: {self.path}")
+        ensure_runtime()
+        try:
+            self._core = _core.Session(str(self.path), self.options.to_core())
+        except _core.ModelLoadError as error:
+            raise ModelError(str(error)) from None
+        except _core.RunError as error:
+            raise SessionError(str(error)) from None
+        self.inputs: list[TensorInfo] = _tensor_infos(self._core.inputs)
+        self.outputs: list[TensorInfo] = _tensor_infos(self._core.outputs)
+
+    @property
+    def input_names(self) -> list[str]:
+        return [info.name for info in self.inputs]
+
+    @property
+    def output_names(self) -> list[str]:
+        return [info.name for info in self.outputs]
+
+    def input(self, name: str) -> TensorInfo | None:
+        return next((info for info in self.inputs if info.name == name), None)
+
+    def output(self, name: str) -> TensorInfo | None:
+        return next((info for info in self.outputs if info.name == name), None)
+
+    def run(
+        self, feeds: Mapping[str, Any], output_names: Sequence[str] | None = None
+    ) -> dict[str, np.ndarray]:
+        """Run with numpy feeds; returns numpy outputs (all of them unless named)."""
+        try:
+            return self._core.run(dict(feeds), None if output_names is None else list(output_names))
+        except _core.RunError as error:
+            raise SessionError(str(error)) from None
+
+    def run_values(
+        self, feeds: Mapping[str, Any], output_names: Sequence[str] | None = None
+    ) -> dict[str, Any]:
+        """Run and keep the outputs in ORT memory (`_core.Value`); they can be fed back as-is."""
+        try:
+            return self._core.run(
+                dict(feeds), None if output_names is None else list(output_names), True
+            )
+        except _core.RunError as error:
+            raise SessionError(str(error)) from None
+
+    @property
+    def core(self) -> Any:
+        return self._core
+
+
+class KVCache:
+    """The KV cache of one LM session, in `copy`, `chain` or `inplace` mode.
+
+    `step(feeds)` takes every non-KV input (for GroupQueryAttention graphs `seqlens_k` and
+    `total_sequence_length` are filled in by the cache) and returns the non-KV outputs.
+    """
+
+    def __init__(
+        self,
+        session: Session,
+        mode: KVMode = "chain",
+        batch_size: int = 1,
+        capacity: int | None = None,
+        pairs: Mapping[str, str] | None = None,
+    ) -> None:
+        if mode not in KV_MODES:
+            raise SessionError(f"unknown KV mode {mode!r}; choose one of {', '.join(KV_MODES)}")
+        self.session = session
+        try:
+            self._core = _core.KVCache(
+                session.core, mode, batch_size, capacity, None if pairs is None else dict(pairs)
+            )
+        except _core.RunError as error:
+            raise SessionError(str(error)) from None
+
+    @property
+    def mode(self) -> str:
+        return self._core.mode
+
+    @property
+    def length(self) -> int:
+        return self._core.length
+
+    @property
+    def capacity(self) -> int | None:
+        return self._core.capacity
+
+    @property
+    def batch_size(self) -> int:
+        return self._core.batch_size
+
+    @property
+    def pairs(self) -> list[tuple[str, str]]:
+        return list(self._core.pairs)
+
+    def step(
+        self,
+        feeds: Mapping[str, Any],
+        new_tokens: int | None = None,
+        output_names: Sequence[str] | None = None,
+    ) -> dict[str, np.ndarray]:
+        try:
+            return self._core.step(
+                dict(feeds), new_tokens, None if output_names is None else list(output_names)
+            )
+        except _core.RunError as error:
+            raise SessionError(str(error)) from None
+
+    def reset(self) -> None:
+        self._core.reset()
+
+    def read(self, index: int) -> np.ndarray:
+        """Copy of KV tensor `index` (in `pairs` order), [batch, heads, length, head_dim]."""
+        return self._core.read(index)
+
+    def past_data_ptrs(self) -> list[int]:
+        return list(self._core.past_data_ptrs())
+
+    def present_data_ptrs(self) -> list[int]:
+        return list(self._core.present_data_ptrs())
+
+    def stats(self) -> dict[str, int]:
+        return dict(self._core.stats())
+
+    def reset_stats(self) -> None:
+        self._core.reset_stats()
