@@ -70,9 +70,7 @@ def concat_lm(
             helper.make_node(
                 "Concat", [f"past_key_values.{i}.value", proj["v"]], [f"present.{i}.value"], axis=2
             ),
-            helper.make_node(
-                "Transpose", [f"present.{i}.key"], [f"kt{i}"], perm=[0, 1, 3, 2]
-            ),
+            helper.make_node("Transpose", [f"present.{i}.key"], [f"kt{i}"], perm=[0, 1, 3, 2]),
             helper.make_node("MatMul", [proj["q"], f"kt{i}"], [f"scores{i}"]),
             helper.make_node("Softmax", [f"scores{i}"], [f"probs{i}"], axis=-1),
             helper.make_node("MatMul", [f"probs{i}", f"present.{i}.value"], [f"ctx{i}"]),

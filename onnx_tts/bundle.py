@@ -1,0 +1,159 @@
+"""Bundle manifests (`bundle.json`): loading, and validation against the graphs they name."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from onnx_tts.errors import ModelError
+from onnx_tts.session import Session
+
+FORMAT_VERSION = 1
+MANIFEST = "bundle.json"
+DEFAULT_MODEL_DIR = Path(__file__).resolve().parent / "models" / "reference"
+
+_REQUIRED_SECTIONS = ("graphs", "kv", "codec", "text", "sampling", "streaming", "vocoder")
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def resolve_model_dir(model: str | Path | None) -> Path:
+    """The model directory to load: the argument, or the bundled default voice."""
+    if model is None:
+        return DEFAULT_MODEL_DIR
+    path = Path(model).expanduser()
+    if not path.exists():
+        raise ModelError(f"model directory not found: {path}")
+    if not path.is_dir():
+        raise ModelError(f"--model must be a directory holding a model, got the file {path}")
+    return path
+
+
+@dataclass
+class Bundle:
+    """A parsed and checked `bundle.json`."""
+
+    root: Path
+    manifest: dict[str, Any]
+
+    @classmethod
+    def load(cls, root: Path, verify_checksums: bool = True) -> Bundle:
+        path = root / MANIFEST
+        if not path.is_file():
+            raise ModelError(f"{root} has no {MANIFEST}; it is not an onnx-tts bundle")
+        try:
+            manifest = json.loads(path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            raise ModelError(f"{path} is not valid JSON: {error}") from None
+        if not isinstance(manifest, dict):
+            raise ModelError(f"{path} must hold a JSON object")
+        version = manifest.get("format_version")
+        if version != FORMAT_VERSION:
+            raise ModelError(
+                f"{path}: format_version {version!r} is not supported (this onnx-tts reads "
+                f"{FORMAT_VERSION}); upgrade onnx-tts or re-export the bundle"
+            )
+        missing = [key for key in _REQUIRED_SECTIONS if not isinstance(manifest.get(key), dict)]
+        if missing:
+            raise ModelError(f"{path} lacks section(s): {', '.join(missing)}")
+        bundle = cls(root, manifest)
+        bundle._check_files(verify_checksums)
+        return bundle
+
+    def _check_files(self, verify_checksums: bool) -> None:
+        expected = self.manifest.get("sha256", {})
+        files = [*self.manifest["graphs"].values(), self.manifest["text"]["tokenizer"]]
+        absent = [name for name in files if not (self.root / name).is_file()]
+        if absent:
+            raise ModelError(f"bundle {self.root} is missing file(s): {', '.join(absent)}")
+        if not verify_checksums:
+            return
+        for name in files:
+            want = expected.get(name)
+            if want and file_sha256(self.root / name) != want:
+                raise ModelError(
+                    f"bundle {self.root}: {name} does not match the sha256 in {MANIFEST} "
+                    "(the file is corrupt or was changed after export)"
+                )
+
+    # -- convenient views ---------------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        return str(self.manifest.get("name", self.root.name))
+
+    @property
+    def identity(self) -> str:
+        """Stable id of this bundle's contents: name, version and graph hashes."""
+        hashes = self.manifest.get("sha256", {})
+        payload = json.dumps(
+            [self.name, self.manifest.get("version"), sorted(hashes.items())], sort_keys=True
+        )
+        return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+    @property
+    def sample_rate(self) -> int:
+        return int(self.manifest["sample_rate"])
+
+    def graph_path(self, role: str) -> Path:
+        graphs = self.manifest["graphs"]
+        if role not in graphs:
+            raise ModelError(f"bundle {self.root} defines no '{role}' graph")
+        return self.root / graphs[role]
+
+    def section(self, name: str) -> dict[str, Any]:
+        return dict(self.manifest.get(name, {}))
+
+    def kv_names(self) -> list[tuple[str, str]]:
+        kv = self.manifest["kv"]
+        return [
+            (past.format(i=i), present.format(i=i))
+            for i in range(int(kv["layers"]))
+            for past, present in zip(kv["past_names"], kv["present_names"], strict=True)
+        ]
+
+
+def check_graph_io(
+    session: Session,
+    role: str,
+    inputs: dict[str, tuple[str, Iterable[int | None]]],
+    outputs: dict[str, tuple[str, Iterable[int | None]]],
+) -> None:
+    """Compare a graph's I/O with what the manifest implies; name every mismatch at once.
+
+    `inputs`/`outputs` map tensor name -> (dtype, dims) where a None dim is free.
+    """
+    problems: list[str] = []
+    for kind, expected, actual in (
+        ("input", inputs, {i.name: i for i in session.inputs}),
+        ("output", outputs, {o.name: o for o in session.outputs}),
+    ):
+        for name, (dtype, dims) in expected.items():
+            info = actual.get(name)
+            if info is None:
+                problems.append(f"missing {kind} '{name}'")
+                continue
+            if info.dtype != np.dtype(dtype):
+                problems.append(f"{kind} '{name}' is {info.dtype}, expected {dtype}")
+            dims = list(dims)
+            if len(info.shape) != len(dims):
+                problems.append(f"{kind} '{name}' has rank {len(info.shape)}, expected {len(dims)}")
+                continue
+            for axis, (have, want) in enumerate(zip(info.shape, dims, strict=True)):
+                if want is not None and isinstance(have, int) and have != want:
+                    problems.append(f"{kind} '{name}' dimension {axis} is {have}, expected {want}")
+    if problems:
+        raise ModelError(
+            f"{role} graph {session.path} does not match bundle.json: " + "; ".join(problems)
+        )
