@@ -1,0 +1,42 @@
+"""Shared fixtures. Every test run gets its own cache directory, never the user's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _isolated_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> None:
+    import os
+
+    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("xdg-cache"))
+
+
+def speechlike(seconds: float, sample_rate: int = 24000, seed: int = 0) -> np.ndarray:
+    """A voiced, amplitude-modulated signal: enough structure for an encoder to chew on."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(int(seconds * sample_rate)) / sample_rate
+    f0 = 110 + 40 * seed + 15 * np.sin(2 * np.pi * 0.7 * t)
+    phase = 2 * np.pi * np.cumsum(f0) / sample_rate
+    voiced = sum(np.sin(k * phase) / k for k in range(1, 8))
+    envelope = 0.5 * (1 + np.sin(2 * np.pi * 3.0 * t + seed))
+    noise = 0.02 * rng.standard_normal(len(t))
+    return (0.3 * voiced * envelope / 2.5 + noise).astype(np.float32)
+
+
+@pytest.fixture(scope="session")
+def voice_wav(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("voices") / "voice.wav"
+    soundfile.write(str(path), speechlike(3.0), 24000, subtype="FLOAT")
+    return path
+
+
+@pytest.fixture(scope="session")
+def reference_engine():
+    import onnx_tts
+
+    return onnx_tts.load(kv="inplace", cache_dir=None)

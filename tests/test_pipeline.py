@@ -1,0 +1,363 @@
+"""End to end: text (+ voice) -> waveform on the reference bundle, the CLI, and bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile
+
+import onnx_tts
+from onnx_tts.audio import check_output_path
+from onnx_tts.bundle import DEFAULT_MODEL_DIR
+from onnx_tts.cli import main
+from onnx_tts.errors import InputError, ModelError, OutputError
+from onnx_tts.families.reference import ReferenceModel
+from onnx_tts.frontend import normalize_text, split_sentences
+from onnx_tts.generator import DelayPattern, DelayState, Sampler, SamplingOptions
+from tests.conftest import speechlike
+
+TEXT = "Hello there. The quick brown fox jumps over the lazy dog."
+
+
+@pytest.fixture(scope="module")
+def engines() -> dict[str, onnx_tts.Engine]:
+    return {mode: onnx_tts.load(kv=mode, cache_dir=None) for mode in ("copy", "chain", "inplace")}
+
+
+def test_every_kv_mode_gives_identical_samples(engines: dict[str, onnx_tts.Engine]) -> None:
+    audio = {mode: engine.synthesize(TEXT, seed=7) for mode, engine in engines.items()}
+    reference = audio["copy"]
+    assert reference.sample_rate == 24000
+    assert reference.samples.dtype == np.float32
+    assert np.isfinite(reference.samples).all()
+    assert np.abs(reference.samples).max() <= 1.0
+    for mode in ("chain", "inplace"):
+        np.testing.assert_array_equal(audio[mode].samples, reference.samples)
+
+
+def test_same_seed_same_audio_other_seed_other_audio(reference_engine: onnx_tts.Engine) -> None:
+    first = reference_engine.synthesize("A short sentence.", seed=3)
+    again = reference_engine.synthesize("A short sentence.", seed=3)
+    other = reference_engine.synthesize("A short sentence.", seed=4)
+    np.testing.assert_array_equal(first.samples, again.samples)
+    assert not np.array_equal(first.samples, other.samples)
+
+
+def test_duration_is_plausible_for_the_text(reference_engine: onnx_tts.Engine) -> None:
+    model = reference_engine.backend
+    for text in ("Hi.", TEXT):
+        chunks = model.text_chunks(text)
+        audio = reference_engine.synthesize(text, seed=1)
+        frames = audio.samples.shape[0] // model.hop_length
+        pause_frames = (len(chunks) - 1) * 0.15 * 50
+        low = sum(model.limits(c).min_frames for c in chunks)
+        high = sum(model.limits(c).max_frames for c in chunks) + pause_frames + 1
+        assert low <= frames <= high, (text, frames, low, high)
+    short = reference_engine.synthesize("Hi.", seed=1).duration
+    long = reference_engine.synthesize(TEXT * 2, seed=1).duration
+    assert long > 3 * short
+
+
+def test_long_text_is_split_into_sentences(reference_engine: onnx_tts.Engine) -> None:
+    seen: list[tuple[int, int]] = []
+    reference_engine.synthesize(
+        "One. Two. Three.", seed=1, progress=lambda done, total: seen.append((done, total))
+    )
+    assert seen == [(1, 3), (2, 3), (3, 3)]
+
+
+def test_voice_changes_the_output_and_wav_flac_agree(
+    reference_engine: onnx_tts.Engine, tmp_path: Path
+) -> None:
+    samples = speechlike(2.5, seed=2)
+    wav, flac = tmp_path / "v.wav", tmp_path / "v.flac"
+    soundfile.write(str(wav), samples, 24000, subtype="PCM_24")
+    soundfile.write(str(flac), samples, 24000, subtype="PCM_24")
+    plain = reference_engine.synthesize("Clone me.", seed=5)
+    from_wav = reference_engine.synthesize("Clone me.", voice=wav, seed=5)
+    from_flac = reference_engine.synthesize("Clone me.", voice=flac, seed=5)
+    assert not np.array_equal(plain.samples, from_wav.samples)
+    np.testing.assert_array_equal(from_wav.samples, from_flac.samples)
+
+
+def test_voice_at_another_rate_is_resampled(reference_engine: onnx_tts.Engine, tmp_path: Path):
+    path = tmp_path / "v16k.wav"
+    soundfile.write(str(path), speechlike(2.0, sample_rate=16000), 16000)
+    prompt = reference_engine.voice(path)
+    assert prompt["codes"].shape == (int(2.0 * 24000) // 480, 4)
+
+
+def test_concat_lm_runs_in_copy_and_chain_and_refuses_inplace() -> None:
+    copy = onnx_tts.Engine(ReferenceModel(DEFAULT_MODEL_DIR, "copy", lm_graph="lm_concat"), None)
+    chain = onnx_tts.Engine(ReferenceModel(DEFAULT_MODEL_DIR, "chain", lm_graph="lm_concat"), None)
+    a = copy.synthesize("Concat graphs too.", seed=2)
+    b = chain.synthesize("Concat graphs too.", seed=2)
+    np.testing.assert_array_equal(a.samples, b.samples)
+    with pytest.raises(InputError, match="GroupQueryAttention"):
+        ReferenceModel(DEFAULT_MODEL_DIR, "inplace", lm_graph="lm_concat")
+
+
+def test_audio_save_is_atomic(
+    reference_engine: onnx_tts.Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    audio = reference_engine.synthesize("Save me.", seed=1)
+    target = tmp_path / "out.wav"
+    audio.save(target)
+    before = target.read_bytes()
+    data, rate = soundfile.read(str(target), dtype="float32")
+    assert rate == 24000 and len(data) == len(audio.samples)
+
+    def broken_write(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(soundfile, "write", broken_write)
+    with pytest.raises(OutputError, match="No space left"):
+        audio.save(target)
+    assert target.read_bytes() == before  # the old file survives a failed write
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.wav"]
+
+
+# -- frontend, sampler, delay pattern ------------------------------------------------------------
+
+
+def test_normalize_text() -> None:
+    assert normalize_text("Dr. Smith paid $1,250 & left.") == (
+        "doctor Smith paid $one thousand two hundred fifty and left."
+    )
+    assert normalize_text("It’s  3.5\tpercent…") == "It's three point five percent..."
+    assert normalize_text("Room 42") == "Room forty two"
+
+
+def test_split_sentences_bounds_chunk_length() -> None:
+    text = "First one. Second one! " + ", ".join(["a long clause of words"] * 20) + "."
+    chunks = split_sentences(text, max_chars=80)
+    assert chunks[:2] == ["First one.", "Second one!"]
+    assert all(len(c) <= 80 for c in chunks)
+    assert " ".join(chunks).replace(" ", "") == text.replace(" ", "")
+
+
+def test_sampler_greedy_topk_and_seed() -> None:
+    logits = np.array([0.1, 2.0, 1.9, -1.0], np.float32)
+    assert Sampler(SamplingOptions(temperature=0)).sample(logits) == 1
+    assert {Sampler(SamplingOptions(top_k=1, seed=s)).sample(logits) for s in range(20)} == {1}
+    draws = [Sampler(SamplingOptions(seed=11, top_k=0, top_p=1.0)).sample(logits) for _ in range(3)]
+    assert len(set(draws)) == 1
+    spread = {
+        Sampler(SamplingOptions(seed=s, temperature=2.0, top_k=0, top_p=1.0)).sample(logits)
+        for s in range(50)
+    }
+    assert len(spread) > 2
+
+
+def test_repetition_penalty_lowers_seen_tokens() -> None:
+    sampler = Sampler(SamplingOptions(repetition_penalty=2.0))
+    out = sampler.penalize(np.array([4.0, -1.0, 3.0], np.float32), np.array([0, 1]))
+    np.testing.assert_allclose(out, [2.0, -2.0, 3.0])
+
+
+@pytest.mark.parametrize("bad", [{"temperature": -1}, {"top_p": 0}, {"top_k": -2}, {"seed": -5}])
+def test_bad_sampling_options(bad: dict) -> None:
+    with pytest.raises(InputError):
+        SamplingOptions(**bad).checked()
+
+
+def test_delay_pattern_assembles_whole_frames_only() -> None:
+    k, pad, eos = 3, 90, 92
+    pattern = DelayPattern(k, pad, eos)
+    frames_out: list[np.ndarray] = []
+    states = []
+    # Frames f carry value 10*f + codebook; EOS after 4 frames.
+    row = 0
+    while pattern.state is not DelayState.FINISHED:
+        states.append(pattern.state)
+        values = []
+        for codebook in range(k):
+            forced = pattern.forced(codebook)
+            if forced is not None:
+                values.append(forced)
+            elif codebook == 0 and row == 4:
+                values.append(eos)
+            else:
+                values.append(10 * (row - codebook) + codebook)
+        frames_out += pattern.push(np.array(values))
+        row += 1
+    assert row == 4 + k - 1
+    assert states[0] is DelayState.DELAY and DelayState.ACTIVE in states
+    assert states[-1] is DelayState.WIND_DOWN
+    np.testing.assert_array_equal(
+        np.stack(frames_out), [[10 * f + c for c in range(k)] for f in range(4)]
+    )
+
+
+# -- bundle validation ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def bundle_copy(tmp_path: Path) -> Path:
+    target = tmp_path / "bundle"
+    shutil.copytree(DEFAULT_MODEL_DIR, target)
+    return target
+
+
+def _edit_manifest(root: Path, edit) -> None:
+    manifest = json.loads((root / "bundle.json").read_text())
+    edit(manifest)
+    (root / "bundle.json").write_text(json.dumps(manifest))
+
+
+def test_manifest_mismatch_names_the_tensor(bundle_copy: Path) -> None:
+    _edit_manifest(bundle_copy, lambda m: m["codec"].update(codebooks=5))
+    with pytest.raises(ModelError, match=r"codes.*dimension 2 is 4, expected 5"):
+        onnx_tts.load(bundle_copy, cache_dir=None)
+
+
+def test_missing_graph_is_named(bundle_copy: Path) -> None:
+    (bundle_copy / "vocoder.onnx").unlink()
+    with pytest.raises(ModelError, match=r"missing file.*vocoder\.onnx"):
+        onnx_tts.load(bundle_copy, cache_dir=None)
+
+
+def test_corrupt_graph_fails_its_checksum(bundle_copy: Path) -> None:
+    data = bytearray((bundle_copy / "embed.onnx").read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (bundle_copy / "embed.onnx").write_bytes(bytes(data))
+    with pytest.raises(ModelError, match=r"embed.onnx does not match the sha256"):
+        onnx_tts.load(bundle_copy, cache_dir=None)
+
+
+def test_unsupported_format_version(bundle_copy: Path) -> None:
+    _edit_manifest(bundle_copy, lambda m: m.update(format_version=99))
+    with pytest.raises(ModelError, match="format_version 99"):
+        onnx_tts.load(bundle_copy, cache_dir=None)
+
+
+# -- CLI -----------------------------------------------------------------------------------------
+
+
+def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    code = main([*args])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_cli_synth_writes_a_wav(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "hello.wav"
+    code, _, err = run_cli(
+        [
+            "synth",
+            "Hello.",
+            "-o",
+            str(out),
+            "--seed",
+            "1",
+            "--cache-dir",
+            "none",
+            "--kv",
+            "chain",
+            "-v",
+        ],
+        capsys,
+    )
+    assert code == 0, err
+    data, rate = soundfile.read(str(out))
+    assert rate == 24000 and len(data) > 0
+    assert "RTF" in err and "[" not in err  # timings shown, no progress bar off a terminal
+    again = tmp_path / "again.wav"
+    run_cli(["synth", "Hello.", "-o", str(again), "--seed", "1", "--cache-dir", "none"], capsys)
+    assert again.read_bytes() == out.read_bytes()
+
+
+def test_cli_reads_text_from_stdin(tmp_path: Path) -> None:
+    out = tmp_path / "stdin.wav"
+    result = subprocess.run(
+        [sys.executable, "-m", "onnx_tts.cli", "synth", "-", "-o", str(out), "--cache-dir", "none"],
+        input=b"Read from standard input.",
+        capture_output=True,
+    )
+    assert result.returncode == 0, result.stderr
+    assert soundfile.info(str(out)).duration > 0.1
+
+
+def test_cli_info_json(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_cli(["info", "--json", "--cache-dir", "none"], capsys)
+    info = json.loads(out)
+    assert code == 0
+    assert info["sample_rate"] == 24000 and info["kv"]["layers"] == 4
+    lm_inputs = info["graphs"]["lm"]["inputs"]
+    assert any(line.startswith("past_key_values.3.value: float32") for line in lm_inputs)
+
+
+def _bad_reference_files(tmp_path: Path) -> dict[str, tuple[Path, str]]:
+    corrupt = tmp_path / "corrupt.wav"
+    corrupt.write_bytes(b"RIFF\x00\x00\x00\x00WAVEjunkjunkjunk")
+    unsupported = tmp_path / "voice.txt"
+    unsupported.write_text("not audio at all")
+    silent = tmp_path / "silent.wav"
+    soundfile.write(str(silent), np.zeros(48000, np.float32), 24000)
+    short = tmp_path / "short.wav"
+    soundfile.write(str(short), speechlike(0.1), 24000)
+    return {
+        "missing": (tmp_path / "nope.wav", "not found"),
+        "corrupt": (corrupt, "cannot decode"),
+        "unsupported": (unsupported, "cannot decode"),
+        "silent": (silent, "silent"),
+        "too short": (short, "at least"),
+    }
+
+
+def test_cli_bad_inputs_fail_cleanly(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "out.wav"
+    cases: list[tuple[list[str], str]] = [
+        (["synth", "", "-o", str(out)], "text is empty"),
+        (["synth", "   \n\t", "-o", str(out)], "text is empty"),
+        (
+            ["synth", "Hi.", "-o", str(out), "--model", str(tmp_path / "no-model")],
+            "model directory not found",
+        ),
+        (["synth", "Hi.", "-o", str(tmp_path / "missing-dir" / "x.wav")], "does not exist"),
+        (["synth", "Hi.", "-o", str(tmp_path / "x.mp3")], "unknown extension"),
+        (["synth", "Hi.", "-o", str(out), "--temperature", "-2"], "temperature"),
+    ]
+    for _name, (path, message) in _bad_reference_files(tmp_path).items():
+        cases.append((["synth", "Hi.", "-o", str(out), "--voice", str(path)], message))
+    for args, message in cases:
+        code, _stdout, err = run_cli([*args, "--cache-dir", "none"], capsys)
+        assert code == 2, (args, err)
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and message in lines[0], (args, err)
+        assert "Traceback" not in err
+        assert not out.exists()
+    leftovers = [
+        p.name for p in tmp_path.iterdir() if p.name.startswith(".") or p.suffix == ".part"
+    ]
+    assert leftovers == []
+
+
+def test_cli_undecodable_stdin_and_unwritable_dir(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "onnx_tts.cli", "synth", "-", "-o", str(tmp_path / "x.wav")],
+        input=b"\xff\xfe\xfa not utf-8",
+        capture_output=True,
+    )
+    assert result.returncode == 2
+    assert b"not valid UTF-8" in result.stderr and b"Traceback" not in result.stderr
+    directory = tmp_path / "dir.wav"
+    directory.mkdir()
+    with pytest.raises(OutputError, match="is a directory"):
+        check_output_path(directory)
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        if not os.access(locked, os.W_OK):  # root may write anyway; then there is no error
+            with pytest.raises(OutputError, match="not writable"):
+                check_output_path(locked / "x.wav")
+    finally:
+        locked.chmod(0o700)
