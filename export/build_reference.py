@@ -1,0 +1,370 @@
+"""Builds the default reference bundle (random weights) into onnx_tts/models/reference/.
+
+    python -m export.build_reference [OUT_DIR] [--seed 0]
+
+All graphs are written by hand with onnx.helper from the torch modules' weights, so the files
+are byte-identical from build to build (checked by tests/test_reference_export.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import string
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+import torch
+
+from export.onnx_graphs import (
+    FLOAT,
+    INT64,
+    GraphBuilder,
+    LayerWeights,
+    LMWeights,
+    atomic_write_bytes,
+    build_concat_lm,
+    build_gqa_lm,
+    linear,
+    reduce_op,
+    save_model,
+)
+from export.reference_model import (
+    LEAKY_SLOPE,
+    ReferenceConfig,
+    ReferenceModel,
+    build_reference_model,
+)
+
+DEFAULT_OUT_DIR = Path(__file__).resolve().parent.parent / "onnx_tts" / "models" / "reference"
+GRAPH_FILES = {
+    "encoder": "encoder.onnx",
+    "embed": "embed.onnx",
+    "lm": "lm.onnx",
+    "lm_concat": "lm_concat.onnx",
+    "vocoder": "vocoder.onnx",
+}
+TOKENIZER_FILE = "tokenizer.json"
+KV_CAPACITY = 2048
+
+SPECIAL_TOKENS = ("<pad>", "<unk>", "<bos>", "<eos>")
+PUNCTUATION = (".", ",", "?", "!", "'", "-", ":", ";", '"', "(", ")")
+
+
+def tokenizer_vocab() -> dict[str, int]:
+    symbols = [*SPECIAL_TOKENS, *string.ascii_lowercase, *string.digits, " ", *PUNCTUATION]
+    return {symbol: index for index, symbol in enumerate(symbols)}
+
+
+def build_tokenizer_json() -> str:
+    """Character-level BPE with no merges; NFKC + lowercase; unknown characters -> <unk>."""
+    from tokenizers import Tokenizer, decoders, models, normalizers
+
+    tokenizer = Tokenizer(models.BPE(vocab=tokenizer_vocab(), merges=[], unk_token="<unk>"))
+    tokenizer.normalizer = normalizers.Sequence([normalizers.NFKC(), normalizers.Lowercase()])
+    tokenizer.decoder = decoders.Fuse()
+    tokenizer.add_special_tokens(list(SPECIAL_TOKENS))
+    return tokenizer.to_str(pretty=True) + "\n"
+
+
+def _np(t: torch.Tensor) -> np.ndarray:
+    return np.ascontiguousarray(t.detach().cpu().numpy().astype(np.float32))
+
+
+def _linear_weight(layer: torch.nn.Linear) -> np.ndarray:
+    return _np(layer.weight.T)  # torch keeps [out, in]; the graph computes x @ W
+
+
+def _bias(layer: torch.nn.Linear | torch.nn.Conv1d) -> np.ndarray:
+    if layer.bias is None:
+        raise ValueError(f"{layer} has no bias")
+    return _np(layer.bias)
+
+
+def _gather_codebook_sum(b: GraphBuilder, codes: str, tables: np.ndarray, name: str) -> str:
+    """Sum over k of tables[k][codes[..., k]]; codes [B,S,K] -> [B,S,D].
+
+    One Gather per codebook on its own table (not one on the flattened tables), so an id past
+    the end of a table fails in ORT instead of silently reading the next codebook's rows.
+    """
+    total = ""
+    for k, table in enumerate(tables):
+        ids = b.node("Gather", [codes, b.const(k)], axis=2, name=f"{name}.{k}/Ids")
+        rows = b.node(
+            "Gather",
+            [b.initializer(f"{name}.{k}.table", table), ids],
+            axis=0,
+            name=f"{name}.{k}/Gather",
+        )
+        total = rows if not total else b.node("Add", [total, rows], name=f"{name}.{k}/Sum")
+    return total
+
+
+def _dim(b: GraphBuilder, x: str, axis: int, name: str) -> str:
+    return b.node("Shape", [x], start=axis, end=axis + 1, name=name)  # shape [1]
+
+
+def build_encoder_graph(model: ReferenceModel) -> onnx.ModelProto:
+    enc, cfg = model.encoder, model.cfg
+    b = GraphBuilder("encoder")
+    audio = b.add_input("audio", FLOAT, ("batch", "samples"))
+    hop = b.const([cfg.hop_length])
+    batch = _dim(b, audio, 0, "frames/B")
+    frames = b.node("Div", [_dim(b, audio, 1, "frames/N"), hop], name="frames/F")
+    usable = b.node("Mul", [frames, hop], name="frames/Usable")
+    trimmed = b.node("Slice", [audio, b.const([0]), usable, b.const([1])], name="frames/Trim")
+    shape = b.node("Concat", [batch, frames, hop], axis=0, name="frames/Shape")
+    x = b.node("Reshape", [trimmed, shape], name="frames/Reshape")  # [B,F,hop]
+    x = b.node(
+        "Tanh", [linear(b, x, _linear_weight(enc.frame_proj), _bias(enc.frame_proj), "frame_proj")]
+    )
+    x = b.node("Transpose", [x], perm=[0, 2, 1], name="context/In")
+    x = b.node(
+        "Conv",
+        [
+            x,
+            b.initializer("context.weight", _np(enc.context.weight)),
+            b.initializer("context.bias", _bias(enc.context)),
+        ],
+        pads=[1, 1],
+        name="context/Conv",
+    )
+    x = b.node("LeakyRelu", [x], alpha=LEAKY_SLOPE, name="context/Act")
+    x = b.node("Transpose", [x], perm=[0, 2, 1], name="context/Out")
+    latent = linear(b, x, _linear_weight(enc.to_latent), _bias(enc.to_latent), "to_latent")
+
+    residual = latent
+    stage_codes = []
+    for k, codebook in enumerate(_np(enc.rvq.codebooks)):
+        table = b.initializer(f"rvq.{k}.codebook", codebook)
+        # A Transpose node rather than a second copy: ORT folds it once at load time.
+        table_t = b.node("Transpose", [table], perm=[1, 0], name=f"rvq.{k}/CodebookT")
+        norms = b.initializer(f"rvq.{k}.norms", (codebook * codebook).sum(-1))
+        dot = b.node("MatMul", [residual, table_t], name=f"rvq.{k}/Dot")
+        twice = b.node("Mul", [dot, b.const(2.0, np.float32)], name=f"rvq.{k}/Twice")
+        distance = b.node("Sub", [norms, twice], name=f"rvq.{k}/Distance")
+        index = b.node("ArgMin", [distance], axis=-1, keepdims=0, name=f"rvq.{k}/ArgMin")
+        chosen = b.node("Gather", [table, index], axis=0, name=f"rvq.{k}/Codeword")
+        residual = b.node("Sub", [residual, chosen], name=f"rvq.{k}/Residual")
+        stage_codes.append(b.node("Unsqueeze", [index, b.const([-1])], name=f"rvq.{k}/Code"))
+    b.node("Concat", stage_codes, axis=-1, output_names=["codes"], name="codes/Concat")
+    b.add_output("codes", INT64, ("batch", "frames", cfg.codebooks))
+
+    pooled = reduce_op(b, "ReduceMean", latent, [1], keepdims=False, name="speaker/Mean")
+    spk = linear(b, pooled, _linear_weight(enc.speaker), _bias(enc.speaker), "speaker")
+    sq = reduce_op(
+        b, "ReduceSum", b.node("Mul", [spk, spk]), [-1], keepdims=True, name="speaker/Sq"
+    )
+    norm = b.node("Sqrt", [b.node("Add", [sq, b.const(1e-12, np.float32)])], name="speaker/Norm")
+    b.node("Div", [spk, norm], output_names=["speaker_embedding"], name="speaker/Normalize")
+    b.add_output("speaker_embedding", FLOAT, ("batch", cfg.speaker_dim))
+    return b.build("reference encoder: frames -> conv stack -> latent -> residual VQ")
+
+
+def build_embed_graph(model: ReferenceModel) -> onnx.ModelProto:
+    emb, cfg = model.embed, model.cfg
+    b = GraphBuilder("embed")
+    text_ids = b.add_input("text_ids", INT64, ("batch", "text_length"))
+    audio_codes = b.add_input("audio_codes", INT64, ("batch", "audio_length", cfg.codebooks))
+    speaker = b.add_input("speaker_embedding", FLOAT, ("batch", cfg.speaker_dim))
+    text_table = b.initializer("text.table", _np(emb.text))
+    b.node(
+        "Gather", [text_table, text_ids], axis=0, output_names=["text_embeds"], name="text/Gather"
+    )
+    audio = _gather_codebook_sum(b, audio_codes, _np(emb.audio), "audio")
+    b.identity(audio, "audio_embeds")
+    projected = linear(b, speaker, _linear_weight(emb.speaker), _bias(emb.speaker), "speaker")
+    b.node(
+        "Unsqueeze",
+        [projected, b.const([1])],
+        output_names=["speaker_embeds"],
+        name="speaker/Unsqueeze",
+    )
+    b.add_output("text_embeds", FLOAT, ("batch", "text_length", cfg.hidden_size))
+    b.add_output("audio_embeds", FLOAT, ("batch", "audio_length", cfg.hidden_size))
+    b.add_output("speaker_embeds", FLOAT, ("batch", 1, cfg.hidden_size))
+    return b.build("reference embeddings: text table, summed per-codebook audio tables, speaker")
+
+
+def build_vocoder_graph(model: ReferenceModel) -> onnx.ModelProto:
+    voc, cfg = model.vocoder, model.cfg
+    b = GraphBuilder("vocoder")
+    codes = b.add_input("codes", INT64, ("batch", "frames", cfg.codebooks))
+    latent = _gather_codebook_sum(b, codes, _np(voc.rvq.codebooks), "dequantize")
+    x = linear(b, latent, _linear_weight(voc.inp), _bias(voc.inp), "inp")
+    x = b.node("LeakyRelu", [x], alpha=LEAKY_SLOPE, name="inp/Act")
+    x = b.node("Transpose", [x], perm=[0, 2, 1], name="blocks/In")
+    for i, block in enumerate(voc.blocks):
+        y = b.node(
+            "Conv",
+            [
+                x,
+                b.initializer(f"blocks.{i}.weight", _np(block.conv.weight)),
+                b.initializer(f"blocks.{i}.bias", _bias(block.conv)),
+            ],
+            dilations=[block.conv.dilation[0]],
+            pads=[block.left_pad, 0],  # causal: left padding only
+            name=f"blocks.{i}/Conv",
+        )
+        y = b.node("LeakyRelu", [y], alpha=LEAKY_SLOPE, name=f"blocks.{i}/Act")
+        x = b.node("Add", [x, y], name=f"blocks.{i}/Residual")
+    x = b.node("Transpose", [x], perm=[0, 2, 1], name="blocks/Out")
+    x = b.node(
+        "Tanh", [linear(b, x, _linear_weight(voc.out), _bias(voc.out), "out")], name="out/Tanh"
+    )
+    x = b.node("Mul", [x, b.const(0.5, np.float32)], name="out/Bound")
+    samples = b.node(
+        "Mul", [_dim(b, codes, 1, "out/F"), b.const([cfg.hop_length])], name="out/Samples"
+    )
+    shape = b.node("Concat", [_dim(b, codes, 0, "out/B"), samples], axis=0, name="out/Shape")
+    b.node("Reshape", [x, shape], output_names=["waveform"], name="out/Reshape")
+    b.add_output("waveform", FLOAT, ("batch", "samples"))
+    return b.build(
+        f"reference vocoder: causal, receptive field {cfg.vocoder_receptive_field_frames} frames"
+    )
+
+
+def lm_weights(model: ReferenceModel) -> LMWeights:
+    lm = model.lm
+    layers = [
+        LayerWeights(
+            attn_norm=_np(layer.attn_norm.weight),
+            q=_linear_weight(layer.q_proj),
+            k=_linear_weight(layer.k_proj),
+            v=_linear_weight(layer.v_proj),
+            o=_linear_weight(layer.o_proj),
+            mlp_norm=_np(layer.mlp_norm.weight),
+            gate=_linear_weight(layer.gate),
+            up=_linear_weight(layer.up),
+            down=_linear_weight(layer.down),
+        )
+        for layer in lm.layers
+    ]
+    return LMWeights(layers, _np(lm.final_norm.weight), _linear_weight(lm.head))
+
+
+def bundle_manifest(cfg: ReferenceConfig, sha256: dict[str, str]) -> dict[str, object]:
+    return {
+        "format_version": 1,
+        "family": "reference",
+        "name": "onnx-tts-reference",
+        "version": "1",
+        "sample_rate": cfg.sample_rate,
+        "graphs": dict(GRAPH_FILES),
+        "kv": {
+            "layers": cfg.layers,
+            "heads": cfg.heads,
+            "kv_heads": cfg.kv_heads,
+            "head_dim": cfg.head_dim,
+            "dtype": "float32",
+            "attention": "gqa",
+            "default_mode": "inplace",
+            "capacity": KV_CAPACITY,
+            "past_names": ["past_key_values.{i}.key", "past_key_values.{i}.value"],
+            "present_names": ["present.{i}.key", "present.{i}.value"],
+        },
+        "codec": {
+            "frame_rate": cfg.sample_rate // cfg.hop_length,
+            "hop_length": cfg.hop_length,
+            "codebooks": cfg.codebooks,
+            "codebook_size": cfg.codebook_size,
+            "pattern": "delay",
+            "pad_id": cfg.pad_id,
+            "bos_id": cfg.bos_id,
+            "eos_id": cfg.eos_id,
+        },
+        "text": {"tokenizer": TOKENIZER_FILE, "max_tokens_per_chunk": 200},
+        "encoder": {"min_seconds": 0.5, "max_seconds": 30.0, "prompt_frames": 150},
+        "lm": {"hidden_size": cfg.hidden_size, "max_positions": cfg.max_positions},
+        "sampling": {
+            "temperature": 0.8,
+            "top_k": 50,
+            "top_p": 0.95,
+            "repetition_penalty": 1.1,
+            "max_frames_per_token": 12,
+            "min_frames_per_token": 3,
+        },
+        "streaming": {
+            "first_chunk_frames": 8,
+            "stride_frames": 24,
+            "overlap_frames": 8,
+            "holdback_frames": 2,
+            "crossfade_samples": 480,
+        },
+        "vocoder": {
+            "receptive_field_frames": cfg.vocoder_receptive_field_frames,
+            "lookahead_frames": 0,
+        },
+        "sha256": sha256,
+    }
+
+
+@dataclass
+class BuildResult:
+    out_dir: Path
+    model: ReferenceModel
+    sha256: dict[str, str]
+    sizes: dict[str, int]
+
+
+def build_reference(out_dir: str | Path = DEFAULT_OUT_DIR, seed: int = 0) -> BuildResult:
+    """Builds every file of the bundle into out_dir (atomically, file by file)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    threads = torch.get_num_threads()
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    # One thread: the k-means reductions then run in one fixed order on any machine.
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    try:
+        cfg = ReferenceConfig(text_vocab_size=len(tokenizer_vocab()))
+        model = build_reference_model(seed, cfg)
+        weights = lm_weights(model)
+        graphs = {
+            "encoder": build_encoder_graph(model),
+            "embed": build_embed_graph(model),
+            "lm": build_gqa_lm(cfg.lm_spec(), weights, name="lm"),
+            "lm_concat": build_concat_lm(cfg.lm_spec(), weights, name="lm_concat"),
+            "vocoder": build_vocoder_graph(model),
+        }
+    finally:
+        torch.set_num_threads(threads)
+        torch.use_deterministic_algorithms(deterministic)
+
+    sha256: dict[str, str] = {}
+    sizes: dict[str, int] = {}
+    for key, filename in GRAPH_FILES.items():
+        data = save_model(graphs[key], out / filename)
+        sha256[filename] = hashlib.sha256(data).hexdigest()
+        sizes[filename] = len(data)
+    tokenizer = build_tokenizer_json().encode("utf-8")
+    atomic_write_bytes(out / TOKENIZER_FILE, tokenizer)
+    sha256[TOKENIZER_FILE] = hashlib.sha256(tokenizer).hexdigest()
+    sizes[TOKENIZER_FILE] = len(tokenizer)
+    manifest = json.dumps(bundle_manifest(cfg, sha256), indent=2) + "\n"
+    atomic_write_bytes(out / "bundle.json", manifest.encode("utf-8"))
+    sizes["bundle.json"] = len(manifest.encode("utf-8"))
+    return BuildResult(out, model, sha256, sizes)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out_dir", nargs="?", default=str(DEFAULT_OUT_DIR))
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    start = time.perf_counter()
+    result = build_reference(args.out_dir, args.seed)
+    elapsed = time.perf_counter() - start
+    for name, size in sorted(result.sizes.items()):
+        print(f"{size:>12,d}  {name}")
+    print(
+        f"{sum(result.sizes.values()):>12,d}  total, built in {elapsed:.1f} s -> {result.out_dir}"
+    )
+
+
+if __name__ == "__main__":
+    main()

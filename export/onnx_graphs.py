@@ -1,0 +1,586 @@
+"""Helpers for writing ONNX graphs by hand with ``onnx.helper``.
+
+Everything here is deterministic: node and tensor names come from counters and the caller's
+hints, never from ids or addresses, so building the same graph twice gives identical bytes.
+
+The decoder-only LM builders (:func:`build_gqa_lm`, :func:`build_concat_lm`) are general
+(layers, heads, kv_heads, head_dim, norm type, rotary or not) so the benchmarks can reuse them
+with random weights from :func:`random_lm_weights`.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from onnx_tts.errors import ModelError
+
+DEFAULT_OPSET = 17
+MS_DOMAIN = "com.microsoft"
+# ORT 1.31 refuses the IR version onnx 1.23 writes by default (14).
+IR_VERSION = 10
+
+FLOAT = TensorProto.FLOAT
+INT64 = TensorProto.INT64
+INT32 = TensorProto.INT32
+BOOL = TensorProto.BOOL
+
+Dim = int | str | None
+
+
+class GraphBuilder:
+    """Collects nodes, initializers and graph I/O; names every node deterministically."""
+
+    def __init__(self, name: str, opset: int = DEFAULT_OPSET) -> None:
+        self.name = name
+        self.opset = opset
+        self.nodes: list[onnx.NodeProto] = []
+        self.initializers: list[onnx.TensorProto] = []
+        self.inputs: list[onnx.ValueInfoProto] = []
+        self.outputs: list[onnx.ValueInfoProto] = []
+        self._used_names: set[str] = set()
+        self._counter = 0
+        self._uses_ms_domain = False
+        self._const_cache: dict[tuple[str, bytes, tuple[int, ...]], str] = {}
+
+    def _unique(self, hint: str) -> str:
+        name = hint
+        while name in self._used_names:
+            self._counter += 1
+            name = f"{hint}_{self._counter}"
+        self._used_names.add(name)
+        return name
+
+    # graph I/O -------------------------------------------------------------------------
+    def add_input(self, name: str, elem_type: int, shape: tuple[Dim, ...]) -> str:
+        self._used_names.add(name)
+        self.inputs.append(helper.make_tensor_value_info(name, elem_type, list(shape)))
+        return name
+
+    def add_output(self, name: str, elem_type: int, shape: tuple[Dim, ...] | None) -> str:
+        self.outputs.append(
+            helper.make_tensor_value_info(name, elem_type, None if shape is None else list(shape))
+        )
+        return name
+
+    # tensors ---------------------------------------------------------------------------
+    def initializer(self, name: str, array: np.ndarray) -> str:
+        unique = self._unique(name)
+        self.initializers.append(numpy_helper.from_array(np.asarray(array, order="C"), unique))
+        return unique
+
+    def const(self, value: np.ndarray | list | int | float, dtype: type = np.int64) -> str:
+        """A small constant initializer, shared between identical uses."""
+        array = np.asarray(value, dtype=dtype)
+        key = (str(array.dtype), array.tobytes(), array.shape)
+        if key not in self._const_cache:
+            self._const_cache[key] = self.initializer("const", array)
+        return self._const_cache[key]
+
+    # nodes -----------------------------------------------------------------------------
+    def node(
+        self,
+        op_type: str,
+        inputs: list[str],
+        num_outputs: int = 1,
+        domain: str = "",
+        name: str | None = None,
+        output_names: list[str] | None = None,
+        **attrs: object,
+    ) -> str | list[str]:
+        """Adds one node. Returns its output name, or the list of output names when
+        num_outputs > 1 or output_names is given (graph outputs are named by the caller)."""
+        node_name = self._unique(name or op_type)
+        if output_names is None:
+            outputs = [self._unique(f"{node_name}/out{i}") for i in range(num_outputs)]
+        else:
+            outputs = list(output_names)
+            self._used_names.update(outputs)
+        if domain == MS_DOMAIN:
+            self._uses_ms_domain = True
+        self.nodes.append(
+            helper.make_node(
+                op_type, inputs, outputs, name=node_name, domain=domain or None, **attrs
+            )
+        )
+        return outputs[0] if num_outputs == 1 and output_names is None else outputs
+
+    def identity(self, x: str, output_name: str) -> str:
+        self.node("Identity", [x], output_names=[output_name], name=f"{output_name}/Identity")
+        return output_name
+
+    # build -----------------------------------------------------------------------------
+    def build(self, doc_string: str = "") -> onnx.ModelProto:
+        graph = helper.make_graph(
+            self.nodes, self.name, self.inputs, self.outputs, initializer=self.initializers
+        )
+        opsets = [helper.make_opsetid("", self.opset)]
+        if self._uses_ms_domain:
+            opsets.append(helper.make_opsetid(MS_DOMAIN, 1))
+        model = helper.make_model(
+            graph, opset_imports=opsets, producer_name="onnx-tts-export", doc_string=doc_string
+        )
+        model.ir_version = IR_VERSION
+        return model
+
+
+# small op helpers --------------------------------------------------------------------------
+def reduce_op(
+    b: GraphBuilder, op: str, x: str, axes: list[int], keepdims: bool, name: str | None = None
+) -> str:
+    """Reduce* with axes as an input or attribute, whichever the builder's opset wants."""
+    axes_as_input = (op == "ReduceSum" and b.opset >= 13) or b.opset >= 18
+    if axes_as_input:
+        return b.node(op, [x, b.const(axes)], keepdims=int(keepdims), name=name)
+    return b.node(op, [x], axes=axes, keepdims=int(keepdims), name=name)
+
+
+def linear(b: GraphBuilder, x: str, weight: np.ndarray, bias: np.ndarray | None, name: str) -> str:
+    """x @ weight (+ bias); weight is [in, out]."""
+    y = b.node("MatMul", [x, b.initializer(f"{name}.weight", weight)], name=f"{name}/MatMul")
+    if bias is not None:
+        y = b.node("Add", [y, b.initializer(f"{name}.bias", bias)], name=f"{name}/Add")
+    return y
+
+
+def rms_norm(b: GraphBuilder, x: str, weight: np.ndarray, eps: float, name: str) -> str:
+    """x / sqrt(mean(x^2) + eps) * weight over the last axis (ORT fuses this pattern)."""
+    squared = b.node("Mul", [x, x], name=f"{name}/Square")
+    mean = reduce_op(b, "ReduceMean", squared, [-1], keepdims=True, name=f"{name}/Mean")
+    denom = b.node("Sqrt", [b.node("Add", [mean, b.const(eps, np.float32)], name=f"{name}/Eps")])
+    normed = b.node("Div", [x, denom], name=f"{name}/Div")
+    return b.node("Mul", [normed, b.initializer(f"{name}.weight", weight)], name=f"{name}/Scale")
+
+
+def layer_norm(
+    b: GraphBuilder, x: str, weight: np.ndarray, bias: np.ndarray, eps: float, name: str
+) -> str:
+    return b.node(
+        "LayerNormalization",
+        [x, b.initializer(f"{name}.weight", weight), b.initializer(f"{name}.bias", bias)],
+        axis=-1,
+        epsilon=eps,
+        name=name,
+    )
+
+
+def silu(b: GraphBuilder, x: str, name: str) -> str:
+    return b.node("Mul", [x, b.node("Sigmoid", [x], name=f"{name}/Sigmoid")], name=f"{name}/Mul")
+
+
+def rotary_tables(
+    max_positions: int, rotary_dim: int, theta: float = 10000.0
+) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin tables [max_positions, rotary_dim / 2] (half-split, Llama convention).
+
+    The angle is formed in float32 (position * inv_freq), as an in-graph Mul would, so the
+    table and a graph that computes angles from position_ids agree to the last bit of the angle.
+    """
+    inv_freq = rotary_inv_freq(rotary_dim, theta)
+    positions = np.arange(max_positions, dtype=np.float32)
+    angles = positions[:, None] * inv_freq[None, :]
+    return (
+        np.cos(angles.astype(np.float64)).astype(np.float32),
+        np.sin(angles.astype(np.float64)).astype(np.float32),
+    )
+
+
+def rotary_inv_freq(rotary_dim: int, theta: float = 10000.0) -> np.ndarray:
+    exponents = np.arange(0, rotary_dim, 2, dtype=np.float64) / rotary_dim
+    return (1.0 / theta**exponents).astype(np.float32)
+
+
+# decoder-only LM ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class DecoderLMSpec:
+    """Shape of a pre-norm decoder-only transformer with a SwiGLU MLP."""
+
+    layers: int
+    hidden_size: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    ffn_size: int
+    vocab_size: int
+    output_heads: int | None = None  # None: logits [B,S,V]; K: logits [B,S,K,V]
+    norm: Literal["rms", "layer"] = "rms"
+    rotary: bool = True
+    rope_theta: float = 10000.0
+    max_positions: int = 4096
+    norm_eps: float = 1e-5
+
+    def __post_init__(self) -> None:
+        if self.heads % self.kv_heads != 0:
+            raise ModelError(
+                f"heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads})"
+            )
+        if self.rotary and self.head_dim % 2 != 0:
+            raise ModelError(f"rotary needs an even head_dim, got {self.head_dim}")
+        if self.norm not in ("rms", "layer"):
+            raise ModelError(f"norm must be 'rms' or 'layer', got {self.norm!r}")
+
+    @property
+    def logits_width(self) -> int:
+        return self.vocab_size * (self.output_heads or 1)
+
+
+@dataclass
+class LayerWeights:
+    """One decoder layer; matrices are [in, out] (x @ W)."""
+
+    attn_norm: np.ndarray
+    q: np.ndarray
+    k: np.ndarray
+    v: np.ndarray
+    o: np.ndarray
+    mlp_norm: np.ndarray
+    gate: np.ndarray
+    up: np.ndarray
+    down: np.ndarray
+    attn_norm_bias: np.ndarray | None = None  # only for norm="layer"
+    mlp_norm_bias: np.ndarray | None = None
+
+
+@dataclass
+class LMWeights:
+    layers: list[LayerWeights]
+    final_norm: np.ndarray
+    head: np.ndarray  # [hidden, logits_width]
+    final_norm_bias: np.ndarray | None = None
+    extra: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+def random_lm_weights(spec: DecoderLMSpec, seed: int = 0) -> LMWeights:
+    """Random weights of the right shapes (for benchmark graphs; not a trained model)."""
+    rng = np.random.default_rng(seed)
+
+    def mat(n_in: int, n_out: int) -> np.ndarray:
+        return (rng.standard_normal((n_in, n_out)) / np.sqrt(n_in)).astype(np.float32)
+
+    def norm_pair() -> tuple[np.ndarray, np.ndarray | None]:
+        weight = (1.0 + 0.1 * rng.standard_normal(spec.hidden_size)).astype(np.float32)
+        bias = np.zeros(spec.hidden_size, np.float32) if spec.norm == "layer" else None
+        return weight, bias
+
+    d, q_width, kv_width = (
+        spec.hidden_size,
+        spec.heads * spec.head_dim,
+        spec.kv_heads * spec.head_dim,
+    )
+    layers = []
+    for _ in range(spec.layers):
+        attn_norm, attn_bias = norm_pair()
+        mlp_norm, mlp_bias = norm_pair()
+        layers.append(
+            LayerWeights(
+                attn_norm=attn_norm,
+                q=mat(d, q_width),
+                k=mat(d, kv_width),
+                v=mat(d, kv_width),
+                o=mat(q_width, d),
+                mlp_norm=mlp_norm,
+                gate=mat(d, spec.ffn_size),
+                up=mat(d, spec.ffn_size),
+                down=mat(spec.ffn_size, d),
+                attn_norm_bias=attn_bias,
+                mlp_norm_bias=mlp_bias,
+            )
+        )
+    final_norm, final_bias = norm_pair()
+    return LMWeights(layers, final_norm, mat(d, spec.logits_width), final_bias)
+
+
+def check_lm_weights(spec: DecoderLMSpec, weights: LMWeights) -> None:
+    """Raises ModelError naming the first tensor whose shape does not fit the spec."""
+    d, q, kv, ff = (
+        spec.hidden_size,
+        spec.heads * spec.head_dim,
+        spec.kv_heads * spec.head_dim,
+        spec.ffn_size,
+    )
+    if len(weights.layers) != spec.layers:
+        raise ModelError(f"spec has {spec.layers} layers but weights have {len(weights.layers)}")
+    expected: list[tuple[str, np.ndarray, tuple[int, ...]]] = []
+    for i, layer in enumerate(weights.layers):
+        expected += [
+            (f"layers.{i}.attn_norm", layer.attn_norm, (d,)),
+            (f"layers.{i}.q", layer.q, (d, q)),
+            (f"layers.{i}.k", layer.k, (d, kv)),
+            (f"layers.{i}.v", layer.v, (d, kv)),
+            (f"layers.{i}.o", layer.o, (q, d)),
+            (f"layers.{i}.mlp_norm", layer.mlp_norm, (d,)),
+            (f"layers.{i}.gate", layer.gate, (d, ff)),
+            (f"layers.{i}.up", layer.up, (d, ff)),
+            (f"layers.{i}.down", layer.down, (ff, d)),
+        ]
+    expected += [
+        ("final_norm", weights.final_norm, (d,)),
+        ("head", weights.head, (d, spec.logits_width)),
+    ]
+    for name, array, shape in expected:
+        if tuple(array.shape) != shape or array.dtype != np.float32:
+            raise ModelError(
+                f"LM weight {name} is {array.dtype}{tuple(array.shape)}, expected float32{shape} "
+                "([in, out] matrices: transpose torch Linear weights)"
+            )
+
+
+def _norm(
+    b: GraphBuilder, spec: DecoderLMSpec, x: str, w: np.ndarray, bias: np.ndarray | None, name: str
+) -> str:
+    if spec.norm == "rms":
+        return rms_norm(b, x, w, spec.norm_eps, name)
+    if bias is None:
+        raise ModelError(f"{name}: norm='layer' needs a bias; set LayerWeights.*_norm_bias")
+    return layer_norm(b, x, w, bias, spec.norm_eps, name)
+
+
+def _mlp(b: GraphBuilder, x: str, layer: LayerWeights, name: str) -> str:
+    gate = silu(b, linear(b, x, layer.gate, None, f"{name}.gate"), f"{name}/silu")
+    up = linear(b, x, layer.up, None, f"{name}.up")
+    return linear(
+        b, b.node("Mul", [gate, up], name=f"{name}/GateUp"), layer.down, None, f"{name}.down"
+    )
+
+
+def _lm_head(b: GraphBuilder, spec: DecoderLMSpec, x: str, weights: LMWeights) -> None:
+    normed = _norm(b, spec, x, weights.final_norm, weights.final_norm_bias, "final_norm")
+    flat = linear(b, normed, weights.head, None, "lm_head")
+    if spec.output_heads is None:
+        b.identity(flat, "logits")
+        b.add_output("logits", FLOAT, ("batch", "sequence", spec.vocab_size))
+    else:
+        b.node(
+            "Reshape",
+            [flat, b.const([0, 0, spec.output_heads, spec.vocab_size])],
+            output_names=["logits"],
+            name="logits/Reshape",
+        )
+        b.add_output("logits", FLOAT, ("batch", "sequence", spec.output_heads, spec.vocab_size))
+
+
+def _kv_io(b: GraphBuilder, spec: DecoderLMSpec, past_dim: str, present_dim: str) -> None:
+    for i in range(spec.layers):
+        for kind in ("key", "value"):
+            b.add_input(
+                f"past_key_values.{i}.{kind}",
+                FLOAT,
+                ("batch", spec.kv_heads, past_dim, spec.head_dim),
+            )
+    for i in range(spec.layers):
+        for kind in ("key", "value"):
+            b.add_output(
+                f"present.{i}.{kind}", FLOAT, ("batch", spec.kv_heads, present_dim, spec.head_dim)
+            )
+
+
+def build_gqa_lm(spec: DecoderLMSpec, weights: LMWeights, name: str = "lm") -> onnx.ModelProto:
+    """LM whose attention is com.microsoft GroupQueryAttention (KV cache written in place).
+
+    Inputs: inputs_embeds [B,S,D], seqlens_k int32 [B] (total length - 1), total_sequence_length
+    int32 scalar, past_key_values.{i}.key|value [B,Hkv,P,Dh]. Outputs: logits, present.{i}.*.
+    Works with a growing cache (present has P+S positions) and with one buffer of fixed capacity
+    bound as both past and present (ORT CPU detects the shared buffer by pointer).
+    """
+    check_lm_weights(spec, weights)
+    b = GraphBuilder(name)
+    x = b.add_input("inputs_embeds", FLOAT, ("batch", "sequence", spec.hidden_size))
+    seqlens_k = b.add_input("seqlens_k", INT32, ("batch",))
+    total_len = b.add_input("total_sequence_length", INT32, ())
+    _kv_io(b, spec, "past_sequence", "present_sequence")
+    rotary_inputs: list[str] = []
+    if spec.rotary:
+        cos, sin = rotary_tables(spec.max_positions, spec.head_dim, spec.rope_theta)
+        rotary_inputs = [b.initializer("cos_cache", cos), b.initializer("sin_cache", sin)]
+    for i, layer in enumerate(weights.layers):
+        prefix = f"layers.{i}"
+        h = _norm(b, spec, x, layer.attn_norm, layer.attn_norm_bias, f"{prefix}.attn_norm")
+        q = linear(b, h, layer.q, None, f"{prefix}.q_proj")
+        k = linear(b, h, layer.k, None, f"{prefix}.k_proj")
+        v = linear(b, h, layer.v, None, f"{prefix}.v_proj")
+        past_names = [f"past_key_values.{i}.key", f"past_key_values.{i}.value"]
+        attn = b.node(
+            "GroupQueryAttention",
+            [q, k, v, *past_names, seqlens_k, total_len, *rotary_inputs],
+            domain=MS_DOMAIN,
+            name=f"{prefix}.attn/GroupQueryAttention",
+            output_names=[f"{prefix}.attn/out", f"present.{i}.key", f"present.{i}.value"],
+            num_heads=spec.heads,
+            kv_num_heads=spec.kv_heads,
+            scale=float(1.0 / np.sqrt(spec.head_dim)),
+            do_rotary=int(spec.rotary),
+            rotary_interleaved=0,
+        )[0]
+        x = b.node(
+            "Add",
+            [x, linear(b, attn, layer.o, None, f"{prefix}.o_proj")],
+            name=f"{prefix}/AttnResidual",
+        )
+        h = _norm(b, spec, x, layer.mlp_norm, layer.mlp_norm_bias, f"{prefix}.mlp_norm")
+        x = b.node("Add", [x, _mlp(b, h, layer, f"{prefix}.mlp")], name=f"{prefix}/MlpResidual")
+    _lm_head(b, spec, x, weights)
+    return b.build(doc_string=f"decoder-only LM, GroupQueryAttention, {spec}")
+
+
+def _rotate(b: GraphBuilder, x: str, cos: str, sin: str, half: int, name: str) -> str:
+    """Half-split rotary: x * cos + rotate_half(x) * sin; cos/sin are [B,1,S,Dh]."""
+    first, second = b.node(
+        "Split", [x, b.const([half, half])], num_outputs=2, axis=-1, name=f"{name}/Split"
+    )
+    rotated = b.node(
+        "Concat",
+        [b.node("Neg", [second], name=f"{name}/Neg"), first],
+        axis=-1,
+        name=f"{name}/Concat",
+    )
+    return b.node(
+        "Add",
+        [
+            b.node("Mul", [x, cos], name=f"{name}/MulCos"),
+            b.node("Mul", [rotated, sin], name=f"{name}/MulSin"),
+        ],
+        name=f"{name}/Add",
+    )
+
+
+def _split_heads(b: GraphBuilder, x: str, heads: int, head_dim: int, name: str) -> str:
+    """[B,S,heads*head_dim] -> [B,heads,S,head_dim]."""
+    x = b.node("Reshape", [x, b.const([0, 0, heads, head_dim])], name=f"{name}Reshape")
+    return b.node("Transpose", [x], perm=[0, 2, 1, 3], name=f"{name}Transpose")
+
+
+def build_concat_lm(
+    spec: DecoderLMSpec, weights: LMWeights, name: str = "lm_concat"
+) -> onnx.ModelProto:
+    """The same LM in the layout third-party exports use: explicit Concat of past and new K/V.
+
+    Inputs: inputs_embeds [B,S,D], attention_mask i64 [B,P+S], position_ids i64 [B,S] (only when
+    rotary), past_key_values.{i}.key|value [B,Hkv,P,Dh]. Outputs: logits, present.{i}.* with
+    P+S positions. Query i sits at cache position P+i and sees keys j <= P+i with mask 1.
+    """
+    check_lm_weights(spec, weights)
+    b = GraphBuilder(name)
+    groups = spec.heads // spec.kv_heads
+    x = b.add_input("inputs_embeds", FLOAT, ("batch", "sequence", spec.hidden_size))
+    mask = b.add_input("attention_mask", INT64, ("batch", "total_sequence"))
+    if spec.rotary:
+        position_ids = b.add_input("position_ids", INT64, ("batch", "sequence"))
+    _kv_io(b, spec, "past_sequence", "total_sequence")
+
+    # Mask [B,1,1,S,T] shared by all layers (scores are [B,Hkv,G,S,T]).
+    total = b.node("Squeeze", [b.node("Shape", [mask], start=1, end=2)], name="mask/T")
+    seq = b.node("Squeeze", [b.node("Shape", [x], start=1, end=2)], name="mask/S")
+    one, zero = b.const(1), b.const(0)
+    q_pos = b.node("Range", [b.node("Sub", [total, seq]), total, one], name="mask/QueryPositions")
+    k_pos = b.node("Range", [zero, total, one], name="mask/KeyPositions")
+    causal = b.node(
+        "LessOrEqual",
+        [b.node("Unsqueeze", [k_pos, b.const([0])]), b.node("Unsqueeze", [q_pos, b.const([1])])],
+        name="mask/Causal",
+    )
+    keep = b.node("Cast", [mask], to=BOOL, name="mask/Cast")
+    keep = b.node("Unsqueeze", [keep, b.const([1, 2, 3])], name="mask/Unsqueeze")
+    allowed = b.node("And", [keep, causal], name="mask/Allowed")
+    masked_value = b.const(np.finfo(np.float32).min, np.float32)
+
+    cos = sin = ""
+    if spec.rotary:
+        inv_freq = b.initializer("rotary.inv_freq", rotary_inv_freq(spec.head_dim, spec.rope_theta))
+        positions = b.node("Cast", [position_ids], to=FLOAT, name="rotary/Cast")
+        angles = b.node(
+            "Mul", [b.node("Unsqueeze", [positions, b.const([-1])]), inv_freq], name="rotary/Angles"
+        )
+        angles = b.node("Concat", [angles, angles], axis=-1, name="rotary/Full")
+        angles = b.node("Unsqueeze", [angles, b.const([1])], name="rotary/Unsqueeze")  # [B,1,S,Dh]
+        cos = b.node("Cos", [angles], name="rotary/Cos")
+        sin = b.node("Sin", [angles], name="rotary/Sin")
+
+    scale = b.const(1.0 / np.sqrt(spec.head_dim), np.float32)
+    for i, layer in enumerate(weights.layers):
+        p = f"layers.{i}"
+        h = _norm(b, spec, x, layer.attn_norm, layer.attn_norm_bias, f"{p}.attn_norm")
+
+        q = _split_heads(
+            b, linear(b, h, layer.q, None, f"{p}.q_proj"), spec.heads, spec.head_dim, f"{p}/q"
+        )
+        k = _split_heads(
+            b, linear(b, h, layer.k, None, f"{p}.k_proj"), spec.kv_heads, spec.head_dim, f"{p}/k"
+        )
+        v = _split_heads(
+            b, linear(b, h, layer.v, None, f"{p}.v_proj"), spec.kv_heads, spec.head_dim, f"{p}/v"
+        )
+        if spec.rotary:
+            q = _rotate(b, q, cos, sin, spec.head_dim // 2, f"{p}/q_rotary")
+            k = _rotate(b, k, cos, sin, spec.head_dim // 2, f"{p}/k_rotary")
+        k = b.node(
+            "Concat",
+            [f"past_key_values.{i}.key", k],
+            axis=2,
+            output_names=[f"present.{i}.key"],
+            name=f"{p}/KeyConcat",
+        )[0]
+        v = b.node(
+            "Concat",
+            [f"past_key_values.{i}.value", v],
+            axis=2,
+            output_names=[f"present.{i}.value"],
+            name=f"{p}/ValueConcat",
+        )[0]
+        # Query head h uses kv head h // groups: [B,Hkv,G,S,Dh] against [B,Hkv,1,T,Dh].
+        q5 = b.node(
+            "Reshape", [q, b.const([0, spec.kv_heads, groups, -1, spec.head_dim])], name=f"{p}/q5"
+        )
+        k5 = b.node("Unsqueeze", [k, b.const([2])], name=f"{p}/k5")
+        v5 = b.node("Unsqueeze", [v, b.const([2])], name=f"{p}/v5")
+        k5t = b.node("Transpose", [k5], perm=[0, 1, 2, 4, 3], name=f"{p}/k5T")
+        scores = b.node(
+            "Mul", [b.node("MatMul", [q5, k5t], name=f"{p}/QK"), scale], name=f"{p}/Scale"
+        )
+        scores = b.node("Where", [allowed, scores, masked_value], name=f"{p}/Mask")
+        probs = b.node("Softmax", [scores], axis=-1, name=f"{p}/Softmax")
+        ctx = b.node("MatMul", [probs, v5], name=f"{p}/PV")
+        ctx = b.node(
+            "Reshape", [ctx, b.const([0, spec.heads, -1, spec.head_dim])], name=f"{p}/ctx4"
+        )
+        ctx = b.node("Transpose", [ctx], perm=[0, 2, 1, 3], name=f"{p}/ctxT")
+        ctx = b.node(
+            "Reshape", [ctx, b.const([0, 0, spec.heads * spec.head_dim])], name=f"{p}/ctx3"
+        )
+        x = b.node(
+            "Add", [x, linear(b, ctx, layer.o, None, f"{p}.o_proj")], name=f"{p}/AttnResidual"
+        )
+        h = _norm(b, spec, x, layer.mlp_norm, layer.mlp_norm_bias, f"{p}.mlp_norm")
+        x = b.node("Add", [x, _mlp(b, h, layer, f"{p}.mlp")], name=f"{p}/MlpResidual")
+    _lm_head(b, spec, x, weights)
+    return b.build(doc_string=f"decoder-only LM, Concat KV cache, {spec}")
+
+
+# files -------------------------------------------------------------------------------------
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
+    """Writes to a temp file in the same directory, then renames over the target."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; bundle files must be readable by all
+        os.replace(tmp, target)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def save_model(model: onnx.ModelProto, path: str | os.PathLike[str]) -> bytes:
+    """Serialises deterministically, writes atomically, returns the bytes written."""
+    data = model.SerializeToString(deterministic=True)
+    atomic_write_bytes(path, data)
+    return data
