@@ -1,0 +1,828 @@
+"""Content-addressed cache of reference-encoder outputs.
+
+The cache promises one thing: the same audio content, encoded by the same encoder, always
+yields the same value, whatever the arrival order of requests. Keys are therefore a hash of
+the encoder identity and of the decoded audio samples (see :func:`make_key`), and values are
+the outputs of a canonical batch-of-1 encode supplied by the caller's ``compute`` function.
+
+Tiers, looked up in order:
+
+* memory: an LRU bounded in bytes (per process);
+* disk: one file per key, written atomically, with a checksum so that a corrupt or truncated
+  file is detected, logged, removed and recomputed; optionally bounded in bytes (LRU by
+  file mtime, refreshed on hits), shared by every process that uses the directory;
+* redis (optional): the same checksummed blobs, shared by several servers. A Redis that is
+  down is logged and skipped; it never fails a request.
+
+Concurrent requests for one key that misses every tier run ``compute`` exactly once per
+process; the others wait for it ("merged" in the stats). A hit in a lower tier is copied into
+the tiers above it (Redis -> disk -> memory).
+
+Values are dicts of numpy arrays. Returned arrays are read-only views of an immutable buffer,
+so callers cannot corrupt the cache through them; copy them if you need to write.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import re
+import struct
+import tempfile
+import threading
+import time
+import urllib.parse
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from onnx_tts.errors import AudioError, CacheError, InputError
+
+__all__ = [
+    "DEFAULT_MEMORY_BYTES",
+    "TIERS",
+    "ReferenceCache",
+    "decode_value",
+    "default_disk_dir",
+    "encode_value",
+    "format_stats",
+    "make_key",
+]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MEMORY_BYTES = 256 * 1024 * 1024
+TIERS = ("memory", "disk", "redis")
+
+# Blob layout: MAGIC | u32 LE header length | JSON header | zero padding | array payloads
+# (each starting on a 64-byte boundary) | sha256 of everything before it (32 bytes).
+_MAGIC = b"OTTSRC1\n"
+_DIGEST_BYTES = 32
+_ALIGN = 64
+# Only plain numeric dtypes: no object arrays, so decoding never unpickles anything.
+_ALLOWED_DTYPE_KINDS = frozenset("biufc")
+_KEY_PATTERN = re.compile(r"^[0-9a-f]{64}$")
+_KEY_DOMAIN = b"onnx-tts/refcache/v1\x00"
+_DISK_SUFFIX = ".otc"
+_TMP_PREFIX = ".tmp-"
+# After a Redis failure the tier is skipped for this long, so that a dead server costs one
+# connect timeout per interval instead of one per request.
+_REDIS_RETRY_SECONDS = 30.0
+
+
+def default_disk_dir() -> Path:
+    """``$XDG_CACHE_HOME/onnx-tts/refcache``, or ``~/.cache/onnx-tts/refcache``."""
+    base = os.environ.get("XDG_CACHE_HOME") or ""
+    root = Path(base) if base and os.path.isabs(base) else Path.home() / ".cache"
+    return root / "onnx-tts" / "refcache"
+
+
+def make_key(encoder_identity: str, audio: np.ndarray) -> str:
+    """Cache key of ``audio`` (mono samples at the encoder's rate) for one encoder.
+
+    sha256 over the encoder identity, the dtype and shape, and the float32 little-endian bytes
+    of the samples. Two files that decode to the same samples (WAV and FLAC, say) share a key;
+    two encoders with different identities never do.
+    """
+    if not isinstance(encoder_identity, str) or not encoder_identity:
+        raise InputError("encoder_identity must be a non-empty string (ReferenceEncoder.identity)")
+    samples = np.asarray(audio)
+    if samples.ndim != 1:
+        raise AudioError(
+            f"reference audio must be mono 1-D samples, got shape {samples.shape}; "
+            "decode it with onnx_tts.audio.load_audio, which downmixes to mono"
+        )
+    if samples.dtype.kind != "f":
+        raise AudioError(
+            f"reference audio must be floating point in [-1, 1], got dtype {samples.dtype}; "
+            "decode it with onnx_tts.audio.load_audio"
+        )
+    samples = np.ascontiguousarray(samples, dtype="<f4")
+    digest = hashlib.sha256()
+    digest.update(_KEY_DOMAIN)
+    identity_bytes = encoder_identity.encode("utf-8")
+    digest.update(struct.pack("<Q", len(identity_bytes)))
+    digest.update(identity_bytes)
+    digest.update(f"<f4|{samples.shape[0]}\x00".encode("ascii"))
+    digest.update(memoryview(samples).cast("B"))
+    return digest.hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------
+# Serialisation
+
+
+def _aligned(n: int) -> int:
+    return (n + _ALIGN - 1) // _ALIGN * _ALIGN
+
+
+def encode_value(key: str, arrays: Mapping[str, np.ndarray]) -> bytes:
+    """Serialise ``arrays`` into a self-describing blob that carries ``key`` and a sha256."""
+    if not isinstance(arrays, Mapping) or not arrays:
+        raise CacheError(
+            "the cache's compute function must return a non-empty dict of numpy arrays, "
+            f"got {type(arrays).__name__}"
+        )
+    specs = []
+    payloads = []
+    for name, value in arrays.items():
+        if not isinstance(name, str) or not isinstance(value, np.ndarray):
+            raise CacheError(
+                f"cache values must map str -> numpy.ndarray; entry {name!r} is "
+                f"{type(value).__name__}"
+            )
+        if value.dtype.kind not in _ALLOWED_DTYPE_KINDS:
+            raise CacheError(
+                f"cache array {name!r} has dtype {value.dtype}; only numeric dtypes can be cached"
+            )
+        # np.require keeps 0-d arrays 0-d (ascontiguousarray would make them 1-d).
+        little = np.require(value, dtype=value.dtype.newbyteorder("<"), requirements="C")
+        specs.append({"name": name, "dtype": little.dtype.str, "shape": list(little.shape)})
+        payloads.append(memoryview(little).cast("B") if little.nbytes else b"")
+    header = json.dumps({"format": 1, "key": key, "arrays": specs}, separators=(",", ":"))
+    header_bytes = header.encode("utf-8")
+
+    out = bytearray(_MAGIC)
+    out += struct.pack("<I", len(header_bytes))
+    out += header_bytes
+    for payload in payloads:
+        out += b"\x00" * (_aligned(len(out)) - len(out))
+        out += payload
+    out += hashlib.sha256(out).digest()
+    return bytes(out)
+
+
+class _CorruptEntry(Exception):
+    """A blob failed validation; the message says why."""
+
+
+def decode_value(blob: bytes, expected_key: str | None = None) -> dict[str, np.ndarray]:
+    """Parse a blob from :func:`encode_value`; arrays are read-only views into ``blob``.
+
+    Raises ``CacheError`` when the blob is truncated, corrupt, or stored under another key.
+    """
+    try:
+        return _decode(blob, expected_key)
+    except _CorruptEntry as exc:
+        raise CacheError(f"corrupt reference-cache entry: {exc}") from None
+
+
+def _decode(blob: bytes, expected_key: str | None) -> dict[str, np.ndarray]:
+    # The arrays must view an immutable buffer; bytes(bytes_obj) does not copy.
+    blob = bytes(blob)
+    min_len = len(_MAGIC) + 4 + _DIGEST_BYTES
+    if len(blob) < min_len:
+        raise _CorruptEntry(f"{len(blob)} bytes is shorter than the smallest entry")
+    if not blob.startswith(_MAGIC):
+        raise _CorruptEntry("bad magic (not a reference-cache entry)")
+    body_end = len(blob) - _DIGEST_BYTES
+    if hashlib.sha256(memoryview(blob)[:body_end]).digest() != blob[body_end:]:
+        raise _CorruptEntry("checksum mismatch (truncated or modified)")
+    (header_len,) = struct.unpack_from("<I", blob, len(_MAGIC))
+    header_start = len(_MAGIC) + 4
+    if header_start + header_len > body_end:
+        raise _CorruptEntry("header runs past the end of the entry")
+    try:
+        header = json.loads(blob[header_start : header_start + header_len])
+        specs = header["arrays"]
+        stored_key = header["key"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise _CorruptEntry(f"unreadable header ({exc})") from None
+    if header.get("format") != 1:
+        raise _CorruptEntry(f"unknown format {header.get('format')!r}")
+    if expected_key is not None and stored_key != expected_key:
+        raise _CorruptEntry(f"entry holds key {stored_key!r}, expected {expected_key!r}")
+
+    arrays: dict[str, np.ndarray] = {}
+    offset = header_start + header_len
+    for spec in specs:
+        try:
+            dtype = np.dtype(spec["dtype"])
+            shape = tuple(int(d) for d in spec["shape"])
+            name = str(spec["name"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise _CorruptEntry(f"bad array description {spec!r} ({exc})") from None
+        if dtype.kind not in _ALLOWED_DTYPE_KINDS or any(d < 0 for d in shape):
+            raise _CorruptEntry(f"bad array description {spec!r}")
+        count = int(np.prod(shape, dtype=np.int64))
+        offset = _aligned(offset)
+        end = offset + count * dtype.itemsize
+        if end > body_end:
+            raise _CorruptEntry(f"array {name!r} runs past the end of the entry")
+        array = np.frombuffer(blob, dtype=dtype, count=count, offset=offset).reshape(shape)
+        arrays[name] = array
+        offset = end
+    return arrays
+
+
+# ---------------------------------------------------------------------------------------------
+# The cache
+
+
+@dataclass
+class _Flight:
+    """One in-progress lookup/compute that concurrent requests for the same key join."""
+
+    done: threading.Event = field(default_factory=threading.Event)
+    value: dict[str, np.ndarray] | None = None
+    error: BaseException | None = None
+
+
+@dataclass
+class _Counters:
+    requests: int = 0
+    hits_memory: int = 0
+    hits_disk: int = 0
+    hits_redis: int = 0
+    misses: int = 0
+    merged: int = 0
+    compute_errors: int = 0
+    compute_seconds: float = 0.0
+    evictions_memory: int = 0
+    evictions_disk: int = 0
+    corrupt_disk: int = 0
+    corrupt_redis: int = 0
+    errors_disk: int = 0
+    errors_redis: int = 0
+
+
+class ReferenceCache:
+    """Memory / disk / Redis cache of reference-encoder outputs, with single flight.
+
+    Args:
+        memory_bytes: bound of the in-process LRU, counted in serialised bytes; 0 disables it.
+        disk_dir: directory of the disk tier. The default (``"default"``) is
+            :func:`default_disk_dir`; ``None`` disables the tier.
+        redis_url: ``redis://host:port/db`` (or ``unix://``) of a shared Redis; ``None``
+            disables the tier.
+        namespace: prefix of the Redis keys, so that several deployments can share a server.
+        redis_ttl_seconds: expiry of Redis entries; ``None`` keeps them until evicted.
+        disk_max_bytes: bound of the disk tier; when a write takes it over, the least recently
+            used files (by mtime, refreshed on every hit) are removed down to 90 % of it.
+            ``None``: unbounded. Shared by every process using the directory.
+    """
+
+    def __init__(
+        self,
+        memory_bytes: int = DEFAULT_MEMORY_BYTES,
+        disk_dir: str | os.PathLike[str] | None = "default",
+        redis_url: str | None = None,
+        namespace: str = "onnx-tts",
+        redis_ttl_seconds: int | None = None,
+        disk_max_bytes: int | None = None,
+    ) -> None:
+        if not isinstance(memory_bytes, int) or memory_bytes < 0:
+            raise InputError(f"memory_bytes must be an int >= 0 (0 disables), got {memory_bytes!r}")
+        if redis_ttl_seconds is not None and (
+            not isinstance(redis_ttl_seconds, int) or redis_ttl_seconds <= 0
+        ):
+            raise InputError(
+                f"redis_ttl_seconds must be a positive int or None, got {redis_ttl_seconds!r}"
+            )
+        if disk_max_bytes is not None and (
+            not isinstance(disk_max_bytes, int) or disk_max_bytes <= 0
+        ):
+            raise InputError(
+                f"disk_max_bytes must be a positive int or None, got {disk_max_bytes!r}"
+            )
+        if not namespace or not isinstance(namespace, str):
+            raise InputError("namespace must be a non-empty string")
+        self._memory_limit = memory_bytes
+        self._memory: OrderedDict[str, tuple[dict[str, np.ndarray], int]] = OrderedDict()
+        self._memory_used = 0
+        self._flights: dict[str, _Flight] = {}
+        self._lock = threading.Lock()
+        self._counters = _Counters()
+        self._namespace = namespace
+        self._disk_dir = self._init_disk_dir(disk_dir)
+        self._redis_url = redis_url
+        self._redis_ttl = redis_ttl_seconds
+        self._redis = self._init_redis(redis_url)
+        self._redis_down_until = 0.0
+        self._disk_max_bytes = disk_max_bytes
+        self._disk_lock = threading.Lock()
+        self._disk_used: int | None = None  # estimate, (re)measured when pruning
+
+    # -- setup ---------------------------------------------------------------------------------
+
+    @staticmethod
+    def _init_disk_dir(disk_dir: str | os.PathLike[str] | None) -> Path | None:
+        if disk_dir is None:
+            return None
+        use_default = isinstance(disk_dir, str) and disk_dir == "default"
+        path = default_disk_dir() if use_default else Path(disk_dir).expanduser()
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            if use_default:
+                # A read-only home must not stop synthesis; the cache just stays in memory.
+                log.warning("reference cache: disk tier disabled, cannot create %s: %s", path, exc)
+                return None
+            raise CacheError(
+                f"cannot create the reference-cache directory {path}: {exc}; pass a writable "
+                "disk_dir, or disk_dir=None to disable the disk tier"
+            ) from exc
+        return path
+
+    @staticmethod
+    def _init_redis(redis_url: str | None):  # -> redis.Redis | None
+        if redis_url is None:
+            return None
+        try:
+            import redis
+        except ImportError as exc:
+            raise CacheError(
+                "redis_url was given but the 'redis' package is not installed; "
+                "pip install redis, or leave redis_url unset"
+            ) from exc
+        try:
+            # Short timeouts: a slow or dead Redis must cost little and is then skipped.
+            return redis.Redis.from_url(redis_url, socket_connect_timeout=1.0, socket_timeout=2.0)
+        except ValueError as exc:
+            raise CacheError(
+                f"invalid redis_url {_redact(redis_url)!r}: {exc}; expected e.g. "
+                "redis://127.0.0.1:6379/0 or unix:///path/to/redis.sock"
+            ) from exc
+
+    # -- public API ----------------------------------------------------------------------------
+
+    @property
+    def disk_dir(self) -> Path | None:
+        """Directory of the disk tier, or ``None`` when it is disabled."""
+        return self._disk_dir
+
+    def get(self, key: str) -> dict[str, np.ndarray] | None:
+        """Look ``key`` up in every tier without computing; ``None`` when absent."""
+        _check_key(key)
+        with self._lock:
+            value = self._memory_get(key)
+        if value is not None:
+            return value
+        found = self._lower_tiers_get(key)
+        return None if found is None else dict(found[0])
+
+    def get_or_compute(
+        self, key: str, compute: Callable[[], Mapping[str, np.ndarray]]
+    ) -> dict[str, np.ndarray]:
+        """Return the cached value of ``key``, running ``compute()`` once if no tier has it.
+
+        ``compute`` must return a dict of numeric numpy arrays: the canonical (batch-of-1)
+        encoder outputs for the audio that ``key`` was made from. Concurrent callers with the
+        same key share one lookup and one compute; if it raises, they all get the exception
+        and nothing is stored.
+        """
+        _check_key(key)
+        with self._lock:
+            self._counters.requests += 1
+            value = self._memory_get(key)
+            if value is not None:
+                self._counters.hits_memory += 1
+                return value
+            flight = self._flights.get(key)
+            leader = flight is None
+            if leader:
+                flight = _Flight()
+                self._flights[key] = flight
+            else:
+                self._counters.merged += 1
+
+        if not leader:
+            flight.done.wait()
+            if flight.error is not None:
+                raise flight.error
+            assert flight.value is not None
+            return dict(flight.value)
+
+        try:
+            flight.value = self._lead(key, compute)
+            return dict(flight.value)
+        except BaseException as exc:
+            flight.error = exc
+            with self._lock:
+                self._counters.compute_errors += 1
+            raise
+        finally:
+            with self._lock:
+                del self._flights[key]
+            flight.done.set()
+
+    def stats(self) -> dict:
+        """Counters (per process) and tier contents (entries, bytes).
+
+        ``requests = hits + misses + merged + compute_errors`` (``merged``: requests that
+        joined another's in-flight lookup; ``compute_errors``: failed lookups/computes, whose
+        joiners get the same exception); ``hits`` is the sum over tiers. Disk and Redis
+        entries/bytes are measured on the spot, so they include other processes' entries.
+        """
+        with self._lock:
+            c = _Counters(**vars(self._counters))
+            memory_entries = len(self._memory)
+            memory_used = self._memory_used
+        hits = c.hits_memory + c.hits_disk + c.hits_redis
+        result: dict = {
+            "requests": c.requests,
+            "hits": hits,
+            "misses": c.misses,
+            "merged": c.merged,
+            "hit_rate": (hits + c.merged) / c.requests if c.requests else 0.0,
+            "compute_errors": c.compute_errors,
+            "compute_seconds": round(c.compute_seconds, 6),
+            "memory": {
+                "enabled": self._memory_limit > 0,
+                "hits": c.hits_memory,
+                "entries": memory_entries,
+                "bytes": memory_used,
+                "max_bytes": self._memory_limit,
+                "evictions": c.evictions_memory,
+            },
+            "disk": {
+                "enabled": self._disk_dir is not None,
+                "dir": str(self._disk_dir) if self._disk_dir is not None else None,
+                "hits": c.hits_disk,
+                "corrupt": c.corrupt_disk,
+                "errors": c.errors_disk,
+                "max_bytes": self._disk_max_bytes,
+                "evictions": c.evictions_disk,
+                **self._disk_usage(),
+            },
+            "redis": {
+                "enabled": self._redis is not None,
+                "url": _redact(self._redis_url) if self._redis_url else None,
+                "hits": c.hits_redis,
+                "corrupt": c.corrupt_redis,
+                "errors": c.errors_redis,
+                "evictions": None,  # Redis evicts by its own maxmemory policy; not visible here
+                **self._redis_usage(),
+            },
+        }
+        return result
+
+    def clear(self, tiers: Iterable[str] = TIERS) -> dict[str, int]:
+        """Remove every entry from the given tiers; returns the number removed per tier.
+
+        Counters are kept; in-flight computes are not interrupted.
+        """
+        tiers = tuple(tiers)
+        unknown = [t for t in tiers if t not in TIERS]
+        if unknown:
+            raise InputError(f"unknown cache tier(s) {unknown}; choose from {list(TIERS)}")
+        removed: dict[str, int] = {}
+        if "memory" in tiers:
+            with self._lock:
+                removed["memory"] = len(self._memory)
+                self._memory.clear()
+                self._memory_used = 0
+        if "disk" in tiers and self._disk_dir is not None:
+            with self._disk_lock:
+                removed["disk"] = self._disk_clear()
+                self._disk_used = None
+        if "redis" in tiers and self._redis is not None:
+            removed["redis"] = self._redis_clear()
+        return removed
+
+    # -- leader path ---------------------------------------------------------------------------
+
+    def _lead(
+        self, key: str, compute: Callable[[], Mapping[str, np.ndarray]]
+    ) -> dict[str, np.ndarray]:
+        found = self._lower_tiers_get(key)
+        if found is not None:
+            value, blob, tier = found
+            with self._lock:
+                setattr(self._counters, f"hits_{tier}", getattr(self._counters, f"hits_{tier}") + 1)
+                self._memory_put(key, value, len(blob))
+            if tier == "redis":
+                self._disk_put(key, blob)
+            return value
+
+        started = time.perf_counter()
+        arrays = compute()
+        elapsed = time.perf_counter() - started
+        blob = encode_value(key, arrays)
+        # Hand out exactly what a later hit would return: read-only views of the blob.
+        value = _decode(blob, key)
+        with self._lock:
+            self._counters.misses += 1
+            self._counters.compute_seconds += elapsed
+            self._memory_put(key, value, len(blob))
+        self._disk_put(key, blob)
+        self._redis_put(key, blob)
+        return value
+
+    def _lower_tiers_get(self, key: str) -> tuple[dict[str, np.ndarray], bytes, str] | None:
+        found = self._disk_get(key)
+        if found is not None:
+            return found[0], found[1], "disk"
+        found = self._redis_get(key)
+        if found is not None:
+            return found[0], found[1], "redis"
+        return None
+
+    # -- memory tier (callers hold self._lock) -------------------------------------------------
+
+    def _memory_get(self, key: str) -> dict[str, np.ndarray] | None:
+        entry = self._memory.get(key)
+        if entry is None:
+            return None
+        self._memory.move_to_end(key)
+        return dict(entry[0])
+
+    def _memory_put(self, key: str, value: dict[str, np.ndarray], nbytes: int) -> None:
+        if nbytes > self._memory_limit:
+            return  # larger than the whole tier (or the tier is disabled)
+        old = self._memory.pop(key, None)
+        if old is not None:
+            self._memory_used -= old[1]
+        self._memory[key] = (value, nbytes)
+        self._memory_used += nbytes
+        while self._memory_used > self._memory_limit:
+            _, (_, evicted_bytes) = self._memory.popitem(last=False)
+            self._memory_used -= evicted_bytes
+            self._counters.evictions_memory += 1
+
+    # -- disk tier -----------------------------------------------------------------------------
+
+    def _disk_path(self, key: str) -> Path:
+        assert self._disk_dir is not None
+        return self._disk_dir / key[:2] / f"{key}{_DISK_SUFFIX}"
+
+    def _disk_get(self, key: str) -> tuple[dict[str, np.ndarray], bytes] | None:
+        if self._disk_dir is None:
+            return None
+        path = self._disk_path(key)
+        try:
+            blob = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            log.warning("reference cache: cannot read %s: %s; recomputing", path, exc)
+            with self._lock:
+                self._counters.errors_disk += 1
+            return None
+        try:
+            value = _decode(blob, key)
+        except _CorruptEntry as exc:
+            log.warning(
+                "reference cache: corrupt disk entry %s (%s); removed, recomputing", path, exc
+            )
+            with self._lock:
+                self._counters.corrupt_disk += 1
+            with contextlib.suppress(OSError):
+                path.unlink()
+            return None
+        with contextlib.suppress(OSError):
+            os.utime(path)  # recency for the size bound's LRU
+        return value, blob
+
+    def _disk_put(self, key: str, blob: bytes) -> None:
+        if self._disk_dir is None:
+            return
+        if self._disk_max_bytes is not None and len(blob) > self._disk_max_bytes:
+            return  # larger than the whole tier
+        path = self._disk_path(key)
+        tmp_name = None
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp_name = tempfile.mkstemp(prefix=_TMP_PREFIX, dir=path.parent)
+            # No fsync: after a crash a torn file fails its checksum and is recomputed, so
+            # durability is not worth a disk flush per new voice.
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(blob)
+            os.replace(tmp_name, path)
+            tmp_name = None
+            self._disk_account(len(blob))
+        except OSError as exc:
+            log.warning("reference cache: cannot write %s: %s; entry not stored on disk", path, exc)
+            with self._lock:
+                self._counters.errors_disk += 1
+        finally:
+            if tmp_name is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp_name)
+
+    def _disk_account(self, added: int) -> None:
+        if self._disk_max_bytes is None:
+            return
+        with self._disk_lock:
+            if self._disk_used is None:
+                self._disk_used = self._disk_usage()["bytes"]
+            else:
+                self._disk_used += added
+            if self._disk_used > self._disk_max_bytes:
+                self._disk_prune()
+
+    def _disk_prune(self) -> None:
+        """Remove least recently used files down to 90 % of the bound (caller holds lock)."""
+        assert self._disk_max_bytes is not None
+        entries = []
+        for path in self._disk_files():
+            if path.name.endswith(_DISK_SUFFIX):
+                try:
+                    info = path.stat()
+                except OSError:
+                    continue  # removed concurrently
+                entries.append((info.st_mtime_ns, path.name, info.st_size, path))
+        entries.sort()
+        used = sum(entry[2] for entry in entries)
+        target = self._disk_max_bytes * 9 // 10
+        evicted = 0
+        for _, _, size, path in entries:
+            if used <= target:
+                break
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+                evicted += 1
+            used -= size
+        self._disk_used = used
+        with self._lock:
+            self._counters.evictions_disk += evicted
+
+    def _disk_files(self) -> list[Path]:
+        if self._disk_dir is None:
+            return []
+        files = []
+        for sub in self._disk_dir.iterdir() if self._disk_dir.is_dir() else ():
+            if sub.is_dir() and len(sub.name) == 2:
+                files.extend(
+                    p
+                    for p in sub.iterdir()
+                    if p.name.endswith(_DISK_SUFFIX) or p.name.startswith(_TMP_PREFIX)
+                )
+        return files
+
+    def _disk_usage(self) -> dict[str, int]:
+        entries = 0
+        used = 0
+        for path in self._disk_files():
+            if path.name.endswith(_DISK_SUFFIX):
+                try:
+                    used += path.stat().st_size
+                    entries += 1
+                except OSError:
+                    pass  # removed concurrently
+        return {"entries": entries, "bytes": used}
+
+    def _disk_clear(self) -> int:
+        removed = 0
+        for path in self._disk_files():
+            try:
+                path.unlink()
+                removed += path.name.endswith(_DISK_SUFFIX)
+            except OSError:
+                pass
+        return removed
+
+    # -- redis tier ----------------------------------------------------------------------------
+
+    def _redis_key(self, key: str) -> str:
+        return f"{self._namespace}:refcache:{key}"
+
+    def _redis_available(self) -> bool:
+        return self._redis is not None and time.monotonic() >= self._redis_down_until
+
+    def _redis_failed(self, action: str, exc: Exception) -> None:
+        log.warning(
+            "reference cache: redis %s failed (%s: %s); skipping the redis tier for %.0f s",
+            action,
+            type(exc).__name__,
+            exc,
+            _REDIS_RETRY_SECONDS,
+        )
+        with self._lock:
+            self._counters.errors_redis += 1
+        self._redis_down_until = time.monotonic() + _REDIS_RETRY_SECONDS
+
+    def _redis_get(self, key: str) -> tuple[dict[str, np.ndarray], bytes] | None:
+        if not self._redis_available():
+            return None
+        import redis
+
+        rkey = self._redis_key(key)
+        try:
+            blob = self._redis.get(rkey)
+        except redis.RedisError as exc:
+            self._redis_failed("get", exc)
+            return None
+        if blob is None:
+            return None
+        blob = bytes(blob)
+        try:
+            value = _decode(blob, key)
+        except _CorruptEntry as exc:
+            log.warning(
+                "reference cache: corrupt redis entry %s (%s); removed, recomputing", rkey, exc
+            )
+            with self._lock:
+                self._counters.corrupt_redis += 1
+            try:
+                self._redis.delete(rkey)
+            except redis.RedisError as del_exc:
+                self._redis_failed("delete", del_exc)
+            return None
+        return value, blob
+
+    def _redis_put(self, key: str, blob: bytes) -> None:
+        if not self._redis_available():
+            return
+        import redis
+
+        try:
+            self._redis.set(self._redis_key(key), blob, ex=self._redis_ttl)
+        except redis.RedisError as exc:
+            self._redis_failed("set", exc)
+
+    def _redis_scan(self) -> list[bytes]:
+        return list(self._redis.scan_iter(match=f"{self._namespace}:refcache:*", count=500))
+
+    def _redis_usage(self) -> dict[str, int | None]:
+        if self._redis is None:
+            return {"entries": 0, "bytes": 0}
+        import redis
+
+        try:
+            keys = self._redis_scan()
+            pipe = self._redis.pipeline(transaction=False)
+            for rkey in keys:
+                pipe.strlen(rkey)
+            sizes = pipe.execute() if keys else []
+        except redis.RedisError as exc:
+            log.warning("reference cache: redis stats failed: %s", exc)
+            return {"entries": None, "bytes": None}
+        return {"entries": len(keys), "bytes": int(sum(sizes))}
+
+    def _redis_clear(self) -> int:
+        import redis
+
+        try:
+            keys = self._redis_scan()
+            for start in range(0, len(keys), 500):
+                self._redis.delete(*keys[start : start + 500])
+        except redis.RedisError as exc:
+            raise CacheError(
+                f"cannot clear the redis tier at {_redact(self._redis_url)}: {exc}"
+            ) from exc
+        return len(keys)
+
+
+def _check_key(key: str) -> None:
+    if not isinstance(key, str) or not _KEY_PATTERN.match(key):
+        raise InputError(
+            f"reference-cache key must be 64 lowercase hex characters (use make_key), got {key!r}"
+        )
+
+
+def _redact(url: str | None) -> str | None:
+    """The URL without its password, for logs and stats."""
+    if url is None:
+        return None
+    parts = urllib.parse.urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)[1]
+    user = f"{parts.username}:***@" if parts.username else ":***@"
+    return urllib.parse.urlunsplit(parts._replace(netloc=user + netloc))
+
+
+def _human_bytes(value: int | None) -> str:
+    if value is None:
+        return "?"
+    size = float(value)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    raise AssertionError("unreachable")
+
+
+def _or_dash(value: object) -> str:
+    return "-" if value is None else str(value)
+
+
+def format_stats(stats: Mapping) -> str:
+    """A short human-readable table of :meth:`ReferenceCache.stats` (for ``cache stats``)."""
+    lines = [
+        f"requests {stats['requests']}  hits {stats['hits']}  misses {stats['misses']}  "
+        f"merged {stats['merged']}  hit rate {100 * stats['hit_rate']:.1f}%",
+        f"{'tier':<8}{'enabled':>9}{'hits':>8}{'entries':>9}{'bytes':>12}{'evictions':>11}"
+        f"{'corrupt':>9}{'errors':>8}  location",
+    ]
+    for tier in TIERS:
+        info = stats[tier]
+        location = {"memory": "", "disk": info.get("dir") or "", "redis": info.get("url") or ""}[
+            tier
+        ]
+        if info.get("max_bytes") is not None:
+            location = f"{location} (max {_human_bytes(info['max_bytes'])})".strip()
+        lines.append(
+            f"{tier:<8}{'yes' if info['enabled'] else 'no':>9}{info['hits']:>8}"
+            f"{'?' if info['entries'] is None else info['entries']:>9}"
+            f"{_human_bytes(info['bytes']):>12}{_or_dash(info['evictions']):>11}"
+            f"{info.get('corrupt', 0):>9}{info.get('errors', 0):>8}  {location or '-'}"
+        )
+    return "\n".join(lines)
