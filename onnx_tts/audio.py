@@ -18,6 +18,22 @@ SILENCE_PEAK = 1e-4
 OUTPUT_FORMATS = {".wav": "WAV", ".flac": "FLAC", ".ogg": "OGG"}
 
 
+def as_mono_float32(audio: np.ndarray, dtype: str = "float32") -> np.ndarray:
+    """Decoded reference samples as contiguous 1-D float32, or AudioError saying how to fix it."""
+    samples = np.asarray(audio)
+    if samples.ndim != 1:
+        raise AudioError(
+            f"reference audio must be mono 1-D samples, got shape {samples.shape}; "
+            "decode it with onnx_tts.audio.load_audio, which downmixes to mono"
+        )
+    if samples.dtype.kind != "f":
+        raise AudioError(
+            f"reference audio must be floating point in [-1, 1], got dtype {samples.dtype}; "
+            "decode it with onnx_tts.audio.load_audio"
+        )
+    return np.ascontiguousarray(samples, dtype=dtype)
+
+
 def resample(samples: np.ndarray, from_rate: int, to_rate: int) -> np.ndarray:
     """Resample mono float32 audio with soxr (high quality)."""
     samples = np.asarray(samples, dtype=np.float32)

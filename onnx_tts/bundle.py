@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,11 +22,15 @@ DEFAULT_MODEL_DIR = Path(__file__).resolve().parent / "models" / "reference"
 _REQUIRED_SECTIONS = ("graphs", "kv", "codec", "text", "sampling", "streaming", "vocoder")
 
 
-def file_sha256(path: Path) -> str:
+def file_sha256(path: str | os.PathLike[str]) -> str:
+    """Hex sha256 of a file, read in blocks."""
     digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
+    try:
+        with open(path, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+    except OSError as error:
+        raise ModelError(f"cannot read {path}: {error.strerror or error}") from None
     return digest.hexdigest()
 
 

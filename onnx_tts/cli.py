@@ -22,6 +22,9 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv", choices=("copy", "chain", "inplace"), help="KV cache handling")
     parser.add_argument("--threads", type=int, default=0, help="ONNX Runtime threads (0 = all)")
     parser.add_argument("--precision", help="third-party exports: fp32, fp16, q8, q4, q4f16")
+    parser.add_argument("--exaggeration", type=float, help="Chatterbox: emotion exaggeration")
+    parser.add_argument("--cfg-weight", type=float, help="Chatterbox multilingual: CFG weight")
+    parser.add_argument("--max-new-tokens", type=int, help="Chatterbox: speech token limit")
     parser.add_argument("--cache-dir", help="reference cache directory ('none' disables)")
     parser.add_argument("--redis", help="redis://host:port/db for a shared reference cache")
 
@@ -79,9 +82,8 @@ def _cache_dir(value: str | None) -> str | None:
 def _load_engine(args: argparse.Namespace) -> Any:
     import onnx_tts
 
-    family_options = {}
-    if getattr(args, "precision", None):
-        family_options["precision"] = args.precision
+    names = ("precision", "exaggeration", "cfg_weight", "max_new_tokens")
+    family_options = {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
     return onnx_tts.load(
         model=args.model,
         kv=args.kv,
@@ -262,7 +264,10 @@ def cmd_info(args: argparse.Namespace) -> int:
 def cmd_cache(args: argparse.Namespace) -> int:
     from onnx_tts.refcache import ReferenceCache, format_stats
 
-    cache = ReferenceCache(disk_dir=_cache_dir(args.cache_dir), redis_url=args.redis)
+    # Hit/miss counters live per process; a CLI process only sees the shared tiers' contents.
+    cache = ReferenceCache(
+        memory_bytes=0, disk_dir=_cache_dir(args.cache_dir), redis_url=args.redis
+    )
     if args.action == "clear":
         removed = cache.clear()
         print(json.dumps(removed) if args.json else f"cleared: {removed}")

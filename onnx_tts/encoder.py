@@ -16,7 +16,6 @@ int64 ``[F, K]`` and ``speaker_embedding`` float32 ``[E]``.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -24,11 +23,12 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from onnx_tts.audio import SILENCE_PEAK
+from onnx_tts.audio import SILENCE_PEAK, as_mono_float32
+from onnx_tts.bundle import file_sha256
 from onnx_tts.errors import AudioError, InputError, ModelError
 from onnx_tts.refcache import ReferenceCache, make_key
 
-__all__ = ["ReferenceEncoder", "RunnableSession", "file_sha256", "validate_reference_audio"]
+__all__ = ["ReferenceEncoder", "RunnableSession", "validate_reference_audio"]
 
 AUDIO_INPUT = "audio"
 
@@ -39,18 +39,6 @@ class RunnableSession(Protocol):
     def run(
         self, feeds: Mapping[str, np.ndarray], output_names: Sequence[str] | None = None
     ) -> dict[str, np.ndarray]: ...
-
-
-def file_sha256(path: str | os.PathLike[str]) -> str:
-    """Hex sha256 of a file, read in chunks."""
-    digest = hashlib.sha256()
-    try:
-        with open(path, "rb") as handle:
-            for chunk in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(chunk)
-    except OSError as exc:
-        raise ModelError(f"cannot read encoder graph {path}: {exc}") from exc
-    return digest.hexdigest()
 
 
 def validate_reference_audio(
@@ -66,18 +54,7 @@ def validate_reference_audio(
     sees. Raises ``AudioError`` for multi-channel, non-float, non-finite, silent or too short
     audio, saying how to fix it.
     """
-    samples = np.asarray(audio)
-    if samples.ndim != 1:
-        raise AudioError(
-            f"reference audio must be mono 1-D samples, got shape {samples.shape}; "
-            "decode it with onnx_tts.audio.load_audio, which downmixes to mono"
-        )
-    if samples.dtype.kind != "f":
-        raise AudioError(
-            f"reference audio must be floating point in [-1, 1], got dtype {samples.dtype}; "
-            "decode it with onnx_tts.audio.load_audio"
-        )
-    samples = np.ascontiguousarray(samples, dtype=np.float32)
+    samples = as_mono_float32(audio)
     seconds = samples.shape[0] / sample_rate
     if min_seconds is not None and seconds < min_seconds:
         raise AudioError(

@@ -42,7 +42,8 @@ from pathlib import Path
 
 import numpy as np
 
-from onnx_tts.errors import AudioError, CacheError, InputError
+from onnx_tts.audio import as_mono_float32
+from onnx_tts.errors import CacheError, InputError
 
 __all__ = [
     "DEFAULT_MEMORY_BYTES",
@@ -92,18 +93,7 @@ def make_key(encoder_identity: str, audio: np.ndarray) -> str:
     """
     if not isinstance(encoder_identity, str) or not encoder_identity:
         raise InputError("encoder_identity must be a non-empty string (ReferenceEncoder.identity)")
-    samples = np.asarray(audio)
-    if samples.ndim != 1:
-        raise AudioError(
-            f"reference audio must be mono 1-D samples, got shape {samples.shape}; "
-            "decode it with onnx_tts.audio.load_audio, which downmixes to mono"
-        )
-    if samples.dtype.kind != "f":
-        raise AudioError(
-            f"reference audio must be floating point in [-1, 1], got dtype {samples.dtype}; "
-            "decode it with onnx_tts.audio.load_audio"
-        )
-    samples = np.ascontiguousarray(samples, dtype="<f4")
+    samples = as_mono_float32(audio, dtype="<f4")
     digest = hashlib.sha256()
     digest.update(_KEY_DOMAIN)
     identity_bytes = encoder_identity.encode("utf-8")

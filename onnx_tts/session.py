@@ -166,6 +166,18 @@ class Session:
         return self._core
 
 
+def describe_graphs(sessions: Mapping[str, Session]) -> dict[str, dict[str, Any]]:
+    """File and I/O of each graph by role, for `onnx-tts info`."""
+    return {
+        role: {
+            "file": session.path.name,
+            "inputs": [i.describe() for i in session.inputs],
+            "outputs": [o.describe() for o in session.outputs],
+        }
+        for role, session in sessions.items()
+    }
+
+
 class KVCache:
     """The KV cache of one LM session, in `copy`, `chain` or `inplace` mode.
 

@@ -24,7 +24,12 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from onnx_tts.errors import ModelError
+from onnx_tts.audio import load_audio
+from onnx_tts.encoder import ReferenceEncoder
+from onnx_tts.errors import AudioError, InputError, ModelError
+from onnx_tts.frontend import normalize_text, split_sentences
+from onnx_tts.generator import Sampler, SamplingOptions, lm_feeds
+from onnx_tts.session import KVCache, Session, SessionOptions, describe_graphs
 
 FAMILY_TURBO = "chatterbox-turbo"
 FAMILY_ORIGINAL = "chatterbox"
@@ -511,7 +516,6 @@ def _sampling_class() -> type:
     session core, which detection must not need)."""
     global _SAMPLING_CLASS
     if _SAMPLING_CLASS is None:
-        from onnx_tts.generator import SamplingOptions
 
         @dataclass(frozen=True)
         class ChatterboxSampling(SamplingOptions):
@@ -668,10 +672,6 @@ class ChatterboxModel:
     ) -> None:
         from tokenizers import Tokenizer
 
-        from onnx_tts.encoder import ReferenceEncoder
-        from onnx_tts.errors import InputError
-        from onnx_tts.session import Session, SessionOptions
-
         self.layout = layout = inspect_layout(Path(root), precision)
         if family is not None and family != layout.family:
             raise ModelError(f"{root} holds a {layout.family} model, not {family}")
@@ -773,20 +773,11 @@ class ChatterboxModel:
             "exaggeration": self.exaggeration if self.layout.embed_has_exaggeration else None,
             "cfg_weight": self.cfg_weight,
             "streaming": self.streaming_defaults,
-            "graphs": {
-                role: {
-                    "file": session.path.name,
-                    "inputs": [i.describe() for i in session.inputs],
-                    "outputs": [o.describe() for o in session.outputs],
-                }
-                for role, session in self.sessions.items()
-            },
+            "graphs": describe_graphs(self.sessions),
         }
 
     def default_voice(self) -> dict[str, np.ndarray]:
         """The repository's default_voice.wav, encoded once."""
-        from onnx_tts.audio import load_audio
-        from onnx_tts.errors import AudioError
 
         if self.layout.default_voice is None:
             raise AudioError(
@@ -806,9 +797,6 @@ class ChatterboxModel:
 
     def text_chunks(self, text: str) -> list[TextChunk]:
         import unicodedata
-
-        from onnx_tts.errors import InputError
-        from onnx_tts.frontend import normalize_text, split_sentences
 
         if self.family == FAMILY_MULTILINGUAL:
             cleaned = " ".join(unicodedata.normalize("NFKC", text).split())
@@ -864,7 +852,6 @@ class ChatterboxModel:
         return options.with_overrides(**overrides)
 
     def _check_language(self, language: str | None) -> str:
-        from onnx_tts.errors import InputError
 
         if language is None:
             return self.language
@@ -882,7 +869,6 @@ class ChatterboxModel:
 
     def voice_arrays(self, voice: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Encoder outputs under their canonical names, without the batch axis."""
-        from onnx_tts.errors import AudioError
 
         arrays = {}
         for canonical, aliases in SPEECH_ENCODER_OUTPUTS.items():
@@ -903,7 +889,6 @@ class ChatterboxModel:
         should_stop: Any = None,
     ) -> Any:
         """Yields one int64 [1] frame per generated speech token (stop token excluded)."""
-        from onnx_tts.generator import Sampler, lm_feeds
 
         arrays = self.voice_arrays(voice)
         language = getattr(sampling, "language", None) or self.language
@@ -969,7 +954,6 @@ class ChatterboxModel:
         return np.repeat(embeds, batch, axis=0) if batch > 1 else embeds
 
     def _acquire(self, batch: int) -> Any:
-        from onnx_tts.session import KVCache
 
         with self._lock:
             idle = self._caches.setdefault(batch, [])
@@ -990,7 +974,6 @@ class ChatterboxModel:
         tokens = np.asarray(frames, dtype=np.int64).reshape(-1)
         if tokens.size == 0:
             return np.zeros(0, np.float32)
-        from onnx_tts.errors import InputError
 
         if tokens.min() < 0 or tokens.max() >= START_SPEECH_TOKEN:
             raise InputError("speech tokens for the decoder must be in [0, 6561)")
@@ -1029,7 +1012,6 @@ def load_backend(
     root: Path, family: str, kv: str | None, options: Any, **family_options: Any
 ) -> ChatterboxModel:
     """Entry point used by onnx_tts.pipeline.load for the Chatterbox families."""
-    from onnx_tts.errors import InputError
 
     allowed = {
         "precision",

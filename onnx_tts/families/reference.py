@@ -13,7 +13,7 @@ from onnx_tts.encoder import ReferenceEncoder
 from onnx_tts.errors import InputError, ModelError
 from onnx_tts.frontend import TextTokenizer, normalize_text, split_sentences
 from onnx_tts.generator import CodecLMGenerator, KVPool, LengthLimits, SamplingOptions
-from onnx_tts.session import Session, SessionOptions
+from onnx_tts.session import Session, SessionOptions, describe_graphs
 from onnx_tts.vocoder import Vocoder
 
 
@@ -140,14 +140,7 @@ class ReferenceModel:
             "kv": self.bundle.manifest["kv"],
             "codec": self.bundle.manifest["codec"],
             "streaming": self.streaming_defaults,
-            "graphs": {
-                role: {
-                    "file": session.path.name,
-                    "inputs": [i.describe() for i in session.inputs],
-                    "outputs": [o.describe() for o in session.outputs],
-                }
-                for role, session in self.sessions.items()
-            },
+            "graphs": describe_graphs(self.sessions),
         }
 
     def default_voice(self) -> dict[str, np.ndarray]:
