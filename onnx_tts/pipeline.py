@@ -12,11 +12,12 @@ import numpy as np
 
 from onnx_tts.audio import load_audio, save_audio
 from onnx_tts.bundle import resolve_model_dir
-from onnx_tts.errors import InputError
+from onnx_tts.errors import InputError, ModelError
 from onnx_tts.frontend import check_text
 from onnx_tts.generator import SamplingOptions
 from onnx_tts.refcache import ReferenceCache
 from onnx_tts.session import KV_MODES, SessionOptions
+from onnx_tts.vocoder import StreamingOptions, stream_decode
 
 # Pause inserted between sentences that were generated separately.
 SENTENCE_PAUSE_SECONDS = 0.15
@@ -29,6 +30,7 @@ class Backend(Protocol):
 
     family: str
     sample_rate: int
+    hop_length: int  # samples per codec frame (streaming windows are counted in frames)
     kv_mode: str
     streaming_defaults: dict[str, Any]
 
@@ -132,7 +134,7 @@ class Engine:
         """Speak `text` (in the voice of `voice` when given). Same seed -> same samples."""
         chunks, options = self._plan(text, seed, sampling)
         prompt = self.voice(voice)
-        pause = np.zeros(int(SENTENCE_PAUSE_SECONDS * self.sample_rate), np.float32)
+        pause = self._sentence_pause()
         pieces: list[np.ndarray] = []
         for index, chunk in enumerate(chunks):
             frames = list(
@@ -147,6 +149,80 @@ class Engine:
                 progress(index + 1, len(chunks))
         samples = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
         return Audio(samples.astype(np.float32, copy=False), self.sample_rate)
+
+    # -- streaming -----------------------------------------------------------------------------
+    def _sentence_pause(self) -> np.ndarray:
+        """The silence between separately generated sentences (same in synthesize and stream)."""
+        return np.zeros(int(SENTENCE_PAUSE_SECONDS * self.sample_rate), np.float32)
+
+    def streaming_options(self, **overrides: int | None) -> StreamingOptions:
+        """The model's streaming window defaults (bundle.json "streaming") with overrides
+        (None = default), checked: e.g. a stride smaller than the overlap is an InputError."""
+        hop_length = getattr(self.backend, "hop_length", None)  # optional for a family
+        if not hop_length:
+            raise ModelError(
+                f"the {self.backend.family!r} model family does not expose its vocoder hop "
+                "length, so it cannot stream yet; use synthesize() instead"
+            )
+        return StreamingOptions.resolve(
+            self.backend.streaming_defaults, int(hop_length), **overrides
+        )
+
+    def stream(
+        self,
+        text: str | bytes,
+        voice: VoiceLike = None,
+        seed: int | None = None,
+        *,
+        first_chunk_frames: int | None = None,
+        stride_frames: int | None = None,
+        overlap_frames: int | None = None,
+        holdback_frames: int | None = None,
+        crossfade_samples: int | None = None,
+        **sampling: Any,
+    ) -> Iterator[np.ndarray]:
+        """Speak `text` as float32 chunks at `sample_rate`, yielded as frames are generated.
+
+        The chunks concatenate to the length of synthesize()'s output for the same text, voice
+        and seed (and to the same samples when the windows are wide enough for the vocoder;
+        see onnx_tts.vocoder). Options and text are checked here, before the first chunk.
+        Closing the iterator early (or breaking out of the loop) stops generation and
+        returns the KV cache to its pool.
+        """
+        window = self.streaming_options(
+            first_chunk_frames=first_chunk_frames,
+            stride_frames=stride_frames,
+            overlap_frames=overlap_frames,
+            holdback_frames=holdback_frames,
+            crossfade_samples=crossfade_samples,
+        )
+        chunks, options = self._plan(text, seed, sampling)
+        prompt = self.voice(voice)
+        return self._stream_chunks(chunks, options, prompt, window)
+
+    def _stream_chunks(
+        self,
+        chunks: list[Any],
+        options: SamplingOptions,
+        prompt: dict[str, np.ndarray],
+        window: StreamingOptions,
+    ) -> Iterator[np.ndarray]:
+        hop_length = int(self.backend.hop_length)  # type: ignore[attr-defined]
+
+        def vocode(codes: np.ndarray) -> np.ndarray:
+            return self.backend.vocode(codes, prompt)
+
+        for index, chunk in enumerate(chunks):
+            if index:
+                yield self._sentence_pause()
+            frames = self.backend.generate(chunk, prompt, self._chunk_sampling(options, index))
+            # stream_decode closes `frames` when it is closed: an abandoned stream stops the
+            # LM loop and releases its KV cache at once, not at garbage collection.
+            pieces = stream_decode(frames, vocode, window, hop_length)
+            try:
+                yield from pieces
+            finally:
+                pieces.close()
 
 
 def load(

@@ -76,7 +76,11 @@ class ReferenceModel:
             int(codec["eos_id"]),
         )
         self.vocoder = Vocoder(
-            sessions["vocoder"], self.hop_length, self.codebooks, self.codebook_size
+            sessions["vocoder"],
+            self.hop_length,
+            self.codebooks,
+            self.codebook_size,
+            lookahead_frames=int(manifest["vocoder"].get("lookahead_frames", 0)),
         )
         self.speaker_dim = int(sessions["embed"].input("speaker_embedding").shape[-1])
 
