@@ -361,3 +361,30 @@ def test_cli_undecodable_stdin_and_unwritable_dir(tmp_path: Path) -> None:
                 check_output_path(locked / "x.wav")
     finally:
         locked.chmod(0o700)
+
+
+def test_cli_stream_outputs_match_one_shot(tmp_path: Path) -> None:
+    base = [sys.executable, "-m", "onnx_tts.cli", "synth", "Stream it. Twice.", "--seed", "4"]
+    base += ["--cache-dir", "none"]
+    one_shot = tmp_path / "one.wav"
+    streamed = tmp_path / "streamed.wav"
+    subprocess.run([*base, "-o", str(one_shot)], check=True, capture_output=True)
+    result = subprocess.run([*base, "--stream", "-o", str(streamed), "-v"], capture_output=True)
+    assert result.returncode == 0, result.stderr
+    assert b"time to first audio" in result.stderr
+    raw = subprocess.run([*base, "--stream", "-o", "-"], check=True, capture_output=True).stdout
+    reference, rate = soundfile.read(str(one_shot), dtype="int16")
+    progressive, rate2 = soundfile.read(str(streamed), dtype="int16")
+    assert rate == rate2 == 24000
+    assert len(raw) == 2 * len(reference) == 2 * len(progressive)
+    pcm = np.frombuffer(raw, dtype="<i2")
+    # Default windows decode exactly (overlap covers the causal vocoder's receptive field);
+    # 16-bit rounding of float sums may differ by one step.
+    assert np.abs(pcm.astype(np.int32) - reference).max() <= 1
+    np.testing.assert_array_equal(pcm, progressive)
+    assert not list(tmp_path.glob(".*.part"))
+
+
+def test_cli_raw_stdout_needs_stream(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run_cli(["synth", "Hi.", "-o", "-", "--cache-dir", "none"], capsys)
+    assert code == 2 and "add --stream" in err
