@@ -48,37 +48,42 @@ class Sampler:
         self.options = options.checked()
         self.rng = np.random.default_rng(options.seed)
 
-    def penalize(self, logits: np.ndarray, previous: np.ndarray) -> np.ndarray:
-        """Repetition penalty (divide positive logits, multiply negative ones) on seen tokens."""
+    def penalize(self, logits: np.ndarray, seen: np.ndarray) -> np.ndarray:
+        """Repetition penalty on the tokens marked in the boolean mask `seen`: positive logits
+        are divided by the penalty, negative ones multiplied (the usual CTRL-style rule)."""
         penalty = self.options.repetition_penalty
-        if penalty == 1.0 or previous.size == 0:
+        if penalty == 1.0:
             return logits
-        seen = np.unique(previous)
-        values = logits[seen]
-        logits[seen] = np.where(values > 0, values / penalty, values * penalty)
-        return logits
+        return np.where(seen, np.where(logits > 0, logits / penalty, logits * penalty), logits)
 
     def sample(self, logits: np.ndarray) -> int:
-        logits = logits.astype(np.float64, copy=False)
+        return int(self.sample_rows(logits[None])[0])
+
+    def sample_rows(self, logits: np.ndarray) -> np.ndarray:
+        """One token per row of `logits` [R, V], vectorised (one RNG draw per row)."""
+        logits = np.asarray(logits, dtype=np.float64)
         if self.options.temperature == 0:
-            return int(np.argmax(logits))
+            return logits.argmax(axis=-1)
         logits = logits / self.options.temperature
-        allowed = np.isfinite(logits)
-        if self.options.top_k and self.options.top_k < int(allowed.sum()):
-            kth = np.partition(logits[allowed], -self.options.top_k)[-self.options.top_k]
-            allowed &= logits >= kth
-        probs = np.zeros_like(logits)
-        probs[allowed] = np.exp(logits[allowed] - logits[allowed].max())
-        probs /= probs.sum()
+        vocab = logits.shape[-1]
+        top_k = self.options.top_k
+        if top_k and top_k < vocab:
+            kth = np.partition(logits, vocab - top_k, axis=-1)[:, vocab - top_k][:, None]
+            logits = np.where(logits >= kth, logits, -np.inf)
+        probs = np.exp(logits - logits.max(axis=-1, keepdims=True))
+        probs /= probs.sum(axis=-1, keepdims=True)
         if self.options.top_p < 1.0:
-            order = np.argsort(-probs, kind="stable")
-            cumulative = np.cumsum(probs[order])
-            keep = order[: int(np.searchsorted(cumulative, self.options.top_p)) + 1]
-            mask = np.zeros_like(probs, dtype=bool)
-            mask[keep] = True
-            probs = np.where(mask, probs, 0.0)
-            probs /= probs.sum()
-        return int(self.rng.choice(len(probs), p=probs))
+            order = np.argsort(-probs, axis=-1, kind="stable")
+            ranked = np.take_along_axis(probs, order, axis=-1)
+            # Keep the smallest prefix whose mass reaches top_p (the crossing token included).
+            keep_ranked = (np.cumsum(ranked, axis=-1) - ranked) < self.options.top_p
+            keep = np.zeros_like(keep_ranked)
+            np.put_along_axis(keep, order, keep_ranked, axis=-1)
+            probs = np.where(keep, probs, 0.0)
+            probs /= probs.sum(axis=-1, keepdims=True)
+        cdf = np.cumsum(probs, axis=-1)
+        draws = self.rng.random(len(probs))[:, None] * cdf[:, -1:]
+        return np.minimum((cdf < draws).sum(axis=-1), vocab - 1)
 
 
 class DelayState(Enum):
@@ -236,7 +241,8 @@ class CodecLMGenerator:
         """Yields complete frames (int64 [K]) as the delay pattern completes them."""
         sampler = Sampler(sampling)
         pattern = DelayPattern(self.codebooks, self.pad_id, self.eos_id)
-        history: list[list[int]] = [[] for _ in range(self.codebooks)]
+        # Tokens each codebook has produced, as a mask: O(1) per step for the penalty.
+        seen = np.zeros((self.codebooks, self.codebook_size + 3), dtype=bool)
         cache = self.pool.acquire()
         try:
             embeds = self.prompt_embeds(text_ids, voice)
@@ -250,7 +256,7 @@ class CodecLMGenerator:
                 if should_stop is not None and should_stop():
                     return
                 logits = cache.step(lm_feeds(self.lm, embeds, cache.length))["logits"]
-                row = self._sample_row(logits[0, -1], pattern, sampler, history, limits)
+                row = self._sample_row(logits[0, -1], pattern, sampler, seen, limits)
                 yield from pattern.push(row)
                 codes = row.reshape(1, 1, self.codebooks)
                 embeds = self._embed(np.zeros(0, np.int64), codes, voice["speaker_embedding"])[
@@ -264,27 +270,23 @@ class CodecLMGenerator:
         logits: np.ndarray,
         pattern: DelayPattern,
         sampler: Sampler,
-        history: list[list[int]],
+        seen: np.ndarray,
         limits: LengthLimits,
     ) -> np.ndarray:
-        row = np.empty(self.codebooks, dtype=np.int64)
+        """Sample all K codebooks of one row at once, then apply the delay pattern's forcing."""
+        scores = logits.astype(np.float32, copy=True)
+        scores[:, self.codebook_size :] = -np.inf  # specials are structural, never sampled
         frame0 = pattern.row  # the frame codebook 0 would produce in this row
+        if frame0 >= limits.min_frames:
+            scores[0, self.eos_id] = logits[0, self.eos_id]
+        scores = sampler.penalize(scores, seen[:, : scores.shape[1]])
+        row = sampler.sample_rows(scores).astype(np.int64)
+        if pattern.forced(0) is None and frame0 >= limits.max_frames:
+            row[0] = self.eos_id
         for k in range(self.codebooks):
             forced = pattern.forced(k)
             if forced is not None:
                 row[k] = forced
-                continue
-            scores = logits[k].astype(np.float32, copy=True)
-            scores[self.codebook_size :] = -np.inf  # specials are structural, never sampled
-            if k == 0:
-                if frame0 >= limits.max_frames:
-                    row[k] = self.eos_id
-                    continue
-                if frame0 >= limits.min_frames:
-                    scores[self.eos_id] = logits[k][self.eos_id]
-            scores = sampler.penalize(scores, np.asarray(history[k], dtype=np.int64))
-            token = sampler.sample(scores)
-            row[k] = token
-            if token < self.codebook_size:
-                history[k].append(token)
+            else:
+                seen[k, row[k]] = True
         return row

@@ -158,7 +158,7 @@ def test_sampler_greedy_topk_and_seed() -> None:
 
 def test_repetition_penalty_lowers_seen_tokens() -> None:
     sampler = Sampler(SamplingOptions(repetition_penalty=2.0))
-    out = sampler.penalize(np.array([4.0, -1.0, 3.0], np.float32), np.array([0, 1]))
+    out = sampler.penalize(np.array([4.0, -1.0, 3.0], np.float32), np.array([True, True, False]))
     np.testing.assert_allclose(out, [2.0, -2.0, 3.0])
 
 
@@ -388,3 +388,12 @@ def test_cli_stream_outputs_match_one_shot(tmp_path: Path) -> None:
 def test_cli_raw_stdout_needs_stream(capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run_cli(["synth", "Hi.", "-o", "-", "--cache-dir", "none"], capsys)
     assert code == 2 and "add --stream" in err
+
+
+def test_top_p_keeps_the_smallest_prefix_reaching_p() -> None:
+    logits = np.log(np.array([[0.5, 0.3, 0.15, 0.05]] * 400))
+    sampler = Sampler(SamplingOptions(temperature=1.0, top_k=0, top_p=0.6, seed=0))
+    tokens = sampler.sample_rows(logits)
+    assert set(tokens.tolist()) == {0, 1}  # 0.5 < 0.6, so token 1 (crossing) is kept, 2-3 not
+    share = (tokens == 0).mean()
+    assert 0.55 < share < 0.70  # renormalised: 0.5 / 0.8 = 0.625

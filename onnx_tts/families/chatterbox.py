@@ -898,7 +898,7 @@ class ChatterboxModel:
         embeds = self._prefill_embeds(ids, arrays["audio_features"], guided)
         limit = min(self.max_new_tokens, max(64, 25 * ids.shape[1]))
         sampler = Sampler(sampling)
-        history: list[int] = [START_SPEECH_TOKEN]
+        seen: np.ndarray | None = None  # mask of produced tokens, sized on the first step
         generated: list[int] = []
         cache = self._acquire(batch)
         lm_session = self.sessions["language_model"]
@@ -914,11 +914,14 @@ class ChatterboxModel:
                     scores = scores + self.cfg_weight * (scores - logits[1].astype(np.float32))
                 scores[START_SPEECH_TOKEN] = -np.inf
                 scores[STOP_SPEECH_TOKEN + 1 :] = -np.inf
-                scores = sampler.penalize(scores, np.asarray(history, dtype=np.int64))
+                if seen is None:
+                    seen = np.zeros(scores.shape[0], dtype=bool)
+                    seen[START_SPEECH_TOKEN] = True
+                scores = sampler.penalize(scores, seen)
                 token = sampler.sample(scores)
                 if token == STOP_SPEECH_TOKEN:
                     return
-                history.append(token)
+                seen[token] = True
                 generated.append(token)
                 yield np.array([token], dtype=np.int64)
                 if self.stop_rules.check(generated) is not None:
