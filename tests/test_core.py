@@ -304,3 +304,18 @@ def test_no_memory_growth_over_10k_steps_per_mode() -> None:
     results = check(steps=10_000, max_growth_mb=4.0)
     assert results["ok"], results
     assert len([k for k in results if "/" in k]) == 5
+
+
+def test_values_stay_in_ort_memory_between_runs(concat_path: Path) -> None:
+    """run_values() keeps outputs as ORT values that feed the next run without a copy."""
+    session = Session(concat_path)
+    seq = embeds(HIDDEN_CONCAT, steps=3)
+    past: dict = {n: np.zeros((1, 2, 0, 8), np.float32) for n in session.input_names[1:]}
+    expected = reference_loop(concat_path, seq, layers=12, heads=2, head_dim=8)
+    for step, e in enumerate(seq):
+        out = session.run_values({"inputs_embeds": e, **past})
+        np.testing.assert_array_equal(out["logits"].numpy(), expected[step])
+        past = {n.replace("present", "past_key_values"): v for n, v in out.items() if n != "logits"}
+        value = past["past_key_values.0.key"]
+        assert value.on_cpu and value.dtype == "float32" and value.data_ptr != 0
+        assert tuple(value.shape) == (1, 2, 6 + step, 8)
