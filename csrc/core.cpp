@@ -598,6 +598,7 @@ class KVCache {
     for (const auto& spec : session_->outputs()) {
       if (!is_present_output(spec.name)) other_outputs_.push_back(spec.name);
     }
+    required_inputs_ = session_->inputs().size() - pairs_.size();
     seqlens_input_ = session_->find_input("seqlens_k") != nullptr;
     total_length_input_ = session_->find_input("total_sequence_length") != nullptr;
     allocate();
@@ -619,6 +620,12 @@ class KVCache {
   void reset() {
     length_ = 0;
     last_present_ptrs_.clear();
+    // Drop the binding's references so an idle cache holds no chained values.
+    binding_.ClearBoundInputs();
+    binding_.ClearBoundOutputs();
+    layout_valid_ = false;
+    fixed_outputs_.clear();
+    fixed_tokens_ = 0;
     if (mode_ == KVMode::InPlace) return;  // buffers stay; attention reads only `length` tokens
     for (size_t i = 0; i < pairs_.size(); ++i) set_empty_past(i);
   }
@@ -648,52 +655,105 @@ class KVCache {
     fill_length_input(prepared, "seqlens_k", seqlens_input_, total - 1, true, seqlens_owner);
     fill_length_input(prepared, "total_sequence_length", total_length_input_, total, false,
                       total_owner);
-    session_->check_all_inputs_fed(with_kv_names(prepared));
+    check_fed(prepared);
 
-    std::vector<std::string> outputs = requested ? *requested : other_outputs_;
-    session_->check_outputs_requested(outputs);
-
-    binding_.ClearBoundInputs();
-    binding_.ClearBoundOutputs();
-    for (const auto& feed : prepared) binding_.BindInput(feed.name.c_str(), *feed.value);
-    for (size_t i = 0; i < pairs_.size(); ++i) {
-      binding_.BindInput(pairs_[i].past.c_str(), *past_[i]);
-      if (mode_ == KVMode::InPlace) {
-        binding_.BindOutput(pairs_[i].present.c_str(), *past_[i]);
-      } else if (mode_ == KVMode::Copy) {
-        binding_.BindOutput(pairs_[i].present.c_str(), cpu_memory());
-      } else {
-        binding_.BindOutput(pairs_[i].present.c_str(), session_->kv_memory());
+    const std::vector<std::string>& outputs = requested ? *requested : other_outputs_;
+    if (!layout_valid_ || outputs != bound_outputs_) {
+      session_->check_outputs_requested(outputs);
+      for (const auto& name : outputs) {
+        if (is_present_output(name)) {
+          throw RunError(cat("output '", name, "' is a KV output managed by the cache; read it "
+                             "with KVCache.read()"));
+        }
+      }
+      bind_layout(outputs);
+    } else if (mode_ != KVMode::InPlace) {
+      // chain/copy: the past values changed; presents must be re-bound by device, or ORT would
+      // treat last step's present as a pre-allocated buffer of the wrong length.
+      for (size_t i = 0; i < pairs_.size(); ++i) {
+        binding_.BindInput(pairs_[i].past.c_str(), *past_[i]);
+        binding_.BindOutput(pairs_[i].present.c_str(), present_memory());
       }
     }
-    for (const auto& name : outputs) binding_.BindOutput(name.c_str(), cpu_memory());
+    // In inplace mode the non-KV outputs of a step with as many tokens as an earlier one are
+    // written into that step's output tensors, so no output needs fetching after the run.
+    bool reuse_outputs = mode_ == KVMode::InPlace && fixed_tokens_ == added &&
+                         fixed_outputs_.size() == outputs.size() && !outputs.empty();
+    if (layout_valid_ || reuse_outputs) {
+      for (size_t i = 0; i < outputs.size(); ++i) {
+        if (reuse_outputs) {
+          binding_.BindOutput(outputs[i].c_str(), *fixed_outputs_[i]);
+        } else {
+          binding_.BindOutput(outputs[i].c_str(), cpu_memory());
+        }
+      }
+    }
+    layout_valid_ = true;
+    // In inplace mode the KV bindings stay from step to step: only the new tokens, the length
+    // inputs and the logits are bound again (binding a name again replaces its entry).
+    for (const auto& feed : prepared) binding_.BindInput(feed.name.c_str(), *feed.value);
 
     auto run_start = std::chrono::steady_clock::now();
-    session_->run_binding(binding_);
+    try {
+      session_->run_binding(binding_);
+    } catch (const RunError&) {
+      if (!reuse_outputs) throw;
+      // An output whose shape depends on more than the token count: stop reusing, run again.
+      fixed_outputs_.clear();
+      fixed_tokens_ = 0;
+      reuse_outputs = false;
+      for (const auto& name : outputs) binding_.BindOutput(name.c_str(), cpu_memory());
+      session_->run_binding(binding_);
+    }
     auto run_end = std::chrono::steady_clock::now();
 
+    if (reuse_outputs) {
+      py::dict result;
+      for (size_t i = 0; i < outputs.size(); ++i) {
+        result[py::str(outputs[i])] = to_numpy(*fixed_outputs_[i], outputs[i]);
+      }
+      length_ = total;
+      finish_step(step_start, run_start, run_end);
+      return result;
+    }
     std::vector<Ort::Value> values = binding_.GetOutputValues();
-    std::vector<std::string> names = binding_.GetOutputNames();
+    if (values.size() != output_slots_.size()) {
+      layout_valid_ = false;
+      throw RunError(cat("ONNX Runtime returned ", values.size(), " outputs, expected ",
+                         output_slots_.size()));
+    }
     py::dict result;
+    std::vector<std::shared_ptr<Ort::Value>> fresh_outputs;
     last_present_ptrs_.assign(pairs_.size(), 0);
     for (size_t i = 0; i < values.size(); ++i) {
-      int index = present_index(names[i]);
+      int index = output_slots_[i];
       if (index < 0) {
-        result[py::str(names[i])] = to_numpy(values[i], names[i]);
+        result[py::str(output_slot_names_[i])] = to_numpy(values[i], output_slot_names_[i]);
+        if (mode_ == KVMode::InPlace) {
+          fresh_outputs.push_back(std::make_shared<Ort::Value>(std::move(values[i])));
+        }
         continue;
       }
       last_present_ptrs_[index] = reinterpret_cast<uintptr_t>(values[i].GetTensorRawData());
       accept_present(static_cast<size_t>(index), std::move(values[i]), total);
     }
+    if (mode_ == KVMode::InPlace) {
+      fixed_outputs_ = std::move(fresh_outputs);
+      fixed_tokens_ = added;
+      last_present_ptrs_ = past_ptrs();
+    }
     length_ = total;
-    // Drop the binding's references to this step's values so chained memory can be released.
-    binding_.ClearBoundInputs();
-    binding_.ClearBoundOutputs();
+    finish_step(step_start, run_start, run_end);
+    return result;
+  }
+
+  void finish_step(std::chrono::steady_clock::time_point step_start,
+                   std::chrono::steady_clock::time_point run_start,
+                   std::chrono::steady_clock::time_point run_end) {
     auto step_end = std::chrono::steady_clock::now();
     steps_ += 1;
     run_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(run_end - run_start).count();
     step_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(step_end - step_start).count();
-    return result;
   }
 
   std::vector<uintptr_t> past_ptrs() const {
@@ -809,10 +869,52 @@ class KVCache {
     return found == present_index_.end() ? -1 : found->second;
   }
 
-  std::vector<Feed> with_kv_names(const std::vector<Feed>& feeds) const {
+  const OrtMemoryInfo* present_memory() const {
+    return mode_ == KVMode::Copy ? static_cast<const OrtMemoryInfo*>(cpu_memory())
+                                 : session_->kv_memory();
+  }
+
+  // Binds every KV tensor and the requested outputs from scratch and records the order in which
+  // ORT will return the outputs, so steps need no name lookups.
+  void bind_layout(const std::vector<std::string>& outputs) {
+    binding_.ClearBoundInputs();
+    binding_.ClearBoundOutputs();
+    output_slots_.clear();
+    output_slot_names_.clear();
+    for (size_t i = 0; i < pairs_.size(); ++i) {
+      binding_.BindInput(pairs_[i].past.c_str(), *past_[i]);
+      if (mode_ == KVMode::InPlace) {
+        binding_.BindOutput(pairs_[i].present.c_str(), *past_[i]);
+      } else {
+        binding_.BindOutput(pairs_[i].present.c_str(), present_memory());
+      }
+      output_slots_.push_back(static_cast<int>(i));
+      output_slot_names_.push_back(pairs_[i].present);
+    }
+    for (const auto& name : outputs) {
+      binding_.BindOutput(name.c_str(), cpu_memory());
+      output_slots_.push_back(-1);
+      output_slot_names_.push_back(name);
+    }
+    bound_outputs_ = outputs;
+    fixed_outputs_.clear();
+    fixed_tokens_ = 0;
+    layout_valid_ = false;  // set by the caller once the per-step outputs are bound
+  }
+
+  // Every non-KV input fed exactly once; the slow path only builds the message.
+  void check_fed(const std::vector<Feed>& feeds) const {
+    if (feeds.size() == required_inputs_) {
+      bool unique = true;
+      for (size_t i = 0; i < feeds.size() && unique; ++i) {
+        for (size_t j = i + 1; j < feeds.size(); ++j) unique &= feeds[i].name != feeds[j].name;
+      }
+      if (unique) return;
+    }
     std::vector<Feed> all = feeds;
     for (const auto& pair : pairs_) all.push_back(Feed{pair.past, nullptr, py::none()});
-    return all;
+    session_->check_all_inputs_fed(all);
+    throw RunError("an input was fed twice");
   }
 
   Ort::Allocator& kv_allocator() {
@@ -924,6 +1026,13 @@ class KVCache {
   std::vector<std::shared_ptr<Ort::Value>> past_;
   std::vector<std::vector<uint8_t>> host_;
   std::vector<uintptr_t> last_present_ptrs_;
+  std::vector<std::string> bound_outputs_;     // non-KV outputs in the current binding
+  std::vector<int> output_slots_;               // per bound output: KV pair index, or -1
+  std::vector<std::string> output_slot_names_;
+  bool layout_valid_ = false;
+  std::vector<std::shared_ptr<Ort::Value>> fixed_outputs_;  // inplace: reused output tensors
+  int64_t fixed_tokens_ = 0;                                // ... for steps of this many tokens
+  size_t required_inputs_ = 0;                  // non-KV inputs the graph declares
   bool seqlens_input_ = false;
   bool total_length_input_ = false;
   int64_t length_ = 0;

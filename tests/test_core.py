@@ -319,3 +319,22 @@ def test_values_stay_in_ort_memory_between_runs(concat_path: Path) -> None:
         value = past["past_key_values.0.key"]
         assert value.on_cpu and value.dtype == "float32" and value.data_ptr != 0
         assert tuple(value.shape) == (1, 2, 6 + step, 8)
+
+
+def test_requested_outputs_may_change_between_steps(gqa_path: Path, concat_path: Path) -> None:
+    for path, hidden, mode in (
+        (gqa_path, HIDDEN_GQA, "inplace"),
+        (concat_path, HIDDEN_CONCAT, "chain"),
+    ):
+        seq = embeds(hidden, steps=4)
+        session = Session(path)
+        _, expected = run_cache(session, mode, seq, capacity=32 if mode == "inplace" else None)
+        kv = KVCache(session, mode, capacity=32 if mode == "inplace" else None)
+        assert kv.step({"inputs_embeds": seq[0]}, output_names=[]) == {}
+        got = [kv.step({"inputs_embeds": e}, output_names=["logits"])["logits"] for e in seq[1:3]]
+        got.append(kv.step({"inputs_embeds": seq[3]})["logits"])
+        for a, b in zip(expected[1:4], got, strict=True):
+            np.testing.assert_array_equal(a, b)
+        with pytest.raises(SessionError, match="managed by the cache"):
+            kv.step({"inputs_embeds": seq[4]}, output_names=["present.0.key"])
+        assert kv.length == sum(e.shape[1] for e in seq[:4])  # the refused step added none
