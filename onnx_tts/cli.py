@@ -65,6 +65,13 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("suite", choices=("kv", "refcache", "streaming"))
     bench.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the benchmark")
 
+    convert = commands.add_parser(
+        "convert", help="rewrite a Concat-KV LM (e.g. Chatterbox) for the in-place KV cache"
+    )
+    from onnx_tts.convert import add_convert_arguments
+
+    add_convert_arguments(convert)
+
     cache = commands.add_parser("cache", help="reference cache statistics and maintenance")
     cache.add_argument("action", choices=("stats", "clear"))
     cache.add_argument("--json", action="store_true")
@@ -300,7 +307,19 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return int(module.main(forwarded) or 0)
 
 
-COMMANDS = {"synth": cmd_synth, "info": cmd_info, "cache": cmd_cache, "bench": cmd_bench}
+def cmd_convert(args: argparse.Namespace) -> int:
+    from onnx_tts.convert import run_convert
+
+    return int(run_convert(args) or 0)
+
+
+COMMANDS = {
+    "synth": cmd_synth,
+    "info": cmd_info,
+    "cache": cmd_cache,
+    "bench": cmd_bench,
+    "convert": cmd_convert,
+}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -495,7 +495,7 @@ def _layout_error(model_dir: Path, problems: list[str]) -> ModelError:
 # ======================================================================================
 # Runtime adapter (Backend for onnx_tts.pipeline.Engine)
 # ======================================================================================
-KV_MODES_SUPPORTED = ("copy", "chain")  # Concat graphs: no in-place cache
+KV_MODES_SUPPORTED = ("copy", "chain", "inplace")  # inplace needs a converted LM
 DEFAULT_REPETITION_PENALTY = 1.2  # the published scripts' value
 MAX_NEW_TOKENS = 1000  # 40 s of speech per chunk
 MAX_CHUNK_CHARS = 300
@@ -676,11 +676,17 @@ class ChatterboxModel:
         if family is not None and family != layout.family:
             raise ModelError(f"{root} holds a {layout.family} model, not {family}")
         self.family = layout.family
-        self.kv_mode = kv_mode or "chain"
+        lm_inputs = set(layout.graphs["language_model"].inputs)
+        # A graph converted by `onnx-tts convert --inplace-kv` writes its cache in place.
+        self.in_place_attention = {"seqlens_k", "total_sequence_length"} <= lm_inputs
+        self.kv_mode = kv_mode or ("inplace" if self.in_place_attention else "chain")
         if self.kv_mode not in KV_MODES_SUPPORTED:
+            raise InputError(f"unknown KV mode {self.kv_mode!r}; use copy, chain or inplace")
+        if self.kv_mode == "inplace" and not self.in_place_attention:
             raise InputError(
-                f"KV mode {self.kv_mode!r} is not available for {self.family}: its language "
-                "model grows the cache by Concat; use --kv chain (default) or --kv copy"
+                f"KV mode 'inplace' is not available for this {self.family} export: its language "
+                "model grows the cache by Concat; use --kv chain, or convert it once with "
+                "`onnx-tts convert --inplace-kv MODEL_DIR NEW_DIR`"
             )
         llama = layout.embed_has_position_ids
         if exaggeration is not None and not layout.embed_has_exaggeration:
@@ -762,8 +768,8 @@ class ChatterboxModel:
                 "kv_heads": lm.kv_heads,
                 "head_dim": lm.head_dim,
                 "dtype": str(lm.kv_dtype),
-                "attention": "concat",
-                "capacity": None,  # grows by Concat
+                "attention": "gqa" if self.in_place_attention else "concat",
+                "capacity": "per request" if self.kv_mode == "inplace" else None,
                 "embeds_dtype": str(lm.embeds_dtype),
                 "logits_dtype": str(lm.logits_dtype),
                 "position_ids": lm.has_position_ids,
@@ -900,7 +906,7 @@ class ChatterboxModel:
         sampler = Sampler(sampling)
         seen: np.ndarray | None = None  # mask of produced tokens, sized on the first step
         generated: list[int] = []
-        cache = self._acquire(batch)
+        cache = self._acquire(batch, embeds.shape[1] + limit + 1)
         lm_session = self.sessions["language_model"]
         lm_dtype = self._dtype("language_model", "inputs_embeds")
         try:
@@ -956,13 +962,19 @@ class ChatterboxModel:
         embeds = self._embed(ids, np.array([[position]], dtype=np.int64))
         return np.repeat(embeds, batch, axis=0) if batch > 1 else embeds
 
-    def _acquire(self, batch: int) -> Any:
-
+    def _acquire(self, batch: int, needed: int) -> Any:
+        """A pooled KV cache for `batch` rows; in-place caches must hold `needed` tokens."""
         with self._lock:
             idle = self._caches.setdefault(batch, [])
-            if idle:
-                return idle.pop()
-        return KVCache(self.sessions["language_model"], self.kv_mode, batch_size=batch)
+            for index, cache in enumerate(idle):
+                if cache.capacity is None or cache.capacity >= needed:
+                    return idle.pop(index)
+        capacity = None
+        if self.kv_mode == "inplace":
+            capacity = max(1024, 1 << (needed - 1).bit_length())  # few distinct sizes to pool
+        return KVCache(
+            self.sessions["language_model"], self.kv_mode, batch_size=batch, capacity=capacity
+        )
 
     def _release(self, batch: int, cache: Any) -> None:
         cache.reset()
