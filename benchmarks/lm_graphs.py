@@ -204,6 +204,19 @@ class _GraphWriter:
         return output
 
 
+def _affine(w: Any, x: str, state: dict, w_name: str, w_key: str, b_name: str, b_key: str) -> str:
+    """x @ W + b with GPT-2 Conv1D weights ([in, out]) taken from the torch state dict."""
+    weight = w.const(w_name, _numpy(state[w_key]))
+    return w.op("Add", [w.op("MatMul", [x, weight]), w.const(b_name, _numpy(state[b_key]))])
+
+
+def _layer_norm(
+    w: Any, x: str, state: dict, g_name: str, g_key: str, b_name: str, b_key: str, eps: float
+) -> str:
+    scale, bias = w.const(g_name, _numpy(state[g_key])), w.const(b_name, _numpy(state[b_key]))
+    return w.op("LayerNormalization", [x, scale, bias], axis=-1, epsilon=eps)
+
+
 def _group_query_attention(
     w: _GraphWriter, packed_qkv: str, layer: int, attrs: dict[str, Any], rotary: bool
 ) -> str:
@@ -288,69 +301,65 @@ def build_gqa_model(model: Any, shape: LMShape) -> onnx.ModelProto:
     for i in range(shape.layers):
         if shape.family == "gpt2":
             p = f"transformer.h.{i}."
-            normed = w.op(
-                "LayerNormalization",
-                [
-                    hidden,
-                    w.const(f"l{i}.ln1.w", _numpy(state[p + "ln_1.weight"])),
-                    w.const(f"l{i}.ln1.b", _numpy(state[p + "ln_1.bias"])),
-                ],
-                axis=-1,
-                epsilon=float(model.config.layer_norm_epsilon),
+            normed = _layer_norm(
+                w,
+                hidden,
+                state,
+                f"l{i}.ln1.w",
+                p + "ln_1.weight",
+                f"l{i}.ln1.b",
+                p + "ln_1.bias",
+                float(model.config.layer_norm_epsilon),
             )
             # Conv1D stores [in, out] and c_attn's output is [q | k | v]: already GQA's packed QKV.
-            qkv = w.op(
-                "Add",
-                [
-                    w.op(
-                        "MatMul",
-                        [normed, w.const(f"l{i}.qkv.w", _numpy(state[p + "attn.c_attn.weight"]))],
-                    ),
-                    w.const(f"l{i}.qkv.b", _numpy(state[p + "attn.c_attn.bias"])),
-                ],
+            qkv = _affine(
+                w,
+                normed,
+                state,
+                f"l{i}.qkv.w",
+                p + "attn.c_attn.weight",
+                f"l{i}.qkv.b",
+                p + "attn.c_attn.bias",
             )
             attn = _group_query_attention(w, qkv, i, gqa_attrs, rotary=False)
-            proj = w.op(
-                "Add",
-                [
-                    w.op(
-                        "MatMul",
-                        [attn, w.const(f"l{i}.o.w", _numpy(state[p + "attn.c_proj.weight"]))],
-                    ),
-                    w.const(f"l{i}.o.b", _numpy(state[p + "attn.c_proj.bias"])),
-                ],
+            proj = _affine(
+                w,
+                attn,
+                state,
+                f"l{i}.o.w",
+                p + "attn.c_proj.weight",
+                f"l{i}.o.b",
+                p + "attn.c_proj.bias",
             )
             hidden = w.op("Add", [hidden, proj])
-            normed = w.op(
-                "LayerNormalization",
-                [
-                    hidden,
-                    w.const(f"l{i}.ln2.w", _numpy(state[p + "ln_2.weight"])),
-                    w.const(f"l{i}.ln2.b", _numpy(state[p + "ln_2.bias"])),
-                ],
-                axis=-1,
-                epsilon=float(model.config.layer_norm_epsilon),
+            normed = _layer_norm(
+                w,
+                hidden,
+                state,
+                f"l{i}.ln2.w",
+                p + "ln_2.weight",
+                f"l{i}.ln2.b",
+                p + "ln_2.bias",
+                float(model.config.layer_norm_epsilon),
             )
-            up = w.op(
-                "Add",
-                [
-                    w.op(
-                        "MatMul",
-                        [normed, w.const(f"l{i}.fc.w", _numpy(state[p + "mlp.c_fc.weight"]))],
-                    ),
-                    w.const(f"l{i}.fc.b", _numpy(state[p + "mlp.c_fc.bias"])),
-                ],
+            up = _affine(
+                w,
+                normed,
+                state,
+                f"l{i}.fc.w",
+                p + "mlp.c_fc.weight",
+                f"l{i}.fc.b",
+                p + "mlp.c_fc.bias",
             )
             act = w.op("Gelu", [up], approximate="tanh")  # gelu_new is the tanh approximation
-            down = w.op(
-                "Add",
-                [
-                    w.op(
-                        "MatMul",
-                        [act, w.const(f"l{i}.down.w", _numpy(state[p + "mlp.c_proj.weight"]))],
-                    ),
-                    w.const(f"l{i}.down.b", _numpy(state[p + "mlp.c_proj.bias"])),
-                ],
+            down = _affine(
+                w,
+                act,
+                state,
+                f"l{i}.down.w",
+                p + "mlp.c_proj.weight",
+                f"l{i}.down.b",
+                p + "mlp.c_proj.bias",
             )
             hidden = w.op("Add", [hidden, down])
         else:

@@ -265,6 +265,9 @@ struct Feed {
   std::string name;
   std::shared_ptr<Ort::Value> value;
   py::object owner;
+  std::vector<int64_t> shape;
+  ONNXTensorElementDataType type = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+  size_t bytes = 0;
 };
 
 Ort::MemoryInfo& cpu_memory() {
@@ -281,6 +284,7 @@ struct SessionConfig {
   int inter_op_threads = 0;
   std::string optimization = "all";
   bool shared_thread_pool = false;
+  bool allow_spinning = true;
   int device_id = 0;
 };
 
@@ -304,6 +308,9 @@ class Session {
     } else {
       options.SetIntraOpNumThreads(config.intra_op_threads);
       options.SetInterOpNumThreads(config.inter_op_threads);
+      // Spinning workers keep cores busy after a run: faster back-to-back runs on an idle
+      // machine, stolen time for everything else on a shared one.
+      options.AddConfigEntry("session.intra_op.allow_spinning", config.allow_spinning ? "1" : "0");
     }
     for (const auto& provider : config.providers) {
       if (provider == "CPUExecutionProvider") continue;
@@ -387,6 +394,10 @@ class Session {
       check_against_spec(*spec, value.type(), value.shape());
       feed.value = value.value;
       feed.owner = py::reinterpret_borrow<py::object>(object);
+      feed.shape = value.shape();
+      feed.type = value.type();
+      feed.bytes = static_cast<size_t>(element_count(feed.shape)) *
+                   element_type_of(feed.type, name).size;
       return feed;
     }
     if (!py::isinstance<py::array>(object)) {
@@ -415,6 +426,9 @@ class Session {
           spec->type));
     }
     feed.owner = contiguous;
+    feed.shape = std::move(shape);
+    feed.type = spec->type;
+    feed.bytes = bytes;
     return feed;
   }
 
@@ -626,6 +640,8 @@ class KVCache {
     layout_valid_ = false;
     fixed_outputs_.clear();
     fixed_tokens_ = 0;
+    outputs_on_fixed_ = false;
+    staged_inputs_.clear();
     if (mode_ == KVMode::InPlace) return;  // buffers stay; attention reads only `length` tokens
     for (size_t i = 0; i < pairs_.size(); ++i) set_empty_past(i);
   }
@@ -679,19 +695,26 @@ class KVCache {
     // written into that step's output tensors, so no output needs fetching after the run.
     bool reuse_outputs = mode_ == KVMode::InPlace && fixed_tokens_ == added &&
                          fixed_outputs_.size() == outputs.size() && !outputs.empty();
-    if (layout_valid_ || reuse_outputs) {
-      for (size_t i = 0; i < outputs.size(); ++i) {
-        if (reuse_outputs) {
+    if (reuse_outputs) {
+      if (!outputs_on_fixed_) {
+        for (size_t i = 0; i < outputs.size(); ++i) {
           binding_.BindOutput(outputs[i].c_str(), *fixed_outputs_[i]);
-        } else {
-          binding_.BindOutput(outputs[i].c_str(), cpu_memory());
         }
+        outputs_on_fixed_ = true;
       }
+    } else if (layout_valid_) {
+      for (const auto& name : outputs) binding_.BindOutput(name.c_str(), cpu_memory());
+      outputs_on_fixed_ = false;
     }
     layout_valid_ = true;
-    // In inplace mode the KV bindings stay from step to step: only the new tokens, the length
-    // inputs and the logits are bound again (binding a name again replaces its entry).
-    for (const auto& feed : prepared) binding_.BindInput(feed.name.c_str(), *feed.value);
+    if (mode_ == KVMode::InPlace) {
+      // The KV bindings stay from step to step, and so do the inputs: a feed of the shape it
+      // had last step is copied into the tensor already bound, so a steady decode step binds
+      // nothing at all.
+      for (const auto& feed : prepared) stage_input(feed);
+    } else {
+      for (const auto& feed : prepared) binding_.BindInput(feed.name.c_str(), *feed.value);
+    }
 
     auto run_start = std::chrono::steady_clock::now();
     try {
@@ -702,6 +725,7 @@ class KVCache {
       fixed_outputs_.clear();
       fixed_tokens_ = 0;
       reuse_outputs = false;
+      outputs_on_fixed_ = false;
       for (const auto& name : outputs) binding_.BindOutput(name.c_str(), cpu_memory());
       session_->run_binding(binding_);
     }
@@ -869,6 +893,28 @@ class KVCache {
     return found == present_index_.end() ? -1 : found->second;
   }
 
+  struct StagedInput {
+    std::shared_ptr<Ort::Value> value;  // owned host tensor, bound once
+    std::vector<int64_t> shape;
+    ONNXTensorElementDataType type;
+  };
+
+  void stage_input(const Feed& feed) {
+    auto found = staged_inputs_.find(feed.name);
+    if (found == staged_inputs_.end() || found->second.shape != feed.shape ||
+        found->second.type != feed.type) {
+      StagedInput staged{std::make_shared<Ort::Value>(Ort::Value::CreateTensor(
+                             cpu_allocator_, feed.shape.data(), feed.shape.size(), feed.type)),
+                         feed.shape, feed.type};
+      binding_.BindInput(feed.name.c_str(), *staged.value);
+      found = staged_inputs_.insert_or_assign(feed.name, std::move(staged)).first;
+    }
+    if (feed.bytes > 0) {
+      std::memcpy(found->second.value->GetTensorMutableRawData(), feed.value->GetTensorRawData(),
+                  feed.bytes);
+    }
+  }
+
   const OrtMemoryInfo* present_memory() const {
     return mode_ == KVMode::Copy ? static_cast<const OrtMemoryInfo*>(cpu_memory())
                                  : session_->kv_memory();
@@ -899,6 +945,8 @@ class KVCache {
     bound_outputs_ = outputs;
     fixed_outputs_.clear();
     fixed_tokens_ = 0;
+    outputs_on_fixed_ = false;
+    staged_inputs_.clear();
     layout_valid_ = false;  // set by the caller once the per-step outputs are bound
   }
 
@@ -912,7 +960,11 @@ class KVCache {
       if (unique) return;
     }
     std::vector<Feed> all = feeds;
-    for (const auto& pair : pairs_) all.push_back(Feed{pair.past, nullptr, py::none()});
+    for (const auto& pair : pairs_) {
+      Feed kv_feed;
+      kv_feed.name = pair.past;
+      all.push_back(std::move(kv_feed));
+    }
     session_->check_all_inputs_fed(all);
     throw RunError("an input was fed twice");
   }
@@ -1032,6 +1084,8 @@ class KVCache {
   bool layout_valid_ = false;
   std::vector<std::shared_ptr<Ort::Value>> fixed_outputs_;  // inplace: reused output tensors
   int64_t fixed_tokens_ = 0;                                // ... for steps of this many tokens
+  bool outputs_on_fixed_ = false;                           // binding points at fixed_outputs_
+  std::unordered_map<std::string, StagedInput> staged_inputs_;  // inplace: bound input tensors
   size_t required_inputs_ = 0;                  // non-KV inputs the graph declares
   bool seqlens_input_ = false;
   bool total_length_input_ = false;
@@ -1079,6 +1133,7 @@ PYBIND11_MODULE(_core, m) {
       .def_readwrite("inter_op_threads", &SessionConfig::inter_op_threads)
       .def_readwrite("graph_optimization_level", &SessionConfig::optimization)
       .def_readwrite("shared_thread_pool", &SessionConfig::shared_thread_pool)
+      .def_readwrite("allow_spinning", &SessionConfig::allow_spinning)
       .def_readwrite("device_id", &SessionConfig::device_id);
 
   py::class_<Value>(m, "Value")

@@ -78,6 +78,7 @@ class SessionOptions:
     inter_op_threads: int = 0
     graph_optimization_level: str = "all"
     shared_thread_pool: bool = False
+    allow_spinning: bool = True
     device_id: int = 0
 
     def to_core(self) -> Any:
@@ -87,6 +88,7 @@ class SessionOptions:
         config.inter_op_threads = int(self.inter_op_threads)
         config.graph_optimization_level = self.graph_optimization_level
         config.shared_thread_pool = bool(self.shared_thread_pool)
+        config.allow_spinning = bool(self.allow_spinning)
         config.device_id = int(self.device_id)
         return config
 
