@@ -19,7 +19,11 @@ FORMAT_VERSION = 1
 MANIFEST = "bundle.json"
 DEFAULT_MODEL_DIR = Path(__file__).resolve().parent / "models" / "reference"
 
-_REQUIRED_SECTIONS = ("graphs", "kv", "codec", "text", "sampling", "streaming", "vocoder")
+# Sections each family's manifest must have (the "family" key; "reference" when absent).
+_REQUIRED_SECTIONS = {
+    "reference": ("graphs", "kv", "codec", "text", "sampling", "streaming", "vocoder"),
+    "phoneme-mel": ("graphs", "kv", "frames", "text", "pointer", "lm", "streaming", "vocoder"),
+}
 
 
 def file_sha256(path: str | os.PathLike[str]) -> str:
@@ -70,7 +74,15 @@ class Bundle:
                 f"{path}: format_version {version!r} is not supported (this onnx-tts reads "
                 f"{FORMAT_VERSION}); upgrade onnx-tts or re-export the bundle"
             )
-        missing = [key for key in _REQUIRED_SECTIONS if not isinstance(manifest.get(key), dict)]
+        family = manifest.get("family", "reference")
+        if family not in _REQUIRED_SECTIONS:
+            raise ModelError(
+                f"{path}: family {family!r} is not one this onnx-tts runs "
+                f"({', '.join(_REQUIRED_SECTIONS)}); upgrade onnx-tts or re-export the bundle"
+            )
+        missing = [
+            key for key in _REQUIRED_SECTIONS[family] if not isinstance(manifest.get(key), dict)
+        ]
         if missing:
             raise ModelError(f"{path} lacks section(s): {', '.join(missing)}")
         bundle = cls(root, manifest)
@@ -79,7 +91,9 @@ class Bundle:
 
     def _check_files(self, verify_checksums: bool) -> None:
         expected = self.manifest.get("sha256", {})
-        files = [*self.manifest["graphs"].values(), self.manifest["text"]["tokenizer"]]
+        files = list(self.manifest["graphs"].values())
+        if "tokenizer" in self.manifest["text"]:
+            files.append(self.manifest["text"]["tokenizer"])
         absent = [name for name in files if not (self.root / name).is_file()]
         if absent:
             raise ModelError(f"bundle {self.root} is missing file(s): {', '.join(absent)}")
@@ -106,6 +120,10 @@ class Bundle:
             [self.name, self.manifest.get("version"), sorted(hashes.items())], sort_keys=True
         )
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+    @property
+    def family(self) -> str:
+        return str(self.manifest.get("family", "reference"))
 
     @property
     def sample_rate(self) -> int:

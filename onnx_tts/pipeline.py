@@ -140,7 +140,7 @@ class Engine:
             frames = list(
                 self.backend.generate(chunk, prompt, self._chunk_sampling(options, index))
             )
-            codes = np.stack(frames) if frames else np.zeros((0, 1), np.int64)
+            codes = np.stack(frames) if frames else np.zeros((0, 1), np.float32)
             if index:
                 pieces.append(pause)
             if frames:
@@ -240,7 +240,7 @@ def load(
     kv: "copy", "chain" or "inplace" (default: the model's own default).
     cache_dir: disk tier of the reference cache ("default" = user cache dir, None = off).
     """
-    from onnx_tts.families import REFERENCE, detect
+    from onnx_tts.families import PHONEME_MEL, REFERENCE, detect
 
     if kv is not None and kv not in KV_MODES:
         raise InputError(f"unknown KV mode {kv!r}; choose one of {', '.join(KV_MODES)}")
@@ -254,6 +254,13 @@ def load(
         from onnx_tts.families.reference import ReferenceModel
 
         backend = ReferenceModel(root, kv, options, **family_options)
+    elif family == PHONEME_MEL:
+        from onnx_tts.families.phoneme_mel import PhonemeMelModel
+
+        unknown = sorted(k for k, v in family_options.items() if v is not None)
+        if unknown:
+            raise InputError(f"options {unknown} do not apply to the {family!r} model family")
+        backend = PhonemeMelModel(root, kv, options)
     else:
         from onnx_tts.families.chatterbox import load_backend
 

@@ -234,7 +234,8 @@ class StreamingDecoder:
             array = array[None]
         if array.ndim != 2:
             raise InputError(f"frames must be [K] or [N, K], got shape {array.shape}")
-        self._frames.extend(np.asarray(row, dtype=np.int64) for row in array)
+        # Codec codes (int64) or continuous frames (float32, e.g. mel): kept as they come.
+        self._frames.extend(np.asarray(row) for row in array)
 
     def finish(self) -> None:
         """No more frames: the next window is the last and flushes everything."""

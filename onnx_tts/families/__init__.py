@@ -1,19 +1,22 @@
-"""Model-directory detection: the project's own bundles (bundle.json) and third-party layouts
-recognised from file names and graph I/O (Chatterbox Turbo / original / multilingual)."""
+"""Model-directory detection: the project's own bundles (bundle.json: the "reference" codec LM
+and the "phoneme-mel" trained voice) and third-party layouts recognised from file names and
+graph I/O (Chatterbox Turbo / original / multilingual)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from onnx_tts.errors import ModelError
 from onnx_tts.families import chatterbox
 
 REFERENCE = "reference"
-FAMILIES = (REFERENCE, *chatterbox.FAMILIES)
+PHONEME_MEL = "phoneme-mel"
+FAMILIES = (REFERENCE, PHONEME_MEL, *chatterbox.FAMILIES)
 
 
 def detect(model_dir: Path | str) -> str:
-    """Family name of `model_dir`: "reference" when it has a bundle.json, else one of
+    """Family name of `model_dir`: a bundle.json's "family" ("reference" when absent), else one of
     "chatterbox-turbo", "chatterbox", "chatterbox-multilingual". Raises ModelError naming the
     missing or mismatched files/tensors when the directory is none of these."""
     model_dir = Path(model_dir)
@@ -22,8 +25,13 @@ def detect(model_dir: Path | str) -> str:
             f"model directory {model_dir} does not exist or is not a directory; pass --model "
             "a directory holding bundle.json or a Chatterbox ONNX download"
         )
-    if (model_dir / "bundle.json").is_file():
-        return REFERENCE
+    manifest = model_dir / "bundle.json"
+    if manifest.is_file():
+        try:
+            family = json.loads(manifest.read_text(encoding="utf-8")).get("family", REFERENCE)
+        except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+            family = REFERENCE  # Bundle.load reports what is wrong with the file
+        return family if family == PHONEME_MEL else REFERENCE
     if (
         not chatterbox.looks_like_chatterbox(model_dir)
         and not (model_dir / "tokenizer.json").is_file()
@@ -45,4 +53,4 @@ def available_precisions(model_dir: Path | str) -> list[str]:
     return chatterbox.available_precisions(model_dir)
 
 
-__all__ = ["FAMILIES", "REFERENCE", "available_precisions", "detect"]
+__all__ = ["FAMILIES", "PHONEME_MEL", "REFERENCE", "available_precisions", "detect"]

