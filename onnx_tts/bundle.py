@@ -17,7 +17,10 @@ from onnx_tts.session import Session
 
 FORMAT_VERSION = 1
 MANIFEST = "bundle.json"
-DEFAULT_MODEL_DIR = Path(__file__).resolve().parent / "models" / "reference"
+MODELS_DIR = Path(__file__).resolve().parent / "models"
+VOICE_MODEL_DIR = MODELS_DIR / "voice"  # the trained voice (export/train_voice.py)
+REFERENCE_MODEL_DIR = MODELS_DIR / "reference"  # the codec-LM reference, random weights
+DEFAULT_MODEL_DIR = VOICE_MODEL_DIR
 
 # Sections each family's manifest must have (the "family" key; "reference" when absent).
 _REQUIRED_SECTIONS = {

