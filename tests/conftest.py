@@ -38,7 +38,6 @@ def voice_wav(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def reference_engine():
     import onnx_tts
-
     from onnx_tts.bundle import REFERENCE_MODEL_DIR
 
     return onnx_tts.load(REFERENCE_MODEL_DIR, kv="inplace", cache_dir=None)

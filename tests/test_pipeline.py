@@ -278,8 +278,18 @@ def test_cli_synth_writes_a_wav(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert "RTF" in err and "[" not in err  # timings shown, no progress bar off a terminal
     again = tmp_path / "again.wav"
     run_cli(
-        ["synth", "Hello.", "-o", str(again), "--seed", "1", "--cache-dir", "none"]
-        + ["--model", str(REFERENCE_MODEL_DIR)],
+        [
+            "synth",
+            "Hello.",
+            "-o",
+            str(again),
+            "--seed",
+            "1",
+            "--cache-dir",
+            "none",
+            "--model",
+            str(REFERENCE_MODEL_DIR),
+        ],
         capsys,
     )
     assert again.read_bytes() == out.read_bytes()
