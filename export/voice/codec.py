@@ -2,8 +2,8 @@
 
 Frames are 50 per second (hop 320 at 16 kHz): mel frame t summarises the window centred on
 sample t * hop + hop / 2. The vocoder maps mel energies back to linear magnitudes
-(filter-weighted) and finds a phase by Griffin-Lim, optionally on frames interpolated to a finer hop (more overlap gives
-Griffin-Lim a much better phase).
+(filter-weighted) and finds a phase by Griffin-Lim, optionally on frames interpolated to a
+finer hop (more overlap gives Griffin-Lim a much better phase).
 """
 
 from __future__ import annotations
