@@ -55,7 +55,57 @@ def main(argv: list[str] | None = None) -> None:
     tmp = args.out.with_name(args.out.name + ".tmp")
     tmp.write_text(json.dumps(results, indent=1) + "\n")
     os.replace(tmp, args.out)
+    plot(results, args.out.with_suffix(".png"))
     print(json.dumps(results["summary"], indent=1))
+
+
+def plot(results: dict, path: Path) -> None:
+    """WER bars (teacher, vocoder on teacher mel, model) and, when measured, similarity bars."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    similarity = results.get("speaker_similarity", {})
+    clones = {k: v for k, v in similarity.items() if "model_vs_reference" in v}
+    fig, axes = plt.subplots(1, 2 if clones else 1, figsize=(11 if clones else 6, 4))
+    axes = axes if clones else [axes]
+    wer = results["wer"]
+    axes[0].bar(range(len(wer)), list(wer.values()), color=["#888", "#aaa", "#2a7"])
+    axes[0].set_xticks(range(len(wer)), [k.split(" (")[0] for k in wer], fontsize=8)
+    axes[0].set_ylabel(f"WER, Whisper tiny.en, {results['sentences']} held-out sentences")
+    axes[0].axhline(0.35, color="r", linestyle="--", linewidth=1, label="must (0.35)")
+    axes[0].legend()
+    if clones:
+        names = list(clones)
+        x = range(len(names))
+        axes[1].bar(
+            [i - 0.2 for i in x],
+            [clones[n]["model_vs_reference"] for n in names],
+            0.4,
+            label="cloned vs reference",
+        )
+        axes[1].bar(
+            [i + 0.2 for i in x],
+            [clones[n]["real_same_voice_vs_reference"] for n in names],
+            0.4,
+            label="real same voice vs reference",
+        )
+        two = [v["cosine"] for k, v in similarity.items() if k.startswith("two different")]
+        if two:
+            axes[1].axhline(
+                two[0], color="r", linestyle="--", linewidth=1, label="two different real voices"
+            )
+        axes[1].set_xticks(
+            list(x),
+            [n + (" (held out)" if clones[n]["held_out"] else " (seen)") for n in names],
+            fontsize=8,
+        )
+        axes[1].set_ylabel("resemblyzer cosine similarity")
+        axes[1].set_ylim(0.4, 1.0)
+        axes[1].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
 
 
 if __name__ == "__main__":

@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workers", type=int, default=1, help="stage data: processes in all")
     parser.add_argument("--worker", type=int, default=0, help="stage data: this process's index")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--gl-iterations", type=int, default=32)
+    parser.add_argument("--gl-iterations", type=int, default=16)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--ffn", type=int, default=768)

@@ -48,7 +48,7 @@ GRAPH_FILES = {
 @dataclass(frozen=True)
 class VocoderConfig:
     upsample: int = 2
-    iterations: int = 32
+    iterations: int = 16
     momentum: float = 0.99
 
 
