@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -189,22 +189,9 @@ def build_embed_graph(model: object) -> onnx.ModelProto:
 
 
 def lm_spec(cfg: object) -> DecoderLMSpec:
+    """The reference decoder's spec with one flat head: mel frames + advance logits."""
     decoder = cfg.decoder_config()  # type: ignore[attr-defined]
-    return DecoderLMSpec(
-        layers=decoder.layers,
-        hidden_size=decoder.hidden_size,
-        heads=decoder.heads,
-        kv_heads=decoder.kv_heads,
-        head_dim=decoder.head_dim,
-        ffn_size=decoder.ffn_size,
-        vocab_size=cfg.output_width,  # type: ignore[attr-defined]
-        output_heads=None,
-        norm="rms",
-        rotary=True,
-        rope_theta=decoder.rope_theta,
-        max_positions=decoder.max_positions,
-        norm_eps=decoder.norm_eps,
-    )
+    return replace(decoder.lm_spec(), vocab_size=cfg.output_width, output_heads=None)  # type: ignore[attr-defined]
 
 
 def build_vocoder_graph(cfg: MelConfig, stats: dict, vocoder: VocoderConfig) -> onnx.ModelProto:
