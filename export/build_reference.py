@@ -9,7 +9,6 @@ are byte-identical from build to build (checked by tests/test_reference_export.p
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import string
 import time
@@ -31,7 +30,7 @@ from export.onnx_graphs import (
     build_gqa_lm,
     linear,
     reduce_op,
-    save_model,
+    write_bundle_files,
 )
 from export.reference_model import (
     LEAKY_SLOPE,
@@ -335,16 +334,11 @@ def build_reference(out_dir: str | Path = DEFAULT_OUT_DIR, seed: int = 0) -> Bui
         torch.set_num_threads(threads)
         torch.use_deterministic_algorithms(deterministic)
 
-    sha256: dict[str, str] = {}
-    sizes: dict[str, int] = {}
-    for key, filename in GRAPH_FILES.items():
-        data = save_model(graphs[key], out / filename)
-        sha256[filename] = hashlib.sha256(data).hexdigest()
-        sizes[filename] = len(data)
-    tokenizer = build_tokenizer_json().encode("utf-8")
-    atomic_write_bytes(out / TOKENIZER_FILE, tokenizer)
-    sha256[TOKENIZER_FILE] = hashlib.sha256(tokenizer).hexdigest()
-    sizes[TOKENIZER_FILE] = len(tokenizer)
+    files: dict[str, onnx.ModelProto | bytes] = {
+        filename: graphs[key] for key, filename in GRAPH_FILES.items()
+    }
+    files[TOKENIZER_FILE] = build_tokenizer_json().encode("utf-8")
+    sha256, sizes = write_bundle_files(out, files)
     manifest = json.dumps(bundle_manifest(cfg, sha256), indent=2) + "\n"
     atomic_write_bytes(out / "bundle.json", manifest.encode("utf-8"))
     sizes["bundle.json"] = len(manifest.encode("utf-8"))

@@ -10,6 +10,7 @@ with random weights from :func:`random_lm_weights`.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import tempfile
 from dataclasses import dataclass, field
@@ -584,3 +585,21 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike[str]) -> bytes:
     data = model.SerializeToString(deterministic=True)
     atomic_write_bytes(path, data)
     return data
+
+
+def write_bundle_files(
+    out_dir: Path, files: dict[str, onnx.ModelProto | bytes]
+) -> tuple[dict[str, str], dict[str, int]]:
+    """Writes graphs (serialised deterministically) and raw files into out_dir, each
+    atomically; returns ({file name: sha256 hex}, {file name: size})."""
+    sha256: dict[str, str] = {}
+    sizes: dict[str, int] = {}
+    for filename, content in files.items():
+        if isinstance(content, bytes):
+            atomic_write_bytes(out_dir / filename, content)
+            data = content
+        else:
+            data = save_model(content, out_dir / filename)
+        sha256[filename] = hashlib.sha256(data).hexdigest()
+        sizes[filename] = len(data)
+    return sha256, sizes

@@ -125,10 +125,6 @@ class Bundle:
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
     @property
-    def family(self) -> str:
-        return str(self.manifest.get("family", "reference"))
-
-    @property
     def sample_rate(self) -> int:
         return int(self.manifest["sample_rate"])
 
@@ -140,6 +136,13 @@ class Bundle:
 
     def section(self, name: str) -> dict[str, Any]:
         return dict(self.manifest.get(name, {}))
+
+    def kv_specs(self) -> tuple[dict[str, tuple[str, Any]], dict[str, tuple[str, Any]]]:
+        """({past name: (dtype, dims)}, {present name: (dtype, dims)}) for check_graph_io."""
+        kv = self.manifest["kv"]
+        spec = (kv.get("dtype", "float32"), (None, int(kv["kv_heads"]), None, int(kv["head_dim"])))
+        names = self.kv_names()
+        return {past: spec for past, _ in names}, {present: spec for _, present in names}
 
     def kv_names(self) -> list[tuple[str, str]]:
         kv = self.manifest["kv"]

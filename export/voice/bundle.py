@@ -14,16 +14,14 @@ onnx_tts/families/phoneme_mel.py).
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 import onnx
-import torch
 
-from export.build_reference import lm_weights
+from export.build_reference import _bias, _linear_weight, _np, lm_weights
 from export.onnx_graphs import (
     FLOAT,
     INT64,
@@ -33,9 +31,9 @@ from export.onnx_graphs import (
     build_gqa_lm,
     linear,
     reduce_op,
-    save_model,
+    write_bundle_files,
 )
-from export.voice.codec import MelConfig, mel_filterbank, mel_inverse
+from export.voice.codec import MEL_CONFIG, MelConfig, mel_filterbank, mel_inverse
 
 GRAPH_FILES = {
     "encoder": "encoder.onnx",
@@ -148,10 +146,6 @@ def build_encoder_graph(cfg: MelConfig, stats: dict) -> onnx.ModelProto:
     return b.build("voice encoder: Conv STFT -> log-mel -> standardise -> per-band mean and std")
 
 
-def _np(t: torch.Tensor) -> np.ndarray:
-    return t.detach().cpu().numpy().astype(np.float32)
-
-
 def build_embed_graph(model: object) -> onnx.ModelProto:
     """model: export.voice.train.VoiceModel."""
     emb = model.embed  # type: ignore[attr-defined]
@@ -162,9 +156,9 @@ def build_embed_graph(model: object) -> onnx.ModelProto:
     progress = b.add_input("progress", INT64, ("batch", "steps"))
     speaker = b.add_input("speaker_embedding", FLOAT, ("batch", cfg.speaker_dim))
     x = b.node(
-        "Relu", [linear(b, previous, _np(emb.prenet1.weight).T, _np(emb.prenet1.bias), "prenet1")]
+        "Relu", [linear(b, previous, _linear_weight(emb.prenet1), _bias(emb.prenet1), "prenet1")]
     )
-    x = b.node("Relu", [linear(b, x, _np(emb.prenet2.weight).T, _np(emb.prenet2.bias), "prenet2")])
+    x = b.node("Relu", [linear(b, x, _linear_weight(emb.prenet2), _bias(emb.prenet2), "prenet2")])
     for k in range(len(cfg.context)):
         ids = b.node("Gather", [window, b.const(k)], axis=2, name=f"phoneme.{k}/Ids")
         rows = b.node(
@@ -179,7 +173,7 @@ def build_embed_graph(model: object) -> onnx.ModelProto:
             b.node("Gather", [b.initializer("progress.table", _np(emb.progress)), clipped], axis=0),
         ],
     )
-    spk = linear(b, speaker, _np(emb.speaker.weight).T, _np(emb.speaker.bias), "speaker")
+    spk = linear(b, speaker, _linear_weight(emb.speaker), _bias(emb.speaker), "speaker")
     spk = b.node("Unsqueeze", [spk, b.const([1])], name="speaker/Unsqueeze")
     b.node("Add", [x, spk], output_names=["inputs_embeds"], name="embeds/Add")
     b.add_output("inputs_embeds", FLOAT, ("batch", "steps", cfg.hidden_size))
@@ -388,9 +382,6 @@ def bundle_manifest(
     }
 
 
-MEL_CONFIG = MelConfig(n_fft=512)
-
-
 def write_bundle(
     out_dir: Path, model: object, stats: dict, vocoder: VocoderConfig
 ) -> dict[str, int]:
@@ -405,11 +396,9 @@ def write_bundle(
         "lm": build_gqa_lm(lm_spec(cfg), lm_weights(model), name="lm"),  # type: ignore[arg-type]
         "vocoder": build_vocoder_graph(MEL_CONFIG, stats, vocoder),
     }
-    sha256, sizes = {}, {}
-    for key, filename in GRAPH_FILES.items():
-        data = save_model(graphs[key], out / filename)
-        sha256[filename] = hashlib.sha256(data).hexdigest()
-        sizes[filename] = len(data)
+    sha256, sizes = write_bundle_files(
+        out, {filename: graphs[key] for key, filename in GRAPH_FILES.items()}
+    )
     manifest = json.dumps(bundle_manifest(model, stats, vocoder, sha256), indent=1) + "\n"
     atomic_write_bytes(out / "bundle.json", manifest.encode("utf-8"))
     sizes["bundle.json"] = len(manifest)

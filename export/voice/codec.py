@@ -29,6 +29,10 @@ class MelConfig:
         return self.n_fft // 2 + 1
 
 
+# The trained voice's frames (train.py, bundle.py): 80 bands, n_fft 512, 50 per second.
+MEL_CONFIG = MelConfig(n_fft=512)
+
+
 def hz_to_mel(hz: np.ndarray | float) -> np.ndarray:
     return 2595.0 * np.log10(1.0 + np.asarray(hz, np.float64) / 700.0)
 

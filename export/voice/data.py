@@ -19,7 +19,7 @@ import os
 import random
 import re
 import string
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -334,7 +334,3 @@ def generate_shards(work: Path, plans: Iterable[ShardPlan], threads: int = 1) ->
         seconds = sum(len(u.audio) for u in utterances) / SAMPLE_RATE
         print(f"data: {path.relative_to(work)} {len(utterances)} utts {seconds:.0f} s", flush=True)
     return written
-
-
-def iter_shards(directory: Path) -> Iterator[Path]:
-    yield from sorted(directory.glob("shard-*.npz"))

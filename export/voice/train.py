@@ -33,10 +33,8 @@ from torch.nn import functional as F
 
 from export.reference_model import DecoderLayer, ReferenceConfig, RMSNorm
 from export.voice import data
-from export.voice.codec import MelConfig, log_mel
-
-MEL = MelConfig(n_fft=512)
-PAD_SYMBOL = 0  # phoneme id 0 is padding (outside the sentence); symbols start at 1
+from export.voice.codec import MEL_CONFIG, log_mel
+from onnx_tts.families.phoneme_mel import phoneme_windows
 
 
 @dataclass(frozen=True)
@@ -171,10 +169,6 @@ class Example:
     stats: np.ndarray  # float32 [speaker_dim] of this utterance
 
 
-def symbol_table(utterances: list[data.Utterance]) -> tuple[str, ...]:
-    return tuple(sorted({ch for u in utterances for ch in u.phonemes}))
-
-
 def step_pointer(durations: np.ndarray, steps: int, samples_per_step: int) -> np.ndarray:
     """Index of the symbol whose span holds the middle of each step."""
     ends = np.cumsum(durations)
@@ -183,7 +177,7 @@ def step_pointer(durations: np.ndarray, steps: int, samples_per_step: int) -> np
 
 
 def log_mel_frames(audio: np.ndarray) -> np.ndarray:
-    return log_mel(torch.from_numpy(audio)[None], MEL)[0].numpy()
+    return log_mel(torch.from_numpy(audio)[None], MEL_CONFIG)[0].numpy()
 
 
 def make_example(
@@ -193,7 +187,7 @@ def make_example(
     steps = math.ceil(len(mel) / reduction)
     padded = np.full((steps * reduction, mel.shape[1]), mel.min(initial=0.0), np.float32)
     padded[: len(mel)] = mel
-    pointer = step_pointer(utt.durations, steps, MEL.hop_length * reduction)
+    pointer = step_pointer(utt.durations, steps, MEL_CONFIG.hop_length * reduction)
     return Example(
         padded.astype(np.float16),
         np.array([ids[ch] for ch in utt.phonemes], np.int64),
@@ -208,10 +202,7 @@ def step_inputs(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(window i64 [S,W], progress i64 [S], advance i64 [S]) for a pointer path."""
     n, steps = len(symbols), len(pointer)
-    offsets = np.array(cfg.context, np.int64)
-    positions = pointer[:, None] + offsets[None, :]
-    inside = (positions >= 0) & (positions < n)
-    window = np.where(inside, symbols[np.clip(positions, 0, n - 1)], PAD_SYMBOL)
+    window = phoneme_windows(symbols, pointer, cfg.context)
     progress = np.zeros(steps, np.int64)
     for t in range(1, steps):
         progress[t] = progress[t - 1] + 1 if pointer[t] == pointer[t - 1] else 0
@@ -302,41 +293,6 @@ def batch_losses(model: VoiceModel, batch: dict[str, torch.Tensor]) -> dict[str,
         "advance_ce": advance_ce,
         "advance_acc": accuracy,
     }
-
-
-# -- inference in torch (the runtime's loop, for checks during training) -------------------------
-@torch.no_grad()
-def generate(
-    model: VoiceModel, symbols: np.ndarray, speaker: np.ndarray, max_steps_per_symbol: int = 12
-) -> np.ndarray:
-    """Greedy pointer decoding -> standardised log-mel [frames, n_mels]."""
-    cfg = model.cfg
-    model.eval()
-    n = len(symbols)
-    pointer, progress, previous = 0, 0, np.zeros(cfg.frame_width, np.float32)
-    speaker_t = torch.from_numpy(np.asarray(speaker, np.float32))[None]
-    past = None
-    out_frames = []
-    for _ in range(max_steps_per_symbol * n):
-        window, _, _ = step_inputs(symbols, np.array([pointer]), cfg)
-        x = model.embed(
-            torch.from_numpy(previous)[None, None],
-            torch.from_numpy(window)[None],
-            torch.tensor([[progress]]),
-            speaker_t,
-        )
-        out, past = model.lm(x, past)
-        frame = out[0, 0, : cfg.frame_width].numpy()
-        advance = int(out[0, 0, cfg.frame_width :].argmax())
-        out_frames.append(frame)
-        previous = frame
-        if advance:
-            pointer, progress = pointer + advance, 0
-        else:
-            progress += 1
-        if pointer >= n:
-            break
-    return np.stack(out_frames).reshape(-1, cfg.n_mels)
 
 
 # -- training loop ------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ See export/voice/train.py for the model and docs/ARCHITECTURE.md for the graph c
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -30,6 +30,15 @@ PAD_ID = 0  # phoneme-window id outside the sentence; symbol i has id i + 1
 # A pointer that stays this many steps on one phoneme is moved on: a runaway guard, far
 # beyond any real phoneme (2 s at 25 steps/s).
 MAX_STEPS_ON_ONE_SYMBOL = 50
+
+
+def phoneme_windows(ids: np.ndarray, pointers: np.ndarray, context: Sequence[int]) -> np.ndarray:
+    """The embed graph's `phonemes` input: ids at each pointer + each context offset, PAD_ID
+    outside the sentence; i64 [len(pointers), len(context)]. Training builds its inputs with
+    this same function."""
+    positions = np.asarray(pointers, np.int64)[:, None] + np.asarray(context, np.int64)[None, :]
+    inside = (positions >= 0) & (positions < len(ids))
+    return np.where(inside, ids[np.clip(positions, 0, len(ids) - 1)], PAD_ID)
 
 
 class PhonemeMelModel:
@@ -98,8 +107,7 @@ class PhonemeMelModel:
 
     def _validate(self, speaker_dim: int) -> None:
         manifest = self.bundle.manifest
-        kv, hidden = manifest["kv"], int(manifest["lm"]["hidden_size"])
-        kv_shape = (None, int(kv["kv_heads"]), None, int(kv["head_dim"]))
+        hidden = int(manifest["lm"]["hidden_size"])
         check_graph_io(
             self.sessions["encoder"],
             "encoder",
@@ -120,9 +128,9 @@ class PhonemeMelModel:
         lm_inputs: dict[str, tuple[str, Any]] = {"inputs_embeds": ("float32", (None, None, hidden))}
         width = self.frame_width + self.advance_classes
         lm_outputs: dict[str, tuple[str, Any]] = {"logits": ("float32", (None, None, width))}
-        for past, present in self.bundle.kv_names():
-            lm_inputs[past] = (kv.get("dtype", "float32"), kv_shape)
-            lm_outputs[present] = (kv.get("dtype", "float32"), kv_shape)
+        past_specs, present_specs = self.bundle.kv_specs()
+        lm_inputs.update(past_specs)
+        lm_outputs.update(present_specs)
         check_graph_io(self.sessions["lm"], "lm", lm_inputs, lm_outputs)
         check_graph_io(
             self.sessions["vocoder"],
@@ -167,11 +175,6 @@ class PhonemeMelModel:
         defaults = {"temperature": float(self.sampling_defaults.get("temperature", 0.0))}
         return SamplingOptions(**defaults).with_overrides(**overrides)
 
-    def _window(self, ids: np.ndarray, pointer: int) -> np.ndarray:
-        positions = pointer + self.context
-        inside = (positions >= 0) & (positions < len(ids))
-        return np.where(inside, ids[np.clip(positions, 0, len(ids) - 1)], PAD_ID)
-
     def generate(
         self,
         chunk: list[int],
@@ -181,6 +184,8 @@ class PhonemeMelModel:
     ) -> Iterator[np.ndarray]:
         """Yields standardised log-mel frames (float32 [n_mels]) as the LM makes them."""
         ids = np.asarray(chunk, dtype=np.int64)
+        # Every pointer position's window, once per sentence, not once per step.
+        windows = phoneme_windows(ids, np.arange(len(ids)), self.context)[:, None, None, :]
         speaker = np.asarray(voice["speaker_embedding"], np.float32).reshape(1, -1)
         sampler = Sampler(sampling)
         embed, lm = self.sessions["embed"], self.sessions["lm"]
@@ -197,12 +202,13 @@ class PhonemeMelModel:
                 x = embed.run(
                     {
                         "previous_frames": previous,
-                        "phonemes": self._window(ids, pointer).reshape(1, 1, -1),
+                        "phonemes": windows[pointer],
                         "progress": np.array([[progress]], np.int64),
                         "speaker_embedding": speaker,
                     }
                 )["inputs_embeds"]
                 out = cache.step(lm_feeds(lm, x, cache.length))["logits"][0, -1]
+                # A copy: in place mode the logits tensor is reused by the next step.
                 frames = np.array(out[: self.frame_width], np.float32)
                 advance = int(sampler.sample(out[self.frame_width :]))
                 if advance == 0 and progress + 1 >= MAX_STEPS_ON_ONE_SYMBOL:

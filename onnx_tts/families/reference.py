@@ -85,14 +85,9 @@ class ReferenceModel:
         self.speaker_dim = int(sessions["embed"].input("speaker_embedding").shape[-1])
 
     def _validate(self, sessions: dict[str, Session], lm_graph: str) -> None:
-        kv, codec, lm = (
-            self.bundle.manifest["kv"],
-            self.bundle.manifest["codec"],
-            self.bundle.manifest["lm"],
-        )
+        codec, lm = self.bundle.manifest["codec"], self.bundle.manifest["lm"]
         k, vocab = int(codec["codebooks"]), int(codec["codebook_size"]) + 3
         hidden = int(lm["hidden_size"])
-        kv_shape = (None, int(kv["kv_heads"]), None, int(kv["head_dim"]))
         check_graph_io(
             sessions["encoder"],
             "encoder",
@@ -115,9 +110,9 @@ class ReferenceModel:
         )
         lm_inputs: dict[str, tuple[str, Any]] = {"inputs_embeds": ("float32", (None, None, hidden))}
         lm_outputs: dict[str, tuple[str, Any]] = {"logits": ("float32", (None, None, k, vocab))}
-        for past, present in self.bundle.kv_names():
-            lm_inputs[past] = (kv.get("dtype", "float32"), kv_shape)
-            lm_outputs[present] = (kv.get("dtype", "float32"), kv_shape)
+        past_specs, present_specs = self.bundle.kv_specs()
+        lm_inputs.update(past_specs)
+        lm_outputs.update(present_specs)
         check_graph_io(sessions[lm_graph], lm_graph, lm_inputs, lm_outputs)
         check_graph_io(
             sessions["vocoder"],
