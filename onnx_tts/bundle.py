@@ -5,15 +5,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from onnx_tts.errors import ModelError
-from onnx_tts.session import Session
 
 FORMAT_VERSION = 1
 MANIFEST = "bundle.json"
@@ -151,38 +147,3 @@ class Bundle:
             for i in range(int(kv["layers"]))
             for past, present in zip(kv["past_names"], kv["present_names"], strict=True)
         ]
-
-
-def check_graph_io(
-    session: Session,
-    role: str,
-    inputs: dict[str, tuple[str, Iterable[int | None]]],
-    outputs: dict[str, tuple[str, Iterable[int | None]]],
-) -> None:
-    """Compare a graph's I/O with what the manifest implies; name every mismatch at once.
-
-    `inputs`/`outputs` map tensor name -> (dtype, dims) where a None dim is free.
-    """
-    problems: list[str] = []
-    for kind, expected, actual in (
-        ("input", inputs, {i.name: i for i in session.inputs}),
-        ("output", outputs, {o.name: o for o in session.outputs}),
-    ):
-        for name, (dtype, dims) in expected.items():
-            info = actual.get(name)
-            if info is None:
-                problems.append(f"missing {kind} '{name}'")
-                continue
-            if info.dtype != np.dtype(dtype):
-                problems.append(f"{kind} '{name}' is {info.dtype}, expected {dtype}")
-            dims = list(dims)
-            if len(info.shape) != len(dims):
-                problems.append(f"{kind} '{name}' has rank {len(info.shape)}, expected {len(dims)}")
-                continue
-            for axis, (have, want) in enumerate(zip(info.shape, dims, strict=True)):
-                if want is not None and isinstance(have, int) and have != want:
-                    problems.append(f"{kind} '{name}' dimension {axis} is {have}, expected {want}")
-    if problems:
-        raise ModelError(
-            f"{role} graph {session.path} does not match bundle.json: " + "; ".join(problems)
-        )

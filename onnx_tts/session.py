@@ -20,6 +20,7 @@ import numpy as np
 
 from onnx_tts import _core
 from onnx_tts.errors import ModelError, SessionError
+from onnx_tts.graph_io import TensorSpec, graph_spec
 
 KVMode = Literal["copy", "chain", "inplace"]
 KV_MODES: tuple[str, ...] = ("copy", "chain", "inplace")
@@ -64,11 +65,6 @@ def ort_version() -> str:
     return _core.ort_version()
 
 
-def available_providers() -> list[str]:
-    ensure_runtime()
-    return list(_core.available_providers())
-
-
 @dataclass(frozen=True)
 class SessionOptions:
     """How a graph is run. `shared_thread_pool` makes sessions share ORT's global pool."""
@@ -93,19 +89,8 @@ class SessionOptions:
         return config
 
 
-@dataclass(frozen=True)
-class TensorInfo:
-    name: str
-    dtype: np.dtype
-    shape: tuple[int | str | None, ...]
-
-    def describe(self) -> str:
-        dims = ", ".join("?" if d is None else str(d) for d in self.shape)
-        return f"{self.name}: {self.dtype} [{dims}]"
-
-
-def _tensor_infos(raw: list[dict[str, Any]]) -> list[TensorInfo]:
-    return [TensorInfo(i["name"], np.dtype(i["dtype"]), tuple(i["shape"])) for i in raw]
+def _tensor_specs(raw: list[dict[str, Any]]) -> list[TensorSpec]:
+    return [TensorSpec(i["name"], np.dtype(i["dtype"]), tuple(i["shape"])) for i in raw]
 
 
 @dataclass
@@ -126,8 +111,9 @@ class Session:
             raise ModelError(str(error)) from None
         except _core.RunError as error:
             raise SessionError(str(error)) from None
-        self.inputs: list[TensorInfo] = _tensor_infos(self._core.inputs)
-        self.outputs: list[TensorInfo] = _tensor_infos(self._core.outputs)
+        self.inputs: list[TensorSpec] = _tensor_specs(self._core.inputs)
+        self.outputs: list[TensorSpec] = _tensor_specs(self._core.outputs)
+        self.spec = graph_spec(self.path, self.inputs, self.outputs)
 
     @property
     def input_names(self) -> list[str]:
@@ -137,10 +123,10 @@ class Session:
     def output_names(self) -> list[str]:
         return [info.name for info in self.outputs]
 
-    def input(self, name: str) -> TensorInfo | None:
+    def input(self, name: str) -> TensorSpec | None:
         return next((info for info in self.inputs if info.name == name), None)
 
-    def output(self, name: str) -> TensorInfo | None:
+    def output(self, name: str) -> TensorSpec | None:
         return next((info for info in self.outputs if info.name == name), None)
 
     def run(

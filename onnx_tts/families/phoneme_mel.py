@@ -17,11 +17,12 @@ from typing import Any
 
 import numpy as np
 
-from onnx_tts.bundle import Bundle, check_graph_io
+from onnx_tts.bundle import Bundle
 from onnx_tts.encoder import ReferenceEncoder
 from onnx_tts.errors import InputError, ModelError
 from onnx_tts.frontend import PhonemeTable, Phonemizer, normalize_text, split_sentences
 from onnx_tts.generator import KVPool, Sampler, SamplingOptions, lm_feeds
+from onnx_tts.graph_io import check_graph_io
 from onnx_tts.session import Session, SessionOptions, describe_graphs
 
 FAMILY = "phoneme-mel"
@@ -109,13 +110,13 @@ class PhonemeMelModel:
         manifest = self.bundle.manifest
         hidden = int(manifest["lm"]["hidden_size"])
         check_graph_io(
-            self.sessions["encoder"],
+            self.sessions["encoder"].spec,
             "encoder",
             {"audio": ("float32", (None, None))},
             {"speaker_embedding": ("float32", (None, speaker_dim))},
         )
         check_graph_io(
-            self.sessions["embed"],
+            self.sessions["embed"].spec,
             "embed",
             {
                 "previous_frames": ("float32", (None, None, self.frame_width)),
@@ -131,9 +132,9 @@ class PhonemeMelModel:
         past_specs, present_specs = self.bundle.kv_specs()
         lm_inputs.update(past_specs)
         lm_outputs.update(present_specs)
-        check_graph_io(self.sessions["lm"], "lm", lm_inputs, lm_outputs)
+        check_graph_io(self.sessions["lm"].spec, "lm", lm_inputs, lm_outputs)
         check_graph_io(
-            self.sessions["vocoder"],
+            self.sessions["vocoder"].spec,
             "vocoder",
             {"mel": ("float32", (None, None, self.n_mels))},
             {"waveform": ("float32", (None, None))},

@@ -8,11 +8,12 @@ from typing import Any
 
 import numpy as np
 
-from onnx_tts.bundle import Bundle, check_graph_io
+from onnx_tts.bundle import Bundle
 from onnx_tts.encoder import ReferenceEncoder
 from onnx_tts.errors import InputError, ModelError
 from onnx_tts.frontend import TextTokenizer, normalize_text, split_sentences
 from onnx_tts.generator import CodecLMGenerator, KVPool, LengthLimits, SamplingOptions
+from onnx_tts.graph_io import check_graph_io
 from onnx_tts.session import Session, SessionOptions, describe_graphs
 from onnx_tts.vocoder import Vocoder
 
@@ -89,13 +90,13 @@ class ReferenceModel:
         k, vocab = int(codec["codebooks"]), int(codec["codebook_size"]) + 3
         hidden = int(lm["hidden_size"])
         check_graph_io(
-            sessions["encoder"],
+            sessions["encoder"].spec,
             "encoder",
             {"audio": ("float32", (None, None))},
             {"codes": ("int64", (None, None, k)), "speaker_embedding": ("float32", (None, None))},
         )
         check_graph_io(
-            sessions["embed"],
+            sessions["embed"].spec,
             "embed",
             {
                 "text_ids": ("int64", (None, None)),
@@ -113,9 +114,9 @@ class ReferenceModel:
         past_specs, present_specs = self.bundle.kv_specs()
         lm_inputs.update(past_specs)
         lm_outputs.update(present_specs)
-        check_graph_io(sessions[lm_graph], lm_graph, lm_inputs, lm_outputs)
+        check_graph_io(sessions[lm_graph].spec, lm_graph, lm_inputs, lm_outputs)
         check_graph_io(
-            sessions["vocoder"],
+            sessions["vocoder"].spec,
             "vocoder",
             {"codes": ("int64", (None, None, k))},
             {"waveform": ("float32", (None, None))},

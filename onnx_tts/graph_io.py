@@ -1,0 +1,307 @@
+"""Graph I/O: the one tensor-spec type, KV-name parsing and I/O checks for every graph onnx-tts
+loads (its own bundles, third-party layouts, the converter) and the C++ core's KV pairing.
+
+A graph's declared I/O is read once, either from the file (`read_graph_spec`, which also
+records the operators the graph uses and its external-data files, without loading weights)
+or from a loaded session. Everything that asks "which KV tensors pair up", "can this LM keep
+its cache in place" or "does this graph match its manifest" asks this module.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from onnx_tts.errors import ModelError
+
+Dim = int | str | None
+
+# KV tensor names: "past_key_values.N.key|value" in, "present.N.key|value" out (Hugging Face /
+# optimum, onnxruntime-genai); "past.N.*" and "present_key_values.N.*" spellings also occur.
+PAST_NAME = re.compile(r"^(?:past_key_values|past)[._](\d+)[._](key|value)$")
+PRESENT_NAME = re.compile(r"^(?:present|present_key_values)[._](\d+)[._](key|value)$")
+
+# Inputs an LM step takes besides embeddings/ids and the KV cache; the decode loop fills them.
+LENGTH_INPUTS = ("seqlens_k", "total_sequence_length")
+POSITION_INPUTS = ("attention_mask", "position_ids")
+GQA_OP = ("com.microsoft", "GroupQueryAttention")
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One graph input or output as declared: a symbolic dimension is its name, an unnamed one
+    is None."""
+
+    name: str
+    dtype: np.dtype
+    shape: tuple[Dim, ...]
+
+    def dim(self, axis: int) -> int | None:
+        """The fixed size of `axis`, or None when it is symbolic or the rank is smaller."""
+        if axis >= len(self.shape) or axis < -len(self.shape):
+            return None
+        value = self.shape[axis]
+        return value if isinstance(value, int) else None
+
+    def describe(self) -> str:
+        dims = ", ".join("?" if d is None else str(d) for d in self.shape)
+        return f"{self.name}: {self.dtype} [{dims}]"
+
+
+@dataclass(frozen=True)
+class GraphSpec:
+    """The declared interface of one graph. `ops` holds (domain, op_type) of its nodes when it
+    was read from the file (empty when built from a session, which does not expose them)."""
+
+    path: Path
+    inputs: dict[str, TensorSpec]
+    outputs: dict[str, TensorSpec]
+    ops: frozenset[tuple[str, str]] = field(default_factory=frozenset)
+    external_data: tuple[str, ...] = ()  # sidecar files the graph's weights live in
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        return tuple(self.inputs)
+
+    @property
+    def output_names(self) -> tuple[str, ...]:
+        return tuple(self.outputs)
+
+    def tensor(self, name: str) -> TensorSpec:
+        spec = self.inputs.get(name) or self.outputs.get(name)
+        if spec is None:
+            raise ModelError(f"{self.path.name} has no tensor named {name!r}")
+        return spec
+
+    def uses(self, op: tuple[str, str]) -> bool:
+        return op in self.ops
+
+
+def graph_spec(
+    path: str | Path,
+    inputs: Iterable[TensorSpec],
+    outputs: Iterable[TensorSpec],
+    ops: Iterable[tuple[str, str]] = (),
+    external_data: Iterable[str] = (),
+) -> GraphSpec:
+    return GraphSpec(
+        Path(path),
+        {spec.name: spec for spec in inputs},
+        {spec.name: spec for spec in outputs},
+        frozenset(ops),
+        tuple(external_data),
+    )
+
+
+def read_graph_spec(path: str | Path) -> GraphSpec:
+    """Declared I/O, operators and sidecar names of an ONNX file, without loading weights."""
+    import onnx
+    from onnx import helper
+
+    path = Path(path)
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as error:  # protobuf raises several types for a damaged file
+        raise ModelError(f"{path} is not a readable ONNX graph: {error}") from None
+
+    def spec(value: onnx.ValueInfoProto) -> TensorSpec:
+        tensor_type = value.type.tensor_type
+        try:
+            dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor_type.elem_type))
+        except (KeyError, TypeError, ValueError):
+            raise ModelError(
+                f"{path.name}: tensor {value.name!r} has an element type onnx-tts does not read"
+            ) from None
+        dims: list[Dim] = []
+        for dim in tensor_type.shape.dim:
+            if dim.HasField("dim_value"):
+                dims.append(int(dim.dim_value))
+            elif dim.HasField("dim_param"):
+                dims.append(dim.dim_param)
+            else:
+                dims.append(None)
+        return TensorSpec(value.name, dtype, tuple(dims))
+
+    graph = model.graph
+    initializers = {tensor.name for tensor in graph.initializer}
+    sidecars: list[str] = []
+    for tensor in graph.initializer:
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+            for entry in tensor.external_data:
+                if entry.key == "location" and entry.value not in sidecars:
+                    sidecars.append(entry.value)
+    return graph_spec(
+        path,
+        (spec(v) for v in graph.input if v.name not in initializers),
+        (spec(v) for v in graph.output),
+        ((node.domain or "ai.onnx", node.op_type) for node in graph.node),
+        sidecars,
+    )
+
+
+# -- KV cache layout ------------------------------------------------------------------------
+
+
+def parse_kv_name(name: str) -> tuple[str, int, str] | None:
+    """("past" | "present", layer, "key" | "value") for a KV tensor name, else None."""
+    for side, pattern in (("past", PAST_NAME), ("present", PRESENT_NAME)):
+        match = pattern.match(name)
+        if match:
+            return side, int(match.group(1)), match.group(2)
+    return None
+
+
+def kv_pairs(input_names: Iterable[str], output_names: Iterable[str]) -> list[tuple[str, str]]:
+    """(past input, present output) pairs ordered by parsed layer, key before value (so
+    ".10" follows ".2"). Raises ModelError naming every unmatched tensor."""
+    past: dict[tuple[int, str], str] = {}
+    present: dict[tuple[int, str], str] = {}
+    for names, side, table in ((input_names, "past", past), (output_names, "present", present)):
+        for name in names:
+            parsed = parse_kv_name(name)
+            if parsed is not None and parsed[0] == side:
+                table[(parsed[1], parsed[2])] = name
+    if not past:
+        raise ModelError(
+            "the graph has no KV inputs named like past_key_values.N.key / "
+            "past_key_values.N.value: it is not an LM with a KV cache"
+        )
+    problems = [
+        f"input {past[k]!r} has no present output" for k in sorted(past) if k not in present
+    ]
+    problems += [
+        f"output {present[k]!r} has no past input" for k in sorted(present) if k not in past
+    ]
+    layers = {layer for layer, _ in past}
+    problems += [
+        f"layer {layer} lacks past_key_values.{layer}.{kind}"
+        for layer in range(max(layers) + 1)
+        for kind in ("key", "value")
+        if (layer, kind) not in past
+    ]
+    if problems:
+        raise ModelError("KV inputs and outputs do not pair up: " + "; ".join(problems))
+    return [(past[key], present[key]) for key in sorted(past, key=lambda k: (k[0], k[1] != "key"))]
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """An LM's KV cache as its graph declares it.
+
+    attention:
+      "gqa"      GroupQueryAttention with explicit `seqlens_k` / `total_sequence_length` inputs;
+      "gqa-mask" GroupQueryAttention inside, lengths derived from `attention_mask`
+                 (onnxruntime-genai builds, e.g. the published Chatterbox original and
+                 multilingual LMs);
+      "concat"   the cache grows by Concat (in-place KV impossible).
+    """
+
+    pairs: tuple[tuple[str, str], ...]
+    layers: int
+    kv_heads: int
+    head_dim: int
+    dtype: np.dtype
+    attention: str
+
+    @property
+    def in_place(self) -> bool:
+        """Whether one fixed buffer can be bound as both past and present."""
+        return self.attention != "concat"
+
+    @property
+    def bytes_per_token(self) -> int:
+        """KV bytes one cached token costs for one sequence."""
+        return len(self.pairs) * self.kv_heads * self.head_dim * self.dtype.itemsize
+
+
+def kv_layout(spec: GraphSpec) -> KVLayout:
+    """Pair the KV tensors of an LM graph, check their shapes and dtypes, and decide once, from
+    the graph's I/O (and operators when known), whether it can keep its cache in place."""
+    pairs = kv_pairs(spec.input_names, spec.output_names)
+    name = spec.path.name
+    first = spec.inputs[pairs[0][0]]
+    heads, head_dim = first.dim(1), first.dim(3)
+    if len(first.shape) != 4 or heads is None or head_dim is None:
+        raise ModelError(
+            f"{name}: KV input {first.name!r} must be [batch, heads, sequence, head_dim] with "
+            f"fixed heads and head_dim, found {list(first.shape)}"
+        )
+    problems = []
+    for past, present in pairs:
+        for tensor in (spec.inputs[past], spec.outputs[present]):
+            if tensor.dtype != first.dtype:
+                problems.append(f"{tensor.name!r} is {tensor.dtype}, {first.name!r} {first.dtype}")
+            if len(tensor.shape) != 4 or (tensor.dim(1), tensor.dim(3)) not in (
+                (heads, head_dim),
+                (None, None),
+            ):
+                problems.append(f"{tensor.name!r} has shape {list(tensor.shape)}")
+    if problems:
+        raise ModelError(f"{name}: KV tensors disagree: " + "; ".join(problems))
+    if all(length in spec.inputs for length in LENGTH_INPUTS):
+        attention = "gqa"
+    elif spec.uses(GQA_OP) and "attention_mask" in spec.inputs:
+        attention = "gqa-mask"
+    else:
+        attention = "concat"
+    layers = len({parse_kv_name(past)[1] for past, _ in pairs})  # type: ignore[index]
+    return KVLayout(tuple(pairs), layers, heads, head_dim, first.dtype, attention)
+
+
+# -- checks against a manifest ----------------------------------------------------------------
+
+
+def check_graph_io(
+    spec: GraphSpec,
+    role: str,
+    inputs: Mapping[str, tuple[str, Iterable[int | None]]],
+    outputs: Mapping[str, tuple[str, Iterable[int | None]]],
+    source: str = "bundle.json",
+) -> None:
+    """Compare a graph's I/O with what its manifest implies; name every mismatch at once.
+
+    `inputs`/`outputs` map tensor name -> (dtype, dims) where a None dim is free.
+    """
+    problems: list[str] = []
+    for kind, expected, actual in (
+        ("input", inputs, spec.inputs),
+        ("output", outputs, spec.outputs),
+    ):
+        for name, (dtype, dims) in expected.items():
+            info = actual.get(name)
+            if info is None:
+                problems.append(f"missing {kind} '{name}'")
+                continue
+            if info.dtype != np.dtype(dtype):
+                problems.append(f"{kind} '{name}' is {info.dtype}, expected {dtype}")
+            dims = list(dims)
+            if len(info.shape) != len(dims):
+                problems.append(f"{kind} '{name}' has rank {len(info.shape)}, expected {len(dims)}")
+                continue
+            for axis, (have, want) in enumerate(zip(info.shape, dims, strict=True)):
+                if want is not None and isinstance(have, int) and have != want:
+                    problems.append(f"{kind} '{name}' dimension {axis} is {have}, expected {want}")
+    if problems:
+        raise ModelError(
+            f"{role} graph {spec.path} does not match {source}: " + "; ".join(problems)
+        )
+
+
+__all__ = [
+    "GQA_OP",
+    "LENGTH_INPUTS",
+    "POSITION_INPUTS",
+    "GraphSpec",
+    "KVLayout",
+    "TensorSpec",
+    "check_graph_io",
+    "graph_spec",
+    "kv_layout",
+    "kv_pairs",
+    "parse_kv_name",
+    "read_graph_spec",
+]
