@@ -37,7 +37,7 @@ import soundfile as sf
 if __package__ in (None, ""):  # run as a script: make `onnx_tts` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from onnx_tts.encoder import ReferenceEncoder
+from onnx_tts.encoder import VoiceEncoder
 from onnx_tts.errors import InputError, ModelError
 from onnx_tts.refcache import ReferenceCache
 from onnx_tts.session import Session, SessionOptions, ort_version
@@ -49,7 +49,7 @@ RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
 FILE_RATE = 44100
 
 
-def load_encoder(model_dir: Path, threads: int) -> ReferenceEncoder:
+def load_encoder(model_dir: Path, threads: int) -> VoiceEncoder:
     manifest_path = model_dir / "bundle.json"
     try:
         manifest = json.loads(manifest_path.read_text())
@@ -59,7 +59,7 @@ def load_encoder(model_dir: Path, threads: int) -> ReferenceEncoder:
     except (OSError, ValueError, KeyError) as exc:
         raise ModelError(f"cannot read the encoder settings from {manifest_path}: {exc}") from exc
     session = Session(graph, SessionOptions(intra_op_threads=threads, inter_op_threads=1))
-    encoder = ReferenceEncoder(
+    encoder = VoiceEncoder(
         session,
         f"{manifest['name']}@{manifest['version']}",
         sample_rate,
@@ -109,7 +109,7 @@ def median_seconds(call: Callable[[], object], repeats: int, warmup: int = 2) ->
 
 
 def per_call_costs(
-    encoder: ReferenceEncoder, audio: np.ndarray, repeats: int, redis_url: str | None
+    encoder: VoiceEncoder, audio: np.ndarray, repeats: int, redis_url: str | None
 ) -> dict:
     encode_s = median_seconds(lambda: encoder.encode(audio), repeats)
     key_s = median_seconds(lambda: encoder.key(audio), repeats * 10)
@@ -151,7 +151,7 @@ def per_call_costs(
 
 def run_requests(
     paths: list[Path],
-    encoder: ReferenceEncoder,
+    encoder: VoiceEncoder,
     cache: ReferenceCache | None,
     requests: int,
     threads: int,
@@ -203,7 +203,7 @@ def run_requests(
     return result
 
 
-def throughput(encoder: ReferenceEncoder, args: argparse.Namespace, work: Path) -> list[dict]:
+def throughput(encoder: VoiceEncoder, args: argparse.Namespace, work: Path) -> list[dict]:
     paths = []
     for index in range(args.voices):
         audio = synthetic_voice(index, args.seconds + 0.5 * index, FILE_RATE)

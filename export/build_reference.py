@@ -1,4 +1,4 @@
-"""Builds the default reference bundle (random weights) into onnx_tts/models/reference/.
+"""Builds the default reference bundle (random weights) into onnx_tts/models/codec-lm/.
 
     python -m export.build_reference [OUT_DIR] [--seed 0]
 
@@ -39,7 +39,7 @@ from export.reference_model import (
     build_reference_model,
 )
 
-DEFAULT_OUT_DIR = Path(__file__).resolve().parent.parent / "onnx_tts" / "models" / "reference"
+DEFAULT_OUT_DIR = Path(__file__).resolve().parent.parent / "onnx_tts" / "models" / "codec-lm"
 GRAPH_FILES = {
     "encoder": "encoder.onnx",
     "embed": "embed.onnx",
@@ -249,8 +249,8 @@ def lm_weights(model: ReferenceModel) -> LMWeights:
 def bundle_manifest(cfg: ReferenceConfig, sha256: dict[str, str]) -> dict[str, object]:
     return {
         "format_version": 1,
-        "family": "reference",
-        "name": "onnx-tts-reference",
+        "family": "codec-lm",
+        "name": "onnx-tts-codec-lm",
         "version": "1",
         "sample_rate": cfg.sample_rate,
         "graphs": dict(GRAPH_FILES),

@@ -15,12 +15,12 @@ FORMAT_VERSION = 1
 MANIFEST = "bundle.json"
 MODELS_DIR = Path(__file__).resolve().parent / "models"
 VOICE_MODEL_DIR = MODELS_DIR / "voice"  # the trained voice (export/train_voice.py)
-REFERENCE_MODEL_DIR = MODELS_DIR / "reference"  # the codec-LM reference, random weights
+CODEC_LM_MODEL_DIR = MODELS_DIR / "codec-lm"  # the codec-LM bundle, random weights (tests, benchmarks)
 DEFAULT_MODEL_DIR = VOICE_MODEL_DIR
 
-# Sections each family's manifest must have (the "family" key; "reference" when absent).
+# Sections each family's manifest must have (the "family" key; "codec-lm" when absent).
 _REQUIRED_SECTIONS = {
-    "reference": ("graphs", "kv", "codec", "text", "sampling", "streaming", "vocoder"),
+    "codec-lm": ("graphs", "kv", "codec", "text", "sampling", "streaming", "vocoder"),
     "phoneme-mel": ("graphs", "kv", "frames", "text", "pointer", "lm", "streaming", "vocoder"),
 }
 
@@ -73,7 +73,7 @@ class Bundle:
                 f"{path}: format_version {version!r} is not supported (this onnx-tts reads "
                 f"{FORMAT_VERSION}); upgrade onnx-tts or re-export the bundle"
             )
-        family = manifest.get("family", "reference")
+        family = manifest.get("family", "codec-lm")
         if family not in _REQUIRED_SECTIONS:
             raise ModelError(
                 f"{path}: family {family!r} is not one this onnx-tts runs "

@@ -2,11 +2,11 @@
 
 Two paths run the same graph:
 
-* :meth:`ReferenceEncoder.encode` is the canonical encode: a batch of exactly one, no
+* :meth:`VoiceEncoder.encode` is the canonical encode: a batch of exactly one, no
   padding. It is the only path whose outputs may enter the reference cache, which is what
   makes the cache's promise ("same audio content -> same codes") hold whatever the request
   order or batch neighbours.
-* :meth:`ReferenceEncoder.encode_batch` zero-pads several references into one batch for
+* :meth:`VoiceEncoder.encode_batch` zero-pads several references into one batch for
   uncached throughput. Padding can change the numbers (normalisation over the padded length,
   convolutions that see the zeros), so its outputs never go into the cache.
 
@@ -28,7 +28,7 @@ from onnx_tts.bundle import file_sha256
 from onnx_tts.errors import AudioError, InputError, ModelError
 from onnx_tts.refcache import ReferenceCache, make_key
 
-__all__ = ["ReferenceEncoder", "RunnableSession", "validate_reference_audio"]
+__all__ = ["VoiceEncoder", "RunnableSession", "validate_reference_audio"]
 
 AUDIO_INPUT = "audio"
 
@@ -70,7 +70,7 @@ def validate_reference_audio(
     return samples
 
 
-class ReferenceEncoder:
+class VoiceEncoder:
     """Runs the encoder graph (``audio`` f32 [B, N] -> per-item outputs).
 
     Args:
@@ -114,7 +114,7 @@ class ReferenceEncoder:
                 graph_path = getattr(session, "path", None)
             if graph_path is None:
                 raise InputError(
-                    "ReferenceEncoder needs graph_path or graph_sha256 to identify the encoder"
+                    "VoiceEncoder needs graph_path or graph_sha256 to identify the encoder"
                 )
             graph_sha256 = file_sha256(graph_path)
         try:

@@ -35,7 +35,7 @@ class Backend(Protocol):
     streaming_defaults: dict[str, Any]
 
     @property
-    def encoder(self) -> Any: ...  # onnx_tts.encoder.ReferenceEncoder
+    def encoder(self) -> Any: ...  # onnx_tts.encoder.VoiceEncoder
     def info(self) -> dict[str, Any]: ...
     def default_voice(self) -> dict[str, np.ndarray]: ...
     def text_chunks(self, text: str) -> list[Any]: ...
@@ -240,7 +240,7 @@ def load(
     kv: "copy", "chain" or "inplace" (default: the model's own default).
     cache_dir: disk tier of the reference cache ("default" = user cache dir, None = off).
     """
-    from onnx_tts.families import PHONEME_MEL, REFERENCE, detect
+    from onnx_tts.families import CODEC_LM, PHONEME_MEL, detect
 
     if kv is not None and kv not in KV_MODES:
         raise InputError(f"unknown KV mode {kv!r}; choose one of {', '.join(KV_MODES)}")
@@ -250,10 +250,10 @@ def load(
     options = SessionOptions(providers=tuple(providers), intra_op_threads=threads)
     family = detect(root)
     backend: Backend
-    if family == REFERENCE:
-        from onnx_tts.families.reference import ReferenceModel
+    if family == CODEC_LM:
+        from onnx_tts.families.codec_lm import CodecLMModel
 
-        backend = ReferenceModel(root, kv, options, **family_options)
+        backend = CodecLMModel(root, kv, options, **family_options)
     elif family == PHONEME_MEL:
         from onnx_tts.families.phoneme_mel import PhonemeMelModel
 

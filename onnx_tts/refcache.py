@@ -92,7 +92,7 @@ def make_key(encoder_identity: str, audio: np.ndarray) -> str:
     two encoders with different identities never do.
     """
     if not isinstance(encoder_identity, str) or not encoder_identity:
-        raise InputError("encoder_identity must be a non-empty string (ReferenceEncoder.identity)")
+        raise InputError("encoder_identity must be a non-empty string (VoiceEncoder.identity)")
     samples = as_mono_float32(audio, dtype="<f4")
     digest = hashlib.sha256()
     digest.update(_KEY_DOMAIN)

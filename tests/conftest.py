@@ -36,8 +36,8 @@ def voice_wav(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def reference_engine():
+def codec_lm_engine():
     import onnx_tts
-    from onnx_tts.bundle import REFERENCE_MODEL_DIR
+    from onnx_tts.bundle import CODEC_LM_MODEL_DIR
 
-    return onnx_tts.load(REFERENCE_MODEL_DIR, kv="inplace", cache_dir=None)
+    return onnx_tts.load(CODEC_LM_MODEL_DIR, kv="inplace", cache_dir=None)

@@ -369,7 +369,7 @@ def test_detect_flat_directory_and_reference_bundle(small_turbo, tmp_path):
     reference = tmp_path / "reference"
     reference.mkdir()
     (reference / "bundle.json").write_text(json.dumps({"format_version": 1}))
-    assert detect(reference) == "reference"
+    assert detect(reference) == "codec-lm"
     assert available_precisions(reference) == ["fp32"]
 
 

@@ -15,10 +15,10 @@ import soundfile
 
 import onnx_tts
 from onnx_tts.audio import check_output_path
-from onnx_tts.bundle import REFERENCE_MODEL_DIR
+from onnx_tts.bundle import CODEC_LM_MODEL_DIR
 from onnx_tts.cli import main
 from onnx_tts.errors import InputError, ModelError, OutputError
-from onnx_tts.families.reference import ReferenceModel
+from onnx_tts.families.codec_lm import CodecLMModel
 from onnx_tts.frontend import normalize_text, split_sentences
 from onnx_tts.generator import DelayPattern, DelayState, Sampler, SamplingOptions
 from tests.conftest import speechlike
@@ -29,7 +29,7 @@ TEXT = "Hello there. The quick brown fox jumps over the lazy dog."
 @pytest.fixture(scope="module")
 def engines() -> dict[str, onnx_tts.Engine]:
     return {
-        mode: onnx_tts.load(REFERENCE_MODEL_DIR, kv=mode, cache_dir=None)
+        mode: onnx_tts.load(CODEC_LM_MODEL_DIR, kv=mode, cache_dir=None)
         for mode in ("copy", "chain", "inplace")
     }
 
@@ -45,74 +45,74 @@ def test_every_kv_mode_gives_identical_samples(engines: dict[str, onnx_tts.Engin
         np.testing.assert_array_equal(audio[mode].samples, reference.samples)
 
 
-def test_same_seed_same_audio_other_seed_other_audio(reference_engine: onnx_tts.Engine) -> None:
-    first = reference_engine.synthesize("A short sentence.", seed=3)
-    again = reference_engine.synthesize("A short sentence.", seed=3)
-    other = reference_engine.synthesize("A short sentence.", seed=4)
+def test_same_seed_same_audio_other_seed_other_audio(codec_lm_engine: onnx_tts.Engine) -> None:
+    first = codec_lm_engine.synthesize("A short sentence.", seed=3)
+    again = codec_lm_engine.synthesize("A short sentence.", seed=3)
+    other = codec_lm_engine.synthesize("A short sentence.", seed=4)
     np.testing.assert_array_equal(first.samples, again.samples)
     assert not np.array_equal(first.samples, other.samples)
 
 
-def test_duration_is_plausible_for_the_text(reference_engine: onnx_tts.Engine) -> None:
-    model = reference_engine.backend
+def test_duration_is_plausible_for_the_text(codec_lm_engine: onnx_tts.Engine) -> None:
+    model = codec_lm_engine.backend
     for text in ("Hi.", TEXT):
         chunks = model.text_chunks(text)
-        audio = reference_engine.synthesize(text, seed=1)
+        audio = codec_lm_engine.synthesize(text, seed=1)
         frames = audio.samples.shape[0] // model.hop_length
         pause_frames = (len(chunks) - 1) * 0.15 * 50
         low = sum(model.limits(c).min_frames for c in chunks)
         high = sum(model.limits(c).max_frames for c in chunks) + pause_frames + 1
         assert low <= frames <= high, (text, frames, low, high)
-    short = reference_engine.synthesize("Hi.", seed=1).duration
-    long = reference_engine.synthesize(TEXT * 2, seed=1).duration
+    short = codec_lm_engine.synthesize("Hi.", seed=1).duration
+    long = codec_lm_engine.synthesize(TEXT * 2, seed=1).duration
     assert long > 3 * short
 
 
-def test_long_text_is_split_into_sentences(reference_engine: onnx_tts.Engine) -> None:
+def test_long_text_is_split_into_sentences(codec_lm_engine: onnx_tts.Engine) -> None:
     seen: list[tuple[int, int]] = []
-    reference_engine.synthesize(
+    codec_lm_engine.synthesize(
         "One. Two. Three.", seed=1, progress=lambda done, total: seen.append((done, total))
     )
     assert seen == [(1, 3), (2, 3), (3, 3)]
 
 
 def test_voice_changes_the_output_and_wav_flac_agree(
-    reference_engine: onnx_tts.Engine, tmp_path: Path
+    codec_lm_engine: onnx_tts.Engine, tmp_path: Path
 ) -> None:
     samples = speechlike(2.5, seed=2)
     wav, flac = tmp_path / "v.wav", tmp_path / "v.flac"
     soundfile.write(str(wav), samples, 24000, subtype="PCM_24")
     soundfile.write(str(flac), samples, 24000, subtype="PCM_24")
-    plain = reference_engine.synthesize("Clone me.", seed=5)
-    from_wav = reference_engine.synthesize("Clone me.", voice=wav, seed=5)
-    from_flac = reference_engine.synthesize("Clone me.", voice=flac, seed=5)
+    plain = codec_lm_engine.synthesize("Clone me.", seed=5)
+    from_wav = codec_lm_engine.synthesize("Clone me.", voice=wav, seed=5)
+    from_flac = codec_lm_engine.synthesize("Clone me.", voice=flac, seed=5)
     assert not np.array_equal(plain.samples, from_wav.samples)
     np.testing.assert_array_equal(from_wav.samples, from_flac.samples)
 
 
-def test_voice_at_another_rate_is_resampled(reference_engine: onnx_tts.Engine, tmp_path: Path):
+def test_voice_at_another_rate_is_resampled(codec_lm_engine: onnx_tts.Engine, tmp_path: Path):
     path = tmp_path / "v16k.wav"
     soundfile.write(str(path), speechlike(2.0, sample_rate=16000), 16000)
-    prompt = reference_engine.voice(path)
+    prompt = codec_lm_engine.voice(path)
     assert prompt["codes"].shape == (int(2.0 * 24000) // 480, 4)
 
 
 def test_concat_lm_runs_in_copy_and_chain_and_refuses_inplace() -> None:
-    copy = onnx_tts.Engine(ReferenceModel(REFERENCE_MODEL_DIR, "copy", lm_graph="lm_concat"), None)
+    copy = onnx_tts.Engine(CodecLMModel(CODEC_LM_MODEL_DIR, "copy", lm_graph="lm_concat"), None)
     chain = onnx_tts.Engine(
-        ReferenceModel(REFERENCE_MODEL_DIR, "chain", lm_graph="lm_concat"), None
+        CodecLMModel(CODEC_LM_MODEL_DIR, "chain", lm_graph="lm_concat"), None
     )
     a = copy.synthesize("Concat graphs too.", seed=2)
     b = chain.synthesize("Concat graphs too.", seed=2)
     np.testing.assert_array_equal(a.samples, b.samples)
     with pytest.raises(InputError, match="GroupQueryAttention"):
-        ReferenceModel(REFERENCE_MODEL_DIR, "inplace", lm_graph="lm_concat")
+        CodecLMModel(CODEC_LM_MODEL_DIR, "inplace", lm_graph="lm_concat")
 
 
 def test_audio_save_is_atomic(
-    reference_engine: onnx_tts.Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    codec_lm_engine: onnx_tts.Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    audio = reference_engine.synthesize("Save me.", seed=1)
+    audio = codec_lm_engine.synthesize("Save me.", seed=1)
     target = tmp_path / "out.wav"
     audio.save(target)
     before = target.read_bytes()
@@ -207,7 +207,7 @@ def test_delay_pattern_assembles_whole_frames_only() -> None:
 @pytest.fixture
 def bundle_copy(tmp_path: Path) -> Path:
     target = tmp_path / "bundle"
-    shutil.copytree(REFERENCE_MODEL_DIR, target)
+    shutil.copytree(CODEC_LM_MODEL_DIR, target)
     return target
 
 
@@ -268,7 +268,7 @@ def test_cli_synth_writes_a_wav(tmp_path: Path, capsys: pytest.CaptureFixture[st
             "chain",
             "-v",
             "--model",
-            str(REFERENCE_MODEL_DIR),
+            str(CODEC_LM_MODEL_DIR),
         ],
         capsys,
     )
@@ -288,7 +288,7 @@ def test_cli_synth_writes_a_wav(tmp_path: Path, capsys: pytest.CaptureFixture[st
             "--cache-dir",
             "none",
             "--model",
-            str(REFERENCE_MODEL_DIR),
+            str(CODEC_LM_MODEL_DIR),
         ],
         capsys,
     )
@@ -308,7 +308,7 @@ def test_cli_reads_text_from_stdin(tmp_path: Path) -> None:
 
 def test_cli_info_json(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run_cli(
-        ["info", "--json", "--cache-dir", "none", "--model", str(REFERENCE_MODEL_DIR)], capsys
+        ["info", "--json", "--cache-dir", "none", "--model", str(CODEC_LM_MODEL_DIR)], capsys
     )
     info = json.loads(out)
     assert code == 0
@@ -388,7 +388,7 @@ def test_cli_undecodable_stdin_and_unwritable_dir(tmp_path: Path) -> None:
 
 def test_cli_stream_outputs_match_one_shot(tmp_path: Path) -> None:
     base = [sys.executable, "-m", "onnx_tts.cli", "synth", "Stream it. Twice.", "--seed", "4"]
-    base += ["--cache-dir", "none", "--model", str(REFERENCE_MODEL_DIR)]
+    base += ["--cache-dir", "none", "--model", str(CODEC_LM_MODEL_DIR)]
     one_shot = tmp_path / "one.wav"
     streamed = tmp_path / "streamed.wav"
     subprocess.run([*base, "-o", str(one_shot)], check=True, capture_output=True)

@@ -20,7 +20,7 @@ from onnx import TensorProto, helper, numpy_helper
 import onnx_tts
 from onnx_tts import Engine
 from onnx_tts.audio import load_audio
-from onnx_tts.encoder import ReferenceEncoder
+from onnx_tts.encoder import VoiceEncoder
 from onnx_tts.errors import AudioError, CacheError, InputError
 from onnx_tts.refcache import (
     ReferenceCache,
@@ -32,7 +32,7 @@ from onnx_tts.refcache import (
 from onnx_tts.session import Session, SessionOptions
 from tests.redis_server import redis_server
 
-REFERENCE_BUNDLE = Path(onnx_tts.__file__).parent / "models" / "reference"
+REFERENCE_BUNDLE = Path(onnx_tts.__file__).parent / "models" / "codec-lm"
 SAMPLE_RATE = 16000
 HOP = 160
 CODEBOOKS = 4
@@ -109,8 +109,8 @@ def encoder_graph(tmp_path_factory) -> Path:
     return build_test_encoder(tmp_path_factory.mktemp("encoder") / "encoder.onnx")
 
 
-def make_encoder(graph: Path, bundle: str = "test-bundle@1", **settings) -> ReferenceEncoder:
-    return ReferenceEncoder(
+def make_encoder(graph: Path, bundle: str = "test-bundle@1", **settings) -> VoiceEncoder:
+    return VoiceEncoder(
         open_session(graph),
         bundle,
         SAMPLE_RATE,
@@ -121,7 +121,7 @@ def make_encoder(graph: Path, bundle: str = "test-bundle@1", **settings) -> Refe
 
 
 @pytest.fixture
-def encoder(encoder_graph) -> ReferenceEncoder:
+def encoder(encoder_graph) -> VoiceEncoder:
     return make_encoder(encoder_graph)
 
 
@@ -226,7 +226,7 @@ def test_different_bundles_never_share_an_entry(tmp_path, encoder_graph):
     bundle_b = make_encoder(encoder_graph, bundle="bundle-b@1")
     other_graph = make_encoder(build_test_encoder(tmp_path / "other.onnx", seed=7), "bundle-a@1")
     other_settings = make_encoder(encoder_graph, bundle="bundle-a@1", prompt_frames=99)
-    other_execution = ReferenceEncoder(
+    other_execution = VoiceEncoder(
         Session(encoder_graph, SessionOptions(graph_optimization_level="basic")),
         "bundle-a@1",
         SAMPLE_RATE,
@@ -296,8 +296,8 @@ def test_reference_bundle_cache_value_is_its_solo_encode(tmp_path):
     rate = manifest["sample_rate"]
     graph = REFERENCE_BUNDLE / manifest["graphs"]["encoder"]
 
-    def bundle_encoder() -> ReferenceEncoder:
-        return ReferenceEncoder(
+    def bundle_encoder() -> VoiceEncoder:
+        return VoiceEncoder(
             open_session(graph),
             f"{manifest['name']}@{manifest['version']}",
             rate,

@@ -218,8 +218,8 @@ def test_decode_windows_groups_equal_lengths_and_matches_single_decodes() -> Non
         np.testing.assert_array_equal(waveform, vocoder.decode(codes))
 
 
-def test_decode_windows_pads_into_one_call_only_for_a_causal_vocoder(reference_engine) -> None:
-    reference = reference_engine.backend.vocoder
+def test_decode_windows_pads_into_one_call_only_for_a_causal_vocoder(codec_lm_engine) -> None:
+    reference = codec_lm_engine.backend.vocoder
 
     class CountingSession:
         def __init__(self) -> None:
@@ -314,14 +314,14 @@ def test_pushing_after_finish_and_out_of_order_accept_are_errors() -> None:
     ],
 )
 def test_bad_window_options_are_rejected_before_any_work(
-    reference_engine, monkeypatch, overrides: dict[str, Any], message: str
+    codec_lm_engine, monkeypatch, overrides: dict[str, Any], message: str
 ) -> None:
     def no_generation(*args: Any, **kwargs: Any) -> Iterator[np.ndarray]:
         raise AssertionError("generation must not start with bad options")
 
-    monkeypatch.setattr(reference_engine.backend, "generate", no_generation)
+    monkeypatch.setattr(codec_lm_engine.backend, "generate", no_generation)
     with pytest.raises(InputError, match=message):
-        reference_engine.stream(ONE_SENTENCE, seed=1, **overrides)  # not even iterated
+        codec_lm_engine.stream(ONE_SENTENCE, seed=1, **overrides)  # not even iterated
 
 
 def test_unknown_streaming_option_is_named() -> None:
@@ -351,39 +351,39 @@ def test_bundle_defaults_and_overrides() -> None:
 # Engine.stream on the reference bundle
 
 
-def test_stream_equals_synthesize_exactly_with_enough_overlap(reference_engine) -> None:
-    defaults = reference_engine.backend.streaming_defaults
-    hop = reference_engine.backend.hop_length
+def test_stream_equals_synthesize_exactly_with_enough_overlap(codec_lm_engine) -> None:
+    defaults = codec_lm_engine.backend.streaming_defaults
+    hop = codec_lm_engine.backend.hop_length
     # The shipped defaults are wide enough for the causal vocoder: overlap covers the
     # receptive field plus the crossfade, so the stream is the one-shot waveform.
     assert defaults["overlap_frames"] * hop >= (
         REFERENCE_RECEPTIVE_FIELD * hop + defaults["crossfade_samples"]
     )
-    one_shot = reference_engine.synthesize(TEXT, seed=3).samples
-    chunks = list(reference_engine.stream(TEXT, seed=3))
+    one_shot = codec_lm_engine.synthesize(TEXT, seed=3).samples
+    chunks = list(codec_lm_engine.stream(TEXT, seed=3))
     assert len(chunks) > 6
     assert all(chunk.dtype == np.float32 and chunk.ndim == 1 for chunk in chunks)
     streamed = np.concatenate(chunks)
     assert len(streamed) == len(one_shot)
     np.testing.assert_allclose(streamed, one_shot, rtol=0, atol=1e-6)
     # The sentence pauses are in the stream, as chunks of their own.
-    pause = len(reference_engine._sentence_pause())
+    pause = len(codec_lm_engine._sentence_pause())
     assert sum(1 for c in chunks if len(c) == pause and not c.any()) == 2
 
 
-def test_stream_with_a_voice_equals_synthesize(reference_engine, voice_wav) -> None:
-    one_shot = reference_engine.synthesize(ONE_SENTENCE, voice=voice_wav, seed=7).samples
-    streamed = np.concatenate(list(reference_engine.stream(ONE_SENTENCE, voice=voice_wav, seed=7)))
+def test_stream_with_a_voice_equals_synthesize(codec_lm_engine, voice_wav) -> None:
+    one_shot = codec_lm_engine.synthesize(ONE_SENTENCE, voice=voice_wav, seed=7).samples
+    streamed = np.concatenate(list(codec_lm_engine.stream(ONE_SENTENCE, voice=voice_wav, seed=7)))
     np.testing.assert_allclose(streamed, one_shot, rtol=0, atol=1e-6)
 
 
 @pytest.mark.parametrize(("overlap", "crossfade", "min_snr"), [(4, 480, 30.0), (5, 480, 36.0)])
 def test_short_overlap_is_close_and_click_free(
-    reference_engine, overlap: int, crossfade: int, min_snr: float
+    codec_lm_engine, overlap: int, crossfade: int, min_snr: float
 ) -> None:
-    one_shot = reference_engine.synthesize(TEXT, seed=5).samples
+    one_shot = codec_lm_engine.synthesize(TEXT, seed=5).samples
     chunks = list(
-        reference_engine.stream(TEXT, seed=5, overlap_frames=overlap, crossfade_samples=crossfade)
+        codec_lm_engine.stream(TEXT, seed=5, overlap_frames=overlap, crossfade_samples=crossfade)
     )
     streamed = np.concatenate(chunks)
     assert len(streamed) == len(one_shot)
@@ -424,14 +424,14 @@ class FrameCounter:
 
 @pytest.mark.parametrize("first_chunk_frames", [4, 8, 15])
 def test_first_chunk_comes_after_first_chunk_frames(
-    reference_engine, monkeypatch, first_chunk_frames: int
+    codec_lm_engine, monkeypatch, first_chunk_frames: int
 ) -> None:
-    counter = FrameCounter(reference_engine.backend, monkeypatch)
-    stream = reference_engine.stream(ONE_SENTENCE, seed=2, first_chunk_frames=first_chunk_frames)
+    counter = FrameCounter(codec_lm_engine.backend, monkeypatch)
+    stream = codec_lm_engine.stream(ONE_SENTENCE, seed=2, first_chunk_frames=first_chunk_frames)
     first = next(stream)
     assert counter.frames == first_chunk_frames
-    hop = reference_engine.backend.hop_length
-    defaults = reference_engine.backend.streaming_defaults
+    hop = codec_lm_engine.backend.hop_length
+    defaults = codec_lm_engine.backend.streaming_defaults
     expected = (first_chunk_frames - defaults["holdback_frames"]) * hop - defaults[
         "crossfade_samples"
     ]
@@ -441,8 +441,8 @@ def test_first_chunk_comes_after_first_chunk_frames(
     assert len(first) + sum(len(c) for c in rest) == counter.frames * hop
 
 
-def test_only_complete_generated_frames_reach_the_vocoder(reference_engine, monkeypatch) -> None:
-    backend = reference_engine.backend
+def test_only_complete_generated_frames_reach_the_vocoder(codec_lm_engine, monkeypatch) -> None:
+    backend = codec_lm_engine.backend
     counter = FrameCounter(backend, monkeypatch)
     original_vocode = backend.vocode
     windows: list[tuple[np.ndarray, int]] = []
@@ -452,7 +452,7 @@ def test_only_complete_generated_frames_reach_the_vocoder(reference_engine, monk
         return original_vocode(codes, voice)
 
     monkeypatch.setattr(backend, "vocode", vocode)
-    list(reference_engine.stream(ONE_SENTENCE, seed=8))
+    list(codec_lm_engine.stream(ONE_SENTENCE, seed=8))
     produced = np.stack(counter.produced)
     assert len(windows) > 3
     for codes, available in windows:
@@ -466,27 +466,27 @@ def test_only_complete_generated_frames_reach_the_vocoder(reference_engine, monk
         assert ends, "a window holds codes the generator never yielded"
 
 
-def test_text_shorter_than_one_window(reference_engine, monkeypatch) -> None:
-    counter = FrameCounter(reference_engine.backend, monkeypatch)
-    chunks = list(reference_engine.stream("Hi.", seed=4, first_chunk_frames=400))
+def test_text_shorter_than_one_window(codec_lm_engine, monkeypatch) -> None:
+    counter = FrameCounter(codec_lm_engine.backend, monkeypatch)
+    chunks = list(codec_lm_engine.stream("Hi.", seed=4, first_chunk_frames=400))
     assert counter.frames < 400
     assert len(chunks) == 1
-    one_shot = reference_engine.synthesize("Hi.", seed=4).samples
+    one_shot = codec_lm_engine.synthesize("Hi.", seed=4).samples
     np.testing.assert_allclose(chunks[0], one_shot, rtol=0, atol=1e-6)
 
 
 def test_cancelled_stream_stops_generation_and_frees_the_kv_cache(
-    reference_engine, monkeypatch
+    codec_lm_engine, monkeypatch
 ) -> None:
-    pool = reference_engine.backend.generator.pool
-    counter = FrameCounter(reference_engine.backend, monkeypatch)
-    list(reference_engine.stream(ONE_SENTENCE, seed=6))
+    pool = codec_lm_engine.backend.generator.pool
+    counter = FrameCounter(codec_lm_engine.backend, monkeypatch)
+    list(codec_lm_engine.stream(ONE_SENTENCE, seed=6))
     full_steps = counter.steps
     idle_before = len(pool._idle)
     assert idle_before >= 1  # the finished stream gave its cache back
 
     counter.steps = counter.frames = 0
-    stream = reference_engine.stream(ONE_SENTENCE, seed=6)
+    stream = codec_lm_engine.stream(ONE_SENTENCE, seed=6)
     next(stream)
     next(stream)
     assert len(pool._idle) == idle_before - 1  # the running stream holds a cache
@@ -499,16 +499,16 @@ def test_cancelled_stream_stops_generation_and_frees_the_kv_cache(
     assert counter.steps == steps_at_cancel < full_steps / 2
 
     # Abandoning a for loop with `break` behaves the same once the iterator is closed.
-    stream = reference_engine.stream(TEXT, seed=6)
+    stream = codec_lm_engine.stream(TEXT, seed=6)
     for _ in stream:
         break
     stream.close()
     assert len(pool._idle) == idle_before
 
 
-def test_bad_text_is_rejected_by_stream(reference_engine) -> None:
+def test_bad_text_is_rejected_by_stream(codec_lm_engine) -> None:
     with pytest.raises(InputError):
-        reference_engine.stream("   ", seed=1)
+        codec_lm_engine.stream("   ", seed=1)
 
 
 def test_streaming_benchmark_writes_its_results(tmp_path) -> None:
@@ -525,9 +525,9 @@ def test_streaming_benchmark_writes_its_results(tmp_path) -> None:
     bench.TEXT, bench.FIRST_CHUNK_SWEEP, bench.OVERLAP_SWEEP = TEXT, (4,), (4, 5, 6, 8)
     # The exactness and SNR checks below are the causal reference vocoder's (Griffin-Lim of the
     # default voice finds its phase per window, see test_voice_recipe.py).
-    from onnx_tts.bundle import REFERENCE_MODEL_DIR
+    from onnx_tts.bundle import CODEC_LM_MODEL_DIR
 
-    args = ["--repeats", "1", "--out", str(tmp_path), "--model", str(REFERENCE_MODEL_DIR)]
+    args = ["--repeats", "1", "--out", str(tmp_path), "--model", str(CODEC_LM_MODEL_DIR)]
     assert bench.main(args) == 0
     results = json.loads((tmp_path / "streaming.json").read_text())
     assert (tmp_path / "streaming.png").stat().st_size > 0

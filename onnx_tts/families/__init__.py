@@ -1,4 +1,4 @@
-"""Model-directory detection: the project's own bundles (bundle.json: the "reference" codec LM
+"""Model-directory detection: the project's own bundles (bundle.json: the "codec-lm" bundle
 and the "phoneme-mel" trained voice) and third-party layouts recognised from file names and
 graph I/O (Chatterbox Turbo / original / multilingual)."""
 
@@ -10,13 +10,13 @@ from pathlib import Path
 from onnx_tts.errors import ModelError
 from onnx_tts.families import chatterbox
 
-REFERENCE = "reference"
+CODEC_LM = "codec-lm"
 PHONEME_MEL = "phoneme-mel"
-FAMILIES = (REFERENCE, PHONEME_MEL, *chatterbox.FAMILIES)
+FAMILIES = (CODEC_LM, PHONEME_MEL, *chatterbox.FAMILIES)
 
 
 def detect(model_dir: Path | str) -> str:
-    """Family name of `model_dir`: a bundle.json's "family" ("reference" when absent), else one of
+    """Family name of `model_dir`: a bundle.json's "family" ("codec-lm" when absent), else one of
     "chatterbox-turbo", "chatterbox", "chatterbox-multilingual". Raises ModelError naming the
     missing or mismatched files/tensors when the directory is none of these."""
     model_dir = Path(model_dir)
@@ -28,10 +28,10 @@ def detect(model_dir: Path | str) -> str:
     manifest = model_dir / "bundle.json"
     if manifest.is_file():
         try:
-            family = json.loads(manifest.read_text(encoding="utf-8")).get("family", REFERENCE)
+            family = json.loads(manifest.read_text(encoding="utf-8")).get("family", CODEC_LM)
         except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
-            family = REFERENCE  # Bundle.load reports what is wrong with the file
-        return family if family == PHONEME_MEL else REFERENCE
+            family = CODEC_LM  # Bundle.load reports what is wrong with the file
+        return family if family == PHONEME_MEL else CODEC_LM
     if (
         not chatterbox.looks_like_chatterbox(model_dir)
         and not (model_dir / "tokenizer.json").is_file()
@@ -53,4 +53,4 @@ def available_precisions(model_dir: Path | str) -> list[str]:
     return chatterbox.available_precisions(model_dir)
 
 
-__all__ = ["FAMILIES", "PHONEME_MEL", "REFERENCE", "available_precisions", "detect"]
+__all__ = ["FAMILIES", "PHONEME_MEL", "CODEC_LM", "available_precisions", "detect"]

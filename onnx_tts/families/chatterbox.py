@@ -25,7 +25,7 @@ import onnx
 from onnx import helper
 
 from onnx_tts.audio import load_audio
-from onnx_tts.encoder import ReferenceEncoder
+from onnx_tts.encoder import VoiceEncoder
 from onnx_tts.errors import AudioError, InputError, ModelError
 from onnx_tts.frontend import normalize_text, split_sentences
 from onnx_tts.generator import Sampler, SamplingOptions, lm_feeds
@@ -722,7 +722,7 @@ class ChatterboxModel:
             layout.graphs["speech_encoder"].path.parent / name
             for name in layout.graphs["speech_encoder"].external_data
         ]
-        self.encoder = ReferenceEncoder(
+        self.encoder = VoiceEncoder(
             self.sessions["speech_encoder"],
             bundle_identity=f"{self.family}/{layout.graphs['speech_encoder'].path.name}",
             sample_rate=SAMPLE_RATE,

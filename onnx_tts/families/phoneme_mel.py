@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from onnx_tts.bundle import Bundle
-from onnx_tts.encoder import ReferenceEncoder
+from onnx_tts.encoder import VoiceEncoder
 from onnx_tts.errors import InputError, ModelError
 from onnx_tts.frontend import PhonemeTable, Phonemizer, normalize_text, split_sentences
 from onnx_tts.generator import KVPool, Sampler, SamplingOptions, lm_feeds
@@ -94,7 +94,7 @@ class PhonemeMelModel:
         }
         self._validate(default.shape[0])
         self.default_speaker = default
-        self.encoder = ReferenceEncoder(
+        self.encoder = VoiceEncoder(
             self.sessions["encoder"],
             bundle_identity=f"{self.bundle.name}@{self.bundle.identity}",
             sample_rate=self.sample_rate,

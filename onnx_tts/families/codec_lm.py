@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from onnx_tts.bundle import Bundle
-from onnx_tts.encoder import ReferenceEncoder
+from onnx_tts.encoder import VoiceEncoder
 from onnx_tts.errors import InputError, ModelError
 from onnx_tts.frontend import TextTokenizer, normalize_text, split_sentences
 from onnx_tts.generator import CodecLMGenerator, KVPool, LengthLimits, SamplingOptions
@@ -18,10 +18,10 @@ from onnx_tts.session import Session, SessionOptions, describe_graphs
 from onnx_tts.vocoder import Vocoder
 
 
-class ReferenceModel:
+class CodecLMModel:
     """Backend for a `bundle.json` directory (see docs/ARCHITECTURE.md)."""
 
-    family = "reference"
+    family = "codec-lm"
 
     def __init__(
         self,
@@ -56,7 +56,7 @@ class ReferenceModel:
         self.sessions = sessions
         self._validate(sessions, lm_graph)
         self.tokenizer = TextTokenizer(root / self.text_settings["tokenizer"])
-        self.encoder = ReferenceEncoder(
+        self.encoder = VoiceEncoder(
             sessions["encoder"],
             bundle_identity=f"{self.bundle.name}@{self.bundle.identity}",
             sample_rate=self.sample_rate,
