@@ -15,7 +15,7 @@ FORMAT_VERSION = 1
 MANIFEST = "bundle.json"
 MODELS_DIR = Path(__file__).resolve().parent / "models"
 VOICE_MODEL_DIR = MODELS_DIR / "voice"  # the trained voice (export/train_voice.py)
-CODEC_LM_MODEL_DIR = MODELS_DIR / "codec-lm"  # the codec-LM bundle, random weights (tests, benchmarks)
+CODEC_LM_MODEL_DIR = MODELS_DIR / "codec-lm"  # random weights, for tests and benchmarks
 DEFAULT_MODEL_DIR = VOICE_MODEL_DIR
 
 # Sections each family's manifest must have (the "family" key; "codec-lm" when absent).

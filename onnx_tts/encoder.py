@@ -28,7 +28,7 @@ from onnx_tts.bundle import file_sha256
 from onnx_tts.errors import AudioError, InputError, ModelError
 from onnx_tts.refcache import ReferenceCache, make_key
 
-__all__ = ["VoiceEncoder", "RunnableSession", "validate_reference_audio"]
+__all__ = ["RunnableSession", "VoiceEncoder", "validate_reference_audio"]
 
 AUDIO_INPUT = "audio"
 

@@ -99,9 +99,7 @@ def test_voice_at_another_rate_is_resampled(codec_lm_engine: onnx_tts.Engine, tm
 
 def test_concat_lm_runs_in_copy_and_chain_and_refuses_inplace() -> None:
     copy = onnx_tts.Engine(CodecLMModel(CODEC_LM_MODEL_DIR, "copy", lm_graph="lm_concat"), None)
-    chain = onnx_tts.Engine(
-        CodecLMModel(CODEC_LM_MODEL_DIR, "chain", lm_graph="lm_concat"), None
-    )
+    chain = onnx_tts.Engine(CodecLMModel(CODEC_LM_MODEL_DIR, "chain", lm_graph="lm_concat"), None)
     a = copy.synthesize("Concat graphs too.", seed=2)
     b = chain.synthesize("Concat graphs too.", seed=2)
     np.testing.assert_array_equal(a.samples, b.samples)

@@ -53,4 +53,4 @@ def available_precisions(model_dir: Path | str) -> list[str]:
     return chatterbox.available_precisions(model_dir)
 
 
-__all__ = ["FAMILIES", "PHONEME_MEL", "CODEC_LM", "available_precisions", "detect"]
+__all__ = ["CODEC_LM", "FAMILIES", "PHONEME_MEL", "available_precisions", "detect"]
