@@ -1,10 +1,15 @@
-"""Bundle manifests (`bundle.json`): loading, and validation against the graphs they name."""
+"""Bundle manifests (`bundle.json`): parsing, and the checks every bundle passes before any of
+its files is opened: known format, the family's sections, typed and bounded values, and
+files that lie inside the bundle directory and match their listed sha256."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
+import numbers
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -13,16 +18,22 @@ from onnx_tts.errors import ModelError
 
 FORMAT_VERSION = 1
 MANIFEST = "bundle.json"
+MAX_MANIFEST_BYTES = 16 << 20
 MODELS_DIR = Path(__file__).resolve().parent / "models"
 VOICE_MODEL_DIR = MODELS_DIR / "voice"  # the trained voice (export/train_voice.py)
 CODEC_LM_MODEL_DIR = MODELS_DIR / "codec-lm"  # random weights, for tests and benchmarks
 DEFAULT_MODEL_DIR = VOICE_MODEL_DIR
+DEFAULT_FAMILY = "codec-lm"  # manifests written before "family" existed
 
-# Sections each family's manifest must have (the "family" key; "codec-lm" when absent).
-_REQUIRED_SECTIONS = {
-    "codec-lm": ("graphs", "kv", "codec", "text", "sampling", "streaming", "vocoder"),
-    "phoneme-mel": ("graphs", "kv", "frames", "text", "pointer", "lm", "streaming", "vocoder"),
-}
+# Bounds on the KV layout a manifest may declare, and on the memory one sequence's in-place
+# KV buffers may take: a manifest must not be able to make the engine allocate without limit.
+MAX_LAYERS = 256
+MAX_HEADS = 256
+MAX_HEAD_DIM = 1024
+MAX_CAPACITY = 1 << 20
+MAX_KV_BYTES_PER_SEQUENCE = 8 << 30
+
+_REQUIRED = object()
 
 
 def file_sha256(path: str | os.PathLike[str]) -> str:
@@ -37,7 +48,7 @@ def file_sha256(path: str | os.PathLike[str]) -> str:
     return digest.hexdigest()
 
 
-def resolve_model_dir(model: str | Path | None) -> Path:
+def resolve_model_dir(model: str | os.PathLike[str] | None) -> Path:
     """The model directory to load: the argument, or the bundled default voice."""
     if model is None:
         return DEFAULT_MODEL_DIR
@@ -49,22 +60,47 @@ def resolve_model_dir(model: str | Path | None) -> Path:
     return path
 
 
+def inside(root: Path, relative: Any, what: str) -> Path:
+    """`root / relative`, refused unless it is a relative path that stays inside `root`
+    (after symlinks): a model directory must not make the engine open other files."""
+    if not isinstance(relative, str) or not relative:
+        raise ModelError(f"{root / MANIFEST}: {what} must be a file name, got {relative!r}")
+    if os.path.isabs(relative) or "\\" in relative or "\0" in relative:
+        raise ModelError(
+            f"{root / MANIFEST}: {what} {relative!r} must be a path relative to the bundle"
+        )
+    base = root.resolve()
+    path = (base / relative).resolve()
+    if path != base and base not in path.parents:
+        raise ModelError(
+            f"{root / MANIFEST}: {what} {relative!r} points outside the bundle directory"
+        )
+    return path
+
+
 @dataclass
 class Bundle:
-    """A parsed and checked `bundle.json`."""
+    """A parsed `bundle.json`. `read` parses; `validate` checks sections and files."""
 
     root: Path
     manifest: dict[str, Any]
 
     @classmethod
-    def load(cls, root: Path, verify_checksums: bool = True) -> Bundle:
+    def read(cls, root: Path) -> Bundle:
         path = root / MANIFEST
         if not path.is_file():
             raise ModelError(f"{root} has no {MANIFEST}; it is not an onnx-tts bundle")
         try:
-            manifest = json.loads(path.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            size = path.stat().st_size
+            if size > MAX_MANIFEST_BYTES:
+                raise ModelError(
+                    f"{path} is {size} bytes; a manifest holds at most {MAX_MANIFEST_BYTES}"
+                )
+            manifest = json.loads(path.read_bytes().decode("utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as error:
             raise ModelError(f"{path} is not valid JSON: {error}") from None
+        except OSError as error:
+            raise ModelError(f"cannot read {path}: {error.strerror or error}") from None
         if not isinstance(manifest, dict):
             raise ModelError(f"{path} must hold a JSON object")
         version = manifest.get("format_version")
@@ -73,47 +109,105 @@ class Bundle:
                 f"{path}: format_version {version!r} is not supported (this onnx-tts reads "
                 f"{FORMAT_VERSION}); upgrade onnx-tts or re-export the bundle"
             )
-        family = manifest.get("family", "codec-lm")
-        if family not in _REQUIRED_SECTIONS:
-            raise ModelError(
-                f"{path}: family {family!r} is not one this onnx-tts runs "
-                f"({', '.join(_REQUIRED_SECTIONS)}); upgrade onnx-tts or re-export the bundle"
-            )
-        missing = [
-            key for key in _REQUIRED_SECTIONS[family] if not isinstance(manifest.get(key), dict)
-        ]
-        if missing:
-            raise ModelError(f"{path} lacks section(s): {', '.join(missing)}")
-        bundle = cls(root, manifest)
-        bundle._check_files(verify_checksums)
-        return bundle
+        return cls(root, manifest)
 
-    def _check_files(self, verify_checksums: bool) -> None:
-        expected = self.manifest.get("sha256", {})
-        files = list(self.manifest["graphs"].values())
-        if "tokenizer" in self.manifest["text"]:
-            files.append(self.manifest["text"]["tokenizer"])
-        absent = [name for name in files if not (self.root / name).is_file()]
+    @property
+    def family(self) -> str:
+        family = self.manifest.get("family", DEFAULT_FAMILY)
+        if not isinstance(family, str):
+            raise ModelError(f"{self.root / MANIFEST}: family must be a string, got {family!r}")
+        return family
+
+    def validate(self, sections: Iterable[str], verify_checksums: bool = True) -> Bundle:
+        """Check the family's required sections, then every listed file: inside the bundle,
+        present, with a sha256 entry that matches. Returns self."""
+        missing = [key for key in sections if not isinstance(self.manifest.get(key), dict)]
+        if missing:
+            raise ModelError(f"{self.root / MANIFEST} lacks section(s): {', '.join(missing)}")
+        hashes = self.manifest.get("sha256", {})
+        if not isinstance(hashes, dict):
+            raise ModelError(f"{self.root / MANIFEST}: sha256 must map file names to hashes")
+        files = self.listed_files()
+        absent = [name for name, path in files.items() if not path.is_file()]
         if absent:
             raise ModelError(f"bundle {self.root} is missing file(s): {', '.join(absent)}")
-        if not verify_checksums:
-            return
-        for name in files:
-            want = expected.get(name)
-            if want and file_sha256(self.root / name) != want:
-                raise ModelError(
-                    f"bundle {self.root}: {name} does not match the sha256 in {MANIFEST} "
-                    "(the file is corrupt or was changed after export)"
-                )
+        unhashed = [name for name in files if not isinstance(hashes.get(name), str)]
+        if unhashed:
+            raise ModelError(
+                f"{self.root / MANIFEST}: no sha256 for {', '.join(unhashed)}; every file a "
+                "bundle lists must carry its hash (re-export the bundle)"
+            )
+        if verify_checksums:
+            for name, path in files.items():
+                if file_sha256(path) != hashes[name]:
+                    raise ModelError(
+                        f"bundle {self.root}: {name} does not match the sha256 in {MANIFEST} "
+                        "(the file is corrupt or was changed after export)"
+                    )
+        return self
 
-    # -- convenient views ---------------------------------------------------------------------
+    def listed_files(self) -> dict[str, Path]:
+        """Every file the manifest names (graphs, tokenizer), resolved inside the bundle."""
+        graphs = self.section("graphs")
+        names = [(f"graphs.{role}", name) for role, name in graphs.items()]
+        text = self.manifest.get("text")
+        if isinstance(text, dict) and "tokenizer" in text:
+            names.append(("text.tokenizer", text["tokenizer"]))
+        return {str(name): inside(self.root, name, what) for what, name in names}
+
+    # -- typed access ---------------------------------------------------------------------------
+    def section(self, name: str) -> dict[str, Any]:
+        value = self.manifest.get(name)
+        if not isinstance(value, dict):
+            raise ModelError(f"{self.root / MANIFEST}: section {name!r} must be a JSON object")
+        return value
+
+    def value(
+        self,
+        section: str | None,
+        key: str,
+        kind: type = int,
+        low: float | None = None,
+        high: float | None = None,
+        default: Any = _REQUIRED,
+    ) -> Any:
+        """A manifest value checked for type and range (a ModelError naming the key if not);
+        `section` None reads a top-level key."""
+        table = self.manifest if section is None else self.section(section)
+        where = key if section is None else f"{section}.{key}"
+        if key not in table:
+            if default is _REQUIRED:
+                raise ModelError(f"{self.root / MANIFEST}: {where} is missing")
+            return default
+        value = table[key]
+        if kind is str:
+            if not isinstance(value, str):
+                raise ModelError(f"{self.root / MANIFEST}: {where} must be a string, got {value!r}")
+            return value
+        integral = isinstance(value, numbers.Integral) and not isinstance(value, bool)
+        if kind is int and not integral:
+            raise ModelError(f"{self.root / MANIFEST}: {where} must be an integer, got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise ModelError(f"{self.root / MANIFEST}: {where} must be a number, got {value!r}")
+        number = kind(value)
+        if (
+            not math.isfinite(number)
+            or (low is not None and number < low)
+            or (high is not None and number > high)
+        ):
+            raise ModelError(
+                f"{self.root / MANIFEST}: {where} must be in [{low:g}, {high:g}], got {value!r}"
+            )
+        return number
+
+    # -- views ------------------------------------------------------------------------------------
     @property
     def name(self) -> str:
         return str(self.manifest.get("name", self.root.name))
 
     @property
     def identity(self) -> str:
-        """Stable id of this bundle's contents: name, version and graph hashes."""
+        """Stable id of this bundle's contents: name, version and file hashes."""
         hashes = self.manifest.get("sha256", {})
         payload = json.dumps(
             [self.name, self.manifest.get("version"), sorted(hashes.items())], sort_keys=True
@@ -122,28 +216,57 @@ class Bundle:
 
     @property
     def sample_rate(self) -> int:
-        return int(self.manifest["sample_rate"])
+        return self.value(None, "sample_rate", int, 8000, 384000)
+
+    def path(self, section: str, key: str) -> Path:
+        """The file a manifest entry names, checked to lie inside the bundle."""
+        table = self.section(section)
+        if key not in table:
+            raise ModelError(f"bundle {self.root} defines no {section}.{key}")
+        return inside(self.root, table[key], f"{section}.{key}")
 
     def graph_path(self, role: str) -> Path:
-        graphs = self.manifest["graphs"]
-        if role not in graphs:
-            raise ModelError(f"bundle {self.root} defines no '{role}' graph")
-        return self.root / graphs[role]
+        return self.path("graphs", role)
 
-    def section(self, name: str) -> dict[str, Any]:
-        return dict(self.manifest.get(name, {}))
+    def file_sha256(self, relative: str) -> str | None:
+        return self.manifest.get("sha256", {}).get(relative)
+
+    def kv_capacity(self, default: int) -> int:
+        """kv.capacity, bounded so one sequence's in-place KV fits MAX_KV_BYTES_PER_SEQUENCE."""
+        layers = self.value("kv", "layers", int, 1, MAX_LAYERS)
+        heads = self.value("kv", "kv_heads", int, 1, MAX_HEADS)
+        head_dim = self.value("kv", "head_dim", int, 1, MAX_HEAD_DIM)
+        capacity = self.value("kv", "capacity", int, 1, MAX_CAPACITY, default)
+        kv_bytes = 2 * layers * heads * head_dim * 4 * capacity
+        if kv_bytes > MAX_KV_BYTES_PER_SEQUENCE:
+            raise ModelError(
+                f"{self.root / MANIFEST}: kv.capacity {capacity} would take {kv_bytes >> 20} MiB "
+                f"of KV per sequence (limit {MAX_KV_BYTES_PER_SEQUENCE >> 20} MiB)"
+            )
+        return capacity
 
     def kv_specs(self) -> tuple[dict[str, tuple[str, Any]], dict[str, tuple[str, Any]]]:
         """({past name: (dtype, dims)}, {present name: (dtype, dims)}) for check_graph_io."""
-        kv = self.manifest["kv"]
-        spec = (kv.get("dtype", "float32"), (None, int(kv["kv_heads"]), None, int(kv["head_dim"])))
-        names = self.kv_names()
-        return {past: spec for past, _ in names}, {present: spec for _, present in names}
-
-    def kv_names(self) -> list[tuple[str, str]]:
-        kv = self.manifest["kv"]
-        return [
-            (past.format(i=i), present.format(i=i))
-            for i in range(int(kv["layers"]))
-            for past, present in zip(kv["past_names"], kv["present_names"], strict=True)
+        layers = self.value("kv", "layers", int, 1, MAX_LAYERS)
+        heads = self.value("kv", "kv_heads", int, 1, MAX_HEADS)
+        head_dim = self.value("kv", "head_dim", int, 1, MAX_HEAD_DIM)
+        dtype = self.value("kv", "dtype", str, default="float32")
+        kv = self.section("kv")
+        past_names, present_names = kv.get("past_names"), kv.get("present_names")
+        if not (
+            isinstance(past_names, list)
+            and isinstance(present_names, list)
+            and len(past_names) == len(present_names)
+            and all(isinstance(n, str) and "{i}" in n for n in past_names + present_names)
+        ):
+            raise ModelError(
+                f"{self.root / MANIFEST}: kv.past_names and kv.present_names must be equally "
+                "long lists of names with an {i} layer placeholder"
+            )
+        spec = (dtype, (None, heads, None, head_dim))
+        names = [
+            (past.replace("{i}", str(i)), present.replace("{i}", str(i)))
+            for i in range(layers)
+            for past, present in zip(past_names, present_names, strict=True)
         ]
+        return {past: spec for past, _ in names}, {present: spec for _, present in names}

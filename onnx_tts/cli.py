@@ -10,31 +10,76 @@ import time
 import wave
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, NoReturn
 
 import numpy as np
 
 from onnx_tts.errors import InputError, OnnxTTSError, OutputError
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with the project's error contract: one line on stderr, exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+SAMPLING_HELP = {
+    "temperature": "randomness of each token: 0 = greedy (always the likeliest), higher = more "
+    "varied (default: the model's)",
+    "top_k": "draw only from the k likeliest tokens (0 = no limit)",
+    "top_p": "draw only from the likeliest tokens whose probabilities sum to p (nucleus, 0-1]",
+    "repetition_penalty": "divide the scores of tokens already produced (1 = off, >1 repeats less)",
+}
+STREAM_FLAGS = (
+    "first_chunk_frames",
+    "stride_frames",
+    "overlap_frames",
+    "holdback_frames",
+    "crossfade_samples",
+)
+
+
 def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", help="model directory (default: the bundled reference voice)")
+    from onnx_tts.families import FAMILIES, all_options
+
+    parser.add_argument("--model", help="model directory (default: the bundled trained voice)")
     parser.add_argument("--kv", choices=("copy", "chain", "inplace"), help="KV cache handling")
-    parser.add_argument("--threads", type=int, default=0, help="ONNX Runtime threads (0 = all)")
-    parser.add_argument("--precision", help="third-party exports: fp32, fp16, q8, q4, q4f16")
-    parser.add_argument("--exaggeration", type=float, help="Chatterbox: emotion exaggeration")
-    parser.add_argument("--cfg-weight", type=float, help="Chatterbox multilingual: CFG weight")
-    parser.add_argument("--max-new-tokens", type=int, help="Chatterbox: speech token limit")
+    parser.add_argument(
+        "--threads", type=int, default=0, help="ONNX Runtime threads (0 = one per core)"
+    )
     parser.add_argument("--cache-dir", help="reference cache directory ('none' disables)")
     parser.add_argument("--redis", help="redis://host:port/db for a shared reference cache")
+    family_flags = parser.add_argument_group(
+        "model family options", "refused (exit 2) by a model whose family does not take them"
+    )
+    for option in all_options().values():
+        takers = ", ".join(name for name, f in FAMILIES.items() if f.option(option.name))
+        extra = f" [{takers}]"
+        if option.kind is bool:
+            family_flags.add_argument(
+                option.flag,
+                dest=option.name,
+                action="store_const",
+                const=True,
+                help=option.help + extra,
+            )
+        else:
+            family_flags.add_argument(
+                option.flag,
+                dest=option.name,
+                type=option.kind,
+                choices=option.choices or None,
+                help=option.help + extra,
+            )
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="onnx-tts", description="Text-to-speech on ONNX Runtime with a zero-copy KV core."
     )
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
-    commands = parser.add_subparsers(dest="command", required=True)
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     synth = commands.add_parser("synth", help="synthesize speech from text")
     synth.add_argument("text", help="text to speak, or - to read it from stdin")
@@ -43,17 +88,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     synth.add_argument("--voice", help="reference audio to clone (WAV, FLAC, OGG)")
     synth.add_argument("--seed", type=int, help="random seed (same seed -> same audio)")
-    synth.add_argument("--temperature", type=float)
-    synth.add_argument("--top-k", type=int)
-    synth.add_argument("--top-p", type=float)
-    synth.add_argument("--repetition-penalty", type=float)
-    synth.add_argument("--language", help="language code for multilingual models")
-    synth.add_argument("--stream", action="store_true", help="stream audio as it is generated")
-    synth.add_argument("--first-chunk-frames", type=int)
-    synth.add_argument("--stride-frames", type=int)
-    synth.add_argument("--overlap-frames", type=int)
-    synth.add_argument("--holdback-frames", type=int)
-    synth.add_argument("--crossfade-samples", type=int)
+    sampling = synth.add_argument_group("sampling (how each token is drawn)")
+    sampling.add_argument("--temperature", type=float, help=SAMPLING_HELP["temperature"])
+    sampling.add_argument("--top-k", type=int, help=SAMPLING_HELP["top_k"])
+    sampling.add_argument("--top-p", type=float, help=SAMPLING_HELP["top_p"])
+    sampling.add_argument(
+        "--repetition-penalty", type=float, help=SAMPLING_HELP["repetition_penalty"]
+    )
+    streaming = synth.add_argument_group("streaming (only with --stream)")
+    streaming.add_argument("--stream", action="store_true", help="stream audio as it is made")
+    streaming.add_argument("--first-chunk-frames", type=int, help="frames in the first window")
+    streaming.add_argument("--stride-frames", type=int, help="new frames per later window")
+    streaming.add_argument("--overlap-frames", type=int, help="left context per window")
+    streaming.add_argument("--holdback-frames", type=int, help="frames held for right context")
+    streaming.add_argument("--crossfade-samples", type=int, help="crossfade between windows")
     synth.add_argument("-v", "--verbose", action="store_true", help="timings on stderr")
     _add_model_arguments(synth)
 
@@ -86,18 +134,25 @@ def _cache_dir(value: str | None) -> str | None:
     return None if value.lower() == "none" else value
 
 
+def _family_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The family flags given on the command line (the model's family checks them)."""
+    from onnx_tts.families import all_options
+
+    return {
+        name: getattr(args, name) for name in all_options() if getattr(args, name, None) is not None
+    }
+
+
 def _load_engine(args: argparse.Namespace) -> Any:
     import onnx_tts
 
-    names = ("precision", "exaggeration", "cfg_weight", "max_new_tokens")
-    family_options = {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
     return onnx_tts.load(
         model=args.model,
         kv=args.kv,
         threads=args.threads,
         cache_dir=_cache_dir(args.cache_dir),
         redis_url=args.redis,
-        **family_options,
+        **_family_options(args),
     )
 
 
@@ -110,20 +165,22 @@ def _read_text(arg: str) -> str:
 
 
 class _Progress:
-    """A one-line progress bar on stderr, only when stderr is a terminal."""
+    """A tqdm bar of sentences on stderr, shown only when stderr is a terminal and the text
+    has more than one sentence."""
 
     def __init__(self) -> None:
-        self.enabled = sys.stderr.isatty()
+        self.bar: Any = None
 
     def __call__(self, done: int, total: int) -> None:
-        if not self.enabled or total < 2:
+        if total < 2 or not sys.stderr.isatty():
             return
-        width = 30
-        filled = int(width * done / total)
-        sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} sentences")
+        if self.bar is None:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, unit="sentence", file=sys.stderr, leave=False)
+        self.bar.update(done - self.bar.n)
         if done == total:
-            sys.stderr.write("\n")
-        sys.stderr.flush()
+            self.bar.close()
 
 
 class _ProgressiveWav:
@@ -154,19 +211,15 @@ class _ProgressiveWav:
 
 
 def _stream_options(args: argparse.Namespace) -> dict[str, Any]:
-    names = (
-        "first_chunk_frames",
-        "stride_frames",
-        "overlap_frames",
-        "holdback_frames",
-        "crossfade_samples",
-    )
-    return {name: getattr(args, name) for name in names if getattr(args, name) is not None}
+    given = {name: getattr(args, name) for name in STREAM_FLAGS if getattr(args, name) is not None}
+    if given and not args.stream:
+        flags = ", ".join("--" + name.replace("_", "-") for name in given)
+        raise InputError(f"{flags} only apply to streaming; add --stream or drop them")
+    return given
 
 
 def _sampling_options(args: argparse.Namespace) -> dict[str, Any]:
-    names = ("temperature", "top_k", "top_p", "repetition_penalty", "language")
-    return {name: getattr(args, name) for name in names if getattr(args, name) is not None}
+    return {name: getattr(args, name) for name in SAMPLING_HELP if getattr(args, name) is not None}
 
 
 def _write_stream(
@@ -196,14 +249,13 @@ def cmd_synth(args: argparse.Namespace) -> int:
         raise InputError("-o - writes raw PCM as it streams; add --stream")
     if not to_stdout:
         check_output_path(args.output)  # fail before any work
+    window = _stream_options(args)
     started = time.perf_counter()
     engine = _load_engine(args)
     loaded = time.perf_counter()
     sampling = _sampling_options(args)
     if args.stream:
-        chunks = engine.stream(
-            text, voice=args.voice, seed=args.seed, **_stream_options(args), **sampling
-        )
+        chunks = engine.stream(text, voice=args.voice, seed=args.seed, **window, **sampling)
         if to_stdout:
             samples, first = _write_stream(chunks, sys.stdout.buffer)
         else:

@@ -123,6 +123,8 @@ class VoiceEncoder:
             raise InputError(f"encoder settings must be JSON-serialisable: {exc}") from exc
 
         self._session = session
+        # The names an encode returns: what an already-encoded voice must carry.
+        self.output_names = tuple(getattr(session, "output_names", ()))
         self._input_name = input_name
         self._frame_outputs = frozenset(frame_outputs)
         self.bundle_identity = bundle_identity

@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
 from onnx_tts.audio import load_audio, save_audio
 from onnx_tts.bundle import resolve_model_dir
-from onnx_tts.errors import InputError, ModelError
+from onnx_tts.decoding import SAMPLING_KEYS, Request, SamplingOptions, check_seed, decode_solo
+from onnx_tts.errors import AudioError, InputError
+from onnx_tts.families import FAMILIES, detect, family_of, load_backend
+from onnx_tts.families.base import Backend, Family, LoadSettings
 from onnx_tts.frontend import check_text
-from onnx_tts.generator import SamplingOptions
 from onnx_tts.refcache import ReferenceCache
 from onnx_tts.session import KV_MODES, SessionOptions
 from onnx_tts.vocoder import StreamingOptions, stream_decode
@@ -22,32 +24,13 @@ from onnx_tts.vocoder import StreamingOptions, stream_decode
 # Pause inserted between sentences that were generated separately.
 SENTENCE_PAUSE_SECONDS = 0.15
 
-VoiceLike = str | os.PathLike[str] | np.ndarray | dict[str, np.ndarray] | None
-
-
-class Backend(Protocol):
-    """What a model family provides to the engine (see families/)."""
-
-    family: str
-    sample_rate: int
-    hop_length: int  # samples per codec frame (streaming windows are counted in frames)
-    kv_mode: str
-    streaming_defaults: dict[str, Any]
-
-    @property
-    def encoder(self) -> Any: ...  # onnx_tts.encoder.VoiceEncoder
-    def info(self) -> dict[str, Any]: ...
-    def default_voice(self) -> dict[str, np.ndarray]: ...
-    def text_chunks(self, text: str) -> list[Any]: ...
-    def sampling(self, **overrides: Any) -> SamplingOptions: ...
-    def generate(
-        self,
-        chunk: Any,
-        voice: dict[str, np.ndarray],
-        sampling: SamplingOptions,
-        should_stop: Callable[[], bool] | None = None,
-    ) -> Iterator[np.ndarray]: ...
-    def vocode(self, frames: np.ndarray, voice: dict[str, np.ndarray]) -> np.ndarray: ...
+VoiceLike = str | os.PathLike[str] | np.ndarray | Mapping[str, np.ndarray] | None
+# Bound on ONNX Runtime threads: far above what helps on any machine, far below what exhausts
+# memory (each thread has its own stack and scratch buffers).
+MAX_THREADS = max(64, 4 * (os.cpu_count() or 1))
+MAX_CACHE_MEMORY_BYTES = 1 << 40
+# An encoded voice given as a dict: at most this many values per array.
+MAX_VOICE_VALUES = 1 << 24
 
 
 @dataclass
@@ -69,9 +52,12 @@ class Audio:
 class Engine:
     """A loaded model plus its reference cache. Thread-safe for concurrent synthesize() calls."""
 
-    def __init__(self, backend: Backend, cache: ReferenceCache | None) -> None:
+    def __init__(
+        self, backend: Backend, cache: ReferenceCache | None, family: Family | None = None
+    ) -> None:
         self.backend = backend
         self.cache = cache
+        self.family = family or FAMILIES[backend.family]
 
     @property
     def sample_rate(self) -> int:
@@ -86,21 +72,49 @@ class Engine:
         an already-encoded dict. Goes through the reference cache."""
         if voice is None:
             return self.backend.default_voice()
-        if isinstance(voice, dict):
-            return voice
+        if isinstance(voice, Mapping):
+            return self._encoded_voice(voice)
         encoder = self.backend.encoder
         if isinstance(voice, np.ndarray):
             audio = voice
-        else:
+        elif isinstance(voice, (str, os.PathLike)):
             audio = load_audio(
                 voice,
                 encoder.sample_rate,
                 min_seconds=encoder.min_seconds,
                 max_seconds=encoder.max_seconds,
             )
+        else:
+            raise InputError(
+                f"voice must be a file path, mono float samples or a dict from Engine.voice(), "
+                f"got {type(voice).__name__}"
+            )
         if self.cache is None:
             return encoder.encode(audio)
         return encoder.encode_cached(audio, self.cache)
+
+    def _encoded_voice(self, voice: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        """An already-encoded voice, checked: the encoder's outputs, numeric, finite."""
+        expected = set(self.backend.encoder.output_names)
+        missing = sorted(expected - set(voice))
+        if missing:
+            raise AudioError(
+                f"encoded voice lacks {', '.join(missing)} (this model's encoder gives "
+                f"{', '.join(sorted(expected))}); pass a file or samples, or a dict that "
+                "Engine.voice() returned for this model"
+            )
+        arrays: dict[str, np.ndarray] = {}
+        for name in sorted(expected):
+            try:
+                array = np.asarray(voice[name])
+            except (TypeError, ValueError):
+                array = np.asarray(None)
+            if array.dtype.kind not in "iuf" or array.size > MAX_VOICE_VALUES:
+                raise AudioError(f"encoded voice value {name!r} is not a numeric array")
+            if array.dtype.kind == "f" and not np.isfinite(array).all():
+                raise AudioError(f"encoded voice value {name!r} holds NaN or infinite numbers")
+            arrays[name] = array
+        return arrays
 
     def cache_stats(self) -> dict[str, Any]:
         return self.cache.stats() if self.cache is not None else {}
@@ -110,18 +124,55 @@ class Engine:
 
     # -- synthesis -----------------------------------------------------------------------------
     def _plan(
-        self, text: str | bytes, seed: int | None, sampling: dict[str, Any]
-    ) -> tuple[list[Any], SamplingOptions]:
+        self, text: str | bytes, seed: int | None, options: Mapping[str, Any]
+    ) -> tuple[list[Any], SamplingOptions, dict[str, Any]]:
+        """Check everything a request gives before any work: text, seed, sampling options and
+        the family's request options (an unknown keyword is an InputError naming the valid
+        ones)."""
         text = check_text(text)
-        options = self.backend.sampling(seed=seed, **sampling)
-        return self.backend.text_chunks(text), options
+        sampling = {k: v for k, v in options.items() if k in SAMPLING_KEYS}
+        family_options = {k: v for k, v in options.items() if k not in SAMPLING_KEYS}
+        request_names = {o.name for o in self.family.options_in("request")}
+        unknown = sorted(set(family_options) - request_names)
+        if unknown:
+            valid = sorted({*SAMPLING_KEYS, "seed", *request_names})
+            raise InputError(
+                f"unknown option(s) {', '.join(unknown)} for the {self.family.name} model; "
+                f"valid: {', '.join(valid)}"
+            )
+        checked = self.backend.request_options(self.family.check_options(family_options, "request"))
+        defaults = self.backend.sampling_defaults()
+        plan = defaults.with_overrides({**sampling, "seed": check_seed(seed)})
+        return self.backend.text_chunks(text, checked), plan, checked
 
-    @staticmethod
-    def _chunk_sampling(options: SamplingOptions, index: int) -> SamplingOptions:
-        # Each sentence gets its own derived seed so results do not depend on chunking order.
-        return (
-            options if options.seed is None else options.with_overrides(seed=options.seed + index)
+    def generate(
+        self,
+        chunk: Any,
+        voice: Mapping[str, np.ndarray],
+        sampling: SamplingOptions | None = None,
+        options: Mapping[str, Any] | None = None,
+        should_stop: Callable[[], bool] | None = None,
+    ) -> Iterator[np.ndarray]:
+        """The LM stage alone: complete frames of one text chunk (an item of the model's
+        `backend.text_chunks()`), for an encoded voice (`voice()`), as they are generated.
+        Closing the iterator stops generation and frees its KV cache."""
+        request = Request(
+            chunk,
+            voice,
+            sampling or self.backend.sampling_defaults(),
+            self.backend.request_options(options or {}),
         )
+        return decode_solo(self.backend.program, self.backend.pool, request, should_stop)
+
+    def _frames(
+        self,
+        chunk: Any,
+        voice: Mapping[str, np.ndarray],
+        sampling: SamplingOptions,
+        options: Mapping[str, Any],
+        index: int,
+    ) -> Iterator[np.ndarray]:
+        return self.generate(chunk, voice, sampling.for_chunk(index), options)
 
     def synthesize(
         self,
@@ -129,22 +180,22 @@ class Engine:
         voice: VoiceLike = None,
         seed: int | None = None,
         progress: Callable[[int, int], None] | None = None,
-        **sampling: Any,
+        **options: Any,
     ) -> Audio:
-        """Speak `text` (in the voice of `voice` when given). Same seed -> same samples."""
-        chunks, options = self._plan(text, seed, sampling)
+        """Speak `text` (in the voice of `voice` when given). Same seed -> same samples.
+
+        `options`: sampling (temperature, top_k, top_p, repetition_penalty) and the model
+        family's request options (e.g. language)."""
+        chunks, sampling, checked = self._plan(text, seed, options)
         prompt = self.voice(voice)
         pause = self._sentence_pause()
         pieces: list[np.ndarray] = []
         for index, chunk in enumerate(chunks):
-            frames = list(
-                self.backend.generate(chunk, prompt, self._chunk_sampling(options, index))
-            )
-            codes = np.stack(frames) if frames else np.zeros((0, 1), np.float32)
+            frames = list(self._frames(chunk, prompt, sampling, checked, index))
             if index:
                 pieces.append(pause)
             if frames:
-                pieces.append(self.backend.vocode(codes, prompt))
+                pieces.append(self.backend.vocode(np.stack(frames), prompt))
             if progress is not None:
                 progress(index + 1, len(chunks))
         samples = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
@@ -158,14 +209,8 @@ class Engine:
     def streaming_options(self, **overrides: int | None) -> StreamingOptions:
         """The model's streaming window defaults (bundle.json "streaming") with overrides
         (None = default), checked: e.g. a stride smaller than the overlap is an InputError."""
-        hop_length = getattr(self.backend, "hop_length", None)  # optional for a family
-        if not hop_length:
-            raise ModelError(
-                f"the {self.backend.family!r} model family does not expose its vocoder hop "
-                "length, so it cannot stream yet; use synthesize() instead"
-            )
         return StreamingOptions.resolve(
-            self.backend.streaming_defaults, int(hop_length), **overrides
+            self.backend.streaming_defaults, int(self.backend.hop_length), **overrides
         )
 
     def stream(
@@ -179,7 +224,7 @@ class Engine:
         overlap_frames: int | None = None,
         holdback_frames: int | None = None,
         crossfade_samples: int | None = None,
-        **sampling: Any,
+        **options: Any,
     ) -> Iterator[np.ndarray]:
         """Speak `text` as float32 chunks at `sample_rate`, yielded as frames are generated.
 
@@ -196,18 +241,19 @@ class Engine:
             holdback_frames=holdback_frames,
             crossfade_samples=crossfade_samples,
         )
-        chunks, options = self._plan(text, seed, sampling)
+        chunks, sampling, checked = self._plan(text, seed, options)
         prompt = self.voice(voice)
-        return self._stream_chunks(chunks, options, prompt, window)
+        return self._stream_chunks(chunks, sampling, checked, prompt, window)
 
     def _stream_chunks(
         self,
         chunks: list[Any],
-        options: SamplingOptions,
-        prompt: dict[str, np.ndarray],
+        sampling: SamplingOptions,
+        options: Mapping[str, Any],
+        prompt: Mapping[str, np.ndarray],
         window: StreamingOptions,
     ) -> Iterator[np.ndarray]:
-        hop_length = int(self.backend.hop_length)  # type: ignore[attr-defined]
+        hop_length = int(self.backend.hop_length)
 
         def vocode(codes: np.ndarray) -> np.ndarray:
             return self.backend.vocode(codes, prompt)
@@ -215,7 +261,7 @@ class Engine:
         for index, chunk in enumerate(chunks):
             if index:
                 yield self._sentence_pause()
-            frames = self.backend.generate(chunk, prompt, self._chunk_sampling(options, index))
+            frames = self._frames(chunk, prompt, sampling, options, index)
             # stream_decode closes `frames` when it is closed: an abandoned stream stops the
             # LM loop and releases its KV cache at once, not at garbage collection.
             pieces = stream_decode(frames, vocode, window, hop_length)
@@ -235,35 +281,34 @@ def load(
     redis_url: str | None = None,
     **family_options: Any,
 ) -> Engine:
-    """Load a model directory (default: the bundled reference voice) into an Engine.
+    """Load a model directory (default: the bundled trained voice) into an Engine.
 
     kv: "copy", "chain" or "inplace" (default: the model's own default).
+    threads: ONNX Runtime intra-op threads (0 = one per core).
     cache_dir: disk tier of the reference cache ("default" = user cache dir, None = off).
+    family_options: the family's load options (`onnx-tts info` lists them), e.g. precision
+    or exaggeration for Chatterbox exports.
     """
-    from onnx_tts.families import CODEC_LM, PHONEME_MEL, detect
-
-    if kv is not None and kv not in KV_MODES:
-        raise InputError(f"unknown KV mode {kv!r}; choose one of {', '.join(KV_MODES)}")
-    if not isinstance(threads, int) or threads < 0:
-        raise InputError(f"threads must be an integer >= 0 (0 = all cores), got {threads!r}")
+    if kv is not None and not isinstance(kv, str):
+        raise InputError(f"kv must be one of {', '.join(KV_MODES)}, got {kv!r}")
+    if not _int_in(threads, 0, MAX_THREADS):
+        raise InputError(
+            f"threads must be an integer in [0, {MAX_THREADS}] (0 = one per core), got {threads!r}"
+        )
+    if isinstance(providers, str) or not all(isinstance(p, str) for p in providers):
+        raise InputError(f"providers must be a sequence of provider names, got {providers!r}")
+    if not _int_in(cache_memory_bytes, 0, MAX_CACHE_MEMORY_BYTES):
+        raise InputError(
+            f"cache_memory_bytes must be an integer in [0, {MAX_CACHE_MEMORY_BYTES}], got "
+            f"{cache_memory_bytes!r}"
+        )
     root = resolve_model_dir(model)
-    options = SessionOptions(providers=tuple(providers), intra_op_threads=threads)
-    family = detect(root)
-    backend: Backend
-    if family == CODEC_LM:
-        from onnx_tts.families.codec_lm import CodecLMModel
-
-        backend = CodecLMModel(root, kv, options, **family_options)
-    elif family == PHONEME_MEL:
-        from onnx_tts.families.phoneme_mel import PhonemeMelModel
-
-        unknown = sorted(k for k, v in family_options.items() if v is not None)
-        if unknown:
-            raise InputError(f"options {unknown} do not apply to the {family!r} model family")
-        backend = PhonemeMelModel(root, kv, options)
-    else:
-        from onnx_tts.families.chatterbox import load_backend
-
-        backend = load_backend(root, family, kv, options, **family_options)
+    detection = detect(root, family_options)
+    session_options = SessionOptions(providers=tuple(providers), intra_op_threads=threads)
+    backend = load_backend(detection, LoadSettings(kv, session_options), family_options)
     cache = ReferenceCache(memory_bytes=cache_memory_bytes, disk_dir=cache_dir, redis_url=redis_url)
-    return Engine(backend, cache)
+    return Engine(backend, cache, family_of(detection))
+
+
+def _int_in(value: Any, low: int, high: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high

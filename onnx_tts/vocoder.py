@@ -1,4 +1,4 @@
-"""Vocoder stage: codec frames -> waveform, one-shot and windowed (streaming).
+"""Vocoder stage, generic part: windowed streaming of any frames -> waveform vocoder.
 
 Streaming decodes overlapping windows of complete frames as they arrive:
 
@@ -22,83 +22,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from onnx_tts.errors import InputError, ModelError
-from onnx_tts.session import Session
-
-
-class Vocoder:
-    """Runs a `codes` [B, F, K] -> `waveform` [B, F * hop] graph."""
-
-    def __init__(
-        self,
-        session: Session,
-        hop_length: int,
-        codebooks: int,
-        codebook_size: int,
-        lookahead_frames: int | None = None,
-    ):
-        self.session = session
-        self.hop_length = hop_length
-        self.codebooks = codebooks
-        self.codebook_size = codebook_size
-        # None = unknown. Only a vocoder known to be causal (0) may have windows right-padded
-        # into one batch: padding after a window cannot change a causal vocoder's output.
-        self.lookahead_frames = lookahead_frames
-
-    def decode(self, codes: np.ndarray) -> np.ndarray:
-        """[F, K] -> [F * hop] or [B, F, K] -> [B, F * hop] float32 samples."""
-        codes = np.asarray(codes, dtype=np.int64)
-        single = codes.ndim == 2
-        batch = codes[None] if single else codes
-        if batch.ndim != 3 or batch.shape[2] != self.codebooks:
-            raise InputError(
-                f"vocoder codes must be [frames, {self.codebooks}] or [batch, frames, "
-                f"{self.codebooks}], got shape {codes.shape}"
-            )
-        if batch.shape[1] == 0:
-            empty = np.zeros((batch.shape[0], 0), np.float32)
-            return empty[0] if single else empty
-        if batch.min() < 0 or batch.max() >= self.codebook_size:
-            raise InputError(
-                f"vocoder codes must be in [0, {self.codebook_size}); special tokens "
-                "(pad/bos/eos) must not reach the vocoder"
-            )
-        waveform = self.session.run({"codes": batch}, ["waveform"])["waveform"]
-        return waveform[0] if single else waveform
-
-    def decode_windows(self, windows: Sequence[np.ndarray]) -> list[np.ndarray]:
-        """Decode several [F_i, K] code windows (e.g. one per stream) in as few calls as shapes
-        allow: windows of equal length share one batched call; a causal vocoder
-        (`lookahead_frames == 0`) also right-pads shorter windows into the same call.
-        Returns one [F_i * hop] waveform per window, in order."""
-        arrays = [np.asarray(window, dtype=np.int64) for window in windows]
-        for index, codes in enumerate(arrays):
-            if codes.ndim != 2 or codes.shape[1] != self.codebooks:
-                raise InputError(
-                    f"window {index}: codes must be [frames, {self.codebooks}], got shape "
-                    f"{codes.shape}"
-                )
-        results: list[np.ndarray] = [np.zeros(0, np.float32) for _ in arrays]
-        pending = [index for index, codes in enumerate(arrays) if len(codes)]
-        groups: dict[int, list[int]] = {}
-        if self.lookahead_frames == 0 and pending:
-            groups[max(len(arrays[index]) for index in pending)] = pending
-        else:
-            for index in pending:
-                groups.setdefault(len(arrays[index]), []).append(index)
-        for length, members in groups.items():
-            batch = np.zeros((len(members), length, self.codebooks), np.int64)
-            for row, index in enumerate(members):
-                batch[row, : len(arrays[index])] = arrays[index]
-            waveforms = self.decode(batch)
-            for row, index in enumerate(members):
-                results[index] = waveforms[row, : len(arrays[index]) * self.hop_length].copy()
-        return results
-
 
 # -- streaming -------------------------------------------------------------------------------
 
@@ -214,7 +142,6 @@ class StreamingDecoder:
         self._tail = np.zeros(0, np.float32)  # last samples before _emitted_frames, unsent
         self._finished = False
         self._done = False
-        self.emitted_samples = 0
 
     @property
     def frames_received(self) -> int:
@@ -302,13 +229,17 @@ class StreamingDecoder:
         if drop > 0:
             del self._frames[:drop]
             self._base += drop
-        chunk = np.concatenate(pieces).astype(np.float32, copy=False)
-        self.emitted_samples += len(chunk)
-        return chunk
+        return np.concatenate(pieces).astype(np.float32, copy=False)
+
+
+class WindowVocoder(Protocol):
+    """A vocoder that decodes several windows of frames in as few runs as it can."""
+
+    def decode_windows(self, windows: Sequence[np.ndarray]) -> list[np.ndarray]: ...
 
 
 def decode_streams(
-    vocoder: Vocoder, decoders: Sequence[StreamingDecoder]
+    vocoder: WindowVocoder, decoders: Sequence[StreamingDecoder]
 ) -> list[np.ndarray | None]:
     """Decode the due window of every stream in one `decode_windows` call.
 

@@ -15,14 +15,15 @@ from tokenizers import Tokenizer
 
 from export import synthetic_chatterbox as synth
 from onnx_tts.errors import ModelError
-from onnx_tts.families import available_precisions, detect
+from onnx_tts.families import detect
 from onnx_tts.families.chatterbox import (
     FAMILY_MULTILINGUAL,
     FAMILY_ORIGINAL,
     FAMILY_TURBO,
+    available_precisions,
     inspect_layout,
-    read_graph_spec,
 )
+from onnx_tts.graph_io import read_graph_spec
 
 ALL = ("fp32", "fp16", "q8", "q4", "q4f16")
 FAMILY_OF = {
@@ -92,13 +93,13 @@ def test_file_names_and_sidecars_match_published_layout(bundles, variant):
     for graph in onnx_dir.glob("*.onnx"):
         model = onnx.load(str(graph), load_external_data=False)
         assert model.ir_version == 10
-        assert read_graph_spec("x", graph).external_data == (graph.name + "_data",)
+        assert read_graph_spec(graph).external_data == (graph.name + "_data",)
 
 
 @pytest.mark.parametrize("variant", synth.VARIANTS)
 def test_graph_io_names(bundles, variant):
     onnx_dir = bundles[variant] / "onnx"
-    encoder = read_graph_spec("speech_encoder", onnx_dir / "speech_encoder.onnx")
+    encoder = read_graph_spec(onnx_dir / "speech_encoder.onnx")
     assert encoder.input_names == ("audio_values",)
     assert encoder.output_names == (
         "audio_features",
@@ -107,13 +108,13 @@ def test_graph_io_names(bundles, variant):
         "speaker_features",
     )
     assert encoder.outputs["audio_tokens"].dtype == np.int64
-    embed = read_graph_spec("embed_tokens", onnx_dir / "embed_tokens.onnx")
+    embed = read_graph_spec(onnx_dir / "embed_tokens.onnx")
     if variant == "turbo":
         assert embed.input_names == ("input_ids",)
     else:
         assert embed.input_names == ("input_ids", "position_ids", "exaggeration")
     assert embed.output_names == ("inputs_embeds",)
-    lm = read_graph_spec("language_model", onnx_dir / "language_model.onnx")
+    lm = read_graph_spec(onnx_dir / "language_model.onnx")
     head = ("inputs_embeds", "attention_mask")
     head += ("position_ids",) if variant != "multilingual" else ()
     kv = tuple(f"past_key_values.{i}.{k}" for i in range(2) for k in ("key", "value"))
@@ -121,7 +122,7 @@ def test_graph_io_names(bundles, variant):
     presents = tuple(f"present.{i}.{k}" for i in range(2) for k in ("key", "value"))
     assert lm.output_names == ("logits", *presents)
     assert lm.outputs["logits"].shape[-1] == (6563 if variant == "turbo" else 8194)
-    decoder = read_graph_spec("conditional_decoder", onnx_dir / "conditional_decoder.onnx")
+    decoder = read_graph_spec(onnx_dir / "conditional_decoder.onnx")
     assert decoder.input_names == ("speech_tokens", "speaker_embeddings", "speaker_features")
     assert decoder.output_names == ("waveform",)
 
@@ -138,11 +139,11 @@ def test_graph_io_names(bundles, variant):
 def test_fp16_variants_declare_the_mixed_dtypes(bundles, variant, embeds, kv, logits, precision):
     layout = inspect_layout(bundles[variant], precision)
     assert layout.lm.embeds_dtype == embeds
-    assert layout.lm.kv_dtype == kv
+    assert layout.lm.kv.dtype == kv
     assert layout.lm.logits_dtype == logits
-    assert layout.dtype_of("embed_tokens", "inputs_embeds") == embeds
+    assert layout.graphs["embed_tokens"].outputs["inputs_embeds"].dtype == embeds
     if variant != "turbo":
-        assert layout.dtype_of("embed_tokens", "exaggeration") == np.float32
+        assert layout.graphs["embed_tokens"].inputs["exaggeration"].dtype == np.float32
 
 
 def test_quantized_variants_use_quantized_kernels(bundles):
@@ -188,7 +189,7 @@ def test_inline_weights_option(tmp_path):
         synth.SyntheticConfig(variant="turbo", precisions=("fp32",), external_data=False), tmp_path
     )
     assert not list((tmp_path / "onnx").glob("*.onnx_data"))
-    assert detect(tmp_path) == FAMILY_TURBO
+    assert detect(tmp_path).family == FAMILY_TURBO
 
 
 def test_cli_rejects_bad_arguments(tmp_path):
@@ -249,18 +250,14 @@ def test_chained_kv_greedy_loop_matches_full_recompute(bundles, name, precision)
     assert layout.family == FAMILY_OF[name.split("-")[0]]
     lm = _session(layout.graphs["language_model"].path)
     embeds_type = _np_type(lm.get_inputs()[0].type)
-    kv_type = layout.lm.kv_dtype.type
+    kv_type = layout.lm.kv.dtype.type
     positions = np.where(ids >= 6561, 0, np.arange(ids.shape[1])[None] - 1).astype(np.int64)
     text_embeds = _embed(embed, layout, ids, positions)
     sequence = [np.concatenate([features, text_embeds.astype(np.float32)], axis=1)]
 
-    empty = np.zeros((1, layout.lm.kv_heads, 0, layout.lm.head_dim), kv_type)
-    past = {
-        name: ort.OrtValue.ortvalue_from_numpy(empty)
-        for pair in layout.lm.past_names
-        for name in pair
-    }
-    pairs = layout.lm.kv_pairs
+    empty = np.zeros((1, layout.lm.kv.kv_heads, 0, layout.lm.kv.head_dim), kv_type)
+    past = {past: ort.OrtValue.ortvalue_from_numpy(empty) for past, _ in layout.lm.kv.pairs}
+    pairs = dict(layout.lm.kv.pairs)
     output_names = [o.name for o in lm.get_outputs()]
     step_logits, generated = [], []
     embeds = sequence[0]
@@ -283,7 +280,7 @@ def test_chained_kv_greedy_loop_matches_full_recompute(bundles, name, precision)
 
     # One uncached run over prefix + the first two generated tokens.
     full = np.concatenate(sequence[:3], axis=1)
-    no_past = {name: empty for pair in layout.lm.past_names for name in pair}
+    no_past = {past: empty for past, _ in layout.lm.kv.pairs}
     logits = lm.run(["logits"], _lm_feeds(layout, full.astype(embeds_type), full.shape[1], no_past))
     full_logits = logits[0][0].astype(np.float32)
     tolerance = 2e-2 if embeds_type is np.float16 or kv_type is np.float16 else 1e-4
@@ -327,8 +324,8 @@ def test_stop_schedule_makes_greedy_decoding_end(tmp_path):
     )
     layout = inspect_layout(tmp_path)
     lm = _session(layout.graphs["language_model"].path)
-    empty = np.zeros((1, layout.lm.kv_heads, 0, layout.lm.head_dim), np.float32)
-    past = {name: empty for pair in layout.lm.past_names for name in pair}
+    empty = np.zeros((1, layout.lm.kv.kv_heads, 0, layout.lm.kv.head_dim), np.float32)
+    past = {past: empty for past, _ in layout.lm.kv.pairs}
     embeds = np.random.default_rng(0).standard_normal((1, 45, 64)).astype(np.float32)
     logits = lm.run(["logits"], _lm_feeds(layout, embeds, 45, past))[0][0]
     winners = logits.argmax(axis=-1)
@@ -341,11 +338,11 @@ def test_stop_schedule_makes_greedy_decoding_end(tmp_path):
 # --------------------------------------------------------------------------------------
 @pytest.mark.parametrize("variant", synth.VARIANTS)
 def test_detect_recognises_each_family(bundles, variant):
-    assert detect(bundles[variant]) == FAMILY_OF[variant]
+    assert detect(bundles[variant]).family == FAMILY_OF[variant]
     assert available_precisions(bundles[variant]) == ["fp32", "q8", "q4", "fp16", "q4f16"]
     layout = inspect_layout(bundles[variant])
     assert layout.precision == "fp32"  # the default
-    assert layout.lm.layers == 2 and layout.lm.kv_heads == 4 and layout.lm.head_dim == 16
+    assert layout.lm.kv.layers == 2 and layout.lm.kv.kv_heads == 4 and layout.lm.kv.head_dim == 16
     assert layout.lm.has_position_ids == (variant != "multilingual")
     assert (len(layout.languages) == 23) == (variant == "multilingual")
 
@@ -364,13 +361,11 @@ def test_detect_flat_directory_and_reference_bundle(small_turbo, tmp_path):
     for item in (small_turbo / "onnx").iterdir():
         shutil.copy(item, flat / item.name)
     shutil.copy(small_turbo / "tokenizer.json", flat / "tokenizer.json")
-    assert detect(flat) == FAMILY_TURBO
+    assert detect(flat).family == FAMILY_TURBO
 
-    reference = tmp_path / "reference"
-    reference.mkdir()
-    (reference / "bundle.json").write_text(json.dumps({"format_version": 1}))
-    assert detect(reference) == "codec-lm"
-    assert available_precisions(reference) == ["fp32"]
+    from onnx_tts.bundle import CODEC_LM_MODEL_DIR
+
+    assert detect(CODEC_LM_MODEL_DIR).family == "codec-lm"
 
 
 def test_default_precision_when_only_quantized_files_exist(tmp_path):
@@ -415,8 +410,8 @@ def test_every_problem_is_reported_in_one_error(small_turbo):
         detect(small_turbo)
     message = str(caught.value)
     assert "missing graph onnx/speech_encoder.onnx" in message
-    assert "language_model.onnx: missing output 'present.1.value'" in message
-    assert message.count("\n  - ") == 2
+    assert "'past_key_values.1.value' has no present output" in message
+    assert "\n" not in message  # one line: the CLI prints errors as one line
 
 
 def test_mismatched_graph_io_is_named(small_turbo):
@@ -437,7 +432,7 @@ def test_kv_dtype_mismatch_is_named(small_turbo):
         if value.name == "past_key_values.1.value":
             value.type.tensor_type.elem_type = onnx.TensorProto.FLOAT16
     onnx.save_model(lm, str(path))
-    with pytest.raises(ModelError, match=r"KV dtype differs.*past_key_values\.1\.value"):
+    with pytest.raises(ModelError, match=r"KV tensors disagree.*past_key_values\.1\.value"):
         detect(small_turbo)
 
 
@@ -523,7 +518,8 @@ def test_abandoned_stream_returns_its_kv_cache(bundles, reference_wav):
     stream = engine.stream(TEXT, voice=reference_wav, first_chunk_frames=4)
     next(stream)
     stream.close()
-    assert [c.length for c in engine.backend._caches[1]] == [0]
+    # The cache went back to the pool (reset) as soon as the stream closed.
+    assert engine.backend.pool.idle_count() == 1
 
 
 @pytest.mark.parametrize(
@@ -535,21 +531,19 @@ def test_generation_matches_the_published_loop(bundles, reference_wav, name):
     engine = _load(bundles[name], "chain")
     backend = engine.backend
     voice = backend.voice_arrays(engine.voice(reference_wav))
-    (chunk,) = backend.text_chunks("Good morning to all of you.")
-    ours = [
-        int(f[0]) for f in backend.generate(chunk, engine.voice(reference_wav), backend.sampling())
-    ]
+    (chunk,) = backend.text_chunks("Good morning to all of you.", {})
+    ours = [int(f[0]) for f in engine.generate(chunk, engine.voice(reference_wav))]
 
     layout = backend.layout
     embed = _session(layout.graphs["embed_tokens"].path)
     lm = _session(layout.graphs["language_model"].path)
-    ids = np.array([backend.token_ids(chunk.text)], np.int64)
+    ids = np.array([backend.token_ids(chunk)], np.int64)
     positions = np.where(ids >= 6561, 0, np.arange(ids.shape[1])[None] - 1)
     embeds = np.concatenate(
         [voice["audio_features"][None], _embed(embed, layout, ids, positions)], axis=1
     )
-    empty = np.zeros((1, layout.lm.kv_heads, 0, layout.lm.head_dim), np.float32)
-    past = {name: empty for pair in layout.lm.past_names for name in pair}
+    empty = np.zeros((1, layout.lm.kv.kv_heads, 0, layout.lm.kv.head_dim), np.float32)
+    past = {past: empty for past, _ in layout.lm.kv.pairs}
     history = [synth.START_SPEECH_TOKEN]
     output_names = [o.name for o in lm.get_outputs()]
     total = embeds.shape[1]
@@ -566,7 +560,7 @@ def test_generation_matches_the_published_loop(bundles, reference_wav, name):
         history.append(token)
         if token == synth.STOP_SPEECH_TOKEN:
             break
-        past = {p: outputs[q] for p, q in layout.lm.kv_pairs.items()}
+        past = {p: outputs[q] for p, q in dict(layout.lm.kv.pairs).items()}
         embeds = _embed(embed, layout, np.array([[token]]), np.array([[step + 1]]))
         total += 1
     assert history[-1] == synth.STOP_SPEECH_TOKEN  # the synthetic stop schedule ended it
@@ -633,15 +627,16 @@ def test_sampling_options_are_applied(bundles, reference_wav):
 def test_bad_options_are_rejected(bundles):
     from onnx_tts.errors import InputError
 
-    with pytest.raises(InputError, match="grows the cache by Concat"):
+    with pytest.raises(InputError, match="grows its cache by Concat"):
         _load(bundles["turbo"], "inplace")
     with pytest.raises(InputError, match="English only"):
         _load(bundles["turbo"], "chain", language="de")
     with pytest.raises(InputError, match="choose one of ar, da, de"):
         _load(bundles["multilingual"], "chain", language="xx")
-    with pytest.raises(InputError, match="no exaggeration control"):
+    # Options outside the family's schema are refused naming the ones it takes.
+    with pytest.raises(InputError, match="takes no option exaggeration; options it takes"):
         _load(bundles["turbo"], "chain", exaggeration=0.7)
-    with pytest.raises(InputError, match="unknown option"):
+    with pytest.raises(InputError, match="takes no option speed"):
         _load(bundles["turbo"], "chain", speed=2.0)
     with pytest.raises(ModelError, match="'q8' is not available"):
         _load(bundles["original-nopos"], "chain", precision="q8")
@@ -670,44 +665,82 @@ def test_vocode_maps_each_token_to_one_hop(bundles, reference_wav):
 # --------------------------------------------------------------------------------------
 # Stop heuristics
 # --------------------------------------------------------------------------------------
+def _fires(rules, tokens: list[int]) -> int | None:
+    """Index of the token at which a one-row StopTracker says stop (None: never)."""
+    from onnx_tts.decoding import StopTracker
+
+    tracker = StopTracker(rules, rows=1)
+    for index, token in enumerate(tokens):
+        if tracker.push(np.zeros(1, np.int64), np.array([token]))[0]:
+            return index
+    return None
+
+
 def test_stop_rules():
-    from onnx_tts.families.chatterbox import StopRules
+    from onnx_tts.decoding import StopRules
 
     rules = StopRules(
-        max_token_repeat=5, max_cycle_tokens=9, max_cycle_period=3, max_silence_tokens=4
+        max_token_repeat=5,
+        max_cycle_tokens=9,
+        max_cycle_period=3,
+        max_silence_tokens=4,
+        silence_tokens=frozenset({4299}),
     )
-    varied = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]
-    assert all(rules.check(varied[:n]) is None for n in range(len(varied) + 1))
-    assert rules.check([1, 2, 7, 7, 7, 7]) is None
-    assert "repeated 5 times" in rules.check([1, 2, 7, 7, 7, 7, 7])
-    assert rules.check([5, 1, 2, 3, 1, 2, 3, 1, 2]) is None  # 8 tokens of cycle: not yet
-    assert "3-token cycle" in rules.check([5, 1, 2, 3, 1, 2, 3, 1, 2, 3])
-    assert rules.check([1, 4299, 4299, 4299]) is None
-    assert "4 silence tokens" in rules.check([1, 4299, 4299, 4299, 4299])
+    assert _fires(rules, list(range(1, 13))) is None
+    assert _fires(rules, [1, 2, 7, 7, 7, 7]) is None
+    assert _fires(rules, [1, 2, 7, 7, 7, 7, 7]) == 6  # the 5th 7 in a row
+    assert _fires(rules, [5, 1, 2, 3, 1, 2, 3, 1, 2]) is None  # 8 tokens of cycle: not yet
+    assert _fires(rules, [5, 1, 2, 3, 1, 2, 3, 1, 2, 3]) == 9  # a 3-token cycle over 9
+    assert _fires(rules, [1, 4299, 4299, 4299]) is None
+    assert _fires(rules, [1, 4299, 4299, 4299, 4299]) == 4  # 4 silence tokens
     off = StopRules(max_token_repeat=0, max_cycle_tokens=0, max_silence_tokens=0)
-    assert off.check([7] * 100) is None and off.check([4299] * 100) is None
+    assert _fires(off, [7] * 100) is None and _fires(off, [4299] * 100) is None
+
+
+def test_stop_rules_track_rows_independently():
+    """Rows of one tracker (batched decoding) never see each other's tokens."""
+    from onnx_tts.decoding import StopRules, StopTracker
+
+    rules = StopRules(max_token_repeat=3, max_cycle_tokens=0, max_silence_tokens=0)
+    tracker = StopTracker(rules, rows=3)
+    rows = np.array([0, 2])
+    assert not tracker.push(rows, np.array([7, 7])).any()
+    assert not tracker.push(rows, np.array([7, 8])).any()
+    assert tracker.push(rows, np.array([7, 8])).tolist() == [True, False]
+    tracker.reset(0)  # a new request in row 0 starts with a clean history
+    assert not tracker.push(np.array([0]), np.array([7])).any()
+
+
+def test_stop_rules_refuse_bad_values():
+    from onnx_tts.decoding import StopRules
+    from onnx_tts.errors import InputError
+
+    with pytest.raises(InputError, match="max_token_repeat"):
+        StopRules(max_token_repeat=-1).checked()
+    with pytest.raises(InputError, match="integer"):
+        StopRules(max_cycle_tokens=2.5).checked()
 
 
 def test_stop_rules_end_a_runaway_generation(bundles, reference_wav):
     """With the stop schedule far away, a strict rule ends generation early."""
-    from onnx_tts.families.chatterbox import StopRules
-
     engine = _load(bundles["turbo"], "chain", max_new_tokens=400)
-    backend = engine.backend
-    (chunk,) = backend.text_chunks("Wait for it.")
+    (chunk,) = engine.backend.text_chunks("Wait for it.", {})
     voice = engine.voice(reference_wav)
-    free = list(backend.generate(chunk, voice, backend.sampling(repetition_penalty=1.0)))
-    tokens = [int(f[0]) for f in free]
-    strict = StopRules(max_token_repeat=2, max_cycle_tokens=0, max_silence_tokens=0)
+    greedy = engine.backend.sampling_defaults().with_overrides({"repetition_penalty": 1.0})
+    tokens = [int(f[0]) for f in engine.generate(chunk, voice, greedy)]
     # Find where the unpenalised greedy run first repeats a token, if it does at all.
     repeats = [i for i in range(1, len(tokens)) if tokens[i] == tokens[i - 1]]
-    engine_strict = _load(bundles["turbo"], "chain", stop_rules=strict)
-    cut = list(
-        engine_strict.backend.generate(chunk, voice, backend.sampling(repetition_penalty=1.0))
+    strict = _load(
+        bundles["turbo"],
+        "chain",
+        max_new_tokens=400,
+        max_token_repeat=2,
+        max_cycle_tokens=0,
+        max_silence_tokens=0,
     )
+    cut = [int(f[0]) for f in strict.generate(chunk, voice, greedy)]
     expected = repeats[0] + 1 if repeats else len(tokens)
-    assert len(cut) == expected
-    assert [int(f[0]) for f in cut] == tokens[:expected]
+    assert cut == tokens[:expected]
 
 
 def test_tokenizer_without_the_onnx_template_is_wrapped(bundles, tmp_path):

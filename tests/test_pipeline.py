@@ -17,10 +17,10 @@ import onnx_tts
 from onnx_tts.audio import check_output_path
 from onnx_tts.bundle import CODEC_LM_MODEL_DIR
 from onnx_tts.cli import main
+from onnx_tts.decoding import RowSampler, SamplingOptions
 from onnx_tts.errors import InputError, ModelError, OutputError
-from onnx_tts.families.codec_lm import CodecLMModel
+from onnx_tts.families.codec_lm import DelayPattern
 from onnx_tts.frontend import normalize_text, split_sentences
-from onnx_tts.generator import DelayPattern, DelayState, Sampler, SamplingOptions
 from tests.conftest import speechlike
 
 TEXT = "Hello there. The quick brown fox jumps over the lazy dog."
@@ -56,12 +56,12 @@ def test_same_seed_same_audio_other_seed_other_audio(codec_lm_engine: onnx_tts.E
 def test_duration_is_plausible_for_the_text(codec_lm_engine: onnx_tts.Engine) -> None:
     model = codec_lm_engine.backend
     for text in ("Hi.", TEXT):
-        chunks = model.text_chunks(text)
+        chunks = model.text_chunks(text, {})
         audio = codec_lm_engine.synthesize(text, seed=1)
         frames = audio.samples.shape[0] // model.hop_length
         pause_frames = (len(chunks) - 1) * 0.15 * 50
-        low = sum(model.limits(c).min_frames for c in chunks)
-        high = sum(model.limits(c).max_frames for c in chunks) + pause_frames + 1
+        low = sum(model.frame_limits(len(c))[0] for c in chunks)
+        high = sum(model.frame_limits(len(c))[1] for c in chunks) + pause_frames + 1
         assert low <= frames <= high, (text, frames, low, high)
     short = codec_lm_engine.synthesize("Hi.", seed=1).duration
     long = codec_lm_engine.synthesize(TEXT * 2, seed=1).duration
@@ -98,13 +98,13 @@ def test_voice_at_another_rate_is_resampled(codec_lm_engine: onnx_tts.Engine, tm
 
 
 def test_concat_lm_runs_in_copy_and_chain_and_refuses_inplace() -> None:
-    copy = onnx_tts.Engine(CodecLMModel(CODEC_LM_MODEL_DIR, "copy", lm_graph="lm_concat"), None)
-    chain = onnx_tts.Engine(CodecLMModel(CODEC_LM_MODEL_DIR, "chain", lm_graph="lm_concat"), None)
+    copy = onnx_tts.load(CODEC_LM_MODEL_DIR, kv="copy", lm_graph="lm_concat", cache_dir=None)
+    chain = onnx_tts.load(CODEC_LM_MODEL_DIR, kv="chain", lm_graph="lm_concat", cache_dir=None)
     a = copy.synthesize("Concat graphs too.", seed=2)
     b = chain.synthesize("Concat graphs too.", seed=2)
     np.testing.assert_array_equal(a.samples, b.samples)
     with pytest.raises(InputError, match="GroupQueryAttention"):
-        CodecLMModel(CODEC_LM_MODEL_DIR, "inplace", lm_graph="lm_concat")
+        onnx_tts.load(CODEC_LM_MODEL_DIR, kv="inplace", lm_graph="lm_concat", cache_dir=None)
 
 
 def test_audio_save_is_atomic(
@@ -146,57 +146,116 @@ def test_split_sentences_bounds_chunk_length() -> None:
     assert " ".join(chunks).replace(" ", "") == text.replace(" ", "")
 
 
+def sample_one(options: SamplingOptions, logits: np.ndarray) -> int:
+    sampler = RowSampler(1)
+    sampler.assign(0, options.checked())
+    return int(sampler.sample(np.zeros(1, np.int64), logits[None])[0])
+
+
 def test_sampler_greedy_topk_and_seed() -> None:
     logits = np.array([0.1, 2.0, 1.9, -1.0], np.float32)
-    assert Sampler(SamplingOptions(temperature=0)).sample(logits) == 1
-    assert {Sampler(SamplingOptions(top_k=1, seed=s)).sample(logits) for s in range(20)} == {1}
-    draws = [Sampler(SamplingOptions(seed=11, top_k=0, top_p=1.0)).sample(logits) for _ in range(3)]
+    assert sample_one(SamplingOptions(temperature=0), logits) == 1
+    assert {sample_one(SamplingOptions(top_k=1, seed=s), logits) for s in range(20)} == {1}
+    draws = [sample_one(SamplingOptions(seed=11, top_k=0, top_p=1.0), logits) for _ in range(3)]
     assert len(set(draws)) == 1
     spread = {
-        Sampler(SamplingOptions(seed=s, temperature=2.0, top_k=0, top_p=1.0)).sample(logits)
+        sample_one(SamplingOptions(seed=s, temperature=2.0, top_k=0, top_p=1.0), logits)
         for s in range(50)
     }
     assert len(spread) > 2
 
 
+def test_rows_with_different_options_sample_as_if_alone() -> None:
+    """One vectorised call over rows with different temperature/top-k/top-p/seed gives each row
+    exactly what it gets alone: a row's draw never depends on its batch neighbours."""
+    rng = np.random.default_rng(0)
+    logits = rng.standard_normal((4, 3, 50)).astype(np.float32)
+    options = [
+        SamplingOptions(temperature=0.0, seed=1),
+        SamplingOptions(temperature=0.7, top_k=5, top_p=1.0, seed=2),
+        SamplingOptions(temperature=1.3, top_k=0, top_p=0.8, seed=3),
+        SamplingOptions(temperature=1.0, top_k=10, top_p=0.9, seed=4),
+    ]
+    together = RowSampler(4)
+    for row, option in enumerate(options):
+        together.assign(row, option)
+    rows = np.array([2, 0, 3, 1])
+    batched = together.sample(rows, logits[rows])
+    for position, row in enumerate(rows):
+        alone = RowSampler(1)
+        alone.assign(0, options[row])
+        expected = alone.sample(np.zeros(1, np.int64), logits[row][None])[0]
+        np.testing.assert_array_equal(batched[position], expected)
+
+
 def test_repetition_penalty_lowers_seen_tokens() -> None:
-    sampler = Sampler(SamplingOptions(repetition_penalty=2.0))
-    out = sampler.penalize(np.array([4.0, -1.0, 3.0], np.float32), np.array([True, True, False]))
-    np.testing.assert_allclose(out, [2.0, -2.0, 3.0])
+    sampler = RowSampler(1)
+    sampler.assign(0, SamplingOptions(repetition_penalty=2.0))
+    out = sampler.penalize(
+        np.zeros(1, np.int64),
+        np.array([[4.0, -1.0, 3.0]], np.float32),
+        np.array([[True, True, False]]),
+    )
+    np.testing.assert_allclose(out, [[2.0, -2.0, 3.0]])
 
 
-@pytest.mark.parametrize("bad", [{"temperature": -1}, {"top_p": 0}, {"top_k": -2}, {"seed": -5}])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"temperature": -1},
+        {"top_p": 0},
+        {"top_k": -2},
+        {"seed": -5},
+        {"seed": 1.5},
+        {"seed": "7"},
+        {"temperature": "hot"},
+        {"top_k": 1.5},
+        {"temperature": float("nan")},
+        {"seed": True},
+    ],
+)
 def test_bad_sampling_options(bad: dict) -> None:
     with pytest.raises(InputError):
         SamplingOptions(**bad).checked()
 
 
+def test_largest_seed_works_for_every_sentence(codec_lm_engine: onnx_tts.Engine) -> None:
+    """Sentence i uses seed + i: the largest valid seed must not fail on sentence 2."""
+    audio = codec_lm_engine.synthesize("One. Two. Three.", seed=2**63 - 1)
+    assert audio.duration > 0.3
+    with pytest.raises(InputError, match="seed"):
+        codec_lm_engine.synthesize("One.", seed=2**63)
+
+
 def test_delay_pattern_assembles_whole_frames_only() -> None:
     k, pad, eos = 3, 90, 92
-    pattern = DelayPattern(k, pad, eos)
+    pattern = DelayPattern(2, k, pad, eos)
+    rows = np.array([1])
     frames_out: list[np.ndarray] = []
-    states = []
+    forced_rows = []
     # Frames f carry value 10*f + codebook; EOS after 4 frames.
-    row = 0
-    while pattern.state is not DelayState.FINISHED:
-        states.append(pattern.state)
-        values = []
-        for codebook in range(k):
-            forced = pattern.forced(codebook)
-            if forced is not None:
-                values.append(forced)
-            elif codebook == 0 and row == 4:
-                values.append(eos)
-            else:
-                values.append(10 * (row - codebook) + codebook)
-        frames_out += pattern.push(np.array(values))
-        row += 1
-    assert row == 4 + k - 1
-    assert states[0] is DelayState.DELAY and DelayState.ACTIVE in states
-    assert states[-1] is DelayState.WIND_DOWN
+    step = 0
+    while not pattern.finished(rows)[0]:
+        forced = pattern.forced(rows)[0]
+        forced_rows.append(forced)
+        values = [
+            int(forced[c])
+            if forced[c] >= 0
+            else (eos if c == 0 and step == 4 else 10 * (step - c) + c)
+            for c in range(k)
+        ]
+        frames, completed = pattern.push(rows, np.array([values]))
+        if completed[0]:
+            frames_out.append(frames[0])
+        step += 1
+    assert step == 4 + k - 1
+    # The first rows pad the lagging codebooks; the last ones pad codebook 0 after its EOS.
+    assert list(forced_rows[0]) == [-1, pad, pad] and list(forced_rows[1]) == [-1, -1, pad]
+    assert list(forced_rows[-1]) == [pad, pad, -1]
     np.testing.assert_array_equal(
         np.stack(frames_out), [[10 * f + c for c in range(k)] for f in range(4)]
     )
+    assert pattern.step[0] == 0  # the other row was never touched
 
 
 # -- bundle validation ---------------------------------------------------------------------------
@@ -413,8 +472,9 @@ def test_cli_raw_stdout_needs_stream(capsys: pytest.CaptureFixture[str]) -> None
 
 def test_top_p_keeps_the_smallest_prefix_reaching_p() -> None:
     logits = np.log(np.array([[0.5, 0.3, 0.15, 0.05]] * 400))
-    sampler = Sampler(SamplingOptions(temperature=1.0, top_k=0, top_p=0.6, seed=0))
-    tokens = sampler.sample_rows(logits)
+    sampler = RowSampler(1)
+    sampler.assign(0, SamplingOptions(temperature=1.0, top_k=0, top_p=0.6, seed=0))
+    tokens = sampler.sample(np.zeros(len(logits), np.int64), logits)
     assert set(tokens.tolist()) == {0, 1}  # 0.5 < 0.6, so token 1 (crossing) is kept, 2-3 not
     share = (tokens == 0).mean()
     assert 0.55 < share < 0.70  # renormalised: 0.5 / 0.8 = 0.625

@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 
 from onnx_tts.errors import InputError, ModelError
+from onnx_tts.families.codec_lm import CodecVocoder as Vocoder
 from onnx_tts.vocoder import (
     StreamingDecoder,
     StreamingOptions,
-    Vocoder,
     decode_streams,
     stream_decode,
 )
@@ -319,7 +319,7 @@ def test_bad_window_options_are_rejected_before_any_work(
     def no_generation(*args: Any, **kwargs: Any) -> Iterator[np.ndarray]:
         raise AssertionError("generation must not start with bad options")
 
-    monkeypatch.setattr(codec_lm_engine.backend, "generate", no_generation)
+    monkeypatch.setattr(codec_lm_engine, "generate", no_generation)
     with pytest.raises(InputError, match=message):
         codec_lm_engine.stream(ONE_SENTENCE, seed=1, **overrides)  # not even iterated
 
@@ -395,15 +395,16 @@ def test_short_overlap_is_close_and_click_free(
 
 
 class FrameCounter:
-    """Wraps backend.generate: counts frames produced and LM steps taken."""
+    """Wraps engine.generate (the LM stage): counts frames produced and LM steps taken."""
 
-    def __init__(self, backend: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    def __init__(self, engine: Any, monkeypatch: pytest.MonkeyPatch) -> None:
         self.produced: list[np.ndarray] = []
         self.frames = 0
         self.steps = 0
         self.closed = 0
-        original_generate = backend.generate
-        original_sample_row = backend.generator._sample_row
+        original_generate = engine.generate
+        program = engine.backend.program
+        original_consume = program.consume
 
         def generate(*args: Any, **kwargs: Any) -> Iterator[np.ndarray]:
             try:
@@ -414,19 +415,19 @@ class FrameCounter:
             finally:
                 self.closed += 1
 
-        def sample_row(*args: Any, **kwargs: Any) -> np.ndarray:
+        def consume(*args: Any, **kwargs: Any) -> Any:
             self.steps += 1
-            return original_sample_row(*args, **kwargs)
+            return original_consume(*args, **kwargs)
 
-        monkeypatch.setattr(backend, "generate", generate)
-        monkeypatch.setattr(backend.generator, "_sample_row", sample_row)
+        monkeypatch.setattr(engine, "generate", generate)
+        monkeypatch.setattr(program, "consume", consume)
 
 
 @pytest.mark.parametrize("first_chunk_frames", [4, 8, 15])
 def test_first_chunk_comes_after_first_chunk_frames(
     codec_lm_engine, monkeypatch, first_chunk_frames: int
 ) -> None:
-    counter = FrameCounter(codec_lm_engine.backend, monkeypatch)
+    counter = FrameCounter(codec_lm_engine, monkeypatch)
     stream = codec_lm_engine.stream(ONE_SENTENCE, seed=2, first_chunk_frames=first_chunk_frames)
     first = next(stream)
     assert counter.frames == first_chunk_frames
@@ -443,7 +444,7 @@ def test_first_chunk_comes_after_first_chunk_frames(
 
 def test_only_complete_generated_frames_reach_the_vocoder(codec_lm_engine, monkeypatch) -> None:
     backend = codec_lm_engine.backend
-    counter = FrameCounter(backend, monkeypatch)
+    counter = FrameCounter(codec_lm_engine, monkeypatch)
     original_vocode = backend.vocode
     windows: list[tuple[np.ndarray, int]] = []
 
@@ -467,7 +468,7 @@ def test_only_complete_generated_frames_reach_the_vocoder(codec_lm_engine, monke
 
 
 def test_text_shorter_than_one_window(codec_lm_engine, monkeypatch) -> None:
-    counter = FrameCounter(codec_lm_engine.backend, monkeypatch)
+    counter = FrameCounter(codec_lm_engine, monkeypatch)
     chunks = list(codec_lm_engine.stream("Hi.", seed=4, first_chunk_frames=400))
     assert counter.frames < 400
     assert len(chunks) == 1
@@ -478,22 +479,22 @@ def test_text_shorter_than_one_window(codec_lm_engine, monkeypatch) -> None:
 def test_cancelled_stream_stops_generation_and_frees_the_kv_cache(
     codec_lm_engine, monkeypatch
 ) -> None:
-    pool = codec_lm_engine.backend.generator.pool
-    counter = FrameCounter(codec_lm_engine.backend, monkeypatch)
+    pool = codec_lm_engine.backend.pool
+    counter = FrameCounter(codec_lm_engine, monkeypatch)
     list(codec_lm_engine.stream(ONE_SENTENCE, seed=6))
     full_steps = counter.steps
-    idle_before = len(pool._idle)
+    idle_before = pool.idle_count()
     assert idle_before >= 1  # the finished stream gave its cache back
 
     counter.steps = counter.frames = 0
     stream = codec_lm_engine.stream(ONE_SENTENCE, seed=6)
     next(stream)
     next(stream)
-    assert len(pool._idle) == idle_before - 1  # the running stream holds a cache
+    assert pool.idle_count() == idle_before - 1  # the running stream holds a cache
     steps_at_cancel = counter.steps
     stream.close()
     assert counter.closed >= 1
-    assert len(pool._idle) == idle_before  # returned at close, not at garbage collection
+    assert pool.idle_count() == idle_before  # returned at close, not at garbage collection
     with pytest.raises(StopIteration):
         next(stream)
     assert counter.steps == steps_at_cancel < full_steps / 2
@@ -503,7 +504,7 @@ def test_cancelled_stream_stops_generation_and_frees_the_kv_cache(
     for _ in stream:
         break
     stream.close()
-    assert len(pool._idle) == idle_before
+    assert pool.idle_count() == idle_before
 
 
 def test_bad_text_is_rejected_by_stream(codec_lm_engine) -> None:

@@ -1,56 +1,102 @@
-"""Model-directory detection: the project's own bundles (bundle.json: the "codec-lm" bundle
-and the "phoneme-mel" trained voice) and third-party layouts recognised from file names and
-graph I/O (Chatterbox Turbo / original / multilingual)."""
+"""The family registry: one place that maps a family name to its detection, options, manifest
+sections and loader. `onnx_tts.load()` and the CLI ask it; adding a family is adding one
+module with a `Family` entry and listing it in `FAMILIES` below.
+
+Detection reads each thing once: a directory with `bundle.json` is parsed and checked as the
+family its manifest names; any other directory is offered to the layout detectors of
+third-party exports (Chatterbox), which read its graph specs. The loader gets what detection
+read.
+"""
 
 from __future__ import annotations
 
-import json
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
+from onnx_tts.bundle import MANIFEST, Bundle
 from onnx_tts.errors import ModelError
-from onnx_tts.families import chatterbox
+from onnx_tts.families import chatterbox, codec_lm, phoneme_mel
+from onnx_tts.families.base import Backend, Detection, Family, LoadSettings, Option
 
-CODEC_LM = "codec-lm"
-PHONEME_MEL = "phoneme-mel"
-FAMILIES = (CODEC_LM, PHONEME_MEL, *chatterbox.FAMILIES)
+FAMILIES: dict[str, Family] = {
+    family.name: family
+    for family in (
+        codec_lm.REGISTRY_ENTRY,
+        phoneme_mel.REGISTRY_ENTRY,
+        *chatterbox.REGISTRY_ENTRIES,
+    )
+}
+# Recognisers of model directories that carry no bundle.json, tried in order.
+LAYOUT_DETECTORS: tuple[Callable[[Path, Mapping[str, Any]], Detection | None], ...] = (
+    chatterbox.detect,
+)
 
 
-def detect(model_dir: Path | str) -> str:
-    """Family name of `model_dir`: a bundle.json's "family" ("codec-lm" when absent), else one of
-    "chatterbox-turbo", "chatterbox", "chatterbox-multilingual". Raises ModelError naming the
-    missing or mismatched files/tensors when the directory is none of these."""
-    model_dir = Path(model_dir)
-    if not model_dir.is_dir():
+def detect(model_dir: Path | str, options: Mapping[str, Any] | None = None) -> Detection:
+    """What `model_dir` holds. `options` are the load options (a layout detector may need one,
+    e.g. the precision whose files it should inspect). Raises ModelError saying what is
+    missing or mismatched when the directory is no model this onnx-tts runs."""
+    root = Path(model_dir)
+    if not root.is_dir():
         raise ModelError(
-            f"model directory {model_dir} does not exist or is not a directory; pass --model "
+            f"model directory {root} does not exist or is not a directory; pass --model "
             "a directory holding bundle.json or a Chatterbox ONNX download"
         )
-    manifest = model_dir / "bundle.json"
-    if manifest.is_file():
-        try:
-            family = json.loads(manifest.read_text(encoding="utf-8")).get("family", CODEC_LM)
-        except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
-            family = CODEC_LM  # Bundle.load reports what is wrong with the file
-        return family if family == PHONEME_MEL else CODEC_LM
-    if (
-        not chatterbox.looks_like_chatterbox(model_dir)
-        and not (model_dir / "tokenizer.json").is_file()
-    ):
-        raise ModelError(
-            f"{model_dir} is not a model directory: it has no bundle.json and no Chatterbox "
-            "graphs (onnx/language_model*.onnx, ...). Point --model at an onnx-tts bundle or a "
-            "Chatterbox ONNX download."
-        )
-    return chatterbox.detect_family(model_dir)
+    if (root / MANIFEST).is_file():
+        bundle = Bundle.read(root)
+        family = FAMILIES.get(bundle.family)
+        if family is None or family.manifest_sections is None:
+            bundled = ", ".join(n for n, f in FAMILIES.items() if f.manifest_sections)
+            raise ModelError(
+                f"{root / MANIFEST}: family {bundle.family!r} is not one this onnx-tts runs "
+                f"({bundled}); upgrade onnx-tts or re-export the bundle"
+            )
+        bundle.validate(family.manifest_sections)
+        return Detection(family.name, root, bundle)
+    for detector in LAYOUT_DETECTORS:
+        detection = detector(root, options or {})
+        if detection is not None:
+            return detection
+    raise ModelError(
+        f"{root} is not a model directory: it has no bundle.json and no Chatterbox graphs "
+        "(onnx/language_model*.onnx, ...). Point --model at an onnx-tts bundle or a "
+        "Chatterbox ONNX download."
+    )
 
 
-def available_precisions(model_dir: Path | str) -> list[str]:
-    """Precision variants present in `model_dir`, in default-choice order. A bundle.json
-    directory has exactly one ("fp32")."""
-    model_dir = Path(model_dir)
-    if (model_dir / "bundle.json").is_file():
-        return ["fp32"]
-    return chatterbox.available_precisions(model_dir)
+def family_of(detection: Detection) -> Family:
+    return FAMILIES[detection.family]
 
 
-__all__ = ["CODEC_LM", "FAMILIES", "PHONEME_MEL", "available_precisions", "detect"]
+def load_backend(
+    detection: Detection, settings: LoadSettings, options: Mapping[str, Any]
+) -> Backend:
+    """Load what `detection` found; options the family does not take are an InputError
+    naming the ones it does."""
+    family = family_of(detection)
+    return family.loader(detection, settings, family.check_options(options, "load"))
+
+
+def all_options() -> dict[str, Option]:
+    """Every family option by name (the CLI makes one flag of each)."""
+    options: dict[str, Option] = {}
+    for family in FAMILIES.values():
+        for option in family.options:
+            options.setdefault(option.name, option)
+    return options
+
+
+__all__ = [
+    "FAMILIES",
+    "LAYOUT_DETECTORS",
+    "Backend",
+    "Detection",
+    "Family",
+    "LoadSettings",
+    "Option",
+    "all_options",
+    "detect",
+    "family_of",
+    "load_backend",
+]

@@ -1,94 +1,314 @@
-"""The project's own bundles (`bundle.json`): encoder + embed + codec LM + causal vocoder."""
+"""The "codec-lm" family (`bundle.json` with "family": "codec-lm"): a text + audio-code LM over
+K codebooks in a delay pattern, an encoder giving prompt codes and a speaker embedding, and a
+causal codes -> waveform vocoder. The project's random-weight bundle in onnx_tts/models/codec-lm
+is one; docs/ARCHITECTURE.md pins its graph I/O."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from onnx_tts.bundle import Bundle
+from onnx_tts.decoding import (
+    Admission,
+    CapacityPolicy,
+    DecodeProgram,
+    KVPool,
+    Request,
+    RowSampler,
+    SamplingOptions,
+    StepOutput,
+    resolve_kv_mode,
+)
 from onnx_tts.encoder import VoiceEncoder
-from onnx_tts.errors import InputError, ModelError
+from onnx_tts.errors import AudioError, InputError, ModelError
+from onnx_tts.families.base import Detection, Family, LoadSettings, Option
 from onnx_tts.frontend import TextTokenizer, normalize_text, split_sentences
-from onnx_tts.generator import CodecLMGenerator, KVPool, LengthLimits, SamplingOptions
-from onnx_tts.graph_io import check_graph_io
-from onnx_tts.session import Session, SessionOptions, describe_graphs
-from onnx_tts.vocoder import Vocoder
+from onnx_tts.graph_io import check_graph_io, kv_layout
+from onnx_tts.session import Session, describe_graphs
+
+FAMILY = "codec-lm"
+SECTIONS = ("graphs", "kv", "codec", "text", "sampling", "streaming", "vocoder")
+GRAPH_ROLES = ("encoder", "embed", "vocoder")
+LM_GRAPHS = ("lm", "lm_concat")  # the GQA graph, and the same weights with a Concat cache
 
 
-class CodecLMModel:
-    """Backend for a `bundle.json` directory (see docs/ARCHITECTURE.md)."""
-
-    family = "codec-lm"
+class CodecVocoder:
+    """Runs a `codes` [B, F, K] -> `waveform` [B, F * hop] graph."""
 
     def __init__(
         self,
-        root: Path,
-        kv_mode: str | None = None,
-        options: SessionOptions | None = None,
-        lm_graph: str = "lm",
-    ) -> None:
-        self.bundle = Bundle.load(root)
-        options = options or SessionOptions()
-        manifest = self.bundle.manifest
-        kv, codec = manifest["kv"], manifest["codec"]
-        self.kv_mode = kv_mode or kv.get("default_mode", "chain")
-        if self.kv_mode == "inplace" and (kv.get("attention") != "gqa" or lm_graph != "lm"):
-            raise InputError(
-                "KV mode 'inplace' needs a GroupQueryAttention LM; this graph grows its cache by "
-                "Concat, use --kv chain"
-            )
-        self.codebooks = int(codec["codebooks"])
-        self.codebook_size = int(codec["codebook_size"])
-        self.hop_length = int(codec["hop_length"])
-        self.sample_rate = self.bundle.sample_rate
-        self.sampling_defaults = dict(manifest["sampling"])
-        self.streaming_defaults = dict(manifest["streaming"])
-        self.text_settings = dict(manifest["text"])
-        self.encoder_settings = dict(manifest.get("encoder", {}))
+        session: Session,
+        hop_length: int,
+        codebooks: int,
+        codebook_size: int,
+        lookahead_frames: int | None = None,
+    ):
+        self.session = session
+        self.hop_length = hop_length
+        self.codebooks = codebooks
+        self.codebook_size = codebook_size
+        # None = unknown. Only a vocoder known to be causal (0) may have windows right-padded
+        # into one batch: padding after a window cannot change a causal vocoder's output.
+        self.lookahead_frames = lookahead_frames
 
-        sessions = {
-            role: Session(self.bundle.graph_path(role), options)
-            for role in ("encoder", "embed", lm_graph, "vocoder")
+    def decode(self, codes: np.ndarray) -> np.ndarray:
+        """[F, K] -> [F * hop] or [B, F, K] -> [B, F * hop] float32 samples."""
+        codes = np.asarray(codes, dtype=np.int64)
+        single = codes.ndim == 2
+        batch = codes[None] if single else codes
+        if batch.ndim != 3 or batch.shape[2] != self.codebooks:
+            raise InputError(
+                f"vocoder codes must be [frames, {self.codebooks}] or [batch, frames, "
+                f"{self.codebooks}], got shape {codes.shape}"
+            )
+        if batch.shape[1] == 0:
+            empty = np.zeros((batch.shape[0], 0), np.float32)
+            return empty[0] if single else empty
+        if batch.min() < 0 or batch.max() >= self.codebook_size:
+            raise InputError(
+                f"vocoder codes must be in [0, {self.codebook_size}); special tokens "
+                "(pad/bos/eos) must not reach the vocoder"
+            )
+        waveform = self.session.run({"codes": batch}, ["waveform"])["waveform"]
+        return waveform[0] if single else waveform
+
+    def decode_windows(self, windows: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """Decode several [F_i, K] code windows (e.g. one per stream) in as few calls as shapes
+        allow: windows of equal length share one batched call; a causal vocoder
+        (`lookahead_frames == 0`) also right-pads shorter windows into the same call.
+        Returns one [F_i * hop] waveform per window, in order."""
+        arrays = [np.asarray(window, dtype=np.int64) for window in windows]
+        for index, codes in enumerate(arrays):
+            if codes.ndim != 2 or codes.shape[1] != self.codebooks:
+                raise InputError(
+                    f"window {index}: codes must be [frames, {self.codebooks}], got shape "
+                    f"{codes.shape}"
+                )
+        results: list[np.ndarray] = [np.zeros(0, np.float32) for _ in arrays]
+        pending = [index for index, codes in enumerate(arrays) if len(codes)]
+        groups: dict[int, list[int]] = {}
+        if self.lookahead_frames == 0 and pending:
+            groups[max(len(arrays[index]) for index in pending)] = pending
+        else:
+            for index in pending:
+                groups.setdefault(len(arrays[index]), []).append(index)
+        for length, members in groups.items():
+            batch = np.zeros((len(members), length, self.codebooks), np.int64)
+            for row, index in enumerate(members):
+                batch[row, : len(arrays[index])] = arrays[index]
+            waveforms = self.decode(batch)
+            for row, index in enumerate(members):
+                results[index] = waveforms[row, : len(arrays[index]) * self.hop_length].copy()
+        return results
+
+
+class DelayPattern:
+    """The delay pattern of up to `rows` sequences: codebook k lags k frames, so step t holds
+    frame t - k for codebook k (pad before the first frame and after the last). One sampled
+    row per sequence and step goes in; complete frames come out in order, never a partial one.
+    """
+
+    def __init__(self, rows: int, codebooks: int, pad_id: int, eos_id: int) -> None:
+        self.codebooks, self.pad_id, self.eos_id = codebooks, pad_id, eos_id
+        self.step = np.zeros(rows, np.int64)  # the step whose row is sampled next
+        self.end = np.full(rows, -1, np.int64)  # frame count, known once codebook 0 sends EOS
+        self.history = np.zeros((rows, codebooks, codebooks), np.int64)  # last K rows, by t % K
+
+    def reset(self, row: int) -> None:
+        self.step[row], self.end[row] = 0, -1
+
+    def forced(self, rows: np.ndarray) -> np.ndarray:
+        """[len(rows), K]: the token each codebook must hold at its current step, -1 where it
+        is sampled."""
+        frame = self.step[rows, None] - np.arange(self.codebooks)[None, :]
+        end = self.end[rows, None]
+        ended = (end >= 0) & (frame >= end)
+        eos = ended & (frame == end) & (np.arange(self.codebooks) == 0)[None, :]
+        out = np.full(frame.shape, -1, np.int64)
+        out[(frame < 0) | ended] = self.pad_id
+        out[eos] = self.eos_id
+        return out
+
+    def push(self, rows: np.ndarray, codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Record one row of codes [len(rows), K] per sequence. Returns (frames [len(rows), K],
+        completed [len(rows)] bool): the frame each sequence completed at this step, if any."""
+        k = self.codebooks
+        step = self.step[rows]
+        stopping = (codes[:, 0] == self.eos_id) & (self.end[rows] < 0)
+        self.end[rows] = np.where(stopping, step, self.end[rows])
+        self.history[rows, step % k] = codes
+        frame = step - (k - 1)
+        end = self.end[rows]
+        completed = (frame >= 0) & ((end < 0) | (frame < end))
+        # Frame f is codebook j of step f + j, for every j.
+        slots = (frame[:, None] + np.arange(k)[None, :]) % k
+        frames = self.history[rows[:, None], slots, np.arange(k)[None, :]]
+        self.step[rows] = step + 1
+        return frames, completed
+
+    def finished(self, rows: np.ndarray) -> np.ndarray:
+        # The last real frame (end - 1) reaches codebook K-1 at step end + K - 2.
+        end = self.end[rows]
+        return (end >= 0) & (self.step[rows] >= end + self.codebooks - 1)
+
+
+@dataclass
+class _CodecState:
+    pattern: DelayPattern
+    sampler: RowSampler
+    seen: np.ndarray  # [rows, K, V] tokens each codebook produced (repetition penalty)
+    speaker: np.ndarray  # [rows, E]
+    min_frames: np.ndarray
+    max_frames: np.ndarray
+
+
+class CodecLMProgram(DecodeProgram):
+    """Prefill [speaker][prompt frames][text][BOS frame]; each step samples one row of K codes
+    (delay pattern: forced pads, EOS on codebook 0 ends the sequence), penalises repeats per
+    codebook, and feeds the row back through the embed graph."""
+
+    def __init__(self, model: CodecLMModel, lm: Session) -> None:
+        self.model, self.lm, self.embed = model, lm, model.sessions["embed"]
+        self.codebooks, self.codebook_size = model.codebooks, model.codebook_size
+        self.pad_id, self.bos_id, self.eos_id = model.pad_id, model.bos_id, model.eos_id
+        self.vocab = self.codebook_size + 3
+
+    def new_state(self, rows: int) -> _CodecState:
+        return _CodecState(
+            pattern=DelayPattern(rows, self.codebooks, self.pad_id, self.eos_id),
+            sampler=RowSampler(rows),
+            seen=np.zeros((rows, self.codebooks, self.vocab), bool),
+            speaker=np.zeros((rows, self.model.speaker_dim), np.float32),
+            min_frames=np.zeros(rows, np.int64),
+            max_frames=np.zeros(rows, np.int64),
+        )
+
+    def _embed(
+        self, text_ids: np.ndarray, audio_codes: np.ndarray, speaker: np.ndarray
+    ) -> dict[str, np.ndarray]:
+        return self.embed.run(
+            {
+                "text_ids": text_ids.astype(np.int64),
+                "audio_codes": audio_codes.astype(np.int64),
+                "speaker_embedding": speaker.astype(np.float32),
+            }
+        )
+
+    def admit(self, state: _CodecState, row: int, request: Request) -> Admission:
+        text_ids: list[int] = request.chunk
+        voice = self.model.prompt(request.voice)
+        codes = voice["codes"]
+        bos = np.full((1, self.codebooks), self.bos_id, dtype=np.int64)
+        speaker = voice["speaker_embedding"].reshape(1, -1)
+        parts = self._embed(
+            np.asarray(text_ids, np.int64).reshape(1, -1),
+            np.concatenate([codes, bos])[None],
+            speaker,
+        )
+        audio = parts["audio_embeds"]
+        embeds = np.concatenate(
+            [parts["speaker_embeds"], audio[:, :-1], parts["text_embeds"], audio[:, -1:]], axis=1
+        )
+        min_frames, max_frames = self.model.frame_limits(len(text_ids))
+        state.pattern.reset(row)
+        state.sampler.assign(row, request.sampling)
+        state.seen[row] = False
+        state.speaker[row] = speaker[0]
+        state.min_frames[row], state.max_frames[row] = min_frames, max_frames
+        return Admission(embeds, embeds.shape[1] + max_frames + self.codebooks + 1)
+
+    def step_embeds(self, state: _CodecState, rows: np.ndarray) -> np.ndarray:
+        last = state.pattern.history[rows, (state.pattern.step[rows] - 1) % self.codebooks]
+        empty = np.zeros((len(rows), 0), np.int64)
+        return self._embed(empty, last[:, None, :], state.speaker[rows])["audio_embeds"]
+
+    def consume(self, state: _CodecState, rows: np.ndarray, logits: np.ndarray) -> StepOutput:
+        """Sample all K codebooks of each row at once, then apply the delay pattern's forcing."""
+        pattern, eos = state.pattern, self.eos_id
+        scores = logits.astype(np.float32, copy=True)  # [n, K, V]
+        scores[:, :, self.codebook_size :] = -np.inf  # specials are structural, never sampled
+        frame0 = pattern.step[rows]  # the frame codebook 0 would produce in this row
+        may_end = frame0 >= state.min_frames[rows]
+        scores[may_end, 0, eos] = logits[may_end, 0, eos]
+        scores = state.sampler.penalize(rows, scores, state.seen[rows][:, :, : scores.shape[2]])
+        codes = state.sampler.sample(rows, scores).astype(np.int64)  # [n, K]
+        forced = pattern.forced(rows)
+        sampled = forced < 0
+        must_end = sampled[:, 0] & (frame0 >= state.max_frames[rows])
+        codes[must_end, 0] = eos
+        codes = np.where(sampled, codes, forced)
+        which, codebook = np.nonzero(sampled)
+        state.seen[rows[which], codebook, codes[which, codebook]] = True
+        frames, completed = pattern.push(rows, codes)
+        return StepOutput(
+            frames=[frames[i : i + 1] if completed[i] else frames[i:i] for i in range(len(rows))],
+            done=pattern.finished(rows),
+        )
+
+
+class CodecLMModel:
+    """Backend for a "codec-lm" bundle (see docs/ARCHITECTURE.md)."""
+
+    family = FAMILY
+
+    def __init__(self, bundle: Bundle, settings: LoadSettings, lm_graph: str = "lm") -> None:
+        if lm_graph not in LM_GRAPHS:
+            raise InputError(f"lm_graph must be one of {', '.join(LM_GRAPHS)}, got {lm_graph!r}")
+        self.bundle = bundle
+        options = settings.session_options
+        self.codebooks = bundle.value("codec", "codebooks", int, 1, 64)
+        self.codebook_size = bundle.value("codec", "codebook_size", int, 2, 1 << 20)
+        self.pad_id = bundle.value("codec", "pad_id", int, 0, 1 << 21)
+        self.bos_id = bundle.value("codec", "bos_id", int, 0, 1 << 21)
+        self.eos_id = bundle.value("codec", "eos_id", int, 0, 1 << 21)
+        self.hop_length = bundle.value("codec", "hop_length", int, 1, 1 << 16)
+        self.sample_rate = bundle.sample_rate
+        self.sampling = dict(bundle.section("sampling"))
+        self.streaming_defaults = dict(bundle.section("streaming"))
+        self.prompt_frames = bundle.value("encoder", "prompt_frames", int, 0, 1 << 16, 150)
+        self.max_chunk_chars = bundle.value("text", "max_tokens_per_chunk", int, 1, 1 << 16, 200)
+
+        self.sessions = {
+            role: Session(bundle.graph_path(role), options) for role in (*GRAPH_ROLES, lm_graph)
         }
-        self.sessions = sessions
-        self._validate(sessions, lm_graph)
-        self.tokenizer = TextTokenizer(root / self.text_settings["tokenizer"])
+        lm = self.sessions[lm_graph]
+        self.layout = kv_layout(lm.spec)
+        default_mode = bundle.value("kv", "default_mode", str, default=None)
+        self.kv_mode = resolve_kv_mode(
+            settings.kv, self.layout, default_mode if self.layout.in_place else None
+        )
+        self._validate(lm_graph)
+        self.tokenizer = TextTokenizer(bundle.path("text", "tokenizer"))
         self.encoder = VoiceEncoder(
-            sessions["encoder"],
-            bundle_identity=f"{self.bundle.name}@{self.bundle.identity}",
+            self.sessions["encoder"],
+            bundle_identity=f"{bundle.name}@{bundle.identity}",
             sample_rate=self.sample_rate,
-            settings=self.encoder_settings,
-            graph_sha256=manifest.get("sha256", {}).get(manifest["graphs"]["encoder"]),
-            graph_path=self.bundle.graph_path("encoder"),
+            settings=dict(bundle.manifest.get("encoder", {})),
+            graph_sha256=bundle.file_sha256(bundle.section("graphs")["encoder"]),
+            graph_path=bundle.graph_path("encoder"),
             hop_length=self.hop_length,
         )
-        capacity = int(kv.get("capacity", 2048))
-        self.generator = CodecLMGenerator(
-            sessions["embed"],
-            sessions[lm_graph],
-            KVPool(sessions[lm_graph], self.kv_mode, capacity),
-            self.codebooks,
-            self.codebook_size,
-            int(codec["pad_id"]),
-            int(codec["bos_id"]),
-            int(codec["eos_id"]),
-        )
-        self.vocoder = Vocoder(
-            sessions["vocoder"],
+        self.vocoder = CodecVocoder(
+            self.sessions["vocoder"],
             self.hop_length,
             self.codebooks,
             self.codebook_size,
-            lookahead_frames=int(manifest["vocoder"].get("lookahead_frames", 0)),
+            lookahead_frames=bundle.value("vocoder", "lookahead_frames", int, 0, 1 << 10, 0),
         )
-        self.speaker_dim = int(sessions["embed"].input("speaker_embedding").shape[-1])
+        self.speaker_dim = int(self.sessions["embed"].input("speaker_embedding").shape[-1])
+        capacity = bundle.kv_capacity(2048)
+        limit = bundle.value("lm", "max_positions", int, 1, 1 << 22, capacity)
+        self.pool = KVPool(lm, self.layout, self.kv_mode, CapacityPolicy(capacity, limit))
+        self.program = CodecLMProgram(self, lm)
 
-    def _validate(self, sessions: dict[str, Session], lm_graph: str) -> None:
-        codec, lm = self.bundle.manifest["codec"], self.bundle.manifest["lm"]
-        k, vocab = int(codec["codebooks"]), int(codec["codebook_size"]) + 3
-        hidden = int(lm["hidden_size"])
+    def _validate(self, lm_graph: str) -> None:
+        bundle, sessions = self.bundle, self.sessions
+        k, vocab = self.codebooks, self.codebook_size + 3
+        hidden = bundle.value("lm", "hidden_size", int, 1, 1 << 16)
         check_graph_io(
             sessions["encoder"].spec,
             "encoder",
@@ -111,7 +331,7 @@ class CodecLMModel:
         )
         lm_inputs: dict[str, tuple[str, Any]] = {"inputs_embeds": ("float32", (None, None, hidden))}
         lm_outputs: dict[str, tuple[str, Any]] = {"logits": ("float32", (None, None, k, vocab))}
-        past_specs, present_specs = self.bundle.kv_specs()
+        past_specs, present_specs = bundle.kv_specs()
         lm_inputs.update(past_specs)
         lm_outputs.update(present_specs)
         check_graph_io(sessions[lm_graph].spec, lm_graph, lm_inputs, lm_outputs)
@@ -150,46 +370,70 @@ class CodecLMModel:
             "speaker_embedding": np.zeros(self.speaker_dim, np.float32),
         }
 
-    def text_chunks(self, text: str) -> list[list[int]]:
+    def sampling_defaults(self) -> SamplingOptions:
+        defaults = {
+            key: self.sampling[key]
+            for key in ("temperature", "top_k", "top_p", "repetition_penalty")
+            if key in self.sampling
+        }
+        return SamplingOptions(**defaults).checked()
+
+    def request_options(self, options: Mapping[str, Any]) -> dict[str, Any]:
+        return dict(options)
+
+    def text_chunks(self, text: str, options: Mapping[str, Any]) -> list[list[int]]:
         normalized = normalize_text(text)
-        max_chars = int(self.text_settings.get("max_tokens_per_chunk", 200))
-        chunks = [self.tokenizer.encode(s) for s in split_sentences(normalized, max_chars)]
+        chunks = [
+            self.tokenizer.encode(s) for s in split_sentences(normalized, self.max_chunk_chars)
+        ]
         chunks = [c for c in chunks if c]
         if not chunks:
             raise InputError("text has nothing speakable after normalisation")
         return chunks
 
-    def sampling(self, **overrides: Any) -> SamplingOptions:
-        defaults = {
-            key: self.sampling_defaults[key]
-            for key in ("temperature", "top_k", "top_p", "repetition_penalty")
-            if key in self.sampling_defaults
-        }
-        return SamplingOptions(**defaults).with_overrides(**overrides)
+    def frame_limits(self, tokens: int) -> tuple[int, int]:
+        """(min, max) frames for a chunk of `tokens` text tokens."""
+        per_token_max = float(self.sampling.get("max_frames_per_token", 12))
+        per_token_min = float(self.sampling.get("min_frames_per_token", 3))
+        return int(per_token_min * tokens), max(int(per_token_max * tokens), 8)
 
-    def limits(self, chunk: list[int]) -> LengthLimits:
-        per_token_max = float(self.sampling_defaults.get("max_frames_per_token", 12))
-        per_token_min = float(self.sampling_defaults.get("min_frames_per_token", 3))
-        return LengthLimits(
-            min_frames=int(per_token_min * len(chunk)),
-            max_frames=max(int(per_token_max * len(chunk)), 8),
-        )
+    def prompt(self, voice: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        codes = np.asarray(voice["codes"])
+        speaker = np.asarray(voice["speaker_embedding"], np.float32).reshape(-1)
+        if codes.size % self.codebooks or (
+            codes.size and not (codes.min() >= 0 and codes.max() < self.codebook_size)
+        ):
+            raise AudioError(
+                f"voice codes must be [frames, {self.codebooks}] in [0, {self.codebook_size}); "
+                "pass the dict Engine.voice() returned for this model"
+            )
+        if speaker.shape != (self.speaker_dim,):
+            raise AudioError(
+                f"voice speaker_embedding must have {self.speaker_dim} values, got {speaker.size}"
+            )
+        codes = codes.astype(np.int64).reshape(-1, self.codebooks)[: self.prompt_frames]
+        return {"codes": codes, "speaker_embedding": speaker}
 
-    def prompt(self, voice: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        limit = int(self.encoder_settings.get("prompt_frames", 150))
-        codes = np.asarray(voice["codes"]).reshape(-1, self.codebooks)[:limit]
-        return {"codes": codes, "speaker_embedding": np.asarray(voice["speaker_embedding"])}
-
-    def generate(
-        self,
-        chunk: list[int],
-        voice: dict[str, np.ndarray],
-        sampling: SamplingOptions,
-        should_stop: Callable[[], bool] | None = None,
-    ) -> Iterator[np.ndarray]:
-        yield from self.generator.generate(
-            chunk, self.prompt(voice), sampling, self.limits(chunk), should_stop
-        )
-
-    def vocode(self, frames: np.ndarray, voice: dict[str, np.ndarray]) -> np.ndarray:
+    def vocode(self, frames: np.ndarray, voice: Mapping[str, np.ndarray]) -> np.ndarray:
         return self.vocoder.decode(frames)
+
+
+def load(detection: Detection, settings: LoadSettings, options: Mapping[str, Any]) -> CodecLMModel:
+    return CodecLMModel(detection.inspected, settings, **options)
+
+
+REGISTRY_ENTRY = Family(
+    name=FAMILY,
+    summary="codec LM over K codebooks in a delay pattern (the project's random-weight bundle)",
+    loader=load,
+    options=(
+        Option(
+            "lm_graph",
+            str,
+            "which LM graph of the bundle runs: lm (GroupQueryAttention) or lm_concat (the same "
+            "weights with a Concat-grown cache)",
+            choices=LM_GRAPHS,
+        ),
+    ),
+    manifest_sections=SECTIONS,
+)

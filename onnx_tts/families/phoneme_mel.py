@@ -10,20 +10,30 @@ See export/voice/train.py for the model and docs/ARCHITECTURE.md for the graph c
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import replace
-from pathlib import Path
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from onnx_tts.bundle import Bundle
+from onnx_tts.decoding import (
+    Admission,
+    CapacityPolicy,
+    DecodeProgram,
+    KVPool,
+    Request,
+    RowSampler,
+    SamplingOptions,
+    StepOutput,
+    resolve_kv_mode,
+)
 from onnx_tts.encoder import VoiceEncoder
 from onnx_tts.errors import InputError, ModelError
+from onnx_tts.families.base import Detection, Family, LoadSettings
 from onnx_tts.frontend import PhonemeTable, Phonemizer, normalize_text, split_sentences
-from onnx_tts.generator import KVPool, Sampler, SamplingOptions, lm_feeds
-from onnx_tts.graph_io import check_graph_io
-from onnx_tts.session import Session, SessionOptions, describe_graphs
+from onnx_tts.graph_io import check_graph_io, kv_layout
+from onnx_tts.session import Session, describe_graphs
 
 FAMILY = "phoneme-mel"
 GRAPH_ROLES = ("encoder", "embed", "lm", "vocoder")
@@ -33,52 +43,177 @@ PAD_ID = 0  # phoneme-window id outside the sentence; symbol i has id i + 1
 MAX_STEPS_ON_ONE_SYMBOL = 50
 
 
-def phoneme_windows(ids: np.ndarray, pointers: np.ndarray, context: Sequence[int]) -> np.ndarray:
+SECTIONS = ("graphs", "kv", "frames", "text", "pointer", "lm", "streaming", "vocoder")
+# A pointer that stays this many steps on one phoneme is moved on: a runaway guard, far
+# beyond any real phoneme (2 s at 25 steps/s).
+MAX_STEPS_ON_ONE_SYMBOL = 50
+
+
+def phoneme_windows(
+    ids: np.ndarray,
+    pointers: np.ndarray,
+    context: Sequence[int],
+    lengths: np.ndarray | None = None,
+) -> np.ndarray:
     """The embed graph's `phonemes` input: ids at each pointer + each context offset, PAD_ID
-    outside the sentence; i64 [len(pointers), len(context)]. Training builds its inputs with
-    this same function."""
+    outside the sentence; i64 [len(pointers), len(context)]. `ids` is one sentence [L] for
+    every pointer, or one right-padded sentence per pointer [len(pointers), L] with its
+    `lengths`. Training builds its inputs with this same function."""
     positions = np.asarray(pointers, np.int64)[:, None] + np.asarray(context, np.int64)[None, :]
-    inside = (positions >= 0) & (positions < len(ids))
-    return np.where(inside, ids[np.clip(positions, 0, len(ids) - 1)], PAD_ID)
+    ids = np.asarray(ids)
+    if ids.ndim == 1:
+        inside = (positions >= 0) & (positions < len(ids))
+        return np.where(inside, ids[np.clip(positions, 0, len(ids) - 1)], PAD_ID)
+    inside = (positions >= 0) & (positions < np.asarray(lengths)[:, None])
+    gathered = np.take_along_axis(ids, np.clip(positions, 0, ids.shape[1] - 1), axis=1)
+    return np.where(inside, gathered, PAD_ID)
+
+
+def _speaker_vector(value: Any) -> np.ndarray | None:
+    """A manifest's speaker embedding as float32 [E], or None when it is not one."""
+    try:
+        vector = np.asarray(value, dtype=np.float32)
+    except (TypeError, ValueError):
+        return None
+    if vector.ndim != 1 or not 1 <= vector.size <= 4096 or not np.isfinite(vector).all():
+        return None
+    return vector
+
+
+@dataclass
+class _PointerState:
+    ids: np.ndarray  # [rows, longest] phoneme ids, right-padded
+    lengths: np.ndarray
+    pointer: np.ndarray
+    progress: np.ndarray  # steps already spent on the pointer's symbol
+    steps: np.ndarray
+    max_steps: np.ndarray
+    previous: np.ndarray  # [rows, reduction * n_mels] the last step's frames
+    speaker: np.ndarray  # [rows, E]
+    sampler: RowSampler
+
+
+class PhonemeMelProgram(DecodeProgram):
+    """Each step embeds (previous frames, phoneme window at the pointer, progress, speaker),
+    runs the LM, takes `reduction` mel frames and samples how far the pointer advances; a row
+    ends when its pointer passes the last symbol."""
+
+    def __init__(self, model: PhonemeMelModel) -> None:
+        self.model = model
+        self.lm, self.embed = model.sessions["lm"], model.sessions["embed"]
+        self.width = model.frame_width
+
+    def new_state(self, rows: int) -> _PointerState:
+        return _PointerState(
+            ids=np.zeros((rows, 1), np.int64),
+            lengths=np.zeros(rows, np.int64),
+            pointer=np.zeros(rows, np.int64),
+            progress=np.zeros(rows, np.int64),
+            steps=np.zeros(rows, np.int64),
+            max_steps=np.zeros(rows, np.int64),
+            previous=np.zeros((rows, self.width), np.float32),
+            speaker=np.zeros((rows, self.model.speaker_dim), np.float32),
+            sampler=RowSampler(rows),
+        )
+
+    def admit(self, state: _PointerState, row: int, request: Request) -> Admission:
+        ids = np.asarray(request.chunk, dtype=np.int64)
+        if len(ids) > state.ids.shape[1]:
+            wider = np.zeros((len(state.ids), len(ids)), np.int64)
+            wider[:, : state.ids.shape[1]] = state.ids
+            state.ids = wider
+        state.ids[row] = 0
+        state.ids[row, : len(ids)] = ids
+        state.lengths[row] = len(ids)
+        state.pointer[row] = state.progress[row] = state.steps[row] = 0
+        state.max_steps[row] = self.model.max_steps_per_symbol * len(ids)
+        state.previous[row] = 0.0
+        state.speaker[row] = np.asarray(request.voice["speaker_embedding"], np.float32).reshape(-1)
+        state.sampler.assign(row, request.sampling)
+        rows = np.array([row])
+        return Admission(self.step_embeds(state, rows), int(state.max_steps[row]))
+
+    def step_embeds(self, state: _PointerState, rows: np.ndarray) -> np.ndarray:
+        windows = phoneme_windows(
+            state.ids[rows], state.pointer[rows], self.model.context, state.lengths[rows]
+        )
+        return self.embed.run(
+            {
+                "previous_frames": state.previous[rows][:, None, :],
+                "phonemes": windows[:, None, :],
+                "progress": state.progress[rows][:, None],
+                "speaker_embedding": state.speaker[rows],
+            }
+        )["inputs_embeds"]
+
+    def consume(self, state: _PointerState, rows: np.ndarray, logits: np.ndarray) -> StepOutput:
+        frames = np.array(logits[:, : self.width], np.float32)
+        advance = state.sampler.sample(rows, logits[:, self.width :])
+        progress = state.progress[rows]
+        advance = np.where((advance == 0) & (progress + 1 >= MAX_STEPS_ON_ONE_SYMBOL), 1, advance)
+        state.previous[rows] = frames
+        state.pointer[rows] += advance
+        state.progress[rows] = np.where(advance > 0, 0, progress + 1)
+        state.steps[rows] += 1
+        done = (state.pointer[rows] >= state.lengths[rows]) | (
+            state.steps[rows] >= state.max_steps[rows]
+        )
+        model = self.model
+        return StepOutput(
+            frames=list(frames.reshape(len(rows), model.reduction, model.n_mels)), done=done
+        )
 
 
 class PhonemeMelModel:
-    """Backend for a "phoneme-mel" bundle directory."""
+    """Backend for a "phoneme-mel" bundle."""
 
     family = FAMILY
 
-    def __init__(
-        self, root: Path, kv_mode: str | None = None, options: SessionOptions | None = None
-    ) -> None:
-        self.bundle = Bundle.load(root)
-        manifest = self.bundle.manifest
-        kv, frames, text = manifest["kv"], manifest["frames"], manifest["text"]
-        self.kv_mode = kv_mode or kv.get("default_mode", "inplace")
-        if self.kv_mode == "inplace" and kv.get("attention") != "gqa":
-            raise InputError(
-                "KV mode 'inplace' needs a GroupQueryAttention LM; this graph grows its cache by "
-                "Concat, use --kv chain"
-            )
-        self.sample_rate = self.bundle.sample_rate
-        self.hop_length = int(frames["hop_length"])
-        self.n_mels = int(frames["n_mels"])
-        self.reduction = int(frames["reduction"])
+    def __init__(self, bundle: Bundle, settings: LoadSettings) -> None:
+        self.bundle = bundle
+        manifest = bundle.manifest
+        text = bundle.section("text")
+        self.sample_rate = bundle.sample_rate
+        self.hop_length = bundle.value("frames", "hop_length", int, 1, 1 << 16)
+        self.n_mels = bundle.value("frames", "n_mels", int, 1, 1024)
+        self.reduction = bundle.value("frames", "reduction", int, 1, 64)
         self.frame_width = self.reduction * self.n_mels
-        self.context = np.asarray(text["context"], dtype=np.int64)
-        self.text_settings = dict(text)
-        self.sampling_defaults = dict(manifest.get("sampling", {}))
-        self.streaming_defaults = dict(manifest["streaming"])
-        self.max_steps_per_symbol = int(manifest["pointer"].get("max_steps_per_symbol", 12))
-        self.advance_classes = int(manifest["pointer"]["advance_classes"])
-        self.table = PhonemeTable(list(text["phonemes"]))
-        self.start_id = self.table.encode(text["start_symbol"])
-        self.end_id = self.table.encode(text["end_symbol"])
+        context = text.get("context")
+        if (
+            not isinstance(context, list)
+            or not context
+            or not all(
+                isinstance(c, int) and not isinstance(c, bool) and abs(c) <= 64 for c in context
+            )
+        ):
+            raise ModelError(f"{bundle.root}: text.context must be a list of small integers")
+        self.context = np.asarray(context, dtype=np.int64)
+        self.max_chunk_chars = bundle.value("text", "max_chars_per_chunk", int, 1, 1 << 16, 200)
+        self.sampling = dict(manifest.get("sampling", {}))
+        self.streaming_defaults = dict(bundle.section("streaming"))
+        self.max_steps_per_symbol = bundle.value(
+            "pointer", "max_steps_per_symbol", int, 1, 1000, 12
+        )
+        self.advance_classes = bundle.value("pointer", "advance_classes", int, 2, 64)
+        symbols = text.get("phonemes")
+        if not isinstance(symbols, list) or not all(isinstance(s, str) for s in symbols):
+            raise ModelError(f"{bundle.root}: text.phonemes must be a list of symbols")
+        self.table = PhonemeTable(symbols)
+        self.start_id = self.table.encode(bundle.value("text", "start_symbol", str))
+        self.end_id = self.table.encode(bundle.value("text", "end_symbol", str))
         if len(self.start_id) != 1 or len(self.end_id) != 1:
-            raise ModelError(f"{root}: start/end symbols are not in the bundle's phoneme table")
-        self.phonemizer = Phonemizer(text.get("language", "en-us"))
-        default = np.asarray(manifest["default_speaker_embedding"], dtype=np.float32)
+            raise ModelError(
+                f"{bundle.root}: start/end symbols are not in the bundle's phoneme table"
+            )
+        self.phonemizer = Phonemizer(bundle.value("text", "language", str, default="en-us"))
+        default = _speaker_vector(manifest.get("default_speaker_embedding"))
+        if default is None:
+            raise ModelError(
+                f"{bundle.root}: default_speaker_embedding must be a list of 1 to 4096 finite "
+                "numbers"
+            )
 
-        options = options or SessionOptions()
+        options = settings.session_options
         # A batch-1 decode step of this small LM is too little work to split across threads:
         # measured 1.26 ms/step on one intra-op thread vs 2.76 ms on two (2 cores). The
         # encoder and the vocoder, which see whole clips, keep the caller's setting.
@@ -87,28 +222,36 @@ class PhonemeMelModel:
         )
         self.sessions = {
             role: Session(
-                self.bundle.graph_path(role),
-                step_options if role in ("embed", "lm") else options,
+                bundle.graph_path(role), step_options if role in ("embed", "lm") else options
             )
             for role in GRAPH_ROLES
         }
-        self._validate(default.shape[0])
+        self.layout = kv_layout(self.sessions["lm"].spec)
+        default_mode = bundle.value("kv", "default_mode", str, default=None)
+        self.kv_mode = resolve_kv_mode(settings.kv, self.layout, default_mode)
+        self.speaker_dim = default.shape[0]
+        self._validate()
         self.default_speaker = default
         self.encoder = VoiceEncoder(
             self.sessions["encoder"],
-            bundle_identity=f"{self.bundle.name}@{self.bundle.identity}",
+            bundle_identity=f"{bundle.name}@{bundle.identity}",
             sample_rate=self.sample_rate,
             settings=dict(manifest.get("encoder", {})),
-            graph_sha256=manifest.get("sha256", {}).get(manifest["graphs"]["encoder"]),
-            graph_path=self.bundle.graph_path("encoder"),
+            graph_sha256=bundle.file_sha256(bundle.section("graphs")["encoder"]),
+            graph_path=bundle.graph_path("encoder"),
             hop_length=self.hop_length,
             frame_outputs=(),
         )
-        self.pool = KVPool(self.sessions["lm"], self.kv_mode, int(kv.get("capacity", 4096)))
+        capacity = bundle.kv_capacity(4096)
+        limit = bundle.value("lm", "max_positions", int, 1, 1 << 22, capacity)
+        self.pool = KVPool(
+            self.sessions["lm"], self.layout, self.kv_mode, CapacityPolicy(capacity, limit)
+        )
+        self.program = PhonemeMelProgram(self)
 
-    def _validate(self, speaker_dim: int) -> None:
-        manifest = self.bundle.manifest
-        hidden = int(manifest["lm"]["hidden_size"])
+    def _validate(self) -> None:
+        bundle, speaker_dim = self.bundle, self.speaker_dim
+        hidden = bundle.value("lm", "hidden_size", int, 1, 1 << 16)
         check_graph_io(
             self.sessions["encoder"].spec,
             "encoder",
@@ -129,7 +272,7 @@ class PhonemeMelModel:
         lm_inputs: dict[str, tuple[str, Any]] = {"inputs_embeds": ("float32", (None, None, hidden))}
         width = self.frame_width + self.advance_classes
         lm_outputs: dict[str, tuple[str, Any]] = {"logits": ("float32", (None, None, width))}
-        past_specs, present_specs = self.bundle.kv_specs()
+        past_specs, present_specs = bundle.kv_specs()
         lm_inputs.update(past_specs)
         lm_outputs.update(present_specs)
         check_graph_io(self.sessions["lm"].spec, "lm", lm_inputs, lm_outputs)
@@ -158,72 +301,44 @@ class PhonemeMelModel:
     def default_voice(self) -> dict[str, np.ndarray]:
         return {"speaker_embedding": self.default_speaker}
 
+    def sampling_defaults(self) -> SamplingOptions:
+        # Only the advance decision is sampled; greedy (temperature 0) unless asked otherwise.
+        temperature = 0.0
+        if "sampling" in self.bundle.manifest:
+            temperature = self.bundle.value("sampling", "temperature", float, 0.0, 100.0, 0.0)
+        return SamplingOptions(temperature=temperature).checked()
+
+    def request_options(self, options: Mapping[str, Any]) -> dict[str, Any]:
+        return dict(options)
+
     def phoneme_ids(self, sentence: str) -> list[int]:
         """[start] + phoneme ids of `sentence` + [end]; only the boundaries if nothing is
         speakable."""
         return self.start_id + self.table.encode(self.phonemizer.phonemize(sentence)) + self.end_id
 
-    def text_chunks(self, text: str) -> list[list[int]]:
-        max_chars = int(self.text_settings.get("max_chars_per_chunk", 200))
-        chunks = [self.phoneme_ids(s) for s in split_sentences(normalize_text(text), max_chars)]
-        chunks = [c for c in chunks if len(c) > 2]
+    def text_chunks(self, text: str, options: Mapping[str, Any]) -> list[list[int]]:
+        sentences = split_sentences(normalize_text(text), self.max_chunk_chars)
+        chunks = [ids for ids in map(self.phoneme_ids, sentences) if len(ids) > 2]
         if not chunks:
             raise InputError("text has nothing speakable after normalisation")
         return chunks
 
-    def sampling(self, **overrides: Any) -> SamplingOptions:
-        # Only the advance decision is sampled; greedy (temperature 0) unless asked otherwise.
-        defaults = {"temperature": float(self.sampling_defaults.get("temperature", 0.0))}
-        return SamplingOptions(**defaults).with_overrides(**overrides)
-
-    def generate(
-        self,
-        chunk: list[int],
-        voice: dict[str, np.ndarray],
-        sampling: SamplingOptions,
-        should_stop: Callable[[], bool] | None = None,
-    ) -> Iterator[np.ndarray]:
-        """Yields standardised log-mel frames (float32 [n_mels]) as the LM makes them."""
-        ids = np.asarray(chunk, dtype=np.int64)
-        # Every pointer position's window, once per sentence, not once per step.
-        windows = phoneme_windows(ids, np.arange(len(ids)), self.context)[:, None, None, :]
-        speaker = np.asarray(voice["speaker_embedding"], np.float32).reshape(1, -1)
-        sampler = Sampler(sampling)
-        embed, lm = self.sessions["embed"], self.sessions["lm"]
-        cache = self.pool.acquire()
-        try:
-            max_steps = self.max_steps_per_symbol * len(ids)
-            if cache.capacity is not None and max_steps > cache.capacity:
-                max_steps = cache.capacity  # a sentence this long ends at the capacity
-            pointer, progress = 0, 0
-            previous = np.zeros((1, 1, self.frame_width), np.float32)
-            for _ in range(max_steps):
-                if should_stop is not None and should_stop():
-                    return
-                x = embed.run(
-                    {
-                        "previous_frames": previous,
-                        "phonemes": windows[pointer],
-                        "progress": np.array([[progress]], np.int64),
-                        "speaker_embedding": speaker,
-                    }
-                )["inputs_embeds"]
-                out = cache.step(lm_feeds(lm, x, cache.length))["logits"][0, -1]
-                # A copy: in place mode the logits tensor is reused by the next step.
-                frames = np.array(out[: self.frame_width], np.float32)
-                advance = int(sampler.sample(out[self.frame_width :]))
-                if advance == 0 and progress + 1 >= MAX_STEPS_ON_ONE_SYMBOL:
-                    advance = 1
-                yield from frames.reshape(self.reduction, self.n_mels)
-                previous = frames.reshape(1, 1, -1)
-                pointer, progress = (pointer + advance, 0) if advance else (pointer, progress + 1)
-                if pointer >= len(ids):
-                    return
-        finally:
-            self.pool.release(cache)
-
-    def vocode(self, frames: np.ndarray, voice: dict[str, np.ndarray]) -> np.ndarray:
+    def vocode(self, frames: np.ndarray, voice: Mapping[str, np.ndarray]) -> np.ndarray:
         mel = np.asarray(frames, np.float32).reshape(1, -1, self.n_mels)
         if mel.shape[1] == 0:
             return np.zeros(0, np.float32)
         return self.sessions["vocoder"].run({"mel": mel}, ["waveform"])["waveform"][0]
+
+
+def load(
+    detection: Detection, settings: LoadSettings, options: Mapping[str, Any]
+) -> PhonemeMelModel:
+    return PhonemeMelModel(detection.inspected, settings, **options)
+
+
+REGISTRY_ENTRY = Family(
+    name=FAMILY,
+    summary="phoneme-pointer mel LM with a speaker embedding (the project's trained voice)",
+    loader=load,
+    manifest_sections=SECTIONS,
+)
