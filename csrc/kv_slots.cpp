@@ -118,6 +118,13 @@ void KVSlots::check_lengths(const std::vector<int64_t>& lengths, int64_t added) 
                          "] (capacity ", capacity_, ")"));
     }
   }
+  // GroupQueryAttention takes several new tokens per row over a batch only as a first prompt.
+  bool all_empty = std::all_of(lengths.begin(), lengths.end(), [](int64_t n) { return n == 0; });
+  if (added > 1 && lengths.size() > 1 && !all_empty) {
+    throw RunError(cat("a step adding ", added, " tokens to ", lengths.size(), " rows needs every "
+                       "row empty (a batched first prefill); extend rows that hold tokens one "
+                       "row at a time, or one token per row"));
+  }
 }
 
 // A mask-driven graph computes each row's length from its mask: the mask must say what
