@@ -20,7 +20,7 @@ import numpy as np
 
 from onnx_tts import _core
 from onnx_tts.errors import ModelError, SessionError
-from onnx_tts.graph_io import TensorSpec, graph_spec
+from onnx_tts.graph_io import GQA_OP, TensorSpec, graph_spec, kv_layout, kv_pairs, read_graph_spec
 
 KVMode = Literal["copy", "chain", "inplace"]
 KV_MODES: tuple[str, ...] = ("copy", "chain", "inplace")
@@ -166,6 +166,16 @@ def describe_graphs(sessions: Mapping[str, Session]) -> dict[str, dict[str, Any]
     }
 
 
+def _pair_names(session: Session, pairs: Mapping[str, str] | None) -> list[tuple[str, str]]:
+    """The caller's (past, present) pairs in their order, or the graph's paired by layer."""
+    if pairs is not None:
+        return [(str(past), str(present)) for past, present in pairs.items()]
+    try:
+        return kv_pairs(session.spec.input_names, session.spec.output_names)
+    except ModelError as error:
+        raise SessionError(f"{session.path.name}: {error} (pass pairs= to name them)") from None
+
+
 class KVCache:
     """The KV cache of one LM session, in `copy`, `chain` or `inplace` mode.
 
@@ -186,7 +196,7 @@ class KVCache:
         self.session = session
         try:
             self._core = _core.KVCache(
-                session.core, mode, batch_size, capacity, None if pairs is None else dict(pairs)
+                session.core, mode, batch_size, capacity, _pair_names(session, pairs)
             )
         except _core.RunError as error:
             raise SessionError(str(error)) from None
@@ -242,3 +252,113 @@ class KVCache:
 
     def reset_stats(self) -> None:
         self._core.reset_stats()
+
+
+class KVSlots:
+    """In-place KV slot buffers [rows, Hkv, capacity, D] per past/present pair, allocated once,
+    bound as contiguous sub-buffers of a row range (nothing is copied when rows join/leave).
+
+    For a decode scheduler: each active request owns a row; a step runs the LM over a range of
+    rows at once. GroupQueryAttention graphs get `seqlens_k` / `total_sequence_length` from
+    `lengths`; graphs that compute them from `attention_mask` take the caller's mask (checked
+    against `lengths`). One instance is not for concurrent steps from several threads.
+    """
+
+    def __init__(
+        self,
+        session: Session,
+        rows: int,
+        capacity: int,
+        pairs: Mapping[str, str] | None = None,
+    ) -> None:
+        self.session = session
+        names = _pair_names(session, pairs)
+        _require_in_place(session, names)
+        try:
+            self._core = _core.KVSlots(session.core, int(rows), int(capacity), names)
+        except _core.RunError as error:
+            raise SessionError(str(error)) from None
+
+    @property
+    def rows(self) -> int:
+        return self._core.rows
+
+    @property
+    def capacity(self) -> int:
+        return self._core.capacity
+
+    @property
+    def pairs(self) -> list[tuple[str, str]]:
+        return list(self._core.pairs)
+
+    def row_stride(self, index: int) -> int:
+        """Bytes from one row to the next in KV tensor `index`'s buffer."""
+        return self._core.row_stride(index)
+
+    def step(
+        self,
+        feeds: Mapping[str, np.ndarray],
+        first_row: int,
+        lengths: np.ndarray,
+        output_names: Sequence[str] | None = None,
+    ) -> dict[str, np.ndarray]:
+        """Run the LM over rows [first_row, first_row + len(lengths)); row i holds lengths[i]
+        cached tokens; the feeds' batch dim is len(lengths) and their seq dim the new tokens.
+        For GroupQueryAttention graphs with seqlens_k/total_sequence_length inputs the core
+        fills seqlens_k[i] = lengths[i] + new - 1 and total_sequence_length = max(lengths) +
+        new; graphs that take an attention_mask instead get the caller's mask."""
+        lengths = np.asarray(lengths)
+        if lengths.dtype != np.int64 or lengths.ndim != 1:
+            raise SessionError(
+                f"lengths must be a 1-D int64 array (one cached length per row), got "
+                f"{lengths.dtype} with shape {lengths.shape}"
+            )
+        try:
+            return self._core.step(
+                dict(feeds),
+                int(first_row),
+                lengths,
+                None if output_names is None else list(output_names),
+            )
+        except _core.RunError as error:
+            raise SessionError(str(error)) from None
+
+    def past_data_ptrs(self, first_row: int, count: int) -> list[int]:
+        return list(self._call(self._core.past_data_ptrs, first_row, count))
+
+    def present_data_ptrs(self, first_row: int, count: int) -> list[int]:
+        """Where ONNX Runtime wrote the presents of these rows in the last step."""
+        return list(self._call(self._core.present_data_ptrs, first_row, count))
+
+    def read(self, index: int, row: int, length: int) -> np.ndarray:
+        """Copy of row `row`'s first `length` tokens of KV tensor `index`, [1, H, length, D]."""
+        return self._call(self._core.read, index, row, length)
+
+    def stats(self) -> dict[str, int]:
+        return dict(self._core.stats())
+
+    @staticmethod
+    def _call(method: Any, *args: int) -> Any:
+        try:
+            return method(*(int(a) for a in args))
+        except _core.RunError as error:
+            raise SessionError(str(error)) from None
+
+
+def _require_in_place(session: Session, pairs: Sequence[tuple[str, str]]) -> None:
+    """Refuse graphs that grow their cache by Concat: their present is longer than their past,
+    so one buffer cannot be both. Decided from the graph's I/O, and from its operators when the
+    I/O alone cannot tell (an attention_mask LM may or may not use GroupQueryAttention)."""
+    try:
+        layout = kv_layout(session.spec)
+    except ModelError:
+        return  # custom pair names: the core checks the pairs themselves
+    if layout.attention == "gqa":
+        return
+    if "attention_mask" in session.spec.inputs and read_graph_spec(session.path).uses(GQA_OP):
+        return
+    raise SessionError(
+        f"{session.path.name} grows its KV cache by Concat (no GroupQueryAttention), so it cannot "
+        "keep KV in place; decode it with KVCache(mode='chain') or convert it with "
+        "`onnx-tts convert --inplace-kv`"
+    )

@@ -1,0 +1,87 @@
+// In-place KV slot buffers for batched decoding across requests: one [rows, heads, capacity,
+// head_dim] buffer per (past, present) pair, allocated once. A step runs the LM over a row
+// range [first_row, first_row + count), bound as contiguous sub-buffers of those buffers (the
+// batch axis is outermost), so nothing is copied when rows join or leave. Each row keeps its
+// own length: GroupQueryAttention graphs get per-row seqlens_k, graphs that derive lengths from
+// an attention_mask get the caller's mask (checked against the lengths).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+#include "kv_cache.h"
+#include "kv_pairs.h"
+#include "session.h"
+
+namespace onnx_tts {
+
+class KVSlots {
+ public:
+  static constexpr int64_t kMaxRows = 1024;
+
+  KVSlots(std::shared_ptr<Session> session, int64_t rows, int64_t capacity, const KVNames& pairs);
+
+  int64_t rows() const { return rows_; }
+  int64_t capacity() const { return capacity_; }
+  KVNames pair_names() const;
+  // Bytes between row r and row r + 1 of pair `index`'s buffer.
+  int64_t row_stride(size_t index) const;
+
+  // Runs the LM over rows [first_row, first_row + lengths.size()); row i holds lengths[i]
+  // cached tokens and the feeds (batch = lengths.size()) add the same number of new tokens to
+  // every row. Returns the requested non-KV outputs (all by default).
+  std::vector<NamedValue> step(std::vector<Feed> feeds, int64_t first_row,
+                               const std::vector<int64_t>& lengths,
+                               const std::optional<std::vector<std::string>>& requested);
+
+  // Start of rows [first_row, ...) in each pair's buffer (the past bound for those rows).
+  std::vector<uintptr_t> past_ptrs(int64_t first_row, int64_t count) const;
+  // Where ONNX Runtime wrote each present for those rows in the last step (they must have
+  // been among its rows).
+  std::vector<uintptr_t> present_ptrs(int64_t first_row, int64_t count) const;
+  KVStats stats() const { return stats_; }
+
+  // Row `row`'s first `length` cached tokens of pair `index`: [1, heads, length, head_dim].
+  std::vector<int64_t> read_shape(size_t index, int64_t row, int64_t length) const;
+  void read(size_t index, int64_t row, int64_t length, void* dst) const;
+
+ private:
+  void check_rows(int64_t first_row, int64_t count) const;
+  int64_t check_feeds(const std::vector<Feed>& feeds, int64_t count) const;
+  void check_lengths(const std::vector<int64_t>& lengths, int64_t added) const;
+  void check_mask(const std::vector<Feed>& feeds, const std::vector<int64_t>& totals) const;
+  void bind_rows(int64_t first_row, int64_t count, const std::vector<std::string>& outputs);
+  uint8_t* row_start(size_t index, int64_t row) const;
+
+  std::shared_ptr<Session> session_;
+  int64_t rows_;
+  int64_t capacity_;
+  std::vector<KVPair> pairs_;
+  std::vector<std::shared_ptr<Ort::Value>> buffers_;
+  std::unique_ptr<Ort::Allocator> allocator_;
+  Ort::IoBinding binding_;
+  LengthInputs length_inputs_;
+  bool attention_mask_ = false;
+  std::vector<std::string> past_names_;
+  std::unordered_set<std::string> past_set_, present_set_;
+  std::vector<std::string> other_outputs_;
+  std::mutex mutex_;
+
+  // The current binding: views of rows [bound_first_, bound_first_ + bound_count_) as every
+  // past and present, then `bound_outputs_`.
+  std::vector<Ort::Value> views_;
+  int64_t bound_first_ = -1;
+  int64_t bound_count_ = 0;
+  std::vector<std::string> bound_outputs_;
+  std::vector<uintptr_t> last_present_ptrs_;
+  int64_t last_first_ = -1;
+  int64_t last_count_ = 0;
+  KVStats stats_;
+};
+
+}  // namespace onnx_tts

@@ -1,0 +1,149 @@
+#include "kv_strategy.h"
+
+#include <cstring>
+
+#include "errors.h"
+
+namespace onnx_tts {
+
+KVStrategy::KVStrategy(Session& session, const std::vector<KVPair>& pairs, int64_t batch)
+    : session_(session), pairs_(pairs), batch_(batch), past_(pairs.size()) {}
+
+std::vector<int64_t> KVStrategy::shape_with(size_t i, int64_t tokens) const {
+  return {batch_, pairs_[i].heads, tokens, pairs_[i].head_dim};
+}
+
+void KVStrategy::check_grown(size_t i, const Ort::Value& present, int64_t total) const {
+  std::vector<int64_t> shape = present.GetTensorTypeAndShapeInfo().GetShape();
+  std::vector<int64_t> expected = shape_with(i, total);
+  if (shape != expected) {
+    throw RunError(cat("output '", pairs_[i].present, "' has shape ", shape_string(shape),
+                       ", expected ", shape_string(expected),
+                       " (past length + new tokens); is this a Concat-KV graph?"));
+  }
+}
+
+Ort::Allocator& KVStrategy::kv_allocator() {
+  if (!allocator_) allocator_ = std::make_unique<Ort::Allocator>(session_.ort(), session_.kv_memory());
+  return *allocator_;
+}
+
+namespace {
+
+class CopyKV final : public KVStrategy {
+ public:
+  CopyKV(Session& session, const std::vector<KVPair>& pairs, int64_t batch)
+      : KVStrategy(session, pairs, batch), host_(pairs.size()) {
+    clear();
+  }
+  const char* name() const override { return "copy"; }
+
+  void clear() override {
+    for (size_t i = 0; i < pairs_.size(); ++i) set_empty(i);
+  }
+
+  void bind(Ort::IoBinding& binding, size_t i) override {
+    binding.BindInput(pairs_[i].past.c_str(), *past_[i]);
+    binding.BindOutput(pairs_[i].present.c_str(), cpu_memory());
+  }
+
+  // What published scripts do with numpy: fetch present to host, feed it back as past.
+  void accept(size_t i, Ort::Value&& present, int64_t total) override {
+    check_grown(i, present, total);
+    std::vector<int64_t> shape = shape_with(i, total);
+    size_t bytes = static_cast<size_t>(element_count(shape)) * pairs_[i].element_size;
+    if (bytes == 0) {
+      set_empty(i);
+      return;
+    }
+    host_[i].resize(bytes);
+    std::memcpy(host_[i].data(), present.GetTensorRawData(), bytes);
+    past_[i] = std::make_shared<Ort::Value>(Ort::Value::CreateTensor(
+        cpu_memory(), host_[i].data(), bytes, shape.data(), shape.size(), pairs_[i].type));
+  }
+
+ private:
+  void set_empty(size_t i) {
+    host_[i].clear();
+    std::vector<int64_t> shape = shape_with(i, 0);
+    past_[i] = std::make_shared<Ort::Value>(
+        Ort::Value::CreateTensor(host_allocator_, shape.data(), shape.size(), pairs_[i].type));
+  }
+
+  Ort::AllocatorWithDefaultOptions host_allocator_;
+  std::vector<std::vector<uint8_t>> host_;
+};
+
+class ChainKV final : public KVStrategy {
+ public:
+  ChainKV(Session& session, const std::vector<KVPair>& pairs, int64_t batch)
+      : KVStrategy(session, pairs, batch) {
+    clear();
+  }
+  const char* name() const override { return "chain"; }
+
+  void clear() override {
+    for (size_t i = 0; i < pairs_.size(); ++i) {
+      std::vector<int64_t> shape = shape_with(i, 0);
+      past_[i] = std::make_shared<Ort::Value>(
+          Ort::Value::CreateTensor(kv_allocator(), shape.data(), shape.size(), pairs_[i].type));
+    }
+  }
+
+  // Presents are bound by device every step: a value bound last step would be taken as a
+  // pre-allocated buffer of the old length.
+  void bind(Ort::IoBinding& binding, size_t i) override {
+    binding.BindInput(pairs_[i].past.c_str(), *past_[i]);
+    binding.BindOutput(pairs_[i].present.c_str(), session_.kv_memory());
+  }
+
+  void accept(size_t i, Ort::Value&& present, int64_t total) override {
+    check_grown(i, present, total);
+    past_[i] = std::make_shared<Ort::Value>(std::move(present));
+  }
+};
+
+class InPlaceKV final : public KVStrategy {
+ public:
+  InPlaceKV(Session& session, const std::vector<KVPair>& pairs, int64_t batch, int64_t capacity)
+      : KVStrategy(session, pairs, batch) {
+    for (size_t i = 0; i < pairs_.size(); ++i) {
+      std::vector<int64_t> shape = shape_with(i, capacity);
+      past_[i] = std::make_shared<Ort::Value>(
+          Ort::Value::CreateTensor(kv_allocator(), shape.data(), shape.size(), pairs_[i].type));
+      if (!session_.on_device()) {
+        size_t bytes = static_cast<size_t>(element_count(shape)) * pairs_[i].element_size;
+        std::memset(past_[i]->GetTensorMutableRawData(), 0, bytes);
+      }
+    }
+  }
+  const char* name() const override { return "inplace"; }
+  // The buffers stay; attention reads only the cached length.
+  void clear() override {}
+  bool static_binding() const override { return true; }
+
+  void bind(Ort::IoBinding& binding, size_t i) override {
+    binding.BindInput(pairs_[i].past.c_str(), *past_[i]);
+    binding.BindOutput(pairs_[i].present.c_str(), *past_[i]);
+  }
+
+  void accept(size_t, Ort::Value&&, int64_t) override {}  // written in place
+};
+
+}  // namespace
+
+std::unique_ptr<KVStrategy> make_kv_strategy(const std::string& mode, Session& session,
+                                             const std::vector<KVPair>& pairs, int64_t batch,
+                                             std::optional<int64_t> capacity) {
+  if (mode == "copy") return std::make_unique<CopyKV>(session, pairs, batch);
+  if (mode == "chain") return std::make_unique<ChainKV>(session, pairs, batch);
+  if (mode == "inplace") {
+    if (!capacity || *capacity < 1) {
+      throw RunError("KV mode 'inplace' needs a capacity (the maximum number of cached tokens)");
+    }
+    return std::make_unique<InPlaceKV>(session, pairs, batch, *capacity);
+  }
+  throw RunError(cat("KV mode '", mode, "' is not one of: copy, chain, inplace"));
+}
+
+}  // namespace onnx_tts
