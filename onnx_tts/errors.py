@@ -30,3 +30,24 @@ class CacheError(OnnxTTSError):
 
 class OutputError(OnnxTTSError):
     """The output path cannot be written."""
+
+
+class NonFiniteAudioError(InputError):
+    """Audio (to write, or to encode as a voice) holds NaN or infinite samples.
+
+    An InputError because the caller handed the samples in (a voice array, a file to save);
+    it is also raised, before anything is written, when a model produces them, so a speaker
+    never receives full-scale noise.
+    """
+
+
+class OnnxTTSWarning(UserWarning):
+    """Base class of the warnings onnx-tts emits: the request ran, but not exactly as asked."""
+
+
+class UnspeakableTextWarning(OnnxTTSWarning):
+    """Part of the text (letters of another script, emoji) cannot be spoken and was dropped."""
+
+    def __init__(self, message: str, dropped: dict[str, list[str]] | None = None) -> None:
+        super().__init__(message)
+        self.dropped = dropped or {}
