@@ -32,13 +32,19 @@ class OutputError(OnnxTTSError):
     """The output path cannot be written."""
 
 
-class NonFiniteAudioError(InputError):
-    """Audio (to write, or to encode as a voice) holds NaN or infinite samples.
+class NonFiniteAudioError(AudioError, InputError):
+    """Audio (a reference to encode, or samples to write) holds NaN or infinite values.
 
-    An InputError because the caller handed the samples in (a voice array, a file to save);
-    it is also raised, before anything is written, when a model produces them, so a speaker
-    never receives full-scale noise.
+    Both an AudioError (the audio is unusable, like a silent or truncated clip) and an
+    InputError (the caller handed the samples in: a voice array, a file, samples to save), so
+    existing ``except`` clauses of either kind catch it and the CLI exits 2 with one line. It
+    is raised before anything is written, so a speaker never receives full-scale noise.
     """
+
+
+class OutputClosedError(OutputError):
+    """The reader of a streamed output went away (broken pipe): usually not a failure of the
+    run (``| head``), so the CLI may exit quietly."""
 
 
 class OnnxTTSWarning(UserWarning):
