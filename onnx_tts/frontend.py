@@ -120,7 +120,7 @@ _UNIT_RE = re.compile(
 _DECADE_RE = re.compile(r"(?<![\w.,$])(1[1-9]\d0|20\d0)'?s\b")
 _YEAR_RE = re.compile(r"(?<![\w.,$£€¥])(1[1-9]\d\d|20\d\d)(?![\w]|[.,]\d)")
 _FRACTION_RE = re.compile(r"(?<![\w./])(\d{1,2})/([2-9]|10)(?![\w/]|[.,]\d)")
-_NUMBER_RE = re.compile(rf"(?<![\d.]){_NUMBER}")
+_NUMBER_RE = re.compile(rf"(?<!\d){_NUMBER}")
 _NEGATIVE_RE = re.compile(r"(?<![\w.,])-(?=\d)")
 # Characters the English frontend speaks; other letters (CJK, Arabic, Hebrew, ...) and emoji
 # would be read by espeak as "Chinese letter" or dropped by a tokenizer without a word.
