@@ -30,3 +30,30 @@ class CacheError(OnnxTTSError):
 
 class OutputError(OnnxTTSError):
     """The output path cannot be written."""
+
+
+class NonFiniteAudioError(AudioError, InputError):
+    """Audio (a reference to encode, or samples to write) holds NaN or infinite values.
+
+    Both an AudioError (the audio is unusable, like a silent or truncated clip) and an
+    InputError (the caller handed the samples in: a voice array, a file, samples to save), so
+    existing ``except`` clauses of either kind catch it and the CLI exits 2 with one line. It
+    is raised before anything is written, so a speaker never receives full-scale noise.
+    """
+
+
+class OutputClosedError(OutputError):
+    """The reader of a streamed output went away (broken pipe): usually not a failure of the
+    run (``| head``), so the CLI may exit quietly."""
+
+
+class OnnxTTSWarning(UserWarning):
+    """Base class of the warnings onnx-tts emits: the request ran, but not exactly as asked."""
+
+
+class UnspeakableTextWarning(OnnxTTSWarning):
+    """Part of the text (letters of another script, emoji) cannot be spoken and was dropped."""
+
+    def __init__(self, message: str, dropped: dict[str, list[str]] | None = None) -> None:
+        super().__init__(message)
+        self.dropped = dropped or {}

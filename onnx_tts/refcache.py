@@ -28,6 +28,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import math
 import os
 import re
 import struct
@@ -47,8 +48,11 @@ from onnx_tts.errors import CacheError, InputError
 
 __all__ = [
     "DEFAULT_MEMORY_BYTES",
+    "MARKER_NAME",
     "TIERS",
     "ReferenceCache",
+    "cache_stats",
+    "clear_cache",
     "decode_value",
     "default_disk_dir",
     "encode_value",
@@ -72,6 +76,13 @@ _KEY_PATTERN = re.compile(r"^[0-9a-f]{64}$")
 _KEY_DOMAIN = b"onnx-tts/refcache/v1\x00"
 _DISK_SUFFIX = ".otc"
 _TMP_PREFIX = ".tmp-"
+# Written into a directory the cache created (or found empty): `clear` deletes only there.
+MARKER_NAME = ".onnx-tts-refcache"
+_MARKER_TEXT = "This directory is an onnx-tts reference cache; `onnx-tts cache clear` empties it.\n"
+# Bounds on what a stored entry may describe (a checksum only proves the writer's intent).
+_MAX_ARRAYS = 64
+_MAX_NDIM = 8
+_MAX_DIM = 2**31 - 1
 # After a Redis failure the tier is skipped for this long, so that a dead server costs one
 # connect timeout per interval instead of one per request.
 _REDIS_RETRY_SECONDS = 30.0
@@ -184,31 +195,68 @@ def _decode(blob: bytes, expected_key: str | None) -> dict[str, np.ndarray]:
         stored_key = header["key"]
     except (ValueError, KeyError, TypeError) as exc:
         raise _CorruptEntry(f"unreadable header ({exc})") from None
-    if header.get("format") != 1:
-        raise _CorruptEntry(f"unknown format {header.get('format')!r}")
+    if not isinstance(header, dict) or header.get("format") != 1:
+        raise _CorruptEntry(
+            f"unknown format {header.get('format') if isinstance(header, dict) else header!r}"
+        )
+    if not isinstance(specs, list) or not 1 <= len(specs) <= _MAX_ARRAYS:
+        raise _CorruptEntry(f"holds {len(specs) if isinstance(specs, list) else 'no'} arrays")
     if expected_key is not None and stored_key != expected_key:
         raise _CorruptEntry(f"entry holds key {stored_key!r}, expected {expected_key!r}")
 
     arrays: dict[str, np.ndarray] = {}
     offset = header_start + header_len
     for spec in specs:
-        try:
-            dtype = np.dtype(spec["dtype"])
-            shape = tuple(int(d) for d in spec["shape"])
-            name = str(spec["name"])
-        except (ValueError, KeyError, TypeError) as exc:
-            raise _CorruptEntry(f"bad array description {spec!r} ({exc})") from None
-        if dtype.kind not in _ALLOWED_DTYPE_KINDS or any(d < 0 for d in shape):
-            raise _CorruptEntry(f"bad array description {spec!r}")
-        count = int(np.prod(shape, dtype=np.int64))
+        name, dtype, shape = _array_spec(spec)
+        if name in arrays:
+            raise _CorruptEntry(f"array {name!r} appears twice")
+        # Python ints: a declared [2**32, 2**32] must not wrap around to a small count.
+        count = math.prod(shape)
         offset = _aligned(offset)
         end = offset + count * dtype.itemsize
         if end > body_end:
-            raise _CorruptEntry(f"array {name!r} runs past the end of the entry")
+            raise _CorruptEntry(f"array {name!r} {list(shape)} runs past the end of the entry")
         array = np.frombuffer(blob, dtype=dtype, count=count, offset=offset).reshape(shape)
+        if dtype.kind in "fc" and not np.isfinite(array).all():
+            raise _CorruptEntry(f"array {name!r} holds NaN or infinite values")
         arrays[name] = array
         offset = end
     return arrays
+
+
+def _array_spec(spec: object) -> tuple[str, np.dtype, tuple[int, ...]]:
+    """(name, dtype, shape) of one header entry, each checked for type and bounds."""
+    if not isinstance(spec, dict):
+        raise _CorruptEntry(f"bad array description {spec!r}")
+    name, dtype_text, shape = spec.get("name"), spec.get("dtype"), spec.get("shape")
+    if not isinstance(name, str) or not name or not isinstance(dtype_text, str):
+        raise _CorruptEntry(f"bad array description {spec!r}")
+    try:
+        dtype = np.dtype(dtype_text)
+    except (TypeError, ValueError):
+        raise _CorruptEntry(f"array {name!r} has unknown dtype {dtype_text!r}") from None
+    if dtype.kind not in _ALLOWED_DTYPE_KINDS or dtype.str != dtype_text:
+        raise _CorruptEntry(f"array {name!r} has dtype {dtype_text!r}; numeric only")
+    if (
+        not isinstance(shape, list)
+        or len(shape) > _MAX_NDIM
+        or not all(type(d) is int and 0 <= d <= _MAX_DIM for d in shape)
+    ):
+        raise _CorruptEntry(f"array {name!r} has an impossible shape {shape!r}")
+    return name, dtype, tuple(shape)
+
+
+def check_finite_value(arrays: Mapping[str, np.ndarray]) -> None:
+    """InputError when a value to cache holds NaN or infinity: it would poison every later
+    request for that voice."""
+    for name, array in arrays.items():
+        finite = not isinstance(array, np.ndarray) or array.dtype.kind not in "fc"
+        if not finite and not np.isfinite(array).all():
+            raise InputError(
+                f"the voice encoder produced NaN or infinite values ({name!r}) for this "
+                "reference audio; nothing was cached. Check the audio (extremely loud or "
+                "corrupt?) and the encoder graph"
+            )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -256,6 +304,8 @@ class ReferenceCache:
         disk_max_bytes: bound of the disk tier; when a write takes it over, the least recently
             used files (by mtime, refreshed on every hit) are removed down to 90 % of it.
             ``None``: unbounded. Shared by every process using the directory.
+        create_disk_dir: create the directory (and its marker) if missing; False for
+            read-only uses such as ``cache stats``, which must not create directories.
     """
 
     def __init__(
@@ -266,6 +316,8 @@ class ReferenceCache:
         namespace: str = "onnx-tts",
         redis_ttl_seconds: int | None = None,
         disk_max_bytes: int | None = None,
+        *,
+        create_disk_dir: bool = True,
     ) -> None:
         if not isinstance(memory_bytes, int) or memory_bytes < 0:
             raise InputError(f"memory_bytes must be an int >= 0 (0 disables), got {memory_bytes!r}")
@@ -290,7 +342,7 @@ class ReferenceCache:
         self._lock = threading.Lock()
         self._counters = _Counters()
         self._namespace = namespace
-        self._disk_dir = self._init_disk_dir(disk_dir)
+        self._disk_dir = self._init_disk_dir(disk_dir, create_disk_dir)
         self._redis_url = redis_url
         self._redis_ttl = redis_ttl_seconds
         self._redis = self._init_redis(redis_url)
@@ -302,13 +354,21 @@ class ReferenceCache:
     # -- setup ---------------------------------------------------------------------------------
 
     @staticmethod
-    def _init_disk_dir(disk_dir: str | os.PathLike[str] | None) -> Path | None:
+    def _init_disk_dir(disk_dir: str | os.PathLike[str] | None, create: bool) -> Path | None:
         if disk_dir is None:
             return None
         use_default = isinstance(disk_dir, str) and disk_dir == "default"
         path = default_disk_dir() if use_default else Path(disk_dir).expanduser()
+        if not create:
+            return path
         try:
-            path.mkdir(parents=True, exist_ok=True)
+            if path.is_dir():
+                # An empty directory holds nothing to lose: the cache may adopt it.
+                if not any(path.iterdir()):
+                    _write_marker(path)
+            else:
+                path.mkdir(parents=True, exist_ok=True)
+                _write_marker(path)
         except OSError as exc:
             if use_default:
                 # A read-only home must not stop synthesis; the cache just stays in memory.
@@ -468,7 +528,13 @@ class ReferenceCache:
                 removed["memory"] = len(self._memory)
                 self._memory.clear()
                 self._memory_used = 0
-        if "disk" in tiers and self._disk_dir is not None:
+        if "disk" in tiers and self._disk_dir is not None and self._disk_dir.exists():
+            if not (self._disk_dir / MARKER_NAME).is_file():
+                raise CacheError(
+                    f"refusing to clear {self._disk_dir}: it has no {MARKER_NAME} file, so "
+                    "onnx-tts did not create it as a cache; check the path (or delete the "
+                    "files yourself)"
+                )
             with self._disk_lock:
                 removed["disk"] = self._disk_clear()
                 self._disk_used = None
@@ -495,6 +561,7 @@ class ReferenceCache:
         arrays = compute()
         elapsed = time.perf_counter() - started
         blob = encode_value(key, arrays)
+        check_finite_value(arrays)
         # Hand out exactly what a later hit would return: read-only views of the blob.
         value = _decode(blob, key)
         with self._lock:
@@ -816,3 +883,32 @@ def format_stats(stats: Mapping) -> str:
             f"{info.get('corrupt', 0):>9}{info.get('errors', 0):>8}  {location or '-'}"
         )
     return "\n".join(lines)
+
+
+def _write_marker(directory: Path) -> None:
+    marker = directory / MARKER_NAME
+    if not marker.exists():
+        marker.write_text(_MARKER_TEXT)
+
+
+def _cli_cache(disk_dir: str | os.PathLike[str] | None, redis_url: str | None) -> ReferenceCache:
+    # Read-only use: no memory tier, no directory created.
+    return ReferenceCache(
+        memory_bytes=0, disk_dir=disk_dir, redis_url=redis_url, create_disk_dir=False
+    )
+
+
+def cache_stats(
+    disk_dir: str | os.PathLike[str] | None = "default", redis_url: str | None = None
+) -> dict:
+    """Stats of the shared tiers for ``onnx-tts cache stats``; creates nothing on disk."""
+    return _cli_cache(disk_dir, redis_url).stats()
+
+
+def clear_cache(
+    disk_dir: str | os.PathLike[str] | None = "default", redis_url: str | None = None
+) -> dict[str, int]:
+    """Empty the shared tiers for ``onnx-tts cache clear``. The disk tier is only touched in
+    a directory that carries the cache's marker file (CacheError otherwise); a missing
+    directory is already clear."""
+    return _cli_cache(disk_dir, redis_url).clear(tiers=("disk", "redis"))

@@ -18,7 +18,16 @@ from typing import Any, Literal
 
 import numpy as np
 
-from onnx_tts import _core
+try:
+    from onnx_tts import _core
+except ImportError as _missing_core:
+    # Typical cause: `python` started in the repository root after a non-editable
+    # `pip install .`, so this source tree (without the compiled core) shadows the install.
+    raise ImportError(
+        f"onnx_tts's compiled core (_core) is missing from {Path(__file__).parent}: this looks "
+        "like the source tree without a build. Run from another directory, or install it "
+        "editable (pip install -e .)"
+    ) from _missing_core
 from onnx_tts.errors import ModelError, SessionError
 from onnx_tts.graph_io import GQA_OP, TensorSpec, graph_spec, kv_layout, kv_pairs, read_graph_spec
 

