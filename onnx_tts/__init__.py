@@ -5,9 +5,12 @@ from onnx_tts.errors import (
     CacheError,
     InputError,
     ModelError,
+    NonFiniteAudioError,
     OnnxTTSError,
+    OnnxTTSWarning,
     OutputError,
     SessionError,
+    UnspeakableTextWarning,
 )
 from onnx_tts.pipeline import Audio, Engine, load
 
@@ -20,9 +23,12 @@ __all__ = [
     "Engine",
     "InputError",
     "ModelError",
+    "NonFiniteAudioError",
     "OnnxTTSError",
+    "OnnxTTSWarning",
     "OutputError",
     "SessionError",
+    "UnspeakableTextWarning",
     "__version__",
     "load",
 ]

@@ -7,14 +7,16 @@ import json
 import os
 import sys
 import time
-import wave
+import warnings
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, BinaryIO, NoReturn
+from typing import Any, NoReturn
 
 import numpy as np
 
-from onnx_tts.errors import InputError, OnnxTTSError, OutputError
+from onnx_tts.audio import ProgressiveWavWriter, RawPcmWriter
+from onnx_tts.errors import InputError, OnnxTTSError, OutputClosedError
+from onnx_tts.signals import TerminatedBySignal, termination_as_exception
 
 
 class _Parser(argparse.ArgumentParser):
@@ -183,33 +185,6 @@ class _Progress:
             self.bar.close()
 
 
-class _ProgressiveWav:
-    """A WAV file written as chunks arrive, under a temporary name until complete."""
-
-    def __init__(self, path: Path, sample_rate: int) -> None:
-        from onnx_tts.audio import check_output_path
-
-        self.path = check_output_path(path)
-        if self.path.suffix.lower() != ".wav":
-            raise OutputError(f"--stream writes WAV or raw PCM (-o -), not {self.path.suffix}")
-        self.tmp = self.path.with_name(f".{self.path.name}.part")
-        self.writer = wave.open(str(self.tmp), "wb")  # noqa: SIM115 - closed in finish/abort
-        self.writer.setnchannels(1)
-        self.writer.setsampwidth(2)
-        self.writer.setframerate(sample_rate)
-
-    def write(self, pcm: bytes) -> None:
-        self.writer.writeframes(pcm)
-
-    def finish(self) -> None:
-        self.writer.close()
-        os.replace(self.tmp, self.path)
-
-    def abort(self) -> None:
-        self.writer.close()
-        self.tmp.unlink(missing_ok=True)
-
-
 def _stream_options(args: argparse.Namespace) -> dict[str, Any]:
     given = {name: getattr(args, name) for name in STREAM_FLAGS if getattr(args, name) is not None}
     if given and not args.stream:
@@ -223,19 +198,17 @@ def _sampling_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _write_stream(
-    chunks: Iterable[np.ndarray], sink: BinaryIO | _ProgressiveWav
+    chunks: Iterable[np.ndarray], sink: ProgressiveWavWriter | RawPcmWriter
 ) -> tuple[int, float | None]:
-    from onnx_tts.audio import to_pcm16
-
+    """Write chunks as they come (each writer converts with audio.pcm16 and checks they are
+    finite); returns the samples written and the time to the first audio."""
     start = time.perf_counter()
     first: float | None = None
     samples = 0
     for chunk in chunks:
         if first is None and len(chunk):
             first = time.perf_counter() - start
-        sink.write(to_pcm16(chunk))
-        if not isinstance(sink, _ProgressiveWav):
-            sink.flush()
+        sink.write(chunk)
         samples += len(chunk)
     return samples, first
 
@@ -257,15 +230,10 @@ def cmd_synth(args: argparse.Namespace) -> int:
     if args.stream:
         chunks = engine.stream(text, voice=args.voice, seed=args.seed, **window, **sampling)
         if to_stdout:
-            samples, first = _write_stream(chunks, sys.stdout.buffer)
+            samples, first = _write_stream(chunks, RawPcmWriter())
         else:
-            sink = _ProgressiveWav(Path(args.output), engine.sample_rate)
-            try:
+            with ProgressiveWavWriter(args.output, engine.sample_rate) as sink:
                 samples, first = _write_stream(chunks, sink)
-            except BaseException:
-                sink.abort()
-                raise
-            sink.finish()
         duration = samples / engine.sample_rate
     else:
         audio = engine.synthesize(
@@ -321,17 +289,14 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def cmd_cache(args: argparse.Namespace) -> int:
-    from onnx_tts.refcache import ReferenceCache, format_stats
+    from onnx_tts.refcache import cache_stats, clear_cache, format_stats
 
     # Hit/miss counters live per process; a CLI process only sees the shared tiers' contents.
-    cache = ReferenceCache(
-        memory_bytes=0, disk_dir=_cache_dir(args.cache_dir), redis_url=args.redis
-    )
     if args.action == "clear":
-        removed = cache.clear()
+        removed = clear_cache(_cache_dir(args.cache_dir), args.redis)
         print(json.dumps(removed) if args.json else f"cleared: {removed}")
         return 0
-    stats = cache.stats()
+    stats = cache_stats(_cache_dir(args.cache_dir), args.redis)
     print(json.dumps(stats, indent=2, default=str) if args.json else format_stats(stats))
     return 0
 
@@ -374,11 +339,23 @@ COMMANDS = {
 }
 
 
+def _one_line_warning(message: Warning | str, category: type[Warning], *_: Any, **__: Any) -> None:
+    print(f"onnx-tts: warning: {message}", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    warnings.showwarning = _one_line_warning
     try:
-        return COMMANDS[args.command](args)
+        with termination_as_exception():
+            return COMMANDS[args.command](args)
+    except TerminatedBySignal as stop:
+        print(f"onnx-tts: {stop}", file=sys.stderr)
+        return stop.exit_code
+    except OutputClosedError:
+        # The reader of a --stream pipe went away (e.g. `| head`): not an error of ours.
+        return 0
     except OnnxTTSError as error:
         if args.debug:
             raise
@@ -387,10 +364,6 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("onnx-tts: interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:
-        # The reader of a --stream pipe went away (e.g. `| head`): not an error of ours.
-        sys.stderr.close()
-        return 0
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from onnx_tts.audio import load_audio, save_audio
+from onnx_tts.audio import check_finite, load_audio, save_audio
 from onnx_tts.bundle import resolve_model_dir
 from onnx_tts.decoding import SAMPLING_KEYS, Request, SamplingOptions, check_seed, decode_solo
 from onnx_tts.errors import AudioError, InputError
@@ -195,11 +195,17 @@ class Engine:
             if index:
                 pieces.append(pause)
             if frames:
-                pieces.append(self.backend.vocode(np.stack(frames), prompt))
+                pieces.append(self._vocode(np.stack(frames), prompt))
             if progress is not None:
                 progress(index + 1, len(chunks))
         samples = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
         return Audio(samples.astype(np.float32, copy=False), self.sample_rate)
+
+    def _vocode(self, frames: np.ndarray, prompt: Mapping[str, np.ndarray]) -> np.ndarray:
+        # A model that yields NaN/inf must never reach a speaker, a file or a cache.
+        samples = self.backend.vocode(frames, prompt)
+        check_finite(samples, "the model's audio")
+        return samples
 
     # -- streaming -----------------------------------------------------------------------------
     def _sentence_pause(self) -> np.ndarray:
@@ -256,7 +262,7 @@ class Engine:
         hop_length = int(self.backend.hop_length)
 
         def vocode(codes: np.ndarray) -> np.ndarray:
-            return self.backend.vocode(codes, prompt)
+            return self._vocode(codes, prompt)
 
         for index, chunk in enumerate(chunks):
             if index:
