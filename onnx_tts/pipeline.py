@@ -13,6 +13,13 @@ import numpy as np
 from onnx_tts.audio import check_finite, load_audio, save_audio
 from onnx_tts.bundle import resolve_model_dir
 from onnx_tts.decoding import SAMPLING_KEYS, Request, SamplingOptions, check_seed, decode_solo
+from onnx_tts.decoding.scheduler import (
+    MAX_BATCH_LIMIT,
+    DecodeScheduler,
+    FrameStream,
+    RunSolo,
+    batching_support,
+)
 from onnx_tts.errors import AudioError, InputError
 from onnx_tts.families import FAMILIES, detect, family_of, load_backend
 from onnx_tts.families.base import Backend, Family, LoadSettings
@@ -31,6 +38,8 @@ MAX_THREADS = max(64, 4 * (os.cpu_count() or 1))
 MAX_CACHE_MEMORY_BYTES = 1 << 40
 # An encoded voice given as a dict: at most this many values per array.
 MAX_VOICE_VALUES = 1 << 24
+# Concurrent requests decode as rows of one batch up to this many (benchmarks/bench_batch.py).
+DEFAULT_MAX_BATCH = 8
 
 
 @dataclass
@@ -53,18 +62,48 @@ class Engine:
     """A loaded model plus its reference cache. Thread-safe for concurrent synthesize() calls."""
 
     def __init__(
-        self, backend: Backend, cache: ReferenceCache | None, family: Family | None = None
+        self,
+        backend: Backend,
+        cache: ReferenceCache | None,
+        family: Family | None = None,
+        max_batch: int = 1,
     ) -> None:
         self.backend = backend
         self.cache = cache
         self.family = family or FAMILIES[backend.family]
+        pool = backend.pool
+        self.batching_unavailable = batching_support(backend.program, pool.layout, pool.mode)
+        self.scheduler: DecodeScheduler | None = None
+        if max_batch > 1 and self.batching_unavailable is None:
+            self.scheduler = DecodeScheduler(backend.program, pool.layout, pool.capacity, max_batch)
 
     @property
     def sample_rate(self) -> int:
         return self.backend.sample_rate
 
     def info(self) -> dict[str, Any]:
-        return self.backend.info()
+        info = self.backend.info()
+        if self.scheduler is not None:
+            info["batching"] = {
+                "batched": True,
+                "max_batch": self.scheduler.max_batch,
+                "slot_capacity": self.scheduler.capacity,
+            }
+        else:
+            info["batching"] = {
+                "batched": False,
+                "why": self.batching_unavailable or "max_batch is 1",
+            }
+        return info
+
+    def stats(self) -> dict[str, Any]:
+        """Decode scheduler counters: queue length, active rows, steps, mean batch size."""
+        return self.scheduler.stats() if self.scheduler is not None else {"max_batch": 1}
+
+    def close(self) -> None:
+        """Stop the decode scheduler's worker (requests still queued fail)."""
+        if self.scheduler is not None:
+            self.scheduler.close()
 
     # -- voices --------------------------------------------------------------------------------
     def voice(self, voice: VoiceLike = None) -> dict[str, np.ndarray]:
@@ -162,7 +201,32 @@ class Engine:
             sampling or self.backend.sampling_defaults(),
             self.backend.request_options(options or {}),
         )
-        return decode_solo(self.backend.program, self.backend.pool, request, should_stop)
+        program = self.backend.program
+        if self.scheduler is None or not program.batchable(request):
+            return decode_solo(program, self.backend.pool, request, should_stop)
+        # Submitted now (not at first iteration), so a text's sentences decode side by side.
+        return self._scheduled(self.scheduler.submit(request, should_stop), request, should_stop)
+
+    def _scheduled(
+        self,
+        stream: FrameStream,
+        request: Request,
+        should_stop: Callable[[], bool] | None,
+    ) -> Iterator[np.ndarray]:
+        try:
+            try:
+                first = next(stream)
+            except RunSolo:  # needs more KV than a batch row holds
+                yield from decode_solo(
+                    self.backend.program, self.backend.pool, request, should_stop
+                )
+                return
+            except StopIteration:
+                return
+            yield first
+            yield from stream
+        finally:
+            stream.close()
 
     def _frames(
         self,
@@ -190,8 +254,13 @@ class Engine:
         prompt = self.voice(voice)
         pause = self._sentence_pause()
         pieces: list[np.ndarray] = []
-        for index, chunk in enumerate(chunks):
-            frames = list(self._frames(chunk, prompt, sampling, checked, index))
+        # With the batch scheduler every sentence is queued at once and decodes as its own row.
+        generators = [
+            self._frames(chunk, prompt, sampling, checked, index)
+            for index, chunk in enumerate(chunks)
+        ]
+        for index, generator in enumerate(generators):
+            frames = list(generator)
             if index:
                 pieces.append(pause)
             if frames:
@@ -285,6 +354,7 @@ def load(
     cache_dir: str | os.PathLike[str] | None = "default",
     cache_memory_bytes: int = 256 << 20,
     redis_url: str | None = None,
+    max_batch: int = DEFAULT_MAX_BATCH,
     **family_options: Any,
 ) -> Engine:
     """Load a model directory (default: the bundled trained voice) into an Engine.
@@ -292,6 +362,8 @@ def load(
     kv: "copy", "chain" or "inplace" (default: the model's own default).
     threads: ONNX Runtime intra-op threads (0 = one per core).
     cache_dir: disk tier of the reference cache ("default" = user cache dir, None = off).
+    max_batch: most requests decoded as rows of one LM batch (1 = each request alone on its
+    own cache; models whose LM cannot batch always run alone, `info()["batching"]` says why).
     family_options: the family's load options (`onnx-tts info` lists them), e.g. precision
     or exaggeration for Chatterbox exports.
     """
@@ -308,12 +380,16 @@ def load(
             f"cache_memory_bytes must be an integer in [0, {MAX_CACHE_MEMORY_BYTES}], got "
             f"{cache_memory_bytes!r}"
         )
+    if not _int_in(max_batch, 1, MAX_BATCH_LIMIT):
+        raise InputError(
+            f"max_batch must be an integer in [1, {MAX_BATCH_LIMIT}], got {max_batch!r}"
+        )
     root = resolve_model_dir(model)
     detection = detect(root, family_options)
     session_options = SessionOptions(providers=tuple(providers), intra_op_threads=threads)
     backend = load_backend(detection, LoadSettings(kv, session_options), family_options)
     cache = ReferenceCache(memory_bytes=cache_memory_bytes, disk_dir=cache_dir, redis_url=redis_url)
-    return Engine(backend, cache, family_of(detection))
+    return Engine(backend, cache, family_of(detection), max_batch)
 
 
 def _int_in(value: Any, low: int, high: int) -> bool:
