@@ -20,16 +20,11 @@ import onnx
 import torch
 
 from export.onnx_graphs import (
-    FLOAT,
-    INT64,
-    GraphBuilder,
     LayerWeights,
     LMWeights,
     atomic_write_bytes,
     build_concat_lm,
     build_gqa_lm,
-    linear,
-    reduce_op,
     write_bundle_files,
 )
 from export.reference_model import (
@@ -38,6 +33,7 @@ from export.reference_model import (
     ReferenceModel,
     build_reference_model,
 )
+from onnx_tts.tools.graph_builder import FLOAT, INT64, GraphBuilder, linear, reduce_op
 
 DEFAULT_OUT_DIR = Path(__file__).resolve().parent.parent / "onnx_tts" / "models" / "codec-lm"
 GRAPH_FILES = {
@@ -103,17 +99,13 @@ def _gather_codebook_sum(b: GraphBuilder, codes: str, tables: np.ndarray, name: 
     return total
 
 
-def _dim(b: GraphBuilder, x: str, axis: int, name: str) -> str:
-    return b.node("Shape", [x], start=axis, end=axis + 1, name=name)  # shape [1]
-
-
 def build_encoder_graph(model: ReferenceModel) -> onnx.ModelProto:
     enc, cfg = model.encoder, model.cfg
     b = GraphBuilder("encoder")
     audio = b.add_input("audio", FLOAT, ("batch", "samples"))
     hop = b.const([cfg.hop_length])
-    batch = _dim(b, audio, 0, "frames/B")
-    frames = b.node("Div", [_dim(b, audio, 1, "frames/N"), hop], name="frames/F")
+    batch = b.shape_dims(audio, 0, 1, "frames/B")
+    frames = b.node("Div", [b.shape_dims(audio, 1, 2, "frames/N"), hop], name="frames/F")
     usable = b.node("Mul", [frames, hop], name="frames/Usable")
     trimmed = b.node("Slice", [audio, b.const([0]), usable, b.const([1])], name="frames/Trim")
     shape = b.node("Concat", [batch, frames, hop], axis=0, name="frames/Shape")
@@ -217,9 +209,11 @@ def build_vocoder_graph(model: ReferenceModel) -> onnx.ModelProto:
     )
     x = b.node("Mul", [x, b.const(0.5, np.float32)], name="out/Bound")
     samples = b.node(
-        "Mul", [_dim(b, codes, 1, "out/F"), b.const([cfg.hop_length])], name="out/Samples"
+        "Mul", [b.shape_dims(codes, 1, 2, "out/F"), b.const([cfg.hop_length])], name="out/Samples"
     )
-    shape = b.node("Concat", [_dim(b, codes, 0, "out/B"), samples], axis=0, name="out/Shape")
+    shape = b.node(
+        "Concat", [b.shape_dims(codes, 0, 1, "out/B"), samples], axis=0, name="out/Shape"
+    )
     b.node("Reshape", [x, shape], output_names=["waveform"], name="out/Reshape")
     b.add_output("waveform", FLOAT, ("batch", "samples"))
     return b.build(

@@ -14,7 +14,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from export.onnx_graphs import DecoderLMSpec, rotary_tables
+from export.onnx_graphs import DecoderLMSpec
+from onnx_tts.tools.graph_builder import rotary_tables
 
 
 @dataclass(frozen=True)

@@ -22,18 +22,9 @@ import numpy as np
 import onnx
 
 from export.build_reference import _bias, _linear_weight, _np, lm_weights
-from export.onnx_graphs import (
-    FLOAT,
-    INT64,
-    DecoderLMSpec,
-    GraphBuilder,
-    atomic_write_bytes,
-    build_gqa_lm,
-    linear,
-    reduce_op,
-    write_bundle_files,
-)
+from export.onnx_graphs import DecoderLMSpec, atomic_write_bytes, build_gqa_lm, write_bundle_files
 from export.voice.codec import MEL_CONFIG, MelConfig, mel_filterbank, mel_inverse
+from onnx_tts.tools.graph_builder import FLOAT, INT64, GraphBuilder, linear, reduce_op
 
 GRAPH_FILES = {
     "encoder": "encoder.onnx",
@@ -72,10 +63,6 @@ def dft_kernels(n_fft: int) -> tuple[np.ndarray, np.ndarray]:
     )
 
 
-def _shape_dim(b: GraphBuilder, x: str, axis: int, name: str) -> str:
-    return b.node("Shape", [x], start=axis, end=axis + 1, name=name)
-
-
 def _stft(b: GraphBuilder, audio3: str, kernel: str, hop: int, n_fft: int, frames: str, name: str):
     """audio [B,1,N] -> (re, im) [B,bins,frames] of the centred (reflect-padded) STFT."""
     half = n_fft // 2
@@ -102,7 +89,7 @@ def _stft(b: GraphBuilder, audio3: str, kernel: str, hop: int, n_fft: int, frame
 def _standardised_log_mel(b: GraphBuilder, audio: str, cfg: MelConfig, stats: dict) -> str:
     """audio [B,N] -> standardised log-mel [B, N // hop, n_mels] (as train.log_mel_frames)."""
     frames = b.node(
-        "Div", [_shape_dim(b, audio, 1, "frames/N"), b.const([cfg.hop_length])], name="frames/F"
+        "Div", [b.shape_dims(audio, 1, 2, "frames/N"), b.const([cfg.hop_length])], name="frames/F"
     )
     audio3 = b.node("Unsqueeze", [audio, b.const([1])], name="audio/Channel")
     analysis, _ = dft_kernels(cfg.n_fft)
@@ -215,7 +202,7 @@ def build_vocoder_graph(cfg: MelConfig, stats: dict, vocoder: VocoderConfig) -> 
             name="linear/Upsample",
         )
     frames = b.node(
-        "Mul", [_shape_dim(b, mel, 1, "F"), b.const([vocoder.upsample])], name="frames/Fine"
+        "Mul", [b.shape_dims(mel, 1, 2, "F"), b.const([vocoder.upsample])], name="frames/Fine"
     )
     samples = b.node("Mul", [frames, b.const([hop])], name="frames/Samples")
     analysis, synthesis = dft_kernels(cfg.n_fft)

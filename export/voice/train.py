@@ -128,7 +128,7 @@ class VoiceLM(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(decoder) for _ in range(cfg.layers))
         self.final_norm = RMSNorm(cfg.hidden_size, decoder.norm_eps)
         self.head = nn.Linear(cfg.hidden_size, cfg.output_width, bias=False)
-        from export.onnx_graphs import rotary_tables
+        from onnx_tts.tools.graph_builder import rotary_tables
 
         cos, sin = rotary_tables(cfg.max_positions, cfg.head_dim, decoder.rope_theta)
         self.register_buffer("cos_table", torch.from_numpy(cos), persistent=False)

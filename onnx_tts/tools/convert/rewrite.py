@@ -18,60 +18,18 @@ from __future__ import annotations
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
 from onnx_tts.errors import ModelError
-from onnx_tts.graph_io import GQA_OP, LENGTH_INPUTS
+from onnx_tts.graph_io import LENGTH_INPUTS
 from onnx_tts.tools.convert.match import AttentionMatch, match_attention, node_inputs
 from onnx_tts.tools.convert.verify import LayerAttention, probe, value_dtype
+from onnx_tts.tools.graph_builder import IR_VERSION, MS_DOMAIN, GraphBuilder, reserved_names
 
-MS_DOMAIN = GQA_OP[0]
-IR_VERSION = 10  # onnx 1.23 writes IR 14 by default; ORT 1.31 reads at most 13
 SEQLENS_INPUT, TOTAL_LENGTH_INPUT = LENGTH_INPUTS
-
-
-class _NodeMaker:
-    """Appends uniquely named nodes and int64 shape initializers for one rewrite."""
-
-    def __init__(self, graph: onnx.GraphProto) -> None:
-        self.graph = graph
-        self.taken = {n.name for n in graph.node} | {t.name for t in graph.initializer}
-        for node in graph.node:
-            self.taken.update(node.output)
-        self.taken.update(i.name for i in graph.input)
-
-    def unique(self, name: str) -> str:
-        candidate, counter = name, 1
-        while candidate in self.taken:
-            counter += 1
-            candidate = f"{name}_{counter}"
-        self.taken.add(candidate)
-        return candidate
-
-    def shape(self, name: str, values: Sequence[int]) -> str:
-        tensor_name = self.unique(name)
-        self.graph.initializer.append(
-            numpy_helper.from_array(np.asarray(values, dtype=np.int64), tensor_name)
-        )
-        return tensor_name
-
-    def node(
-        self,
-        op_type: str,
-        inputs: Sequence[str],
-        name: str,
-        outputs: Sequence[str] | None = None,
-        domain: str = "",
-        **attributes: Any,
-    ) -> onnx.NodeProto:
-        outputs = list(outputs) if outputs is not None else [self.unique(f"{name}_output_0")]
-        return helper.make_node(
-            op_type, list(inputs), outputs, name=self.unique(name), domain=domain, **attributes
-        )
 
 
 def _elem_type(dtype: np.dtype) -> int:
@@ -89,35 +47,32 @@ def _ensure_length_inputs(graph: onnx.GraphProto, batch: int | str) -> None:
 
 
 def _attention_nodes(
-    make: _NodeMaker,
+    b: GraphBuilder,
     match: AttentionMatch,
     layer: LayerAttention,
     dtypes: Mapping[str, np.dtype],
     kv_dtype: np.dtype,
 ) -> list[onnx.NodeProto]:
-    """GroupQueryAttention for one layer, with the layout changes around it."""
+    """GroupQueryAttention for one layer, with the layout changes around it (the nodes are
+    returned in order; their shape constants stay in `b.initializers`)."""
     prefix = f"/onnx_tts/layers.{match.layer}/gqa"
-    nodes: list[onnx.NodeProto] = []
+    first = len(b.nodes)
 
     def packed(tensor: str, heads: int, dtype: np.dtype, part: str) -> str:
         # [B, heads, S, Dh] -> [B, S, heads * Dh], the layout GroupQueryAttention reads.
-        transpose = make.node(
-            "Transpose", [tensor], f"{prefix}/{part}_transpose", perm=[0, 2, 1, 3]
+        transposed = b.node(
+            "Transpose", [tensor], name=f"{prefix}/{part}_transpose", perm=[0, 2, 1, 3]
         )
-        shape = make.shape(f"{prefix}/{part}_shape", [0, 0, heads * layer.head_dim])
-        reshape = make.node("Reshape", [transpose.output[0], shape], f"{prefix}/{part}_reshape")
-        nodes.extend([transpose, reshape])
-        result = reshape.output[0]
+        shape = b.const([0, 0, heads * layer.head_dim])
+        result = b.node("Reshape", [transposed, shape], name=f"{prefix}/{part}_reshape")
         if dtype != kv_dtype:
-            cast = make.node("Cast", [result], f"{prefix}/{part}_cast", to=_elem_type(kv_dtype))
-            nodes.append(cast)
-            result = cast.output[0]
+            result = b.node("Cast", [result], name=f"{prefix}/{part}_cast", to=_elem_type(kv_dtype))
         return result
 
     query = packed(match.query, layer.num_heads, dtypes[match.query], "query")
     key = packed(match.new["key"], layer.kv_num_heads, dtypes[match.inner["key"]], "key")
     value = packed(match.new["value"], layer.kv_num_heads, dtypes[match.inner["value"]], "value")
-    attention = make.node(
+    result = b.node(
         "GroupQueryAttention",
         [
             query,
@@ -128,9 +83,9 @@ def _attention_nodes(
             SEQLENS_INPUT,
             TOTAL_LENGTH_INPUT,
         ],
-        f"{prefix}/GroupQueryAttention",
-        outputs=[
-            make.unique(f"{prefix}/attention_output"),
+        name=f"{prefix}/GroupQueryAttention",
+        output_names=[
+            b.unique(f"{prefix}/attention_output"),
             match.present["key"],
             match.present["value"],
         ],
@@ -139,26 +94,23 @@ def _attention_nodes(
         kv_num_heads=layer.kv_num_heads,
         scale=float(layer.scale),
         do_rotary=0,
-    )
-    nodes.append(attention)
-    result = attention.output[0]
+    )[0]
     context_dtype = dtypes[match.context_node.output[0]]
     if context_dtype != kv_dtype:
-        cast = make.node("Cast", [result], f"{prefix}/output_cast", to=_elem_type(context_dtype))
-        nodes.append(cast)
-        result = cast.output[0]
+        result = b.node(
+            "Cast", [result], name=f"{prefix}/output_cast", to=_elem_type(context_dtype)
+        )
     # Back to [B, H, S, Dh] under the old context tensor's name, for its consumers.
-    shape = make.shape(f"{prefix}/output_shape", [0, 0, layer.num_heads, layer.head_dim])
-    reshape = make.node("Reshape", [result, shape], f"{prefix}/output_reshape")
-    transpose = make.node(
+    shape = b.const([0, 0, layer.num_heads, layer.head_dim])
+    reshaped = b.node("Reshape", [result, shape], name=f"{prefix}/output_reshape")
+    b.node(
         "Transpose",
-        [reshape.output[0]],
-        f"{prefix}/output_transpose",
-        outputs=[match.context_node.output[0]],
+        [reshaped],
+        name=f"{prefix}/output_transpose",
+        output_names=[match.context_node.output[0]],
         perm=[0, 2, 1, 3],
     )
-    nodes.extend([reshape, transpose])
-    return nodes
+    return b.nodes[first:]
 
 
 def _remove_dead_nodes(graph: onnx.GraphProto) -> None:
@@ -264,13 +216,14 @@ def rewrite_inplace_kv(
         else batch_dim.dim_param or "batch_size",
     )
 
-    make = _NodeMaker(graph)
+    # New nodes and constants never take a name the source graph already uses.
+    builder = GraphBuilder(graph.name, reserved=reserved_names(graph))
     # Nodes are keyed by their first output: unique in a valid graph, unlike proto wrappers.
     replacements: dict[str, list[onnx.NodeProto]] = {}
     removed: set[str] = set()
     for match, layer in zip(matches, layers, strict=True):
         replacements[match.context_node.output[0]] = _attention_nodes(
-            make, match, layer, dtypes, kv_dtype
+            builder, match, layer, dtypes, kv_dtype
         )
         removed.update(node.output[0] for node in match.replaced)
     rebuilt: list[onnx.NodeProto] = []
@@ -282,6 +235,7 @@ def rewrite_inplace_kv(
             rebuilt.append(node)
     del graph.node[:]
     graph.node.extend(rebuilt)
+    graph.initializer.extend(builder.initializers)
     _remove_dead_nodes(graph)
     _topological_order(graph)
     _check_cache_tensors_private(graph, matches)
