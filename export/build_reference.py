@@ -9,7 +9,6 @@ are byte-identical from build to build (checked by tests/test_reference_export.p
 from __future__ import annotations
 
 import argparse
-import json
 import string
 import time
 from dataclasses import dataclass
@@ -22,10 +21,9 @@ import torch
 from export.onnx_graphs import (
     LayerWeights,
     LMWeights,
-    atomic_write_bytes,
     build_concat_lm,
     build_gqa_lm,
-    write_bundle_files,
+    write_bundle,
 )
 from export.reference_model import (
     LEAKY_SLOPE,
@@ -240,7 +238,8 @@ def lm_weights(model: ReferenceModel) -> LMWeights:
     return LMWeights(layers, _np(lm.final_norm.weight), _linear_weight(lm.head))
 
 
-def bundle_manifest(cfg: ReferenceConfig, sha256: dict[str, str]) -> dict[str, object]:
+def bundle_manifest(cfg: ReferenceConfig) -> dict[str, object]:
+    """bundle.json without the file hashes (write_bundle adds them)."""
     return {
         "format_version": 1,
         "family": "codec-lm",
@@ -292,7 +291,6 @@ def bundle_manifest(cfg: ReferenceConfig, sha256: dict[str, str]) -> dict[str, o
             "receptive_field_frames": cfg.vocoder_receptive_field_frames,
             "lookahead_frames": 0,
         },
-        "sha256": sha256,
     }
 
 
@@ -332,10 +330,7 @@ def build_reference(out_dir: str | Path = DEFAULT_OUT_DIR, seed: int = 0) -> Bui
         filename: graphs[key] for key, filename in GRAPH_FILES.items()
     }
     files[TOKENIZER_FILE] = build_tokenizer_json().encode("utf-8")
-    sha256, sizes = write_bundle_files(out, files)
-    manifest = json.dumps(bundle_manifest(cfg, sha256), indent=2) + "\n"
-    atomic_write_bytes(out / "bundle.json", manifest.encode("utf-8"))
-    sizes["bundle.json"] = len(manifest.encode("utf-8"))
+    sha256, sizes = write_bundle(out, bundle_manifest(cfg), files)
     return BuildResult(out, model, sha256, sizes)
 
 

@@ -12,8 +12,10 @@ with random weights from :func:`random_lm_weights`.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -427,19 +429,53 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike[str]) -> bytes:
     return data
 
 
-def write_bundle_files(
-    out_dir: Path, files: dict[str, onnx.ModelProto | bytes]
+# Files a manifest can name; each one must be written (and hashed) by `write_bundle`.
+_BUNDLE_FILE_SUFFIXES = (".onnx", ".onnx_data", ".json", ".txt", ".wav")
+
+
+def _named_files(value: object) -> set[str]:
+    """Every string in a manifest that names a bundle file."""
+    if isinstance(value, str):
+        return {value} if value.endswith(_BUNDLE_FILE_SUFFIXES) else set()
+    if isinstance(value, Mapping):
+        return set().union(*(_named_files(v) for v in value.values()))
+    if isinstance(value, list | tuple):
+        return set().union(*(_named_files(v) for v in value))
+    return set()
+
+
+def write_bundle(
+    out_dir: str | os.PathLike[str],
+    manifest: Mapping[str, object],
+    files: Mapping[str, onnx.ModelProto | bytes],
 ) -> tuple[dict[str, str], dict[str, int]]:
-    """Writes graphs (serialised deterministically) and raw files into out_dir, each
-    atomically; returns ({file name: sha256 hex}, {file name: size})."""
+    """The one bundle writer: every file (graphs serialised deterministically), then
+    bundle.json = `manifest` + "sha256" of every file, each written atomically (bundle.json
+    last, so a reader never sees a manifest whose files are not there yet).
+
+    Raises ModelError when the manifest names a file that is not in `files` (it would carry no
+    hash). Returns ({file: sha256 hex}, {file: size} including bundle.json)."""
+    unlisted = sorted(_named_files(manifest) - set(files))
+    if unlisted:
+        raise ModelError(
+            f"the manifest names {', '.join(unlisted)} but no such file is written: pass it in "
+            "`files` so it is hashed"
+        )
+    if "sha256" in manifest:
+        raise ModelError("the manifest must not carry 'sha256': write_bundle computes it")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
     sha256: dict[str, str] = {}
     sizes: dict[str, int] = {}
     for filename, content in files.items():
         if isinstance(content, bytes):
-            atomic_write_bytes(out_dir / filename, content)
+            atomic_write_bytes(out / filename, content)
             data = content
         else:
-            data = save_model(content, out_dir / filename)
+            data = save_model(content, out / filename)
         sha256[filename] = hashlib.sha256(data).hexdigest()
         sizes[filename] = len(data)
+    text = (json.dumps({**manifest, "sha256": sha256}, indent=2) + "\n").encode("utf-8")
+    atomic_write_bytes(out / "bundle.json", text)
+    sizes["bundle.json"] = len(text)
     return sha256, sizes

@@ -452,3 +452,24 @@ def test_lm_builder_rejects_weights_that_do_not_fit_the_spec():
         build_gqa_lm(spec, weights)
     with pytest.raises(ModelError, match="multiple of kv_heads"):
         DecoderLMSpec(1, 64, 4, 3, 16, 96, 50)
+
+
+def test_bundle_writer_hashes_every_file_and_refuses_unlisted_ones(tmp_path: Path):
+    import json
+
+    from export.onnx_graphs import write_bundle
+    from onnx_tts.errors import ModelError
+
+    manifest = {"graphs": {"lm": "lm.onnx"}, "text": {"tokenizer": "tokenizer.json"}}
+    files = {"lm.onnx": b"graph bytes", "tokenizer.json": b"{}"}
+    sha256, sizes = write_bundle(tmp_path, manifest, files)
+    written = json.loads((tmp_path / "bundle.json").read_text())
+    assert set(written["sha256"]) == {"lm.onnx", "tokenizer.json"} == set(sha256)
+    for name, digest in written["sha256"].items():
+        assert hashlib.sha256((tmp_path / name).read_bytes()).hexdigest() == digest
+    assert sizes["bundle.json"] == (tmp_path / "bundle.json").stat().st_size
+
+    other = tmp_path / "other"
+    with pytest.raises(ModelError, match=r"vocoder\.onnx"):
+        write_bundle(other, {**manifest, "vocoder": "vocoder.onnx"}, files)
+    assert not other.exists()  # refused before anything was written

@@ -14,15 +14,15 @@ onnx_tts/families/phoneme_mel.py).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 import onnx
 
+from export import onnx_graphs
 from export.build_reference import _bias, _linear_weight, _np, lm_weights
-from export.onnx_graphs import DecoderLMSpec, atomic_write_bytes, build_gqa_lm, write_bundle_files
+from export.onnx_graphs import DecoderLMSpec, build_gqa_lm
 from export.voice.codec import MEL_CONFIG, MelConfig, mel_filterbank, mel_inverse
 from onnx_tts.tools.graph_builder import FLOAT, INT64, GraphBuilder, linear, reduce_op
 
@@ -304,9 +304,8 @@ def build_vocoder_graph(cfg: MelConfig, stats: dict, vocoder: VocoderConfig) -> 
     )
 
 
-def bundle_manifest(
-    model: object, stats: dict, vocoder: VocoderConfig, sha256: dict[str, str]
-) -> dict[str, object]:
+def bundle_manifest(model: object, stats: dict, vocoder: VocoderConfig) -> dict[str, object]:
+    """bundle.json without the file hashes (write_bundle adds them)."""
     cfg = model.cfg  # type: ignore[attr-defined]
     mel = MEL_CONFIG
     # Griffin-Lim looks both ways: half an analysis window beyond the frame, in frames.
@@ -365,7 +364,6 @@ def bundle_manifest(
             "lookahead_frames": reach,
             "griffin_lim_iterations": vocoder.iterations,
         },
-        "sha256": sha256,
     }
 
 
@@ -383,12 +381,8 @@ def write_bundle(
         "lm": build_gqa_lm(lm_spec(cfg), lm_weights(model), name="lm"),  # type: ignore[arg-type]
         "vocoder": build_vocoder_graph(MEL_CONFIG, stats, vocoder),
     }
-    sha256, sizes = write_bundle_files(
-        out, {filename: graphs[key] for key, filename in GRAPH_FILES.items()}
-    )
-    manifest = json.dumps(bundle_manifest(model, stats, vocoder, sha256), indent=1) + "\n"
-    atomic_write_bytes(out / "bundle.json", manifest.encode("utf-8"))
-    sizes["bundle.json"] = len(manifest)
+    files = {filename: graphs[key] for key, filename in GRAPH_FILES.items()}
+    _, sizes = onnx_graphs.write_bundle(out, bundle_manifest(model, stats, vocoder), files)
     return sizes
 
 
