@@ -484,5 +484,5 @@ def shape_by_name(name: str) -> LMShape:
         return SHAPES[name]
     except KeyError:
         raise InputError(
-            f"unknown LM shape {name!r}; choose from {', '.join(sorted(SHAPES))} or 'reference'"
+            f"unknown LM shape {name!r}; choose from {', '.join(sorted(SHAPES))} or 'codec-lm'"
         ) from None

@@ -150,13 +150,13 @@ def test_inplace_cache_is_one_buffer_and_batch_of_two_matches(bundles, tmp_path,
     session = Session(converted, SessionOptions(intra_op_threads=1))
     cache = KVCache(session, "inplace", batch_size=2, capacity=64)
     buffers = cache.past_data_ptrs()
-    for feeds, reference in zip(steps, expected, strict=True):
+    for feeds, want in zip(steps, expected, strict=True):
         new = feeds["inputs_embeds"].shape[1]
         full = dict(feeds, attention_mask=np.ones((2, cache.length + new), np.int64))
         if session.input("position_ids") is not None:
             full["position_ids"] = np.tile(np.arange(cache.length, cache.length + new), (2, 1))
         logits = cache.step(full, output_names=["logits"])["logits"]
-        np.testing.assert_allclose(logits, reference, rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(logits, want, rtol=1e-4, atol=1e-4)
         assert cache.present_data_ptrs() == buffers  # written into the bound buffers
     assert cache.length == 26 and cache.past_data_ptrs() == buffers
 

@@ -5,7 +5,7 @@ onnx_tts/families/phoneme_mel.py).
   standardise -> speaker embedding = per-band mean and std (exactly
   :func:`export.voice.train.speaker_stats`).
 * embed.onnx: (previous frames, phoneme window, progress, speaker) -> LM input vectors.
-* lm.onnx: the reference GQA decoder builder on the trained weights; one output `logits`
+* lm.onnx: the shared GQA decoder builder (export.onnx_graphs), trained weights; one output `logits`
   holding the step's standardised mel frames followed by the advance logits.
 * vocoder.onnx: standardised log-mel -> linear magnitude -> linear interpolation to a finer hop
   -> unrolled Griffin-Lim (Conv STFT, ConvTranspose inverse STFT) from a fixed deterministic
@@ -21,7 +21,7 @@ import numpy as np
 import onnx
 
 from export import onnx_graphs
-from export.build_reference import _bias, _linear_weight, _np, lm_weights
+from export.build_codec_lm import _bias, _linear_weight, _np, lm_weights
 from export.onnx_graphs import DecoderLMSpec, build_gqa_lm
 from export.voice.codec import MEL_CONFIG, MelConfig, mel_filterbank, mel_inverse
 from onnx_tts.tools.graph_builder import FLOAT, INT64, GraphBuilder, linear, reduce_op
@@ -170,7 +170,7 @@ def build_embed_graph(model: object) -> onnx.ModelProto:
 
 
 def lm_spec(cfg: object) -> DecoderLMSpec:
-    """The reference decoder's spec with one flat head: mel frames + advance logits."""
+    """The codec-lm decoder's spec with one flat head: mel frames + advance logits."""
     decoder = cfg.decoder_config()  # type: ignore[attr-defined]
     return replace(decoder.lm_spec(), vocab_size=cfg.output_width, output_heads=None)  # type: ignore[attr-defined]
 

@@ -1,4 +1,4 @@
-"""The reference bundle: torch vs ONNX Runtime parity, KV modes, causality, determinism."""
+"""The codec-lm bundle: torch vs ONNX Runtime parity, KV modes, causality, determinism."""
 
 from __future__ import annotations
 
@@ -14,27 +14,27 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="export tests need torch (pip install '.[export]')")
 
-from export.build_reference import (  # noqa: E402
+from export.build_codec_lm import (  # noqa: E402
     DEFAULT_OUT_DIR,
     GRAPH_FILES,
     TOKENIZER_FILE,
     BuildResult,
-    build_reference,
+    build_codec_lm,
 )
+from export.codec_lm_model import synthetic_audio  # noqa: E402
 from export.onnx_graphs import (  # noqa: E402
     DecoderLMSpec,
     build_concat_lm,
     build_gqa_lm,
     random_lm_weights,
 )
-from export.reference_model import synthetic_audio  # noqa: E402
 
 MAX_BUNDLE_BYTES = 25_000_000
 
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> BuildResult:
-    return build_reference(tmp_path_factory.mktemp("reference_a"), seed=0)
+    return build_codec_lm(tmp_path_factory.mktemp("codec_lm_a"), seed=0)
 
 
 @pytest.fixture(scope="module")
@@ -340,16 +340,16 @@ def _file_hashes(directory: Path) -> dict[str, str]:
 
 
 def test_build_is_deterministic_and_checked_in_bundle_is_fresh(built: BuildResult, tmp_path: Path):
-    second = build_reference(tmp_path / "reference_b", seed=0)
+    second = build_codec_lm(tmp_path / "codec_lm_b", seed=0)
     fresh = _file_hashes(built.out_dir)
     assert _file_hashes(second.out_dir) == fresh
     missing = [name for name in fresh if not (DEFAULT_OUT_DIR / name).exists()]
-    assert not missing, f"{missing} missing: run `python -m export.build_reference`"
+    assert not missing, f"{missing} missing: run `python -m export.build_codec_lm`"
     stale = [
         name for name, digest in _file_hashes(DEFAULT_OUT_DIR).items() if digest != fresh[name]
     ]
     assert not stale, (
-        f"checked-in {stale} differ from a fresh build: run `python -m export.build_reference`"
+        f"checked-in {stale} differ from a fresh build: run `python -m export.build_codec_lm`"
     )
 
 
