@@ -54,7 +54,7 @@ from benchmarks import lm_graphs
 from onnx_tts.errors import InputError, ModelError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-REFERENCE_DIR = REPO_ROOT / "onnx_tts" / "models" / "reference"
+CODEC_LM_DIR = REPO_ROOT / "onnx_tts" / "models" / "codec-lm"
 BASELINE_MODE = "ort-run"
 ALL_MODES = (
     "ort-run",
@@ -150,14 +150,14 @@ def resolve_shapes(names: list[str], log: Callable[[str], None]) -> list[LMUnder
     """Build (or load from cache) every requested shape's graph pair."""
     result = []
     for name in names:
-        if name == "reference":
-            lm, concat = REFERENCE_DIR / "lm.onnx", REFERENCE_DIR / "lm_concat.onnx"
+        if name == "codec-lm":
+            lm, concat = CODEC_LM_DIR / "lm.onnx", CODEC_LM_DIR / "lm_concat.onnx"
             if not (lm.is_file() and concat.is_file()):
                 raise ModelError(
-                    f"reference LM graphs not found ({lm}, {concat}); generate the reference "
-                    "bundle first or leave 'reference' out of --shapes"
+                    f"codec-lm LM graphs not found ({lm}, {concat}); build the bundle first "
+                    "(python -m export.build_codec_lm) or leave 'codec-lm' out of --shapes"
                 )
-            result.append(describe_graphs("reference", concat, lm, "generation"))
+            result.append(describe_graphs("codec-lm", concat, lm, "generation"))
             continue
         shape = lm_graphs.shape_by_name(name)
         graphs = lm_graphs.ensure_graphs(shape, log=log)
@@ -1009,9 +1009,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--shapes",
         nargs="+",
-        help="shapes to run (default: reference turbo chatterbox; quick: "
-        f"reference turbo-small chatterbox-small); known: "
-        f"{', '.join(['reference', *lm_graphs.SHAPES])}",
+        help="shapes to run (default: codec-lm turbo chatterbox; quick: "
+        f"codec-lm turbo-small chatterbox-small); known: "
+        f"{', '.join(['codec-lm', *lm_graphs.SHAPES])}",
     )
     parser.add_argument("--modes", nargs="+", choices=ALL_MODES, help="modes (default: all)")
     parser.add_argument("--contexts", nargs="+", type=int, help="contexts / generation lengths")
@@ -1054,10 +1054,10 @@ def main(argv: list[str] | None = None) -> int:
         shapes = ["turbo-small", "chatterbox-small"]
     else:
         shapes = ["turbo", "chatterbox"]
-    if not args.shapes and (REFERENCE_DIR / "lm.onnx").is_file():
-        shapes = ["reference", *shapes]
+    if not args.shapes and (CODEC_LM_DIR / "lm.onnx").is_file():
+        shapes = ["codec-lm", *shapes]
     for name in shapes:
-        if name != "reference":
+        if name != "codec-lm":
             lm_graphs.shape_by_name(name)  # fail early on a typo, before any export
     contexts = sorted(set(args.contexts or (QUICK_CONTEXTS if args.quick else FULL_CONTEXTS)))
     if contexts[0] < PREFILL_TOKENS:

@@ -32,16 +32,16 @@ from typing import Any
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
 
 from onnx_tts.errors import InputError, ModelError
+from onnx_tts.tools.graph_builder import FLOAT, INT32, INT64, IR_VERSION, MS_DOMAIN, GraphBuilder
 
 # Bump when the graph layout written by this module changes, so stale caches are not reused.
 BUILDER_VERSION = "2"
 GQA_OPSET = (
     23  # RMSNormalization (23) and Gelu(approximate="tanh") (20) are both in the ONNX domain
 )
-ORT_MAX_IR_VERSION = 10  # onnx 1.23 writes IR 14 by default; onnxruntime 1.31 reads at most 13
+ORT_MAX_IR_VERSION = IR_VERSION  # onnx 1.23 writes IR 14 by default; ORT 1.31 reads <= 13
 
 
 @dataclass(frozen=True)
@@ -183,42 +183,26 @@ def export_concat(model: Any, out_dir: Path) -> Path:
 # ---------------------------------------------------------------- GQA graph writer
 
 
-class _GraphWriter:
-    """Small helper that names nodes and initializers uniquely while a graph is written."""
-
-    def __init__(self) -> None:
-        self.nodes: list[onnx.NodeProto] = []
-        self.initializers: list[onnx.TensorProto] = []
-        self._count = 0
-
-    def const(self, name: str, array: np.ndarray) -> str:
-        self.initializers.append(numpy_helper.from_array(np.ascontiguousarray(array), name))
-        return name
-
-    def op(self, op_type: str, inputs: list[str], **attrs: Any) -> str:
-        self._count += 1
-        output = f"{op_type.lower()}_{self._count}"
-        self.nodes.append(
-            helper.make_node(op_type, inputs, [output], name=f"{op_type}_{self._count}", **attrs)
-        )
-        return output
-
-
 def _affine(w: Any, x: str, state: dict, w_name: str, w_key: str, b_name: str, b_key: str) -> str:
     """x @ W + b with GPT-2 Conv1D weights ([in, out]) taken from the torch state dict."""
-    weight = w.const(w_name, _numpy(state[w_key]))
-    return w.op("Add", [w.op("MatMul", [x, weight]), w.const(b_name, _numpy(state[b_key]))])
+    weight = w.initializer(w_name, _numpy(state[w_key]))
+    return w.node(
+        "Add", [w.node("MatMul", [x, weight]), w.initializer(b_name, _numpy(state[b_key]))]
+    )
 
 
 def _layer_norm(
     w: Any, x: str, state: dict, g_name: str, g_key: str, b_name: str, b_key: str, eps: float
 ) -> str:
-    scale, bias = w.const(g_name, _numpy(state[g_key])), w.const(b_name, _numpy(state[b_key]))
-    return w.op("LayerNormalization", [x, scale, bias], axis=-1, epsilon=eps)
+    scale, bias = (
+        w.initializer(g_name, _numpy(state[g_key])),
+        w.initializer(b_name, _numpy(state[b_key])),
+    )
+    return w.node("LayerNormalization", [x, scale, bias], axis=-1, epsilon=eps)
 
 
 def _group_query_attention(
-    w: _GraphWriter, packed_qkv: str, layer: int, attrs: dict[str, Any], rotary: bool
+    w: GraphBuilder, packed_qkv: str, layer: int, attrs: dict[str, Any], rotary: bool
 ) -> str:
     """GQA node of one layer: packed QKV in, attention out, KV written to present.N.*."""
     name = f"l{layer}.attn"
@@ -226,17 +210,15 @@ def _group_query_attention(
     inputs += ["seqlens_k", "total_sequence_length"]
     if rotary:  # Llama: rotate_half layout (not interleaved), positions taken from seqlens_k
         inputs += ["cos_cache", "sin_cache"]
-    w.nodes.append(
-        helper.make_node(
-            "GroupQueryAttention",
-            inputs,
-            [name, f"present.{layer}.key", f"present.{layer}.value"],
-            name=name,
-            domain="com.microsoft",
-            do_rotary=int(rotary),
-            rotary_interleaved=0,
-            **attrs,
-        )
+    w.node(
+        "GroupQueryAttention",
+        inputs,
+        name=name,
+        output_names=[name, f"present.{layer}.key", f"present.{layer}.value"],
+        domain=MS_DOMAIN,
+        do_rotary=int(rotary),
+        rotary_interleaved=0,
+        **attrs,
     )
     return name
 
@@ -245,26 +227,25 @@ def _numpy(tensor: Any) -> np.ndarray:
     return tensor.detach().float().cpu().numpy()
 
 
-def _kv_value_infos(shape: LMShape) -> tuple[list, list]:
-    past, present = [], []
+def _kv_io(w: GraphBuilder, shape: LMShape) -> None:
     for i in range(shape.layers):
         for kind in ("key", "value"):
-            dims = ["batch_size", shape.kv_heads, "past_sequence_length", shape.head_dim]
-            past.append(
-                helper.make_tensor_value_info(
-                    f"past_key_values.{i}.{kind}", TensorProto.FLOAT, dims
-                )
-            )
-            dims = ["batch_size", shape.kv_heads, "present_sequence_length", shape.head_dim]
-            present.append(
-                helper.make_tensor_value_info(f"present.{i}.{kind}", TensorProto.FLOAT, dims)
-            )
-    return past, present
+            dims = ("batch_size", shape.kv_heads, "past_sequence_length", shape.head_dim)
+            w.add_input(f"past_key_values.{i}.{kind}", FLOAT, dims)
+    for i in range(shape.layers):
+        for kind in ("key", "value"):
+            dims = ("batch_size", shape.kv_heads, "present_sequence_length", shape.head_dim)
+            w.add_output(f"present.{i}.{kind}", FLOAT, dims)
 
 
 def build_gqa_model(model: Any, shape: LMShape) -> onnx.ModelProto:
     """Write the torch model's weights into a GroupQueryAttention graph (see module doc)."""
-    w = _GraphWriter()
+    w = GraphBuilder(f"{shape.name}_gqa", opset=GQA_OPSET, producer="onnx-tts-bench")
+    w.add_input("input_ids", INT64, ("batch_size", "sequence_length"))
+    w.add_input("seqlens_k", INT32, ("batch_size",))
+    w.add_input("total_sequence_length", INT32, ())
+    w.add_output("logits", FLOAT, ("batch_size", "sequence_length", shape.vocab))
+    _kv_io(w, shape)
     qkv_width = (shape.heads + 2 * shape.kv_heads) * shape.head_dim
     gqa_attrs = {
         "num_heads": shape.heads,
@@ -274,29 +255,33 @@ def build_gqa_model(model: Any, shape: LMShape) -> onnx.ModelProto:
     state = model.state_dict()
 
     # seqlens_k is total length - 1, so the first new token sits at seqlens_k + 1 - S.
-    seq_len = w.op("Gather", [w.op("Shape", ["input_ids"]), w.const("one_i64", np.array(1))])
-    one = "one_i64"
-    past_len = w.op(
-        "Sub", [w.op("Add", [w.op("Cast", ["seqlens_k"], to=TensorProto.INT64), one]), seq_len]
+    seq_len = w.node(
+        "Gather", [w.node("Shape", ["input_ids"]), w.initializer("one_i64", np.array(1))]
     )
-    offsets = w.op("Range", [w.const("zero_i64", np.array(0)), seq_len, one])
-    positions = w.op(
-        "Add", [w.op("Unsqueeze", [past_len, w.const("axis1", np.array([1]))]), offsets]
+    one = "one_i64"
+    past_len = w.node(
+        "Sub", [w.node("Add", [w.node("Cast", ["seqlens_k"], to=INT64), one]), seq_len]
+    )
+    offsets = w.node("Range", [w.initializer("zero_i64", np.array(0)), seq_len, one])
+    positions = w.node(
+        "Add", [w.node("Unsqueeze", [past_len, w.initializer("axis1", np.array([1]))]), offsets]
     )
 
     if shape.family == "gpt2":
-        wte = w.const("wte", _numpy(state["transformer.wte.weight"]))
-        wpe = w.const("wpe", _numpy(state["transformer.wpe.weight"]))
-        hidden = w.op("Add", [w.op("Gather", [wte, "input_ids"]), w.op("Gather", [wpe, positions])])
+        wte = w.initializer("wte", _numpy(state["transformer.wte.weight"]))
+        wpe = w.initializer("wpe", _numpy(state["transformer.wpe.weight"]))
+        hidden = w.node(
+            "Add", [w.node("Gather", [wte, "input_ids"]), w.node("Gather", [wpe, positions])]
+        )
     else:
-        embed = w.const("embed_tokens", _numpy(state["model.embed_tokens.weight"]))
-        hidden = w.op("Gather", [embed, "input_ids"])
+        embed = w.initializer("embed_tokens", _numpy(state["model.embed_tokens.weight"]))
+        hidden = w.node("Gather", [embed, "input_ids"])
         rotary = model.model.rotary_emb
         scaling = float(getattr(rotary, "attention_scaling", 1.0))
         inv_freq = rotary.inv_freq.detach().double().cpu().numpy()
         angles = np.outer(np.arange(shape.max_positions, dtype=np.float64), inv_freq)
-        w.const("cos_cache", (np.cos(angles) * scaling).astype(np.float32))
-        w.const("sin_cache", (np.sin(angles) * scaling).astype(np.float32))
+        w.initializer("cos_cache", (np.cos(angles) * scaling).astype(np.float32))
+        w.initializer("sin_cache", (np.sin(angles) * scaling).astype(np.float32))
 
     for i in range(shape.layers):
         if shape.family == "gpt2":
@@ -331,7 +316,7 @@ def build_gqa_model(model: Any, shape: LMShape) -> onnx.ModelProto:
                 f"l{i}.o.b",
                 p + "attn.c_proj.bias",
             )
-            hidden = w.op("Add", [hidden, proj])
+            hidden = w.node("Add", [hidden, proj])
             normed = _layer_norm(
                 w,
                 hidden,
@@ -351,7 +336,7 @@ def build_gqa_model(model: Any, shape: LMShape) -> onnx.ModelProto:
                 f"l{i}.fc.b",
                 p + "mlp.c_fc.bias",
             )
-            act = w.op("Gelu", [up], approximate="tanh")  # gelu_new is the tanh approximation
+            act = w.node("Gelu", [up], approximate="tanh")  # gelu_new is the tanh approximation
             down = _affine(
                 w,
                 act,
@@ -361,13 +346,16 @@ def build_gqa_model(model: Any, shape: LMShape) -> onnx.ModelProto:
                 f"l{i}.down.b",
                 p + "mlp.c_proj.bias",
             )
-            hidden = w.op("Add", [hidden, down])
+            hidden = w.node("Add", [hidden, down])
         else:
             p = f"model.layers.{i}."
             eps = float(model.config.rms_norm_eps)
-            normed = w.op(
+            normed = w.node(
                 "RMSNormalization",
-                [hidden, w.const(f"l{i}.in_norm", _numpy(state[p + "input_layernorm.weight"]))],
+                [
+                    hidden,
+                    w.initializer(f"l{i}.in_norm", _numpy(state[p + "input_layernorm.weight"])),
+                ],
                 axis=-1,
                 epsilon=eps,
             )
@@ -376,76 +364,57 @@ def build_gqa_model(model: Any, shape: LMShape) -> onnx.ModelProto:
                 [_numpy(state[p + f"self_attn.{n}_proj.weight"]).T for n in ("q", "k", "v")], axis=1
             )
             assert qkv_weight.shape[1] == qkv_width
-            qkv = w.op("MatMul", [normed, w.const(f"l{i}.qkv.w", qkv_weight)])
+            qkv = w.node("MatMul", [normed, w.initializer(f"l{i}.qkv.w", qkv_weight)])
             attn = _group_query_attention(w, qkv, i, gqa_attrs, rotary=True)
             o_weight = _numpy(state[p + "self_attn.o_proj.weight"]).T
-            hidden = w.op("Add", [hidden, w.op("MatMul", [attn, w.const(f"l{i}.o.w", o_weight)])])
-            normed = w.op(
+            hidden = w.node(
+                "Add", [hidden, w.node("MatMul", [attn, w.initializer(f"l{i}.o.w", o_weight)])]
+            )
+            normed = w.node(
                 "RMSNormalization",
                 [
                     hidden,
-                    w.const(
+                    w.initializer(
                         f"l{i}.post_norm", _numpy(state[p + "post_attention_layernorm.weight"])
                     ),
                 ],
                 axis=-1,
                 epsilon=eps,
             )
-            gate = w.op(
+            gate = w.node(
                 "MatMul",
-                [normed, w.const(f"l{i}.gate", _numpy(state[p + "mlp.gate_proj.weight"]).T)],
+                [normed, w.initializer(f"l{i}.gate", _numpy(state[p + "mlp.gate_proj.weight"]).T)],
             )
-            up = w.op(
-                "MatMul", [normed, w.const(f"l{i}.up", _numpy(state[p + "mlp.up_proj.weight"]).T)]
+            up = w.node(
+                "MatMul",
+                [normed, w.initializer(f"l{i}.up", _numpy(state[p + "mlp.up_proj.weight"]).T)],
             )
-            swish = w.op("Mul", [gate, w.op("Sigmoid", [gate])])
-            down_w = w.const(f"l{i}.down", _numpy(state[p + "mlp.down_proj.weight"]).T)
-            hidden = w.op("Add", [hidden, w.op("MatMul", [w.op("Mul", [swish, up]), down_w])])
+            swish = w.node("Mul", [gate, w.node("Sigmoid", [gate])])
+            down_w = w.initializer(f"l{i}.down", _numpy(state[p + "mlp.down_proj.weight"]).T)
+            hidden = w.node("Add", [hidden, w.node("MatMul", [w.node("Mul", [swish, up]), down_w])])
 
     if shape.family == "gpt2":
-        normed = w.op(
+        normed = w.node(
             "LayerNormalization",
             [
                 hidden,
-                w.const("lnf.w", _numpy(state["transformer.ln_f.weight"])),
-                w.const("lnf.b", _numpy(state["transformer.ln_f.bias"])),
+                w.initializer("lnf.w", _numpy(state["transformer.ln_f.weight"])),
+                w.initializer("lnf.b", _numpy(state["transformer.ln_f.bias"])),
             ],
             axis=-1,
             epsilon=float(model.config.layer_norm_epsilon),
         )
-        head = w.const("lm_head", _numpy(state["transformer.wte.weight"]).T)  # tied to wte
+        head = w.initializer("lm_head", _numpy(state["transformer.wte.weight"]).T)  # tied to wte
     else:
-        normed = w.op(
+        normed = w.node(
             "RMSNormalization",
-            [hidden, w.const("norm", _numpy(state["model.norm.weight"]))],
+            [hidden, w.initializer("norm", _numpy(state["model.norm.weight"]))],
             axis=-1,
             epsilon=float(model.config.rms_norm_eps),
         )
-        head = w.const("lm_head", _numpy(state["lm_head.weight"]).T)
-    w.nodes.append(helper.make_node("MatMul", [normed, head], ["logits"], name="lm_head"))
-
-    past, present = _kv_value_infos(shape)
-    inputs = [
-        helper.make_tensor_value_info(
-            "input_ids", TensorProto.INT64, ["batch_size", "sequence_length"]
-        ),
-        helper.make_tensor_value_info("seqlens_k", TensorProto.INT32, ["batch_size"]),
-        helper.make_tensor_value_info("total_sequence_length", TensorProto.INT32, []),
-        *past,
-    ]
-    logits = helper.make_tensor_value_info(
-        "logits", TensorProto.FLOAT, ["batch_size", "sequence_length", shape.vocab]
-    )
-    graph = helper.make_graph(
-        w.nodes, f"{shape.name}_gqa", inputs, [logits, *present], initializer=w.initializers
-    )
-    model_proto = helper.make_model(
-        graph,
-        opset_imports=[helper.make_opsetid("", GQA_OPSET), helper.make_opsetid("com.microsoft", 1)],
-        producer_name="onnx-tts-bench",
-    )
-    model_proto.ir_version = ORT_MAX_IR_VERSION
-    return model_proto
+        head = w.initializer("lm_head", _numpy(state["lm_head.weight"]).T)
+    w.node("MatMul", [normed, head], output_names=["logits"], name="lm_head")
+    return w.build()
 
 
 def save_model(model_proto: onnx.ModelProto, path: Path) -> None:
@@ -515,5 +484,5 @@ def shape_by_name(name: str) -> LMShape:
         return SHAPES[name]
     except KeyError:
         raise InputError(
-            f"unknown LM shape {name!r}; choose from {', '.join(sorted(SHAPES))} or 'reference'"
+            f"unknown LM shape {name!r}; choose from {', '.join(sorted(SHAPES))} or 'codec-lm'"
         ) from None

@@ -1,1 +1,1 @@
-"""Torch model definitions and exporters for the reference bundle (needs the `export` extra)."""
+"""Torch models, exporters and training recipes of the bundled models (the `export` extra)."""

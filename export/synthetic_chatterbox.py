@@ -111,8 +111,10 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 from tokenizers import Tokenizer
+
+from onnx_tts.tools.graph_builder import GraphBuilder
 
 START_SPEECH_TOKEN = 6561
 STOP_SPEECH_TOKEN = 6562
@@ -197,70 +199,44 @@ class SyntheticConfig:
 # --------------------------------------------------------------------------------------
 # A tiny graph builder: named initializers, auto-named node outputs.
 # --------------------------------------------------------------------------------------
-class GraphBuilder:
-    def __init__(self, rng: np.random.Generator) -> None:
-        self.rng = rng
-        self.nodes: list[onnx.NodeProto] = []
-        self.initializers: list[onnx.TensorProto] = []
-        self._counter = 0
+PRODUCER = "onnx-tts export.synthetic_chatterbox"
 
-    def _name(self, hint: str) -> str:
-        self._counter += 1
-        return f"{hint}_{self._counter}"
 
-    def const(self, value: np.ndarray | float | int | Sequence[int], hint: str = "c") -> str:
-        array = np.asarray(value)
-        if array.dtype == np.float64:
-            array = array.astype(np.float32)
-        name = self._name(hint)
-        self.initializers.append(numpy_helper.from_array(array, name))
-        return name
+def _weight(
+    g: GraphBuilder, rng: np.random.Generator, shape: Sequence[int], scale: float, hint: str = "w"
+) -> str:
+    """A random initializer (drawn in call order, so a seed fixes every weight)."""
+    return g.initializer(hint, rng.standard_normal(shape).astype(np.float32) * scale)
 
-    def ints(self, values: Sequence[int], hint: str = "i") -> str:
-        return self.const(np.asarray(values, dtype=np.int64), hint)
 
-    def weight(self, shape: Sequence[int], scale: float, hint: str = "w") -> str:
-        return self.const(self.rng.standard_normal(shape).astype(np.float32) * scale, hint)
+def _linear(
+    g: GraphBuilder,
+    rng: np.random.Generator,
+    x: str,
+    d_in: int,
+    d_out: int,
+    bias: bool = False,
+    scale: float | None = None,
+) -> str:
+    """x @ W (+ zero bias) with W random, scaled 1/sqrt(d_in) unless told."""
+    scale = scale if scale is not None else 1.0 / math.sqrt(d_in)
+    y = g.node("MatMul", [x, _weight(g, rng, (d_in, d_out), scale)])
+    if bias:
+        y = g.node("Add", [y, g.initializer("b", np.zeros(d_out, np.float32))])
+    return y
 
-    def op(self, op_type: str, inputs: Sequence[str], n_out: int = 1, name_out=None, **attrs):
-        if name_out is not None:
-            outputs = [name_out] if isinstance(name_out, str) else list(name_out)
-        else:
-            outputs = [self._name(op_type.lower()) for _ in range(n_out)]
-        self.nodes.append(
-            helper.make_node(op_type, list(inputs), outputs, name=self._name(op_type), **attrs)
-        )
-        return outputs[0] if len(outputs) == 1 else outputs
 
-    # Small helpers used by several graphs.
-    def dim(self, tensor: str, axis: int) -> str:
-        """Scalar int64 size of `tensor` along `axis`."""
-        shape = self.op("Shape", [tensor])
-        return self.op("Gather", [shape, self.const(np.int64(axis))], axis=0)
+def _dim(g: GraphBuilder, tensor: str, axis: int) -> str:
+    """Scalar int64 size of `tensor` along `axis`."""
+    return g.node("Gather", [g.node("Shape", [tensor]), g.const(np.int64(axis))], axis=0)
 
-    def dims(self, tensor: str, start: int, end: int) -> str:
-        """1-D int64 slice of the shape of `tensor`."""
-        shape = self.op("Shape", [tensor])
-        return self.op("Slice", [shape, self.ints([start]), self.ints([end])])
 
-    def linear(self, x: str, d_in: int, d_out: int, bias: bool = False, scale=None) -> str:
-        scale = scale if scale is not None else 1.0 / math.sqrt(d_in)
-        y = self.op("MatMul", [x, self.weight((d_in, d_out), scale)])
-        if bias:
-            y = self.op("Add", [y, self.const(np.zeros(d_out, np.float32), "b")])
-        return y
-
-    def model(
-        self, inputs: list[onnx.ValueInfoProto], outputs: list[onnx.ValueInfoProto], name: str
-    ) -> onnx.ModelProto:
-        graph = helper.make_graph(self.nodes, name, inputs, outputs, self.initializers)
-        model = helper.make_model(
-            graph,
-            opset_imports=[helper.make_opsetid("", OPSET)],
-            producer_name="onnx-tts export.synthetic_chatterbox",
-        )
-        model.ir_version = IR_VERSION
-        return model
+def _finish(
+    g: GraphBuilder, inputs: list[onnx.ValueInfoProto], outputs: list[onnx.ValueInfoProto]
+) -> onnx.ModelProto:
+    g.inputs.extend(inputs)
+    g.outputs.extend(outputs)
+    return g.build()
 
 
 def _vi(name: str, elem: int, shape: Sequence[int | str]) -> onnx.ValueInfoProto:
@@ -273,55 +249,62 @@ def _vi(name: str, elem: int, shape: Sequence[int | str]) -> onnx.ValueInfoProto
 def build_speech_encoder(cfg: SyntheticConfig) -> onnx.ModelProto:
     """audio_values [B, N] -> audio_features, audio_tokens, speaker_embeddings,
     speaker_features. P = N // 960 tokens, T = 2 P mel frames."""
-    g = GraphBuilder(np.random.default_rng(cfg.seed + 1))
+    g = GraphBuilder("speech_encoder", OPSET, producer=PRODUCER)
+    rng = np.random.default_rng(cfg.seed + 1)
     audio = "audio_values"
-    n = g.dim(audio, 1)
-    tokens = g.op("Div", [n, g.const(np.int64(SAMPLES_PER_TOKEN))])
-    usable = g.op("Mul", [tokens, g.const(np.int64(SAMPLES_PER_TOKEN))])
-    trimmed = g.op(
+    n = _dim(g, audio, 1)
+    tokens = g.node("Div", [n, g.const(np.int64(SAMPLES_PER_TOKEN))])
+    usable = g.node("Mul", [tokens, g.const(np.int64(SAMPLES_PER_TOKEN))])
+    trimmed = g.node(
         "Slice",
         [
             audio,
-            g.ints([0]),
-            g.op("Unsqueeze", [usable, g.ints([0])]),
-            g.ints([1]),
+            g.const([0]),
+            g.node("Unsqueeze", [usable, g.const([0])]),
+            g.const([1]),
         ],
     )
-    batch = g.dims(audio, 0, 1)
-    frames = g.op("Reshape", [trimmed, g.op("Concat", [batch, g.ints([-1, MEL_HOP])], axis=0)])
-    mel = g.op("Tanh", [g.linear(frames, MEL_HOP, MEL_BINS, bias=True, scale=0.5)])
-    g.op("Identity", [mel], name_out="speaker_features")
+    batch = g.shape_dims(audio, 0, 1)
+    frames = g.node("Reshape", [trimmed, g.node("Concat", [batch, g.const([-1, MEL_HOP])], axis=0)])
+    mel = g.node("Tanh", [_linear(g, rng, frames, MEL_HOP, MEL_BINS, bias=True, scale=0.5)])
+    g.node("Identity", [mel], output_names=["speaker_features"])
 
-    pairs = g.op(
-        "Reshape", [trimmed, g.op("Concat", [batch, g.ints([-1, SAMPLES_PER_TOKEN])], axis=0)]
+    pairs = g.node(
+        "Reshape", [trimmed, g.node("Concat", [batch, g.const([-1, SAMPLES_PER_TOKEN])], axis=0)]
     )
     # Speech tokens: a deterministic hash of each 40 ms window into 0..6560.
-    proj = g.op("Squeeze", [g.linear(pairs, SAMPLES_PER_TOKEN, 1, scale=1.0), g.ints([2])])
-    scaled = g.op("Floor", [g.op("Mul", [g.op("Abs", [proj]), g.const(np.float32(1000.0))])])
-    g.op(
+    proj = g.node(
+        "Squeeze", [_linear(g, rng, pairs, SAMPLES_PER_TOKEN, 1, scale=1.0), g.const([2])]
+    )
+    scaled = g.node("Floor", [g.node("Mul", [g.node("Abs", [proj]), g.const(1000.0, np.float32)])])
+    g.node(
         "Mod",
-        [g.op("Cast", [scaled], to=TensorProto.INT64), g.const(np.int64(SPEECH_CODEBOOK))],
-        name_out="audio_tokens",
+        [g.node("Cast", [scaled], to=TensorProto.INT64), g.const(np.int64(SPEECH_CODEBOOK))],
+        output_names=["audio_tokens"],
     )
 
-    pooled = g.op("ReduceMean", [mel], axes=[1], keepdims=0)
-    g.op(
-        "Tanh", [g.linear(pooled, MEL_BINS, SPEAKER_DIM, bias=True)], name_out="speaker_embeddings"
+    pooled = g.node("ReduceMean", [mel], axes=[1], keepdims=0)
+    g.node(
+        "Tanh",
+        [_linear(g, rng, pooled, MEL_BINS, SPEAKER_DIM, bias=True)],
+        output_names=["speaker_embeddings"],
     )
 
     if cfg.variant == "turbo":
-        features = g.op("Tanh", [g.linear(pairs, SAMPLES_PER_TOKEN, cfg.hidden, scale=0.5)])
+        features = g.node(
+            "Tanh", [_linear(g, rng, pairs, SAMPLES_PER_TOKEN, cfg.hidden, scale=0.5)]
+        )
         # Like T3's conditioning prompt, the prefix is capped (here at 150 tokens = 6 s).
-        g.op(
+        g.node(
             "Slice",
-            [features, g.ints([0]), g.ints([TURBO_PROMPT_TOKENS]), g.ints([1])],
-            name_out="audio_features",
+            [features, g.const([0]), g.const([TURBO_PROMPT_TOKENS]), g.const([1])],
+            output_names=["audio_features"],
         )
         feat_len: int | str = "audio_tokens_length"
     else:
-        queries = g.weight((1, cfg.cond_len, cfg.hidden), 0.5, "cond_queries")
-        speaker = g.op("Unsqueeze", [g.linear(pooled, MEL_BINS, cfg.hidden), g.ints([1])])
-        g.op("Tanh", [g.op("Add", [queries, speaker])], name_out="audio_features")
+        queries = _weight(g, rng, (1, cfg.cond_len, cfg.hidden), 0.5, "cond_queries")
+        speaker = g.node("Unsqueeze", [_linear(g, rng, pooled, MEL_BINS, cfg.hidden), g.const([1])])
+        g.node("Tanh", [g.node("Add", [queries, speaker])], output_names=["audio_features"])
         feat_len = cfg.cond_len
 
     inputs = [_vi(audio, TensorProto.FLOAT, ["batch_size", "num_samples"])]
@@ -331,35 +314,36 @@ def build_speech_encoder(cfg: SyntheticConfig) -> onnx.ModelProto:
         _vi("speaker_embeddings", TensorProto.FLOAT, ["batch_size", SPEAKER_DIM]),
         _vi("speaker_features", TensorProto.FLOAT, ["batch_size", "feature_length", MEL_BINS]),
     ]
-    return g.model(inputs, outputs, "speech_encoder")
+    return _finish(g, inputs, outputs)
 
 
 # --------------------------------------------------------------------------------------
 # embed_tokens
 # --------------------------------------------------------------------------------------
 def build_embed_tokens(cfg: SyntheticConfig, text_vocab: int) -> onnx.ModelProto:
-    g = GraphBuilder(np.random.default_rng(cfg.seed + 2))
+    g = GraphBuilder("embed_tokens", OPSET, producer=PRODUCER)
+    rng = np.random.default_rng(cfg.seed + 2)
     # Speech ids share the table: 6563 rows for Turbo, 8194 (speech_tokens_dict_size) else.
     table_rows = max(text_vocab, cfg.speech_vocab)
-    table = g.weight((table_rows, cfg.hidden), 1.0, "token_table")
-    embeds = g.op("Gather", [table, "input_ids"], axis=0)
+    table = _weight(g, rng, (table_rows, cfg.hidden), 1.0, "token_table")
+    embeds = g.node("Gather", [table, "input_ids"], axis=0)
     inputs = [_vi("input_ids", TensorProto.INT64, ["batch_size", "sequence_length"])]
     if cfg.variant == "turbo":
-        g.op("Identity", [embeds], name_out="inputs_embeds")
+        g.node("Identity", [embeds], output_names=["inputs_embeds"])
     else:
-        positions = g.op("Max", ["position_ids", g.const(np.int64(0))])
-        pos_table = g.weight((cfg.max_positions, cfg.hidden), 0.1, "position_table")
-        with_pos = g.op("Add", [embeds, g.op("Gather", [pos_table, positions], axis=0)])
+        positions = g.node("Max", ["position_ids", g.const(np.int64(0))])
+        pos_table = _weight(g, rng, (cfg.max_positions, cfg.hidden), 0.1, "position_table")
+        with_pos = g.node("Add", [embeds, g.node("Gather", [pos_table, positions], axis=0)])
         # The exaggeration vector lands on the 6563 marker token, as in the real export.
-        marker = g.op(
+        marker = g.node(
             "Cast",
-            [g.op("Equal", ["input_ids", g.const(np.int64(EXAGGERATION_TOKEN))])],
+            [g.node("Equal", ["input_ids", g.const(np.int64(EXAGGERATION_TOKEN))])],
             to=TensorProto.FLOAT,
         )
-        marker = g.op("Unsqueeze", [marker, g.ints([2])])
-        exaggeration = g.op("Unsqueeze", ["exaggeration", g.ints([1, 2])])
-        emotion = g.op("Mul", [exaggeration, g.weight((cfg.hidden,), 1.0, "emotion")])
-        g.op("Add", [with_pos, g.op("Mul", [marker, emotion])], name_out="inputs_embeds")
+        marker = g.node("Unsqueeze", [marker, g.const([2])])
+        exaggeration = g.node("Unsqueeze", ["exaggeration", g.const([1, 2])])
+        emotion = g.node("Mul", [exaggeration, _weight(g, rng, (cfg.hidden,), 1.0, "emotion")])
+        g.node("Add", [with_pos, g.node("Mul", [marker, emotion])], output_names=["inputs_embeds"])
         inputs += [
             _vi("position_ids", TensorProto.INT64, ["batch_size", "sequence_length"]),
             _vi("exaggeration", TensorProto.FLOAT, ["batch_size"]),
@@ -367,149 +351,175 @@ def build_embed_tokens(cfg: SyntheticConfig, text_vocab: int) -> onnx.ModelProto
     outputs = [
         _vi("inputs_embeds", TensorProto.FLOAT, ["batch_size", "sequence_length", cfg.hidden])
     ]
-    return g.model(inputs, outputs, "embed_tokens")
+    return _finish(g, inputs, outputs)
 
 
 # --------------------------------------------------------------------------------------
 # language_model (Concat KV cache)
 # --------------------------------------------------------------------------------------
 def _layer_norm(g: GraphBuilder, x: str, d: int) -> str:
-    return g.op(
+    return g.node(
         "LayerNormalization",
-        [x, g.const(np.ones(d, np.float32), "ln_g"), g.const(np.zeros(d, np.float32), "ln_b")],
+        [
+            x,
+            g.initializer("ln_g", np.ones(d, np.float32)),
+            g.initializer("ln_b", np.zeros(d, np.float32)),
+        ],
         axis=-1,
         epsilon=1e-5,
     )
 
 
 def _rms_norm(g: GraphBuilder, x: str, d: int) -> str:
-    mean_sq = g.op("ReduceMean", [g.op("Mul", [x, x])], axes=[-1], keepdims=1)
-    inv = g.op("Reciprocal", [g.op("Sqrt", [g.op("Add", [mean_sq, g.const(np.float32(1e-5))])])])
-    return g.op("Mul", [g.op("Mul", [x, inv]), g.const(np.ones(d, np.float32), "rms_g")])
+    mean_sq = g.node("ReduceMean", [g.node("Mul", [x, x])], axes=[-1], keepdims=1)
+    inv = g.node(
+        "Reciprocal", [g.node("Sqrt", [g.node("Add", [mean_sq, g.const(1e-5, np.float32)])])]
+    )
+    return g.node("Mul", [g.node("Mul", [x, inv]), g.initializer("rms_g", np.ones(d, np.float32))])
 
 
 def _rotate_half(g: GraphBuilder, x: str, half: int) -> str:
-    first, second = g.op("Split", [x, g.ints([half, half])], n_out=2, axis=-1)
-    return g.op("Concat", [g.op("Neg", [second]), first], axis=-1)
+    first, second = g.node("Split", [x, g.const([half, half])], num_outputs=2, axis=-1)
+    return g.node("Concat", [g.node("Neg", [second]), first], axis=-1)
 
 
 def build_language_model(cfg: SyntheticConfig) -> onnx.ModelProto:
-    g = GraphBuilder(np.random.default_rng(cfg.seed + 3))
+    g = GraphBuilder("language_model", OPSET, producer=PRODUCER)
+    rng = np.random.default_rng(cfg.seed + 3)
     d, h, dh = cfg.hidden, cfg.heads, cfg.head_dim
     x = "inputs_embeds"
-    batch_seq = g.dims(x, 0, 2)
-    seq = g.dim(x, 1)
-    total = g.dim("attention_mask", 1)
+    batch_seq = g.shape_dims(x, 0, 2)
+    seq = _dim(g, x, 1)
+    total = _dim(g, "attention_mask", 1)
 
     # Additive attention bias [B, 1, S, T]: causal over absolute positions + padding mask.
-    q_pos = g.op("Range", [g.op("Sub", [total, seq]), total, g.const(np.int64(1))])
-    k_pos = g.op("Range", [g.const(np.int64(0)), total, g.const(np.int64(1))])
-    causal = g.op(
+    q_pos = g.node("Range", [g.node("Sub", [total, seq]), total, g.const(np.int64(1))])
+    k_pos = g.node("Range", [g.const(np.int64(0)), total, g.const(np.int64(1))])
+    causal = g.node(
         "LessOrEqual",
-        [g.op("Unsqueeze", [k_pos, g.ints([0])]), g.op("Unsqueeze", [q_pos, g.ints([1])])],
+        [g.node("Unsqueeze", [k_pos, g.const([0])]), g.node("Unsqueeze", [q_pos, g.const([1])])],
     )
-    keep = g.op("Cast", ["attention_mask"], to=TensorProto.BOOL)
-    allowed = g.op("And", [causal, g.op("Unsqueeze", [keep, g.ints([1, 2])])])
-    bias = g.op("Where", [allowed, g.const(np.float32(0.0)), g.const(np.float32(-1.0e4))])
+    keep = g.node("Cast", ["attention_mask"], to=TensorProto.BOOL)
+    allowed = g.node("And", [causal, g.node("Unsqueeze", [keep, g.const([1, 2])])])
+    bias = g.node("Where", [allowed, g.const(0.0, np.float32), g.const(-1.0e4, np.float32)])
 
     uses_position_input = cfg.has_lm_position_ids
     if uses_position_input:
-        positions = g.op("Max", ["position_ids", g.const(np.int64(0))])
+        positions = g.node("Max", ["position_ids", g.const(np.int64(0))])
     else:
         # HF-style exports without position_ids derive them from the mask.
-        cumulative = g.op("CumSum", ["attention_mask", g.const(np.int64(1))])
-        all_pos = g.op("Sub", [cumulative, g.const(np.int64(1))])
-        last = g.op(
+        cumulative = g.node("CumSum", ["attention_mask", g.const(np.int64(1))])
+        all_pos = g.node("Sub", [cumulative, g.const(np.int64(1))])
+        last = g.node(
             "Slice",
             [
                 all_pos,
-                g.op("Unsqueeze", [g.op("Sub", [total, seq]), g.ints([0])]),
-                g.op("Unsqueeze", [total, g.ints([0])]),
-                g.ints([1]),
+                g.node("Unsqueeze", [g.node("Sub", [total, seq]), g.const([0])]),
+                g.node("Unsqueeze", [total, g.const([0])]),
+                g.const([1]),
             ],
         )
-        positions = g.op("Max", [last, g.const(np.int64(0))])
+        positions = g.node("Max", [last, g.const(np.int64(0))])
 
     if cfg.flavour == "gpt2":
-        wpe = g.weight((cfg.max_positions, d), 0.02, "wpe")
-        hidden = g.op("Add", [x, g.op("Gather", [wpe, positions], axis=0)])
+        wpe = _weight(g, rng, (cfg.max_positions, d), 0.02, "wpe")
+        hidden = g.node("Add", [x, g.node("Gather", [wpe, positions], axis=0)])
         cos = sin = ""
     else:
         hidden = x
         inv_freq = 1.0 / (10000.0 ** (np.arange(0, dh, 2, dtype=np.float32) / dh))
-        pos_f = g.op("Unsqueeze", [g.op("Cast", [positions], to=TensorProto.FLOAT), g.ints([2])])
-        freqs = g.op("Mul", [pos_f, g.const(inv_freq.astype(np.float32), "inv_freq")])
-        angles = g.op("Unsqueeze", [g.op("Concat", [freqs, freqs], axis=-1), g.ints([1])])
-        cos, sin = g.op("Cos", [angles]), g.op("Sin", [angles])
+        pos_f = g.node(
+            "Unsqueeze", [g.node("Cast", [positions], to=TensorProto.FLOAT), g.const([2])]
+        )
+        freqs = g.node("Mul", [pos_f, g.initializer("inv_freq", inv_freq.astype(np.float32))])
+        angles = g.node("Unsqueeze", [g.node("Concat", [freqs, freqs], axis=-1), g.const([1])])
+        cos, sin = g.node("Cos", [angles]), g.node("Sin", [angles])
 
-    split_heads = g.op("Concat", [batch_seq, g.ints([h, dh])], axis=0)
-    merge_heads = g.op("Concat", [batch_seq, g.ints([d])], axis=0)
+    split_heads = g.node("Concat", [batch_seq, g.const([h, dh])], axis=0)
+    merge_heads = g.node("Concat", [batch_seq, g.const([d])], axis=0)
     norm = _layer_norm if cfg.flavour == "gpt2" else _rms_norm
-    scale = g.const(np.float32(1.0 / math.sqrt(dh)))
+    scale = g.const(1.0 / math.sqrt(dh), np.float32)
 
     for layer in range(cfg.layers):
         normed = norm(g, hidden, d)
 
         def project(name: str, normed: str = normed) -> str:
-            y = g.linear(normed, d, d, bias=cfg.flavour == "gpt2")
-            return g.op("Transpose", [g.op("Reshape", [y, split_heads])], perm=[0, 2, 1, 3])
+            y = _linear(g, rng, normed, d, d, bias=cfg.flavour == "gpt2")
+            return g.node("Transpose", [g.node("Reshape", [y, split_heads])], perm=[0, 2, 1, 3])
 
         q, k, v = project("q"), project("k"), project("v")
         if cfg.flavour == "llama":
-            q = g.op(
-                "Add", [g.op("Mul", [q, cos]), g.op("Mul", [_rotate_half(g, q, dh // 2), sin])]
+            q = g.node(
+                "Add", [g.node("Mul", [q, cos]), g.node("Mul", [_rotate_half(g, q, dh // 2), sin])]
             )
-            k = g.op(
-                "Add", [g.op("Mul", [k, cos]), g.op("Mul", [_rotate_half(g, k, dh // 2), sin])]
+            k = g.node(
+                "Add", [g.node("Mul", [k, cos]), g.node("Mul", [_rotate_half(g, k, dh // 2), sin])]
             )
-        keys = g.op(
-            "Concat", [f"past_key_values.{layer}.key", k], axis=2, name_out=f"present.{layer}.key"
-        )
-        values = g.op(
+        keys = g.node(
+            "Concat",
+            [f"past_key_values.{layer}.key", k],
+            axis=2,
+            output_names=[f"present.{layer}.key"],
+        )[0]
+        values = g.node(
             "Concat",
             [f"past_key_values.{layer}.value", v],
             axis=2,
-            name_out=f"present.{layer}.value",
+            output_names=[f"present.{layer}.value"],
+        )[0]
+        scores = g.node("MatMul", [q, g.node("Transpose", [keys], perm=[0, 1, 3, 2])])
+        scores = g.node("Add", [g.node("Mul", [scores, scale]), bias])
+        context = g.node("MatMul", [g.node("Softmax", [scores], axis=-1), values])
+        context = g.node(
+            "Reshape", [g.node("Transpose", [context], perm=[0, 2, 1, 3]), merge_heads]
         )
-        scores = g.op("MatMul", [q, g.op("Transpose", [keys], perm=[0, 1, 3, 2])])
-        scores = g.op("Add", [g.op("Mul", [scores, scale]), bias])
-        context = g.op("MatMul", [g.op("Softmax", [scores], axis=-1), values])
-        context = g.op("Reshape", [g.op("Transpose", [context], perm=[0, 2, 1, 3]), merge_heads])
-        hidden = g.op("Add", [hidden, g.linear(context, d, d, bias=cfg.flavour == "gpt2")])
+        hidden = g.node("Add", [hidden, _linear(g, rng, context, d, d, bias=cfg.flavour == "gpt2")])
 
         normed = norm(g, hidden, d)
         if cfg.flavour == "gpt2":
-            up = g.linear(normed, d, cfg.ffn, bias=True)
-            act = g.op(
-                "Mul", [up, g.op("Sigmoid", [g.op("Mul", [up, g.const(np.float32(1.702))])])]
+            up = _linear(g, rng, normed, d, cfg.ffn, bias=True)
+            act = g.node(
+                "Mul", [up, g.node("Sigmoid", [g.node("Mul", [up, g.const(1.702, np.float32)])])]
             )
         else:
-            gate = g.linear(normed, d, cfg.ffn)
-            act = g.op(
-                "Mul", [g.op("Mul", [gate, g.op("Sigmoid", [gate])]), g.linear(normed, d, cfg.ffn)]
+            gate = _linear(g, rng, normed, d, cfg.ffn)
+            act = g.node(
+                "Mul",
+                [
+                    g.node("Mul", [gate, g.node("Sigmoid", [gate])]),
+                    _linear(g, rng, normed, d, cfg.ffn),
+                ],
             )
-        hidden = g.op("Add", [hidden, g.linear(act, cfg.ffn, d, bias=cfg.flavour == "gpt2")])
+        hidden = g.node(
+            "Add", [hidden, _linear(g, rng, act, cfg.ffn, d, bias=cfg.flavour == "gpt2")]
+        )
 
-    logits = g.linear(norm(g, hidden, d), d, cfg.speech_vocab, scale=2.0 / math.sqrt(d))
+    logits = _linear(g, rng, norm(g, hidden, d), d, cfg.speech_vocab, scale=2.0 / math.sqrt(d))
     # A trained model never emits the start token or ids past the stop token; random
     # weights would, so those logits get a large negative bias.
     never = np.zeros(cfg.speech_vocab, np.float32)
     never[START_SPEECH_TOKEN] = -1.0e4
     never[STOP_SPEECH_TOKEN + 1 :] = -1.0e4
-    logits = g.op("Add", [logits, g.const(never, "invalid_token_bias")])
+    logits = g.node("Add", [logits, g.initializer("invalid_token_bias", never)])
     if cfg.stop_after > 0:
         # Synthetic stop schedule: the stop logit grows past absolute position `stop_after`.
-        pos_f = g.op("Cast", [positions], to=TensorProto.FLOAT)
-        ramp = g.op(
+        pos_f = g.node("Cast", [positions], to=TensorProto.FLOAT)
+        ramp = g.node(
             "Mul",
-            [g.op("Sub", [pos_f, g.const(np.float32(cfg.stop_after))]), g.const(np.float32(5.0))],
+            [g.node("Sub", [pos_f, g.const(cfg.stop_after, np.float32)]), g.const(5.0, np.float32)],
         )
         one_hot = np.zeros(cfg.speech_vocab, np.float32)
         one_hot[STOP_SPEECH_TOKEN] = 1.0
-        logits = g.op(
-            "Add", [logits, g.op("Mul", [g.op("Unsqueeze", [ramp, g.ints([2])]), g.const(one_hot)])]
+        logits = g.node(
+            "Add",
+            [
+                logits,
+                g.node(
+                    "Mul", [g.node("Unsqueeze", [ramp, g.const([2])]), g.const(one_hot, np.float32)]
+                ),
+            ],
         )
-    g.op("Identity", [logits], name_out="logits")
+    g.node("Identity", [logits], output_names=["logits"])
 
     inputs = [
         _vi("inputs_embeds", TensorProto.FLOAT, ["batch_size", "sequence_length", d]),
@@ -536,7 +546,7 @@ def build_language_model(cfg: SyntheticConfig) -> onnx.ModelProto:
                     ["batch_size", h, "total_sequence_length", dh],
                 )
             )
-    return g.model(inputs, outputs, "language_model")
+    return _finish(g, inputs, outputs)
 
 
 # --------------------------------------------------------------------------------------
@@ -544,34 +554,40 @@ def build_language_model(cfg: SyntheticConfig) -> onnx.ModelProto:
 # --------------------------------------------------------------------------------------
 def build_conditional_decoder(cfg: SyntheticConfig) -> onnx.ModelProto:
     """speech_tokens [B, S] + speaker tensors -> waveform [B, (S - T // 2) * 960]."""
-    g = GraphBuilder(np.random.default_rng(cfg.seed + 4))
+    g = GraphBuilder("conditional_decoder", OPSET, producer=PRODUCER)
+    rng = np.random.default_rng(cfg.seed + 4)
     c = cfg.decoder_channels
-    table = g.weight((SPEECH_CODEBOOK, c), 1.0, "speech_table")
-    x = g.op("Gather", [table, "speech_tokens"], axis=0)
-    speaker = g.linear("speaker_embeddings", SPEAKER_DIM, c)
-    timbre = g.linear(g.op("ReduceMean", ["speaker_features"], axes=[1], keepdims=0), MEL_BINS, c)
-    cond = g.op("Unsqueeze", [g.op("Add", [speaker, timbre]), g.ints([1])])
-    x = g.op("Transpose", [g.op("Add", [x, cond])], perm=[0, 2, 1])  # [B, C, S]
-    # Causal conv: pad two tokens on the left only.
-    x = g.op("Pad", [x, g.ints([0, 0, 2, 0, 0, 0])], mode="constant")
-    x = g.op("Conv", [x, g.weight((c, c, 3), 1.0 / math.sqrt(3 * c), "conv")], kernel_shape=[3])
-    x = g.op("Tanh", [g.op("Transpose", [x], perm=[0, 2, 1])])  # [B, S, C]
-    frames = g.op(
-        "Mul", [g.op("Tanh", [g.linear(x, c, SAMPLES_PER_TOKEN)]), g.const(np.float32(0.5))]
+    table = _weight(g, rng, (SPEECH_CODEBOOK, c), 1.0, "speech_table")
+    x = g.node("Gather", [table, "speech_tokens"], axis=0)
+    speaker = _linear(g, rng, "speaker_embeddings", SPEAKER_DIM, c)
+    timbre = _linear(
+        g, rng, g.node("ReduceMean", ["speaker_features"], axes=[1], keepdims=0), MEL_BINS, c
     )
-    batch = g.dims("speech_tokens", 0, 1)
-    flat = g.op("Reshape", [frames, g.op("Concat", [batch, g.ints([-1])], axis=0)])
-    prompt_tokens = g.op("Div", [g.dim("speaker_features", 1), g.const(np.int64(2))])
-    start = g.op("Mul", [prompt_tokens, g.const(np.int64(SAMPLES_PER_TOKEN))])
-    g.op(
+    cond = g.node("Unsqueeze", [g.node("Add", [speaker, timbre]), g.const([1])])
+    x = g.node("Transpose", [g.node("Add", [x, cond])], perm=[0, 2, 1])  # [B, C, S]
+    # Causal conv: pad two tokens on the left only.
+    x = g.node("Pad", [x, g.const([0, 0, 2, 0, 0, 0])], mode="constant")
+    x = g.node(
+        "Conv", [x, _weight(g, rng, (c, c, 3), 1.0 / math.sqrt(3 * c), "conv")], kernel_shape=[3]
+    )
+    x = g.node("Tanh", [g.node("Transpose", [x], perm=[0, 2, 1])])  # [B, S, C]
+    frames = g.node(
+        "Mul",
+        [g.node("Tanh", [_linear(g, rng, x, c, SAMPLES_PER_TOKEN)]), g.const(0.5, np.float32)],
+    )
+    batch = g.shape_dims("speech_tokens", 0, 1)
+    flat = g.node("Reshape", [frames, g.node("Concat", [batch, g.const([-1])], axis=0)])
+    prompt_tokens = g.node("Div", [_dim(g, "speaker_features", 1), g.const(np.int64(2))])
+    start = g.node("Mul", [prompt_tokens, g.const(np.int64(SAMPLES_PER_TOKEN))])
+    g.node(
         "Slice",
         [
             flat,
-            g.op("Unsqueeze", [start, g.ints([0])]),
-            g.ints([np.iinfo(np.int64).max]),
-            g.ints([1]),
+            g.node("Unsqueeze", [start, g.const([0])]),
+            g.const([np.iinfo(np.int64).max]),
+            g.const([1]),
         ],
-        name_out="waveform",
+        output_names=["waveform"],
     )
     inputs = [
         _vi("speech_tokens", TensorProto.INT64, ["batch_size", "num_speech_tokens"]),
@@ -579,7 +595,7 @@ def build_conditional_decoder(cfg: SyntheticConfig) -> onnx.ModelProto:
         _vi("speaker_features", TensorProto.FLOAT, ["batch_size", "feature_dim", MEL_BINS]),
     ]
     outputs = [_vi("waveform", TensorProto.FLOAT, ["batch_size", "num_samples"])]
-    return g.model(inputs, outputs, "conditional_decoder")
+    return _finish(g, inputs, outputs)
 
 
 # --------------------------------------------------------------------------------------

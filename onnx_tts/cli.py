@@ -115,12 +115,15 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("suite", choices=("kv", "refcache", "streaming"))
     bench.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the benchmark")
 
+    # The converter is an offline tool (onnx_tts.tools): its own parser reads the raw
+    # arguments, so neither it nor its imports load unless `convert` runs.
     convert = commands.add_parser(
-        "convert", help="rewrite a Concat-KV LM (e.g. Chatterbox) for the in-place KV cache"
+        "convert",
+        help="rewrite a Concat-KV LM (e.g. Chatterbox) for the in-place KV cache",
+        add_help=False,
+        prefix_chars="\0",  # pass every argument, --help and flags included, through as is
     )
-    from onnx_tts.convert import add_convert_arguments
-
-    add_convert_arguments(convert)
+    convert.add_argument("args", nargs=argparse.REMAINDER)
 
     cache = commands.add_parser("cache", help="reference cache statistics and maintenance")
     cache.add_argument("action", choices=("stats", "clear"))
@@ -325,9 +328,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
-    from onnx_tts.convert import run_convert
+    from onnx_tts.tools.convert.cli import parse_args, run_convert
 
-    return int(run_convert(args) or 0)
+    return int(run_convert(parse_args(args.args)) or 0)
 
 
 COMMANDS = {

@@ -1,4 +1,5 @@
-"""Tiny LM-with-past graphs written with onnx.helper, for tests of the session core.
+"""Tiny LM-with-past graphs for tests of the session core, written with the project's graph
+builder (onnx_tts.tools.graph_builder).
 
 Both take `inputs_embeds` [B, S, D] and return `logits` [B, S, D] plus KV:
 - `concat_lm`: third-party style, present = Concat(past, new) along the sequence axis.
@@ -12,17 +13,25 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+
+from onnx_tts.tools.graph_builder import FLOAT, INT32, MS_DOMAIN, GraphBuilder
 
 
-def _weight(rng: np.random.Generator, name: str, shape: tuple[int, ...]) -> onnx.TensorProto:
+def _weight(b: GraphBuilder, rng: np.random.Generator, name: str, shape: tuple[int, int]) -> str:
     scale = 1.0 / np.sqrt(shape[0])
-    return numpy_helper.from_array((rng.standard_normal(shape) * scale).astype(np.float32), name)
+    return b.initializer(name, (rng.standard_normal(shape) * scale).astype(np.float32))
 
 
-def _save(graph: onnx.GraphProto, path: Path, opsets: list[tuple[str, int]]) -> Path:
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v) for d, v in opsets])
-    model.ir_version = 10  # onnx 1.23 writes IR 14; ORT 1.31 reads at most 13
+def _kv_io(b: GraphBuilder, layer: int, kv_heads: int, head_dim: int) -> None:
+    for kind in ("key", "value"):
+        b.add_input(f"past_key_values.{layer}.{kind}", FLOAT, ("b", kv_heads, "p", head_dim))
+        b.add_output(f"present.{layer}.{kind}", FLOAT, ("b", kv_heads, "t", head_dim))
+
+
+def _save(b: GraphBuilder, x: str, hidden: int, path: Path) -> Path:
+    b.identity(x, "logits")
+    b.outputs.insert(0, onnx.helper.make_tensor_value_info("logits", FLOAT, ["b", "s", hidden]))
+    model = b.build()
     onnx.checker.check_model(model)
     onnx.save(model, str(path))
     return path
@@ -33,56 +42,30 @@ def concat_lm(
 ) -> Path:
     rng = np.random.default_rng(seed)
     hidden = heads * head_dim
-    nodes, inits = [], []
-    inputs = [helper.make_tensor_value_info("inputs_embeds", TensorProto.FLOAT, ["b", "s", hidden])]
-    outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["b", "s", hidden])]
-    inits.append(numpy_helper.from_array(np.array([0, 0, heads, head_dim], np.int64), "split4"))
-    inits.append(numpy_helper.from_array(np.array([0, 0, hidden], np.int64), "merge3"))
-    x = "inputs_embeds"
+    b = GraphBuilder("concat_lm")
+    x = b.add_input("inputs_embeds", FLOAT, ("b", "s", hidden))
+    split4, merge3 = b.const([0, 0, heads, head_dim]), b.const([0, 0, hidden])
     for i in range(layers):
-        for kind in ("key", "value"):
-            inputs.append(
-                helper.make_tensor_value_info(
-                    f"past_key_values.{i}.{kind}", TensorProto.FLOAT, ["b", heads, "p", head_dim]
-                )
-            )
-            outputs.append(
-                helper.make_tensor_value_info(
-                    f"present.{i}.{kind}", TensorProto.FLOAT, ["b", heads, "t", head_dim]
-                )
-            )
+        _kv_io(b, i, heads, head_dim)
+        weights = {part: _weight(b, rng, f"w{part}{i}", (hidden, hidden)) for part in "qkvo"}
         proj = {}
-        for part in ("q", "k", "v", "o"):
-            inits.append(_weight(rng, f"w{part}{i}", (hidden, hidden)))
-        for part in ("q", "k", "v"):
-            nodes += [
-                helper.make_node("MatMul", [x, f"w{part}{i}"], [f"{part}{i}_flat"]),
-                helper.make_node("Reshape", [f"{part}{i}_flat", "split4"], [f"{part}{i}_4d"]),
-                helper.make_node(
-                    "Transpose", [f"{part}{i}_4d"], [f"{part}{i}_bhsd"], perm=[0, 2, 1, 3]
-                ),
-            ]
-            proj[part] = f"{part}{i}_bhsd"
-        nodes += [
-            helper.make_node(
-                "Concat", [f"past_key_values.{i}.key", proj["k"]], [f"present.{i}.key"], axis=2
-            ),
-            helper.make_node(
-                "Concat", [f"past_key_values.{i}.value", proj["v"]], [f"present.{i}.value"], axis=2
-            ),
-            helper.make_node("Transpose", [f"present.{i}.key"], [f"kt{i}"], perm=[0, 1, 3, 2]),
-            helper.make_node("MatMul", [proj["q"], f"kt{i}"], [f"scores{i}"]),
-            helper.make_node("Softmax", [f"scores{i}"], [f"probs{i}"], axis=-1),
-            helper.make_node("MatMul", [f"probs{i}", f"present.{i}.value"], [f"ctx{i}"]),
-            helper.make_node("Transpose", [f"ctx{i}"], [f"ctx{i}_bshd"], perm=[0, 2, 1, 3]),
-            helper.make_node("Reshape", [f"ctx{i}_bshd", "merge3"], [f"ctx{i}_flat"]),
-            helper.make_node("MatMul", [f"ctx{i}_flat", f"wo{i}"], [f"attn{i}"]),
-            helper.make_node("Add", [x, f"attn{i}"], [f"h{i}"]),
-        ]
-        x = f"h{i}"
-    nodes.append(helper.make_node("Identity", [x], ["logits"]))
-    graph = helper.make_graph(nodes, "concat_lm", inputs, outputs, inits)
-    return _save(graph, path, [("", 17)])
+        for part in "qkv":
+            flat = b.node("MatMul", [x, weights[part]])
+            proj[part] = b.node("Transpose", [b.node("Reshape", [flat, split4])], perm=[0, 2, 1, 3])
+        key, value = (
+            b.node(
+                "Concat",
+                [f"past_key_values.{i}.{kind}", proj[kind[0]]],
+                output_names=[f"present.{i}.{kind}"],
+                axis=2,
+            )[0]
+            for kind in ("key", "value")
+        )
+        scores = b.node("MatMul", [proj["q"], b.node("Transpose", [key], perm=[0, 1, 3, 2])])
+        context = b.node("MatMul", [b.node("Softmax", [scores], axis=-1), value])
+        merged = b.node("Reshape", [b.node("Transpose", [context], perm=[0, 2, 1, 3]), merge3])
+        x = b.node("Add", [x, b.node("MatMul", [merged, weights["o"]])])
+    return _save(b, x, hidden, path)
 
 
 def gqa_lm(
@@ -96,56 +79,31 @@ def gqa_lm(
     rng = np.random.default_rng(seed)
     hidden = heads * head_dim
     kv_hidden = kv_heads * head_dim
-    nodes, inits = [], []
-    inputs = [
-        helper.make_tensor_value_info("inputs_embeds", TensorProto.FLOAT, ["b", "s", hidden]),
-        helper.make_tensor_value_info("seqlens_k", TensorProto.INT32, ["b"]),
-        helper.make_tensor_value_info("total_sequence_length", TensorProto.INT32, []),
-    ]
-    outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["b", "s", hidden])]
-    x = "inputs_embeds"
+    b = GraphBuilder("gqa_lm")
+    x = b.add_input("inputs_embeds", FLOAT, ("b", "s", hidden))
+    b.add_input("seqlens_k", INT32, ("b",))
+    b.add_input("total_sequence_length", INT32, ())
     for i in range(layers):
-        for kind in ("key", "value"):
-            inputs.append(
-                helper.make_tensor_value_info(
-                    f"past_key_values.{i}.{kind}", TensorProto.FLOAT, ["b", kv_heads, "p", head_dim]
-                )
-            )
-            outputs.append(
-                helper.make_tensor_value_info(
-                    f"present.{i}.{kind}", TensorProto.FLOAT, ["b", kv_heads, "t", head_dim]
-                )
-            )
-        inits += [
-            _weight(rng, f"wq{i}", (hidden, hidden)),
-            _weight(rng, f"wk{i}", (hidden, kv_hidden)),
-            _weight(rng, f"wv{i}", (hidden, kv_hidden)),
-            _weight(rng, f"wo{i}", (hidden, hidden)),
-        ]
-        nodes += [
-            helper.make_node("MatMul", [x, f"wq{i}"], [f"q{i}"]),
-            helper.make_node("MatMul", [x, f"wk{i}"], [f"k{i}"]),
-            helper.make_node("MatMul", [x, f"wv{i}"], [f"v{i}"]),
-            helper.make_node(
-                "GroupQueryAttention",
-                [
-                    f"q{i}",
-                    f"k{i}",
-                    f"v{i}",
-                    f"past_key_values.{i}.key",
-                    f"past_key_values.{i}.value",
-                    "seqlens_k",
-                    "total_sequence_length",
-                ],
-                [f"ctx{i}", f"present.{i}.key", f"present.{i}.value"],
-                domain="com.microsoft",
-                num_heads=heads,
-                kv_num_heads=kv_heads,
-            ),
-            helper.make_node("MatMul", [f"ctx{i}", f"wo{i}"], [f"attn{i}"]),
-            helper.make_node("Add", [x, f"attn{i}"], [f"h{i}"]),
-        ]
-        x = f"h{i}"
-    nodes.append(helper.make_node("Identity", [x], ["logits"]))
-    graph = helper.make_graph(nodes, "gqa_lm", inputs, outputs, inits)
-    return _save(graph, path, [("", 17), ("com.microsoft", 1)])
+        _kv_io(b, i, kv_heads, head_dim)
+        wq = _weight(b, rng, f"wq{i}", (hidden, hidden))
+        wk = _weight(b, rng, f"wk{i}", (hidden, kv_hidden))
+        wv = _weight(b, rng, f"wv{i}", (hidden, kv_hidden))
+        wo = _weight(b, rng, f"wo{i}", (hidden, hidden))
+        context = b.node(
+            "GroupQueryAttention",
+            [
+                b.node("MatMul", [x, wq]),
+                b.node("MatMul", [x, wk]),
+                b.node("MatMul", [x, wv]),
+                f"past_key_values.{i}.key",
+                f"past_key_values.{i}.value",
+                "seqlens_k",
+                "total_sequence_length",
+            ],
+            domain=MS_DOMAIN,
+            output_names=[f"ctx{i}", f"present.{i}.key", f"present.{i}.value"],
+            num_heads=heads,
+            kv_num_heads=kv_heads,
+        )[0]
+        x = b.node("Add", [x, b.node("MatMul", [context, wo])])
+    return _save(b, x, hidden, path)

@@ -88,8 +88,8 @@ def test_gqa_graph_matches_optimum_export_and_torch(
 
     model = lm_graphs.build_torch_model(shape)  # same seed -> same weights
     with torch.no_grad():
-        reference = model(torch.from_numpy(tokens)).logits.numpy()
-    np.testing.assert_allclose(np.concatenate(all_logits, axis=1), reference, atol=1e-4)
+        expected = model(torch.from_numpy(tokens)).logits.numpy()
+    np.testing.assert_allclose(np.concatenate(all_logits, axis=1), expected, atol=1e-4)
 
 
 def _lm(graphs: lm_graphs.ShapeGraphs) -> bench_kv.LMUnderTest:

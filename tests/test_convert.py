@@ -1,4 +1,4 @@
-"""onnx_tts.convert: Concat-KV LMs rewritten to GroupQueryAttention with an in-place KV cache."""
+"""onnx_tts.tools.convert: Concat-KV LMs rewritten to GroupQueryAttention (in-place KV cache)."""
 
 from __future__ import annotations
 
@@ -12,15 +12,15 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from export import synthetic_chatterbox as synth
-from onnx_tts.convert import (
+from onnx_tts.errors import InputError, ModelError
+from onnx_tts.families.chatterbox import FAMILY_TURBO
+from onnx_tts.session import KVCache, Session, SessionOptions
+from onnx_tts.tools.convert import (
     compare_logits,
     convert_bundle_inplace_kv,
     convert_inplace_kv,
     main,
 )
-from onnx_tts.errors import InputError, ModelError
-from onnx_tts.families.chatterbox import FAMILY_TURBO
-from onnx_tts.session import KVCache, Session, SessionOptions
 from tests import graphs
 
 LM = "language_model"
@@ -150,13 +150,13 @@ def test_inplace_cache_is_one_buffer_and_batch_of_two_matches(bundles, tmp_path,
     session = Session(converted, SessionOptions(intra_op_threads=1))
     cache = KVCache(session, "inplace", batch_size=2, capacity=64)
     buffers = cache.past_data_ptrs()
-    for feeds, reference in zip(steps, expected, strict=True):
+    for feeds, want in zip(steps, expected, strict=True):
         new = feeds["inputs_embeds"].shape[1]
         full = dict(feeds, attention_mask=np.ones((2, cache.length + new), np.int64))
         if session.input("position_ids") is not None:
             full["position_ids"] = np.tile(np.arange(cache.length, cache.length + new), (2, 1))
         logits = cache.step(full, output_names=["logits"])["logits"]
-        np.testing.assert_allclose(logits, reference, rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(logits, want, rtol=1e-4, atol=1e-4)
         assert cache.present_data_ptrs() == buffers  # written into the bound buffers
     assert cache.length == 26 and cache.past_data_ptrs() == buffers
 
@@ -397,3 +397,59 @@ def test_command_line(bundles, tmp_path, capsys):
     assert not (tmp_path / "bad.onnx").exists()
     with pytest.raises(SystemExit):  # the flag names the conversion; it is required
         main([str(_lm(bundles["original"])), str(tmp_path / "x.onnx")])
+
+
+def test_runtime_never_imports_the_tools_or_the_onnxruntime_module():
+    """A synth loads neither onnx_tts.tools (the converter is offline tooling) nor the Python
+    onnxruntime module (one ORT per process: the core loads the wheel's library itself).
+    Checked in a fresh interpreter, since this test process imports both."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys, onnx_tts\n"
+        "engine = onnx_tts.load(cache_dir=None, threads=1)\n"
+        "assert engine.synthesize('Hi there.').samples.size > 0\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'onnxruntime'"
+        " or m.startswith('onnx_tts.tools')))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=300
+    )
+    assert done.stdout.strip() == "[]"
+
+
+def test_converter_probe_runs_on_the_session_core_not_the_onnxruntime_module(tmp_path):
+    """The probe and the logits check go through onnx_tts.session: converting in a fresh
+    interpreter leaves the Python onnxruntime module unimported."""
+    import subprocess
+    import sys
+
+    source = graphs.concat_lm(tmp_path / "src.onnx")
+    script = (
+        "import sys\n"
+        "from onnx_tts.tools.convert import main\n"
+        f"code = main(['--inplace-kv', {str(source)!r}, {str(tmp_path / 'out.onnx')!r}])\n"
+        "print(code, 'onnxruntime' in sys.modules)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=300
+    )
+    # concat_lm is not causal: the probe runs it and refuses it, exit 2, one line
+    assert done.stdout.split() == ["2", "False"]
+    assert "not causal" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_onnx_tts_convert_command_passes_its_arguments_through(bundles, tmp_path, capsys):
+    from onnx_tts.cli import main as cli_main
+
+    target = tmp_path / "lm.onnx"
+    source = str(_lm(bundles["original"]))
+    assert cli_main(["convert", "--inplace-kv", source, str(target), "--check-steps", "2"]) == 0
+    assert "2 attention blocks -> GroupQueryAttention" in capsys.readouterr().out
+    bad = graphs.concat_lm(tmp_path / "noncausal.onnx")
+    assert cli_main(["convert", "--inplace-kv", str(bad), str(tmp_path / "bad.onnx")]) == 2
+    assert capsys.readouterr().err.startswith("onnx-tts: error: layer 0")
+    with pytest.raises(SystemExit) as usage:
+        cli_main(["convert", "--help"])
+    assert usage.value.code == 0 and "--inplace-kv" in capsys.readouterr().out

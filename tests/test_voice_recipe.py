@@ -209,11 +209,11 @@ def test_exported_graphs_match_torch(tmp_path: Path) -> None:
 
     vocoder = ort.InferenceSession(str(tmp_path / "vocoder.onnx"))
     (waveform,) = vocoder.run(None, {"mel": normed[None].astype(np.float32)})
-    reference = voice_codec.mel_to_audio(
+    expected = voice_codec.mel_to_audio(
         torch.from_numpy(normed * std + mean)[None], MEL, upsample=2, iterations=3
     )
     assert waveform.shape == (1, len(normed) * MEL.hop_length)
-    np.testing.assert_allclose(waveform, reference.numpy(), atol=1e-3)
+    np.testing.assert_allclose(waveform, expected.numpy(), atol=1e-3)
 
 
 @pytest.fixture(scope="module")

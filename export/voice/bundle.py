@@ -5,7 +5,7 @@ onnx_tts/families/phoneme_mel.py).
   standardise -> speaker embedding = per-band mean and std (exactly
   :func:`export.voice.train.speaker_stats`).
 * embed.onnx: (previous frames, phoneme window, progress, speaker) -> LM input vectors.
-* lm.onnx: the reference GQA decoder builder on the trained weights; one output `logits`
+* lm.onnx: the shared GQA decoder builder (export.onnx_graphs), trained weights; one output `logits`
   holding the step's standardised mel frames followed by the advance logits.
 * vocoder.onnx: standardised log-mel -> linear magnitude -> linear interpolation to a finer hop
   -> unrolled Griffin-Lim (Conv STFT, ConvTranspose inverse STFT) from a fixed deterministic
@@ -14,26 +14,17 @@ onnx_tts/families/phoneme_mel.py).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 import onnx
 
-from export.build_reference import _bias, _linear_weight, _np, lm_weights
-from export.onnx_graphs import (
-    FLOAT,
-    INT64,
-    DecoderLMSpec,
-    GraphBuilder,
-    atomic_write_bytes,
-    build_gqa_lm,
-    linear,
-    reduce_op,
-    write_bundle_files,
-)
+from export import onnx_graphs
+from export.build_codec_lm import _bias, _linear_weight, _np, lm_weights
+from export.onnx_graphs import DecoderLMSpec, build_gqa_lm
 from export.voice.codec import MEL_CONFIG, MelConfig, mel_filterbank, mel_inverse
+from onnx_tts.tools.graph_builder import FLOAT, INT64, GraphBuilder, linear, reduce_op
 
 GRAPH_FILES = {
     "encoder": "encoder.onnx",
@@ -72,10 +63,6 @@ def dft_kernels(n_fft: int) -> tuple[np.ndarray, np.ndarray]:
     )
 
 
-def _shape_dim(b: GraphBuilder, x: str, axis: int, name: str) -> str:
-    return b.node("Shape", [x], start=axis, end=axis + 1, name=name)
-
-
 def _stft(b: GraphBuilder, audio3: str, kernel: str, hop: int, n_fft: int, frames: str, name: str):
     """audio [B,1,N] -> (re, im) [B,bins,frames] of the centred (reflect-padded) STFT."""
     half = n_fft // 2
@@ -102,7 +89,7 @@ def _stft(b: GraphBuilder, audio3: str, kernel: str, hop: int, n_fft: int, frame
 def _standardised_log_mel(b: GraphBuilder, audio: str, cfg: MelConfig, stats: dict) -> str:
     """audio [B,N] -> standardised log-mel [B, N // hop, n_mels] (as train.log_mel_frames)."""
     frames = b.node(
-        "Div", [_shape_dim(b, audio, 1, "frames/N"), b.const([cfg.hop_length])], name="frames/F"
+        "Div", [b.shape_dims(audio, 1, 2, "frames/N"), b.const([cfg.hop_length])], name="frames/F"
     )
     audio3 = b.node("Unsqueeze", [audio, b.const([1])], name="audio/Channel")
     analysis, _ = dft_kernels(cfg.n_fft)
@@ -183,7 +170,7 @@ def build_embed_graph(model: object) -> onnx.ModelProto:
 
 
 def lm_spec(cfg: object) -> DecoderLMSpec:
-    """The reference decoder's spec with one flat head: mel frames + advance logits."""
+    """The codec-lm decoder's spec with one flat head: mel frames + advance logits."""
     decoder = cfg.decoder_config()  # type: ignore[attr-defined]
     return replace(decoder.lm_spec(), vocab_size=cfg.output_width, output_heads=None)  # type: ignore[attr-defined]
 
@@ -215,7 +202,7 @@ def build_vocoder_graph(cfg: MelConfig, stats: dict, vocoder: VocoderConfig) -> 
             name="linear/Upsample",
         )
     frames = b.node(
-        "Mul", [_shape_dim(b, mel, 1, "F"), b.const([vocoder.upsample])], name="frames/Fine"
+        "Mul", [b.shape_dims(mel, 1, 2, "F"), b.const([vocoder.upsample])], name="frames/Fine"
     )
     samples = b.node("Mul", [frames, b.const([hop])], name="frames/Samples")
     analysis, synthesis = dft_kernels(cfg.n_fft)
@@ -317,9 +304,8 @@ def build_vocoder_graph(cfg: MelConfig, stats: dict, vocoder: VocoderConfig) -> 
     )
 
 
-def bundle_manifest(
-    model: object, stats: dict, vocoder: VocoderConfig, sha256: dict[str, str]
-) -> dict[str, object]:
+def bundle_manifest(model: object, stats: dict, vocoder: VocoderConfig) -> dict[str, object]:
+    """bundle.json without the file hashes (write_bundle adds them)."""
     cfg = model.cfg  # type: ignore[attr-defined]
     mel = MEL_CONFIG
     # Griffin-Lim looks both ways: half an analysis window beyond the frame, in frames.
@@ -378,7 +364,6 @@ def bundle_manifest(
             "lookahead_frames": reach,
             "griffin_lim_iterations": vocoder.iterations,
         },
-        "sha256": sha256,
     }
 
 
@@ -396,12 +381,8 @@ def write_bundle(
         "lm": build_gqa_lm(lm_spec(cfg), lm_weights(model), name="lm"),  # type: ignore[arg-type]
         "vocoder": build_vocoder_graph(MEL_CONFIG, stats, vocoder),
     }
-    sha256, sizes = write_bundle_files(
-        out, {filename: graphs[key] for key, filename in GRAPH_FILES.items()}
-    )
-    manifest = json.dumps(bundle_manifest(model, stats, vocoder, sha256), indent=1) + "\n"
-    atomic_write_bytes(out / "bundle.json", manifest.encode("utf-8"))
-    sizes["bundle.json"] = len(manifest)
+    files = {filename: graphs[key] for key, filename in GRAPH_FILES.items()}
+    _, sizes = onnx_graphs.write_bundle(out, bundle_manifest(model, stats, vocoder), files)
     return sizes
 
 

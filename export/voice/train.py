@@ -12,7 +12,7 @@ and its output is the step's mel frames plus a 4-way "advance" classifier: move 
 by 0, 1, 2 or 3 phonemes after this step. The teacher's per-phoneme durations give both
 targets exactly, so the LM never has to discover the alignment: it models acoustics and
 when to move on. Speech ends when the pointer passes the last symbol ("$", the trailing
-silence). The decoder is the reference architecture (pre-norm GQA, RMSNorm, SwiGLU, rotary),
+silence). The decoder is the codec-lm architecture (pre-norm GQA, RMSNorm, SwiGLU, rotary),
 exported with GroupQueryAttention so the runtime runs it with an in-place KV cache.
 """
 
@@ -31,7 +31,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from export.reference_model import DecoderLayer, ReferenceConfig, RMSNorm
+from export.codec_lm_model import CodecLMConfig, DecoderLayer, RMSNorm
 from export.voice import data
 from export.voice.codec import MEL_CONFIG, log_mel
 from onnx_tts.families.phoneme_mel import phoneme_windows
@@ -70,8 +70,8 @@ class TrainConfig:
     def speaker_dim(self) -> int:
         return 2 * self.n_mels
 
-    def decoder_config(self) -> ReferenceConfig:
-        return ReferenceConfig(
+    def decoder_config(self) -> CodecLMConfig:
+        return CodecLMConfig(
             hidden_size=self.hidden_size,
             layers=self.layers,
             heads=self.heads,
@@ -120,7 +120,7 @@ class VoiceEmbed(nn.Module):
 
 
 class VoiceLM(nn.Module):
-    """The decoder: the reference LM's layers with one linear head (frames + advance logits)."""
+    """The decoder: the codec-lm LM's layers with one linear head (frames + advance logits)."""
 
     def __init__(self, cfg: TrainConfig) -> None:
         super().__init__()
@@ -128,7 +128,7 @@ class VoiceLM(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(decoder) for _ in range(cfg.layers))
         self.final_norm = RMSNorm(cfg.hidden_size, decoder.norm_eps)
         self.head = nn.Linear(cfg.hidden_size, cfg.output_width, bias=False)
-        from export.onnx_graphs import rotary_tables
+        from onnx_tts.tools.graph_builder import rotary_tables
 
         cos, sin = rotary_tables(cfg.max_positions, cfg.head_dim, decoder.rope_theta)
         self.register_buffer("cos_table", torch.from_numpy(cos), persistent=False)

@@ -1,4 +1,4 @@
-"""The reference bundle: torch vs ONNX Runtime parity, KV modes, causality, determinism."""
+"""The codec-lm bundle: torch vs ONNX Runtime parity, KV modes, causality, determinism."""
 
 from __future__ import annotations
 
@@ -14,27 +14,27 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="export tests need torch (pip install '.[export]')")
 
-from export.build_reference import (  # noqa: E402
+from export.build_codec_lm import (  # noqa: E402
     DEFAULT_OUT_DIR,
     GRAPH_FILES,
     TOKENIZER_FILE,
     BuildResult,
-    build_reference,
+    build_codec_lm,
 )
+from export.codec_lm_model import synthetic_audio  # noqa: E402
 from export.onnx_graphs import (  # noqa: E402
     DecoderLMSpec,
     build_concat_lm,
     build_gqa_lm,
     random_lm_weights,
 )
-from export.reference_model import synthetic_audio  # noqa: E402
 
 MAX_BUNDLE_BYTES = 25_000_000
 
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> BuildResult:
-    return build_reference(tmp_path_factory.mktemp("reference_a"), seed=0)
+    return build_codec_lm(tmp_path_factory.mktemp("codec_lm_a"), seed=0)
 
 
 @pytest.fixture(scope="module")
@@ -340,16 +340,16 @@ def _file_hashes(directory: Path) -> dict[str, str]:
 
 
 def test_build_is_deterministic_and_checked_in_bundle_is_fresh(built: BuildResult, tmp_path: Path):
-    second = build_reference(tmp_path / "reference_b", seed=0)
+    second = build_codec_lm(tmp_path / "codec_lm_b", seed=0)
     fresh = _file_hashes(built.out_dir)
     assert _file_hashes(second.out_dir) == fresh
     missing = [name for name in fresh if not (DEFAULT_OUT_DIR / name).exists()]
-    assert not missing, f"{missing} missing: run `python -m export.build_reference`"
+    assert not missing, f"{missing} missing: run `python -m export.build_codec_lm`"
     stale = [
         name for name, digest in _file_hashes(DEFAULT_OUT_DIR).items() if digest != fresh[name]
     ]
     assert not stale, (
-        f"checked-in {stale} differ from a fresh build: run `python -m export.build_reference`"
+        f"checked-in {stale} differ from a fresh build: run `python -m export.build_codec_lm`"
     )
 
 
@@ -452,3 +452,24 @@ def test_lm_builder_rejects_weights_that_do_not_fit_the_spec():
         build_gqa_lm(spec, weights)
     with pytest.raises(ModelError, match="multiple of kv_heads"):
         DecoderLMSpec(1, 64, 4, 3, 16, 96, 50)
+
+
+def test_bundle_writer_hashes_every_file_and_refuses_unlisted_ones(tmp_path: Path):
+    import json
+
+    from export.onnx_graphs import write_bundle
+    from onnx_tts.errors import ModelError
+
+    manifest = {"graphs": {"lm": "lm.onnx"}, "text": {"tokenizer": "tokenizer.json"}}
+    files = {"lm.onnx": b"graph bytes", "tokenizer.json": b"{}"}
+    sha256, sizes = write_bundle(tmp_path, manifest, files)
+    written = json.loads((tmp_path / "bundle.json").read_text())
+    assert set(written["sha256"]) == {"lm.onnx", "tokenizer.json"} == set(sha256)
+    for name, digest in written["sha256"].items():
+        assert hashlib.sha256((tmp_path / name).read_bytes()).hexdigest() == digest
+    assert sizes["bundle.json"] == (tmp_path / "bundle.json").stat().st_size
+
+    other = tmp_path / "other"
+    with pytest.raises(ModelError, match=r"vocoder\.onnx"):
+        write_bundle(other, {**manifest, "vocoder": "vocoder.onnx"}, files)
+    assert not other.exists()  # refused before anything was written

@@ -1,15 +1,14 @@
-"""Builds the default reference bundle (random weights) into onnx_tts/models/codec-lm/.
+"""Builds the codec-lm bundle (random weights) into onnx_tts/models/codec-lm/.
 
-    python -m export.build_reference [OUT_DIR] [--seed 0]
+    python -m export.build_codec_lm [OUT_DIR] [--seed 0]
 
 All graphs are written by hand with onnx.helper from the torch modules' weights, so the files
-are byte-identical from build to build (checked by tests/test_reference_export.py).
+are byte-identical from build to build (checked by tests/test_codec_lm_export.py).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import string
 import time
 from dataclasses import dataclass
@@ -19,25 +18,20 @@ import numpy as np
 import onnx
 import torch
 
+from export.codec_lm_model import (
+    LEAKY_SLOPE,
+    CodecLMConfig,
+    CodecLMModel,
+    build_codec_lm_model,
+)
 from export.onnx_graphs import (
-    FLOAT,
-    INT64,
-    GraphBuilder,
     LayerWeights,
     LMWeights,
-    atomic_write_bytes,
     build_concat_lm,
     build_gqa_lm,
-    linear,
-    reduce_op,
-    write_bundle_files,
+    write_bundle,
 )
-from export.reference_model import (
-    LEAKY_SLOPE,
-    ReferenceConfig,
-    ReferenceModel,
-    build_reference_model,
-)
+from onnx_tts.tools.graph_builder import FLOAT, INT64, GraphBuilder, linear, reduce_op
 
 DEFAULT_OUT_DIR = Path(__file__).resolve().parent.parent / "onnx_tts" / "models" / "codec-lm"
 GRAPH_FILES = {
@@ -103,17 +97,13 @@ def _gather_codebook_sum(b: GraphBuilder, codes: str, tables: np.ndarray, name: 
     return total
 
 
-def _dim(b: GraphBuilder, x: str, axis: int, name: str) -> str:
-    return b.node("Shape", [x], start=axis, end=axis + 1, name=name)  # shape [1]
-
-
-def build_encoder_graph(model: ReferenceModel) -> onnx.ModelProto:
+def build_encoder_graph(model: CodecLMModel) -> onnx.ModelProto:
     enc, cfg = model.encoder, model.cfg
     b = GraphBuilder("encoder")
     audio = b.add_input("audio", FLOAT, ("batch", "samples"))
     hop = b.const([cfg.hop_length])
-    batch = _dim(b, audio, 0, "frames/B")
-    frames = b.node("Div", [_dim(b, audio, 1, "frames/N"), hop], name="frames/F")
+    batch = b.shape_dims(audio, 0, 1, "frames/B")
+    frames = b.node("Div", [b.shape_dims(audio, 1, 2, "frames/N"), hop], name="frames/F")
     usable = b.node("Mul", [frames, hop], name="frames/Usable")
     trimmed = b.node("Slice", [audio, b.const([0]), usable, b.const([1])], name="frames/Trim")
     shape = b.node("Concat", [batch, frames, hop], axis=0, name="frames/Shape")
@@ -161,10 +151,11 @@ def build_encoder_graph(model: ReferenceModel) -> onnx.ModelProto:
     norm = b.node("Sqrt", [b.node("Add", [sq, b.const(1e-12, np.float32)])], name="speaker/Norm")
     b.node("Div", [spk, norm], output_names=["speaker_embedding"], name="speaker/Normalize")
     b.add_output("speaker_embedding", FLOAT, ("batch", cfg.speaker_dim))
+    # graph doc strings keep the pre-rename words: they are bytes of the checked-in bundle
     return b.build("reference encoder: frames -> conv stack -> latent -> residual VQ")
 
 
-def build_embed_graph(model: ReferenceModel) -> onnx.ModelProto:
+def build_embed_graph(model: CodecLMModel) -> onnx.ModelProto:
     emb, cfg = model.embed, model.cfg
     b = GraphBuilder("embed")
     text_ids = b.add_input("text_ids", INT64, ("batch", "text_length"))
@@ -189,7 +180,7 @@ def build_embed_graph(model: ReferenceModel) -> onnx.ModelProto:
     return b.build("reference embeddings: text table, summed per-codebook audio tables, speaker")
 
 
-def build_vocoder_graph(model: ReferenceModel) -> onnx.ModelProto:
+def build_vocoder_graph(model: CodecLMModel) -> onnx.ModelProto:
     voc, cfg = model.vocoder, model.cfg
     b = GraphBuilder("vocoder")
     codes = b.add_input("codes", INT64, ("batch", "frames", cfg.codebooks))
@@ -217,9 +208,11 @@ def build_vocoder_graph(model: ReferenceModel) -> onnx.ModelProto:
     )
     x = b.node("Mul", [x, b.const(0.5, np.float32)], name="out/Bound")
     samples = b.node(
-        "Mul", [_dim(b, codes, 1, "out/F"), b.const([cfg.hop_length])], name="out/Samples"
+        "Mul", [b.shape_dims(codes, 1, 2, "out/F"), b.const([cfg.hop_length])], name="out/Samples"
     )
-    shape = b.node("Concat", [_dim(b, codes, 0, "out/B"), samples], axis=0, name="out/Shape")
+    shape = b.node(
+        "Concat", [b.shape_dims(codes, 0, 1, "out/B"), samples], axis=0, name="out/Shape"
+    )
     b.node("Reshape", [x, shape], output_names=["waveform"], name="out/Reshape")
     b.add_output("waveform", FLOAT, ("batch", "samples"))
     return b.build(
@@ -227,7 +220,7 @@ def build_vocoder_graph(model: ReferenceModel) -> onnx.ModelProto:
     )
 
 
-def lm_weights(model: ReferenceModel) -> LMWeights:
+def lm_weights(model: CodecLMModel) -> LMWeights:
     lm = model.lm
     layers = [
         LayerWeights(
@@ -246,7 +239,8 @@ def lm_weights(model: ReferenceModel) -> LMWeights:
     return LMWeights(layers, _np(lm.final_norm.weight), _linear_weight(lm.head))
 
 
-def bundle_manifest(cfg: ReferenceConfig, sha256: dict[str, str]) -> dict[str, object]:
+def bundle_manifest(cfg: CodecLMConfig) -> dict[str, object]:
+    """bundle.json without the file hashes (write_bundle adds them)."""
     return {
         "format_version": 1,
         "family": "codec-lm",
@@ -298,19 +292,18 @@ def bundle_manifest(cfg: ReferenceConfig, sha256: dict[str, str]) -> dict[str, o
             "receptive_field_frames": cfg.vocoder_receptive_field_frames,
             "lookahead_frames": 0,
         },
-        "sha256": sha256,
     }
 
 
 @dataclass
 class BuildResult:
     out_dir: Path
-    model: ReferenceModel
+    model: CodecLMModel
     sha256: dict[str, str]
     sizes: dict[str, int]
 
 
-def build_reference(out_dir: str | Path = DEFAULT_OUT_DIR, seed: int = 0) -> BuildResult:
+def build_codec_lm(out_dir: str | Path = DEFAULT_OUT_DIR, seed: int = 0) -> BuildResult:
     """Builds every file of the bundle into out_dir (atomically, file by file)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -320,8 +313,8 @@ def build_reference(out_dir: str | Path = DEFAULT_OUT_DIR, seed: int = 0) -> Bui
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
     try:
-        cfg = ReferenceConfig(text_vocab_size=len(tokenizer_vocab()))
-        model = build_reference_model(seed, cfg)
+        cfg = CodecLMConfig(text_vocab_size=len(tokenizer_vocab()))
+        model = build_codec_lm_model(seed, cfg)
         weights = lm_weights(model)
         graphs = {
             "encoder": build_encoder_graph(model),
@@ -338,10 +331,7 @@ def build_reference(out_dir: str | Path = DEFAULT_OUT_DIR, seed: int = 0) -> Bui
         filename: graphs[key] for key, filename in GRAPH_FILES.items()
     }
     files[TOKENIZER_FILE] = build_tokenizer_json().encode("utf-8")
-    sha256, sizes = write_bundle_files(out, files)
-    manifest = json.dumps(bundle_manifest(cfg, sha256), indent=2) + "\n"
-    atomic_write_bytes(out / "bundle.json", manifest.encode("utf-8"))
-    sizes["bundle.json"] = len(manifest.encode("utf-8"))
+    sha256, sizes = write_bundle(out, bundle_manifest(cfg), files)
     return BuildResult(out, model, sha256, sizes)
 
 
@@ -351,7 +341,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     start = time.perf_counter()
-    result = build_reference(args.out_dir, args.seed)
+    result = build_codec_lm(args.out_dir, args.seed)
     elapsed = time.perf_counter() - start
     for name, size in sorted(result.sizes.items()):
         print(f"{size:>12,d}  {name}")

@@ -1,8 +1,8 @@
-"""The project's reference TTS model in torch: encoder (+ RVQ), embeddings, LM, vocoder.
+"""The codec-lm family's TTS model in torch: encoder (+ RVQ), embeddings, LM, vocoder.
 
 Weights are random (seeded); the RVQ codebooks are fitted by k-means on encoder latents of
 synthetic audio so the quantiser is a real residual one. These modules are the ground truth the
-hand-written ONNX graphs (export/build_reference.py) are tested against.
+hand-written ONNX graphs (export/build_codec_lm.py) are tested against.
 """
 
 from __future__ import annotations
@@ -14,11 +14,12 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from export.onnx_graphs import DecoderLMSpec, rotary_tables
+from export.onnx_graphs import DecoderLMSpec
+from onnx_tts.tools.graph_builder import rotary_tables
 
 
 @dataclass(frozen=True)
-class ReferenceConfig:
+class CodecLMConfig:
     sample_rate: int = 24000
     hop_length: int = 480  # 50 frames per second
     codebooks: int = 4
@@ -26,7 +27,7 @@ class ReferenceConfig:
     latent_dim: int = 64
     encoder_channels: int = 128
     speaker_dim: int = 128
-    text_vocab_size: int = 52  # the character tokenizer's vocabulary (see build_reference)
+    text_vocab_size: int = 52  # the character tokenizer's vocabulary (see build_codec_lm)
     hidden_size: int = 256
     layers: int = 4
     heads: int = 4
@@ -127,10 +128,10 @@ class ResidualVectorQuantizer(nn.Module):
             residual = residual - centroids[distance.argmin(-1)]
 
 
-class ReferenceEncoder(nn.Module):
+class CodecLMEncoder(nn.Module):
     """audio [B,N] -> codes i64 [B,F,K], speaker_embedding [B,E]; F = N // hop."""
 
-    def __init__(self, cfg: ReferenceConfig) -> None:
+    def __init__(self, cfg: CodecLMConfig) -> None:
         super().__init__()
         self.cfg = cfg
         c = cfg.encoder_channels
@@ -159,10 +160,10 @@ class ReferenceEncoder(nn.Module):
         return codes, speaker
 
 
-class ReferenceEmbed(nn.Module):
+class CodecLMEmbed(nn.Module):
     """text ids, audio codes (sum over codebooks), speaker embedding -> LM input vectors."""
 
-    def __init__(self, cfg: ReferenceConfig) -> None:
+    def __init__(self, cfg: CodecLMConfig) -> None:
         super().__init__()
         self.cfg = cfg
         self.text = nn.Parameter(torch.randn(cfg.text_vocab_size, cfg.hidden_size) * 0.5)
@@ -202,7 +203,7 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ReferenceConfig) -> None:
+    def __init__(self, cfg: CodecLMConfig) -> None:
         super().__init__()
         self.cfg = cfg
         d, hd = cfg.hidden_size, cfg.head_dim
@@ -245,10 +246,10 @@ class DecoderLayer(nn.Module):
         return x, (k, v)
 
 
-class ReferenceLM(nn.Module):
+class CodecLMDecoder(nn.Module):
     """Pre-norm decoder-only transformer, GQA, RMSNorm, SwiGLU, rotary; K output heads."""
 
-    def __init__(self, cfg: ReferenceConfig) -> None:
+    def __init__(self, cfg: CodecLMConfig) -> None:
         super().__init__()
         self.cfg = cfg
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.layers))
@@ -293,10 +294,10 @@ class CausalConvBlock(nn.Module):
         return x + F.leaky_relu(self.conv(F.pad(x, (self.left_pad, 0))), LEAKY_SLOPE)
 
 
-class ReferenceVocoder(nn.Module):
+class CodecLMVocoder(nn.Module):
     """codes [B,F,K] -> RVQ dequantise -> causal dilated convs -> waveform [B, F*hop]."""
 
-    def __init__(self, cfg: ReferenceConfig, rvq: ResidualVectorQuantizer) -> None:
+    def __init__(self, cfg: CodecLMConfig, rvq: ResidualVectorQuantizer) -> None:
         super().__init__()
         self.cfg = cfg
         self.rvq = rvq  # shared with the encoder: the codes mean the same thing on both sides
@@ -316,14 +317,14 @@ class ReferenceVocoder(nn.Module):
         return samples.reshape(b, frames * self.cfg.hop_length)
 
 
-class ReferenceModel(nn.Module):
-    def __init__(self, cfg: ReferenceConfig) -> None:
+class CodecLMModel(nn.Module):
+    def __init__(self, cfg: CodecLMConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        self.encoder = ReferenceEncoder(cfg)
-        self.embed = ReferenceEmbed(cfg)
-        self.lm = ReferenceLM(cfg)
-        self.vocoder = ReferenceVocoder(cfg, self.encoder.rvq)
+        self.encoder = CodecLMEncoder(cfg)
+        self.embed = CodecLMEmbed(cfg)
+        self.lm = CodecLMDecoder(cfg)
+        self.vocoder = CodecLMVocoder(cfg, self.encoder.rvq)
 
 
 def synthetic_audio(
@@ -349,11 +350,11 @@ def synthetic_audio(
     return torch.stack(clips)
 
 
-def build_reference_model(seed: int = 0, cfg: ReferenceConfig | None = None) -> ReferenceModel:
+def build_codec_lm_model(seed: int = 0, cfg: CodecLMConfig | None = None) -> CodecLMModel:
     """Seeded random init, then k-means RVQ codebooks on synthetic audio latents."""
-    cfg = cfg or ReferenceConfig()
+    cfg = cfg or CodecLMConfig()
     torch.manual_seed(seed)
-    model = ReferenceModel(cfg).eval()
+    model = CodecLMModel(cfg).eval()
     generator = torch.Generator().manual_seed(seed + 1)
     audio = synthetic_audio(48, 2.0, cfg.sample_rate, generator)
     with torch.no_grad():

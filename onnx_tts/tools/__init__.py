@@ -1,0 +1,6 @@
+"""Offline tools that work on ONNX files: graph surgery (`convert`) and the one graph builder
+(`graph_builder`) that export recipes, benchmarks and tests write graphs with.
+
+Nothing in the runtime (`onnx_tts.*`, families, decoding) imports this package: loading and
+synthesizing never pay for it, and its checks run graphs through the same session core.
+"""
