@@ -1,0 +1,202 @@
+"""The decode scheduler: concurrent requests as rows of one LM batch (continuous batching)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import psutil
+import pytest
+
+import onnx_tts
+from onnx_tts.bundle import CODEC_LM_MODEL_DIR
+from onnx_tts.decoding import CapacityPolicy, Request
+from onnx_tts.decoding.scheduler import DecodeScheduler
+from onnx_tts.errors import InputError
+
+TEXTS = [
+    "Hi.",
+    "The quick brown fox jumps over the lazy dog.",
+    "One two three.",
+    "A somewhat longer sentence, so that rows end at different steps.",
+    "Short one.",
+    "Numbers like 42 and 7 are read out loud.",
+    "Batching must not change a single sample.",
+    "Goodbye for now.",
+]
+
+
+def _load(model=None, max_batch: int = 8, **kwargs):
+    return onnx_tts.load(model, cache_dir=None, threads=1, max_batch=max_batch, **kwargs)
+
+
+def _wait_until(condition, seconds: float = 30.0) -> bool:
+    """Poll `condition` (the worker frees rows between steps); not a timing assertion."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.01)
+    return condition()
+
+
+@pytest.fixture(scope="module")
+def solo_voice():
+    return _load(max_batch=1)
+
+
+@pytest.fixture(scope="module")
+def batched_voice():
+    return _load(max_batch=8)
+
+
+@pytest.mark.parametrize("model", [None, CODEC_LM_MODEL_DIR], ids=["voice", "codec-lm"])
+def test_concurrent_requests_equal_the_solo_path(model):
+    """Batch invariance: 16 requests, solo and then 8 at a time as rows of one batch."""
+    solo, batched = _load(model, max_batch=1), _load(model, max_batch=8)
+    assert solo.scheduler is None and batched.scheduler is not None
+    jobs = [(TEXTS[i % len(TEXTS)], i) for i in range(16)]
+    expected = [solo.synthesize(text, seed=seed).samples for text, seed in jobs]
+    with ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(lambda job: batched.synthesize(job[0], seed=job[1]).samples, jobs))
+    differing = [i for i in range(len(jobs)) if not np.array_equal(expected[i], got[i])]
+    assert differing == []
+    stats = batched.stats()
+    assert stats["mean_batch"] > 1.5  # rows really shared steps
+    assert stats["active_rows"] == 0 and stats["queued"] == 0
+
+
+def test_streams_equal_the_solo_path(solo_voice, batched_voice):
+    text = "Streaming through the scheduler. It keeps every window the same."
+    expected = np.concatenate(list(solo_voice.stream(text, seed=4)))
+
+    def run(_: int) -> np.ndarray:
+        return np.concatenate(list(batched_voice.stream(text, seed=4)))
+
+    with ThreadPoolExecutor(4) as pool:
+        for got in pool.map(run, range(4)):
+            np.testing.assert_array_equal(got, expected)
+
+
+def test_sixteen_threads_hammering_one_engine(solo_voice, batched_voice):
+    jobs = [(TEXTS[i % len(TEXTS)], 100 + i) for i in range(32)]
+    expected = {seed: solo_voice.synthesize(text, seed=seed).samples for text, seed in jobs}
+    errors: list[BaseException] = []
+    results: dict[int, np.ndarray] = {}
+
+    def worker(part: list[tuple[str, int]]) -> None:
+        try:
+            for text, seed in part:
+                results[seed] = batched_voice.synthesize(text, seed=seed).samples
+        except BaseException as error:  # collected, asserted below
+            errors.append(error)
+
+    threads = [threading.Thread(target=worker, args=(jobs[i::16],)) for i in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert all(np.array_equal(results[seed], expected[seed]) for _, seed in jobs)
+
+
+def test_cancelled_stream_frees_its_row(batched_voice):
+    scheduler = batched_voice.scheduler
+    long_text = " ".join(TEXTS[1:4])
+    stream = batched_voice.stream(long_text, seed=1)
+    next(stream)
+    assert scheduler.stats()["active_rows"] >= 1
+    stream.close()
+    assert _wait_until(lambda: scheduler.stats()["active_rows"] == 0)
+    # The freed row serves the next request, unchanged.
+    again = batched_voice.synthesize("Short one.", seed=2).samples
+    assert np.array_equal(again, _load(max_batch=1).synthesize("Short one.", seed=2).samples)
+
+
+def test_rows_join_and_leave_without_moving_the_kv(batched_voice):
+    """Slot buffers are allocated once: every row's address is the same before and after
+    requests came and went."""
+    slots = batched_voice.scheduler.slots
+    before = slots.past_data_ptrs(0, slots.rows)
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda i: batched_voice.synthesize(TEXTS[i], seed=i), range(8)))
+    assert slots.past_data_ptrs(0, slots.rows) == before
+
+
+def test_bad_request_fails_alone(solo_voice, batched_voice):
+    """A request the program refuses inside the worker fails; the others finish unchanged."""
+    backend = batched_voice.backend
+    good_voice = batched_voice.voice()
+    bad_voice = {"speaker_embedding": np.zeros(3, np.float32)}  # wrong width
+    chunk = backend.text_chunks("Fine words here.", {})[0]
+    sampling = backend.sampling_defaults().with_overrides({"seed": 5})
+    expected = list(solo_voice.generate(chunk, good_voice, sampling))
+    streams = [
+        batched_voice.generate(chunk, good_voice, sampling),
+        batched_voice.generate(chunk, bad_voice, sampling),
+        batched_voice.generate(chunk, good_voice, sampling),
+    ]
+    good_a = list(streams[0])
+    with pytest.raises(Exception) as failure:
+        list(streams[1])
+    assert "speaker" in str(failure.value) or "shape" in str(failure.value).lower()
+    good_b = list(streams[2])
+    for frames in (good_a, good_b):
+        assert len(frames) == len(expected)
+        assert all(np.array_equal(a, b) for a, b in zip(frames, expected, strict=True))
+
+
+def test_request_longer_than_a_row_runs_solo(solo_voice):
+    """A request needing more KV than a slot row holds falls back to its own cache."""
+    backend = solo_voice.backend
+    pool = backend.pool
+    scheduler = DecodeScheduler(
+        backend.program, pool.layout, CapacityPolicy(fixed=8, limit=8), max_batch=2
+    )
+    assert scheduler.capacity == 8
+    chunk = backend.text_chunks("This sentence needs far more than eight positions.", {})[0]
+    request = Request(chunk, solo_voice.voice(), backend.sampling_defaults(), {})
+    from onnx_tts.decoding.scheduler import RunSolo
+
+    with pytest.raises(RunSolo):
+        next(scheduler.submit(request))
+    assert scheduler.stats()["solo"] == 1
+    scheduler.close()
+
+
+def test_churn_of_ten_thousand_steps_does_not_grow_memory(batched_voice):
+    scheduler = batched_voice.scheduler
+    process = psutil.Process()
+
+    def burst() -> None:
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(lambda i: batched_voice.synthesize(TEXTS[i % 8], seed=i), range(24)))
+
+    burst()  # warm-up: buffers, arenas, thread pools
+    rss_before = process.memory_info().rss
+    start = scheduler.stats()["row_steps"]
+    while scheduler.stats()["row_steps"] - start < 10_000:
+        burst()
+    growth = process.memory_info().rss - rss_before
+    assert growth < 64 << 20, f"RSS grew by {growth >> 20} MB over 10,000 row steps"
+
+
+def test_info_says_whether_a_model_batches():
+    concat = _load(CODEC_LM_MODEL_DIR, lm_graph="lm_concat", kv="chain")
+    assert concat.info()["batching"]["batched"] is False
+    assert "chain" in concat.info()["batching"]["why"]
+    batched = _load(CODEC_LM_MODEL_DIR)
+    assert batched.info()["batching"] == {
+        "batched": True,
+        "max_batch": 8,
+        "slot_capacity": batched.scheduler.capacity,
+    }
+    assert _load(max_batch=1).info()["batching"]["batched"] is False
+
+
+@pytest.mark.parametrize("bad", [0, -1, 257, 2.5, "8", True])
+def test_max_batch_is_bounded(bad):
+    with pytest.raises(InputError, match="max_batch"):
+        _load(max_batch=bad)
