@@ -476,9 +476,13 @@ def test_text_shorter_than_one_window(codec_lm_engine, monkeypatch) -> None:
     np.testing.assert_allclose(chunks[0], one_shot, rtol=0, atol=1e-6)
 
 
-def test_cancelled_stream_stops_generation_and_frees_the_kv_cache(
-    codec_lm_engine, monkeypatch
-) -> None:
+def test_cancelled_stream_stops_generation_and_frees_the_kv_cache(monkeypatch) -> None:
+    """On the solo path (max_batch=1) the stream owns a pooled cache; the batched path's rows
+    are checked in tests/test_scheduler.py."""
+    import onnx_tts
+    from onnx_tts.bundle import CODEC_LM_MODEL_DIR
+
+    codec_lm_engine = onnx_tts.load(CODEC_LM_MODEL_DIR, kv="inplace", cache_dir=None, max_batch=1)
     pool = codec_lm_engine.backend.pool
     counter = FrameCounter(codec_lm_engine, monkeypatch)
     list(codec_lm_engine.stream(ONE_SENTENCE, seed=6))
