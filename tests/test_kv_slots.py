@@ -321,6 +321,8 @@ def test_step_errors(gqa_path: Path, mask_path: Path) -> None:
         slots.past_data_ptrs(4, 1)
     with bad("index 6 out of range"):
         slots.read(6, 0, 1)
+    with bad("index -1 out of range"):
+        slots.read(-1, 0, 1)
     with bad(r"length 9 is outside \[0, 8\]"):
         slots.read(0, 0, 9)
 
