@@ -62,8 +62,9 @@ class KVSlots {
   int64_t rows_;
   int64_t capacity_;
   std::vector<KVPair> pairs_;
-  std::vector<std::shared_ptr<Ort::Value>> buffers_;
+  // Declared before buffers_ so it is destroyed after them: tensors free through it.
   std::unique_ptr<Ort::Allocator> allocator_;
+  std::vector<std::shared_ptr<Ort::Value>> buffers_;
   Ort::IoBinding binding_;
   LengthInputs length_inputs_;
   bool attention_mask_ = false;
