@@ -366,14 +366,9 @@ def test_step_errors(gqa_path: Path, mask_path: Path) -> None:
         masked.step({**two, "attention_mask": np.ones((2, 2), np.int64)}, 0, np.array([1, 0]))
 
 
-def rss_mb() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024.0
-    raise AssertionError("no VmRSS in /proc/self/status")
-
-
 def test_churn_of_10k_steps_does_not_grow_memory(tmp_path: Path) -> None:
+    from tools.leak_check import rss_mb
+
     session = Session(graphs.gqa_lm(tmp_path / "small.onnx", layers=2))
     hidden = hidden_of(session)
     rows, capacity = 4, 48
