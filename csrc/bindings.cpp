@@ -32,6 +32,12 @@ namespace {
 
 using OutputNames = std::optional<std::vector<std::string>>;
 
+// Python indices may be negative; the C++ side takes size_t.
+size_t kv_index(int64_t index) {
+  if (index < 0) throw RunError(cat("KV tensor index ", index, " out of range"));
+  return static_cast<size_t>(index);
+}
+
 py::dict stats_to_python(const KVStats& stats) {
   py::dict out;
   out["steps"] = stats.steps;
@@ -187,7 +193,8 @@ PYBIND11_MODULE(_core, m) {
       .def("reset", [](PyKVCache& c) { c.cache->reset(); })
       .def(
           "read",
-          [](const PyKVCache& c, size_t index) {
+          [](const PyKVCache& c, int64_t position) {
+            size_t index = kv_index(position);
             std::vector<int64_t> shape = c.cache->read_shape(index);
             auto type = c.session->find_input(c.cache->pair_names()[index].first)->type;
             return read_kv(shape, type, [&](void* dst) { c.cache->read(index, dst); });
@@ -209,7 +216,7 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("capacity", [](const PyKVSlots& s) { return s.slots->capacity(); })
       .def_property_readonly("pairs",
                              [](const PyKVSlots& s) { return pairs_to_python(s.slots->pair_names()); })
-      .def("row_stride", [](const PyKVSlots& s, size_t index) { return s.slots->row_stride(index); },
+      .def("row_stride", [](const PyKVSlots& s, int64_t index) { return s.slots->row_stride(kv_index(index)); },
            py::arg("index"))
       .def(
           "step",
@@ -229,7 +236,8 @@ PYBIND11_MODULE(_core, m) {
            py::arg("first_row"), py::arg("count"))
       .def(
           "read",
-          [](const PyKVSlots& s, size_t index, int64_t row, int64_t length) {
+          [](const PyKVSlots& s, int64_t position, int64_t row, int64_t length) {
+            size_t index = kv_index(position);
             std::vector<int64_t> shape = s.slots->read_shape(index, row, length);
             auto type = s.session->find_input(s.slots->pair_names()[index].first)->type;
             return read_kv(shape, type, [&](void* dst) { s.slots->read(index, row, length, dst); });

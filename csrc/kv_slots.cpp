@@ -158,11 +158,8 @@ std::vector<NamedValue> KVSlots::step(std::vector<Feed> feeds, int64_t first_row
   check_lengths(lengths, added);
   std::vector<int64_t> totals(lengths.size());
   for (size_t i = 0; i < lengths.size(); ++i) totals[i] = lengths[i] + added;
-  if (length_inputs_.any()) {
-    length_inputs_.fill(*session_, totals, feeds);
-  } else {
-    check_mask(feeds, totals);
-  }
+  length_inputs_.fill(*session_, totals, feeds);
+  if (attention_mask_) check_mask(feeds, totals);
   session_->check_all_inputs_fed(feeds, past_names_);
   const std::vector<std::string>& outputs = requested ? *requested : other_outputs_;
   if (outputs != bound_outputs_ || first_row != bound_first_ || count != bound_count_) {

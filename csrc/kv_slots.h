@@ -2,8 +2,9 @@
 // head_dim] buffer per (past, present) pair, allocated once. A step runs the LM over a row
 // range [first_row, first_row + count), bound as contiguous sub-buffers of those buffers (the
 // batch axis is outermost), so nothing is copied when rows join or leave. Each row keeps its
-// own length: GroupQueryAttention graphs get per-row seqlens_k, graphs that derive lengths from
-// an attention_mask get the caller's mask (checked against the lengths).
+// own length: GroupQueryAttention graphs get per-row seqlens_k from the core; an attention_mask
+// (the lengths of graphs that derive them inside, positions for others) is the caller's, and
+// is checked against the lengths.
 #pragma once
 
 #include <cstdint>
@@ -62,8 +63,9 @@ class KVSlots {
   int64_t rows_;
   int64_t capacity_;
   std::vector<KVPair> pairs_;
-  std::vector<std::shared_ptr<Ort::Value>> buffers_;
+  // Declared before buffers_ so it is destroyed after them: tensors free through it.
   std::unique_ptr<Ort::Allocator> allocator_;
+  std::vector<std::shared_ptr<Ort::Value>> buffers_;
   Ort::IoBinding binding_;
   LengthInputs length_inputs_;
   bool attention_mask_ = false;

@@ -47,10 +47,13 @@ class KVStrategy {
   Session& session_;
   const std::vector<KVPair>& pairs_;
   int64_t batch_;
-  std::vector<std::shared_ptr<Ort::Value>> past_;
 
  private:
+  // Declared before past_ so it is destroyed after it: tensors free through their allocator.
   std::unique_ptr<Ort::Allocator> allocator_;
+
+ protected:
+  std::vector<std::shared_ptr<Ort::Value>> past_;
 };
 
 // "copy", "chain" or "inplace" (which needs a capacity); RunError for anything else.

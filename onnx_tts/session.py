@@ -269,9 +269,10 @@ class KVSlots:
 
     For a decode scheduler: each active request owns a row; a step runs the LM over a range of
     rows at once. GroupQueryAttention graphs get `seqlens_k` / `total_sequence_length` from
-    `lengths`; graphs that compute them from `attention_mask` take the caller's mask (checked
-    against `lengths`). One instance is not for concurrent steps from several threads.
-    """
+    `lengths`; an `attention_mask` (right-padded: row i marks lengths[i] + new tokens) and
+    `position_ids` are the caller's, the mask checked against `lengths`. A step adding several
+    tokens over several rows needs every row empty (a batched first prefill). One instance is
+    not for concurrent steps from several threads."""
 
     def __init__(
         self,

@@ -68,34 +68,65 @@ def mask_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return gqa_mask_lm(tmp_path_factory.mktemp("g") / "gqa_mask.onnx", layers=3)
 
 
+@pytest.fixture(scope="module")
+def converted_paths(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Synthetic Chatterbox LMs (Turbo with position_ids, original without) after
+    `onnx-tts convert --inplace-kv`: seqlens inputs, attention_mask and GQA."""
+    from export import synthetic_chatterbox as synth
+    from onnx_tts.convert import convert_inplace_kv
+
+    root = tmp_path_factory.mktemp("converted")
+    configs = {
+        "turbo": synth.SyntheticConfig(variant="turbo", precisions=("fp32",)),
+        "original": synth.SyntheticConfig(
+            variant="original", lm_position_ids=False, precisions=("fp32",)
+        ),
+    }
+    out = {}
+    for name, config in configs.items():
+        synth.export(config, root / name)
+        source = root / name / "onnx" / "language_model.onnx"
+        out[name] = convert_inplace_kv(source, root / f"{name}.onnx", check=False).destination
+    return out
+
+
 def lm_paths() -> dict[str, Path | str]:
     return {
         "gqa": "gqa_path",
         "gqa-mask": "mask_path",
         "voice": MODELS / "voice" / "lm.onnx",
         "codec-lm": MODELS / "codec-lm" / "lm.onnx",
+        "chatterbox-turbo-converted": "turbo",
+        "chatterbox-original-converted": "original",
     }
 
 
 @pytest.fixture(params=list(lm_paths()))
 def lm(request: pytest.FixtureRequest) -> Session:
     where = lm_paths()[request.param]
-    path = request.getfixturevalue(where) if isinstance(where, str) else where
-    return Session(path)
+    if isinstance(where, Path):
+        return Session(where)
+    if where in ("turbo", "original"):
+        return Session(request.getfixturevalue("converted_paths")[where])
+    return Session(request.getfixturevalue(where))
 
 
 def hidden_of(session: Session) -> int:
     return int(session.input("inputs_embeds").shape[-1])
 
 
-def mask_feeds(session: Session, totals: list[int]) -> dict[str, np.ndarray]:
-    """attention_mask for mask-driven graphs: each row's tokens marked, padding on the right."""
-    if session.input("attention_mask") is None:
-        return {}
-    mask = np.zeros((len(totals), max(totals)), np.int64)
-    for row, total in enumerate(totals):
-        mask[row, :total] = 1
-    return {"attention_mask": mask}
+def side_feeds(session: Session, lengths: list[int], new: int) -> dict[str, np.ndarray]:
+    """attention_mask (each row's tokens marked, padding on the right) and position_ids for
+    the graphs that take them, for rows holding `lengths` tokens and adding `new`."""
+    feeds = {}
+    if session.input("attention_mask") is not None:
+        mask = np.zeros((len(lengths), max(lengths) + new), np.int64)
+        for row, length in enumerate(lengths):
+            mask[row, : length + new] = 1
+        feeds["attention_mask"] = mask
+    if session.input("position_ids") is not None:
+        feeds["position_ids"] = np.array(lengths, np.int64)[:, None] + np.arange(new)
+    return feeds
 
 
 def solo_logits(session: Session, seq: list[np.ndarray], capacity: int) -> list[np.ndarray]:
@@ -103,7 +134,7 @@ def solo_logits(session: Session, seq: list[np.ndarray], capacity: int) -> list[
     kv = KVCache(session, "inplace", capacity=capacity)
     out = []
     for embeds in seq:
-        feeds = {"inputs_embeds": embeds, **mask_feeds(session, [kv.length + embeds.shape[1]])}
+        feeds = {"inputs_embeds": embeds, **side_feeds(session, [kv.length], embeds.shape[1])}
         out.append(kv.step(feeds)["logits"])
     return out
 
@@ -139,7 +170,7 @@ def run_scheduler(
             waiting.remove(request)
             request.row = free.pop(0)
             first = request.seq[0]
-            feeds = {"inputs_embeds": first, **mask_feeds(session, [first.shape[1]])}
+            feeds = {"inputs_embeds": first, **side_feeds(session, [0], first.shape[1])}
             lengths = np.array([0], np.int64)
             request.got.append(slots.step(feeds, request.row, lengths)["logits"])
             request.length = first.shape[1]
@@ -153,7 +184,7 @@ def run_scheduler(
             for row, request in by_row.items():
                 embeds[row - lo] = request.seq[len(request.got)][0]
                 lengths[row - lo] = request.length
-            feeds = {"inputs_embeds": embeds, **mask_feeds(session, list(lengths + 1))}
+            feeds = {"inputs_embeds": embeds, **side_feeds(session, lengths.tolist(), 1)}
             before = slots.past_data_ptrs(lo, hi - lo)
             logits = slots.step(feeds, lo, lengths)["logits"]
             assert slots.present_data_ptrs(lo, hi - lo) == before  # written in place
@@ -184,7 +215,7 @@ def make_requests(hidden: int, seed: int = 0) -> list[Request]:
 
 def test_ragged_rows_joining_and_leaving_match_solo_runs(lm: Session) -> None:
     """Per-row logits of the batched, churning run equal the solo KVCache('inplace') run
-    bit for bit (max abs difference measured: 0.0 on all four graphs)."""
+    bit for bit (max abs difference measured: 0.0 on all six graphs)."""
     capacity = 32
     slots = KVSlots(lm, rows=3, capacity=capacity)
     requests = make_requests(hidden_of(lm))
@@ -321,6 +352,8 @@ def test_step_errors(gqa_path: Path, mask_path: Path) -> None:
         slots.past_data_ptrs(4, 1)
     with bad("index 6 out of range"):
         slots.read(6, 0, 1)
+    with bad("index -1 out of range"):
+        slots.read(-1, 0, 1)
     with bad(r"length 9 is outside \[0, 8\]"):
         slots.read(0, 0, 9)
 
@@ -333,14 +366,9 @@ def test_step_errors(gqa_path: Path, mask_path: Path) -> None:
         masked.step({**two, "attention_mask": np.ones((2, 2), np.int64)}, 0, np.array([1, 0]))
 
 
-def rss_mb() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024.0
-    raise AssertionError("no VmRSS in /proc/self/status")
-
-
 def test_churn_of_10k_steps_does_not_grow_memory(tmp_path: Path) -> None:
+    from tools.leak_check import rss_mb
+
     session = Session(graphs.gqa_lm(tmp_path / "small.onnx", layers=2))
     hidden = hidden_of(session)
     rows, capacity = 4, 48
