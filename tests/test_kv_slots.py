@@ -73,7 +73,7 @@ def converted_paths(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]
     """Synthetic Chatterbox LMs (Turbo with position_ids, original without) after
     `onnx-tts convert --inplace-kv`: seqlens inputs, attention_mask and GQA."""
     from export import synthetic_chatterbox as synth
-    from onnx_tts.convert import convert_inplace_kv
+    from onnx_tts.tools.convert import convert_inplace_kv
 
     root = tmp_path_factory.mktemp("converted")
     configs = {
