@@ -39,7 +39,8 @@ class Dispatcher:
 
     def submit(self, job: Callable[[], Any]) -> Future:
         with self._lock:
-            if self.waiting >= self.max_queue:
+            # Jobs beyond the idle workers wait; at most max_queue of them.
+            if self.waiting + self.active >= self.workers + self.max_queue:
                 raise QueueFull
             self.waiting += 1
 
