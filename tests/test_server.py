@@ -422,8 +422,8 @@ def test_queue_full_then_disconnect_cancels(strict_server: LiveServer) -> None:
     long_body = {"input": LONG_TEXT, "response_format": "pcm", "stream_format": "audio"}
     with httpx.stream("POST", url, json=long_body, headers=headers, timeout=60) as busy:
         assert busy.status_code == 200
-        first = next(busy.iter_bytes())
-        assert first
+        stream = busy.iter_bytes()  # keep it: a dropped iterator closes the connection
+        assert next(stream)
         refused = httpx.post(url, json={"input": "Me too."}, headers=headers)
         assert refused.status_code == 429
         assert refused.json()["error"]["type"] == "rate_limit_error"

@@ -33,7 +33,15 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from onnx_tts.errors import AudioError, InputError, OnnxTTSError
-from onnx_tts.server.dispatcher import AUDIO, END, ERROR, Dispatcher, Generation, QueueFull
+from onnx_tts.server.dispatcher import (
+    AUDIO,
+    END,
+    ERROR,
+    DeadlineGate,
+    Dispatcher,
+    Generation,
+    QueueFull,
+)
 from onnx_tts.server.encoding import CONTENT_TYPES, StreamEncoder, encode_file, encoded_rate
 from onnx_tts.server.engines import ModelRegistry, SpeechModel
 from onnx_tts.server.errors import APIError, error_body, one_line
@@ -53,6 +61,7 @@ class ServerConfig:
     models: list[str | None] = field(default_factory=lambda: [None])
     workers: int = 4
     max_queue: int = 64
+    compute_slots: int = field(default_factory=lambda: os.cpu_count() or 1)
     max_batch: int = 1  # reserved for the batch scheduler; the worker pool runs rows alone
     api_key: str | None = None
     voices_dir: str | None = None
@@ -73,6 +82,7 @@ class _State:
         self.config = config
         self.registry = registry
         self.dispatcher = Dispatcher(config.workers, config.max_queue)
+        self.gate = DeadlineGate(config.compute_slots)
         self.voices = VoiceStore(config.voices_dir or default_voices_dir())
         self.metrics = ServerMetrics(
             queue_depth=lambda: self.dispatcher.waiting,
@@ -242,7 +252,7 @@ def create_app(config: ServerConfig, registry: ModelRegistry | None = None) -> F
             raise APIError(503, "the server is shutting down; retry on another replica")
         body = await _read_json(request)
         speech_request = parse_speech_request(body)
-        job = _plan(state, speech_request)
+        job = _plan(state, speech_request, received)
         try:
             future = state.dispatcher.submit(job.run)
         except QueueFull:
@@ -310,7 +320,7 @@ def _unknown_model(name: str, registry: ModelRegistry) -> APIError:
 # -- speech -------------------------------------------------------------------------------------
 
 
-def _plan(state: _State, request: SpeechRequest) -> Generation:
+def _plan(state: _State, request: SpeechRequest, received: float) -> Generation:
     model = state.registry.get(request.model)
     if model is None:
         raise _unknown_model(request.model, state.registry)
@@ -345,6 +355,8 @@ def _plan(state: _State, request: SpeechRequest) -> Generation:
         speed=request.speed,
         output_rate=encoded_rate(request.response_format, model.sample_rate),
         loop=asyncio.get_running_loop(),
+        gate=state.gate,
+        received_at=received,
     )
 
 

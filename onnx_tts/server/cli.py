@@ -26,6 +26,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     )
     parser.add_argument("--workers", type=int, default=16, help="requests generating at once (16)")
     parser.add_argument(
+        "--compute-slots",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="engine calls at once, earliest playback deadline first (default: CPU count)",
+    )
+    parser.add_argument(
         "--max-queue", type=int, default=64, help="requests waiting for a worker before 429 (64)"
     )
     parser.add_argument(
@@ -69,6 +75,7 @@ def _check(args: argparse.Namespace) -> str | None:
     checks = [
         (1 <= args.port <= 65535, "--port must be 1-65535"),
         (1 <= args.workers <= 256, "--workers must be 1-256"),
+        (1 <= args.compute_slots <= 256, "--compute-slots must be 1-256"),
         (0 <= args.max_queue <= 100_000, "--max-queue must be 0-100000"),
         (1 <= args.max_batch <= 256, "--max-batch must be 1-256"),
         (args.max_upload_bytes >= 1024, "--max-upload-bytes must be at least 1024"),
@@ -100,6 +107,7 @@ def run(args: argparse.Namespace) -> int:
     config = ServerConfig(
         models=list(args.models or [None]),
         workers=args.workers,
+        compute_slots=args.compute_slots,
         max_queue=args.max_queue,
         max_batch=args.max_batch,
         api_key=args.api_key,
