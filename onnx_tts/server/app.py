@@ -13,6 +13,7 @@ import contextlib
 import hmac
 import json
 import logging
+import math
 import os
 import tempfile
 import time
@@ -324,7 +325,7 @@ def _plan(state: _State, request: SpeechRequest, received: float) -> Generation:
     model = state.registry.get(request.model)
     if model is None:
         raise _unknown_model(request.model, state.registry)
-    options = request.extensions()
+    options = {k: v for k, v in request.extensions().items() if v is not None}
     unknown = sorted(set(options) - set(model.options))
     if unknown:
         raise APIError(
@@ -334,6 +335,8 @@ def _plan(state: _State, request: SpeechRequest, received: float) -> Generation:
             param=unknown[0],
             code="unknown_parameter",
         )
+    for key, value in options.items():
+        _check_option(key, value, model.options[key])
     voice_audio = None
     name = request.voice_id
     if name not in DEFAULT_VOICE_NAMES and name not in OPENAI_VOICES:
@@ -358,6 +361,30 @@ def _plan(state: _State, request: SpeechRequest, received: float) -> Generation:
         gate=state.gate,
         received_at=received,
     )
+
+
+def _check_option(name: str, value: Any, kind: type) -> None:
+    """Extension fields are JSON scalars of the option's type (the engine checks ranges)."""
+    if kind is bool:
+        ok = isinstance(value, bool)
+    elif kind is int:
+        ok = isinstance(value, int) and not isinstance(value, bool) and abs(value) < 2**31
+    elif kind is float:
+        ok = (
+            isinstance(value, (int, float))
+            and not isinstance(value, bool)
+            and math.isfinite(value)
+            and abs(value) < 1e6
+        )
+    else:
+        ok = isinstance(value, str) and len(value) <= 64
+    if not ok:
+        what = {int: "an integer", float: "a finite number", bool: "true or false"}.get(
+            kind, "a string of at most 64 characters"
+        )
+        raise APIError(
+            400, f"{name} must be {what}, got {value!r:.40}", param=name, code="invalid_value"
+        )
 
 
 def _respond(

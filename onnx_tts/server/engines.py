@@ -39,7 +39,7 @@ class SpeechModel:
     engine: onnx_tts.Engine
     path: str = ""
     created: int = 0
-    options: tuple[str, ...] = field(default=())
+    options: dict[str, type] = field(default_factory=dict)  # extension field -> JSON type
 
     @property
     def sample_rate(self) -> int:
@@ -85,11 +85,17 @@ class SpeechModel:
         return self.engine.cache_stats()
 
 
-def model_options(engine: onnx_tts.Engine) -> tuple[str, ...]:
-    """Request fields a model takes beyond OpenAI's: its sampling options and stream windows."""
+def model_options(engine: onnx_tts.Engine) -> dict[str, type]:
+    """Request fields a model takes beyond OpenAI's (its sampling options and stream windows),
+    each with the type its default has (float, int or str)."""
     sampling = engine.backend.sampling()
-    names = [f.name for f in dataclasses.fields(sampling) if f.name != "seed"]
-    return tuple(names) + WINDOW_OPTIONS
+    options: dict[str, type] = {}
+    for item in dataclasses.fields(sampling):
+        if item.name != "seed":
+            default = getattr(sampling, item.name)
+            options[item.name] = type(default) if isinstance(default, (int, float)) else str
+    options.update(dict.fromkeys(WINDOW_OPTIONS, int))
+    return options
 
 
 class ModelRegistry:
