@@ -215,6 +215,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
             )
     right.set_xlabel("concurrent streaming clients")
     right.set_ylabel("audio seconds per wall second")
+    right.set_ylim(bottom=0)
     right.set_xticks(clients)
     figure.suptitle(f"onnx-tts serve: streaming pcm, default voice, {os.cpu_count()} cores")
     figure.tight_layout()
@@ -268,6 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if server is not None:
             server.stop()
+    results["machine"]["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
     goal = next((lv for lv in results["levels"] if lv["clients"] == GOAL_CLIENTS), None)
     if goal is not None:
         results["goal_8_clients"] = {
