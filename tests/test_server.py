@@ -47,6 +47,7 @@ class LiveServer:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = tmp / f"server-{self.port}.log"
         command = [sys.executable, "-m", "onnx_tts.server", "--port", str(self.port)]
+        tmp.mkdir(parents=True, exist_ok=True)
         command += ["--voices-dir", str(tmp / "voices"), "--cache-dir", str(tmp / "cache")]
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
         self.process = subprocess.Popen(command + list(extra), stdout=self._log, stderr=self._log)
@@ -538,3 +539,25 @@ def test_playback_clock_counts_underruns() -> None:
     assert clock.chunk(0.5, 1.0) == 0.0  # arrived while 0.5 s was still buffered
     assert clock.chunk(2.5, 1.0) == pytest.approx(0.5)  # the player ran dry at 2.0
     assert clock.underruns == 1 and clock.stalled == pytest.approx(0.5)
+
+
+def test_replicas_share_voice_encodes_through_redis(tmp_path: Path) -> None:
+    from tests.redis_server import redis_server
+
+    with redis_server(tmp_path / "redis") as url:
+        shared = ["--redis", url, "--voices-dir", str(tmp_path / "shared-voices")]
+        first = LiveServer(tmp_path / "a", *shared, "--cache-dir", "none")
+        second = LiveServer(tmp_path / "b", *shared, "--cache-dir", "none")
+        try:
+            clip = (speechlike(2.0, RATE, seed=4) * 32767).astype(np.int16)
+            created = upload(first, _wav_bytes(clip, RATE))
+            assert created.status_code == 201, created.text
+            used = speech(second, input="Shared voice.", voice=created.json()["id"])
+            assert used.status_code == 200, used.text
+            text = httpx.get(second.url + "/metrics").text
+            labels = {"model": "onnx-tts-voice"}
+            assert metric(text, "onnx_tts_reference_cache_lookups_total", tier="redis", **labels)
+            assert not metric(text, "onnx_tts_reference_cache_lookups_total", tier="miss", **labels)
+        finally:
+            first.stop()
+            second.stop()
