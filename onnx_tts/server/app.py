@@ -177,11 +177,13 @@ def create_app(config: ServerConfig, registry: ModelRegistry | None = None) -> F
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        loading = None
         if not registry.ready.is_set():
-            loop = asyncio.get_running_loop()
-            app.state.loading = loop.run_in_executor(None, _load_models, registry)
+            loading = asyncio.get_running_loop().run_in_executor(None, _load_models, registry)
         yield
         state.draining = True
+        if loading is not None:
+            await loading  # a stop during loading lets the load finish, then exits cleanly
         await run_in_threadpool(state.dispatcher.shutdown)
 
     app = FastAPI(title="onnx-tts", version=_version(), lifespan=lifespan, docs_url="/docs")

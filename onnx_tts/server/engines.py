@@ -17,7 +17,7 @@ import numpy as np
 
 import onnx_tts
 from onnx_tts.audio import load_audio
-from onnx_tts.refcache import TIERS, make_key
+from onnx_tts.refcache import TIERS
 
 # Names OpenAI clients send for "the server's default model".
 DEFAULT_MODEL_ALIASES = ("tts-1", "tts-1-hd", "onnx-tts", "default")
@@ -56,10 +56,6 @@ class SpeechModel:
     def voice_limits(self) -> tuple[float | None, float | None]:
         encoder = self.engine.backend.encoder
         return getattr(encoder, "min_seconds", None), getattr(encoder, "max_seconds", None)
-
-    def voice_key(self, audio: np.ndarray) -> str:
-        """The reference cache's content key of `audio` (mono, at voice_rate) for this model."""
-        return make_key(self.engine.backend.encoder.identity, audio)
 
     def decode_voice(self, path: str | Path) -> np.ndarray:
         """Reference audio file -> mono float32 at this model's encoder rate (AudioError if bad)."""
