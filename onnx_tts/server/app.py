@@ -420,12 +420,28 @@ def _respond(
             yield tail
 
     if speech.stream_format == "sse":
-        return StreamingResponse(
+        return _JobStream(
+            job,
             _sse_errors(body()),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", **audio_headers},
         )
-    return StreamingResponse(body(), media_type=CONTENT_TYPES[fmt], headers=audio_headers)
+    return _JobStream(job, body(), media_type=CONTENT_TYPES[fmt], headers=audio_headers)
+
+
+class _JobStream(StreamingResponse):
+    """A streamed body whose generation stops however the response ends, even when the
+    client leaves before the first byte (the body generator then never starts)."""
+
+    def __init__(self, job: Generation, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._job = job
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._job.cancel()  # a no-op once the job has finished
 
 
 class _WholeFile(Response):
