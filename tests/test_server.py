@@ -561,3 +561,21 @@ def test_replicas_share_voice_encodes_through_redis(tmp_path: Path) -> None:
         finally:
             first.stop()
             second.stop()
+
+
+def test_health_is_503_until_the_model_is_loaded(tmp_path: Path) -> None:
+    from starlette.testclient import TestClient
+
+    from onnx_tts.server import ServerConfig, create_app
+    from onnx_tts.server.engines import ModelRegistry
+
+    registry = ModelRegistry([None], {"cache_dir": None})
+    app = create_app(ServerConfig(voices_dir=str(tmp_path / "voices")), registry)
+    client = TestClient(app)  # no lifespan: nothing loads until we say so
+    assert client.get("/health").status_code == 503
+    assert client.get("/health").json() == {"status": "loading"}
+    waiting = client.post("/v1/audio/speech", json={"input": "Too early."})
+    assert waiting.status_code == 503 and waiting.json()["error"]["code"] == "loading"
+    registry.load_all()
+    assert client.get("/health").json() == {"status": "ok", "models": ["onnx-tts-voice"]}
+    assert client.post("/v1/audio/speech", json={"input": "Now."}).status_code == 200
