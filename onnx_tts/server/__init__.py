@@ -1,0 +1,5 @@
+"""`onnx-tts serve`: an OpenAI-compatible speech server (POST /v1/audio/speech and friends)."""
+
+from onnx_tts.server.app import ServerConfig, create_app
+
+__all__ = ["ServerConfig", "create_app"]

@@ -1,0 +1,158 @@
+"""The server's one view of the engine: load models, encode voices, open a stream.
+
+Every call into onnx_tts.Engine goes through this module, so a rename in the engine or the
+batch scheduler replacing `Engine.stream` is a change here only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import onnx_tts
+from onnx_tts.audio import load_audio
+from onnx_tts.refcache import TIERS
+
+# Names OpenAI clients send for "the server's default model".
+DEFAULT_MODEL_ALIASES = ("tts-1", "tts-1-hd", "onnx-tts", "default")
+# Streaming window options every model takes (see Engine.stream).
+WINDOW_OPTIONS = (
+    "first_chunk_frames",
+    "stride_frames",
+    "overlap_frames",
+    "holdback_frames",
+    "crossfade_samples",
+)
+
+
+@dataclass
+class SpeechModel:
+    """One loaded model, named as clients address it."""
+
+    name: str
+    engine: onnx_tts.Engine
+    path: str = ""
+    created: int = 0
+    options: dict[str, type] = field(default_factory=dict)  # extension field -> JSON type
+
+    @property
+    def sample_rate(self) -> int:
+        return int(self.engine.sample_rate)
+
+    @property
+    def hop_length(self) -> int:
+        return int(getattr(self.engine.backend, "hop_length", 0) or 0)
+
+    @property
+    def voice_rate(self) -> int:
+        return int(self.engine.backend.encoder.sample_rate)
+
+    def voice_limits(self) -> tuple[float | None, float | None]:
+        encoder = self.engine.backend.encoder
+        return getattr(encoder, "min_seconds", None), getattr(encoder, "max_seconds", None)
+
+    def decode_voice(self, path: str | Path) -> np.ndarray:
+        """Reference audio file -> mono float32 at this model's encoder rate (AudioError if bad)."""
+        low, high = self.voice_limits()
+        return load_audio(path, self.voice_rate, min_seconds=low, max_seconds=high)
+
+    def encode_voice(self, audio: np.ndarray | None) -> dict[str, np.ndarray]:
+        """Encoder outputs through the content-addressed reference cache (None = default)."""
+        return self.engine.voice(audio)
+
+    def stream(
+        self,
+        text: str,
+        voice: dict[str, np.ndarray] | None,
+        seed: int | None,
+        options: dict[str, Any],
+    ) -> Iterator[np.ndarray]:
+        """float32 chunks as the windowed vocoder yields them; text and options are checked
+        before this returns (InputError). Closing the iterator stops generation."""
+        return self.engine.stream(text, voice=voice, seed=seed, **options)
+
+    def cache_stats(self) -> dict[str, Any]:
+        return self.engine.cache_stats()
+
+
+def model_options(engine: onnx_tts.Engine) -> dict[str, type]:
+    """Request fields a model takes beyond OpenAI's (its sampling options and stream windows),
+    each with the type its default has (float, int or str)."""
+    sampling = engine.backend.sampling()
+    options: dict[str, type] = {}
+    for item in dataclasses.fields(sampling):
+        if item.name != "seed":
+            default = getattr(sampling, item.name)
+            options[item.name] = type(default) if isinstance(default, (int, float)) else str
+    options.update(dict.fromkeys(WINDOW_OPTIONS, int))
+    return options
+
+
+class ModelRegistry:
+    """Models by name; the first one loaded is the default. Loading runs in the background so
+    /health can say 503 until every model is ready."""
+
+    def __init__(
+        self, model_dirs: Sequence[str | None], load_options: dict[str, Any] | None = None
+    ) -> None:
+        self.model_dirs = list(model_dirs) or [None]
+        self.load_options = dict(load_options or {})
+        self.models: dict[str, SpeechModel] = {}
+        self.default: SpeechModel | None = None
+        self.error: str | None = None
+        self.ready = threading.Event()
+
+    def load_all(self) -> None:
+        import time
+
+        try:
+            for model_dir in self.model_dirs:
+                engine = onnx_tts.load(model_dir, **self.load_options)
+                name = str(engine.info().get("name") or Path(str(model_dir)).name)
+                if name in self.models:  # two bundles with one name: keep both reachable
+                    name = f"{name}-{len(self.models)}"
+                model = SpeechModel(
+                    name=name,
+                    engine=engine,
+                    path=str(engine.info().get("path", model_dir or "")),
+                    created=int(time.time()),
+                    options=model_options(engine),
+                )
+                self.models[name] = model
+                if self.default is None:
+                    self.default = model
+        except Exception as error:  # reported by /health, the server keeps answering
+            self.error = f"{type(error).__name__}: {error}"
+            raise
+        finally:
+            self.ready.set()
+
+    @property
+    def loaded(self) -> bool:
+        return self.ready.is_set() and self.error is None and self.default is not None
+
+    def get(self, name: str) -> SpeechModel | None:
+        if name in self.models:
+            return self.models[name]
+        if name in DEFAULT_MODEL_ALIASES:
+            return self.default
+        return None
+
+    def names(self) -> list[str]:
+        return list(self.models)
+
+    def cache_hits(self) -> dict[tuple[str, str], int]:
+        """(model, tier) -> hits of the reference cache, for /metrics."""
+        out = {}
+        for name, model in self.models.items():
+            stats = model.cache_stats()
+            for tier in TIERS:
+                out[(name, tier)] = int(stats.get(tier, {}).get("hits", 0))
+            out[(name, "miss")] = int(stats.get("misses", 0))
+        return out

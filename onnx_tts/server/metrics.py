@@ -1,0 +1,114 @@
+"""Prometheus metrics of the server, and the playback clock that defines an underrun."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
+
+_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.15, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+_RTF_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2, 5)
+
+
+class PlaybackClock:
+    """A player that starts playing the first chunk on arrival and stalls when its buffer
+    runs dry. An underrun is a chunk that arrives after the audio before it has finished
+    playing; its length is the time the player sat silent."""
+
+    def __init__(self) -> None:
+        self.start: float | None = None
+        self.received = 0.0  # seconds of audio received
+        self.stalled = 0.0  # seconds spent waiting with an empty buffer
+        self.underruns = 0
+
+    def chunk(self, now: float, seconds: float) -> float:
+        """Record a chunk of `seconds` arriving at `now`; returns the stall it caused."""
+        stall = 0.0
+        if self.start is None:
+            self.start = now
+        else:
+            played_until = self.start + self.stalled + self.received
+            if now > played_until:
+                stall = now - played_until
+                self.stalled += stall
+                self.underruns += 1
+        self.received += seconds
+        return stall
+
+
+class _CacheCollector(Collector):
+    def __init__(self, hits: Callable[[], dict[tuple[str, str], int]]) -> None:
+        self._hits = hits
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily(
+            "onnx_tts_reference_cache_lookups",
+            "Reference (voice) cache lookups by model and tier that answered (miss = encoded)",
+            labels=["model", "tier"],
+        )
+        for (model, tier), value in sorted(self._hits().items()):
+            family.add_metric([model, tier], value)
+        yield family
+
+
+class ServerMetrics:
+    def __init__(
+        self,
+        queue_depth: Callable[[], float],
+        active: Callable[[], float],
+        cache_hits: Callable[[], dict[tuple[str, str], int]],
+    ) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "onnx_tts_requests", "HTTP requests by path and status", ["path", "status"], registry=r
+        )
+        self.time_to_first_audio = Histogram(
+            "onnx_tts_time_to_first_audio_seconds",
+            "Speech requests: arrival to the first audio bytes",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.latency = Histogram(
+            "onnx_tts_request_duration_seconds",
+            "Speech requests: arrival to the last byte (end-to-end latency)",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.rtf = Histogram(
+            "onnx_tts_real_time_factor",
+            "Speech requests: generation time / audio duration",
+            buckets=_RTF_BUCKETS,
+            registry=r,
+        )
+        self.audio_seconds = Counter(
+            "onnx_tts_audio_seconds", "Seconds of audio sent to clients", registry=r
+        )
+        self.underruns = Counter(
+            "onnx_tts_stream_underruns",
+            "Stream chunks that arrived after the player ran dry",
+            registry=r,
+        )
+        self.underrun_seconds = Counter(
+            "onnx_tts_stream_underrun_seconds", "Time streamed players sat silent", registry=r
+        )
+        self.cancelled = Counter(
+            "onnx_tts_cancelled_generations",
+            "Generations stopped by a client disconnect",
+            registry=r,
+        )
+        self.batch_size = Histogram(
+            "onnx_tts_batch_size",
+            "Rows per LM run (1 until the batch scheduler replaces the worker pool)",
+            buckets=(1, 2, 4, 8, 16, 32),
+            registry=r,
+        )
+        Gauge("onnx_tts_queue_depth", "Requests waiting for a worker", registry=r).set_function(
+            queue_depth
+        )
+        Gauge("onnx_tts_active_generations", "Requests generating now", registry=r).set_function(
+            active
+        )
+        r.register(_CacheCollector(cache_hits))

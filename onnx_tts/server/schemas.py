@@ -1,0 +1,80 @@
+"""Request bodies: OpenAI's speech fields plus onnx-tts extensions, checked into one-line
+errors that name the field."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from onnx_tts.server.encoding import FORMATS
+from onnx_tts.server.errors import APIError
+from onnx_tts.server.timestretch import MAX_SPEED, MIN_SPEED
+
+MAX_INPUT_CHARS = 4096
+# OpenAI's built-in voice names: clients (Open WebUI defaults to "alloy") send them; they all
+# mean this server's default voice.
+OPENAI_VOICES = frozenset(
+    "alloy ash ballad coral echo fable nova onyx sage shimmer verse marin cedar".split()
+)
+
+
+class VoiceRef(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    id: str = Field(min_length=1, max_length=200)
+
+
+class SpeechRequest(BaseModel):
+    """POST /v1/audio/speech. Fields beyond OpenAI's land in `model_extra` and are checked
+    against the chosen model's options."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str = Field(default="tts-1", min_length=1, max_length=200)
+    input: str = Field(min_length=1, max_length=MAX_INPUT_CHARS)
+    voice: str | VoiceRef = "default"
+    response_format: str = "mp3"
+    speed: float = Field(default=1.0, ge=MIN_SPEED, le=MAX_SPEED, allow_inf_nan=False)
+    stream_format: Literal["audio", "sse"] | None = None
+    instructions: str | None = Field(default=None, max_length=MAX_INPUT_CHARS)
+    seed: int | None = Field(default=None, ge=0, lt=2**63)
+
+    @field_validator("response_format")
+    @classmethod
+    def _known_format(cls, value: str) -> str:
+        if value not in FORMATS:
+            raise ValueError(
+                f"response_format {value!r} is not supported; use one of {', '.join(FORMATS)}"
+            )
+        return value
+
+    @property
+    def voice_id(self) -> str:
+        return self.voice.id if isinstance(self.voice, VoiceRef) else self.voice
+
+    def extensions(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
+def validation_error(error: ValidationError) -> APIError:
+    """The first problem pydantic found, as OpenAI's 400 with `param` set."""
+    first = error.errors()[0]
+    location = [str(part) for part in first.get("loc", ()) if not isinstance(part, int)]
+    param = location[0] if location else None
+    message = first.get("msg", "invalid request")
+    if message.startswith("Value error, "):
+        message = message[len("Value error, ") :]
+    if first.get("type") == "missing":
+        message = f"'{param}' is required"
+    elif param:
+        message = f"{'.'.join(location)}: {message}"
+    return APIError(400, message, param=param, code="invalid_value")
+
+
+def parse_speech_request(body: Any) -> SpeechRequest:
+    if not isinstance(body, dict):
+        raise APIError(400, "the request body must be a JSON object", code="invalid_json")
+    try:
+        return SpeechRequest.model_validate(body)
+    except ValidationError as error:
+        raise validation_error(error) from None

@@ -1,0 +1,581 @@
+"""`onnx-tts serve` against live server processes, with the official openai client and httpx."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import av
+import httpx
+import numpy as np
+import openai
+import pytest
+import soundfile
+
+from onnx_tts.server.encoding import StreamEncoder, wav_stream_header
+from onnx_tts.server.metrics import PlaybackClock
+from onnx_tts.server.timestretch import TimeStretcher, stretch
+from tests.conftest import speechlike
+
+RATE = 16000  # the bundled default voice
+TEXT = "The quick brown fox jumps over the lazy dog. Then it naps in the sun."
+LONG_TEXT = " ".join(["This sentence keeps the worker busy for a while."] * 80)
+
+
+# -- live servers -------------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class LiveServer:
+    def __init__(self, tmp: Path, *extra: str) -> None:
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = tmp / f"server-{self.port}.log"
+        command = [sys.executable, "-m", "onnx_tts.server", "--port", str(self.port)]
+        tmp.mkdir(parents=True, exist_ok=True)
+        command += ["--voices-dir", str(tmp / "voices"), "--cache-dir", str(tmp / "cache")]
+        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self.process = subprocess.Popen(command + list(extra), stdout=self._log, stderr=self._log)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            assert self.process.poll() is None, self.log()
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise AssertionError(f"server did not become healthy:\n{self.log()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self._log.close()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    live = LiveServer(tmp_path_factory.mktemp("serve"), "--max-upload-bytes", "400000")
+    yield live
+    live.stop()
+    assert "Traceback" not in live.log()
+
+
+@pytest.fixture(scope="module")
+def client(server: LiveServer) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+
+
+def decode(data: bytes) -> tuple[np.ndarray, int]:
+    """Any response format -> float samples (ffmpeg via PyAV reads streams of unknown length)."""
+    with av.open(io.BytesIO(data)) as container:
+        frames = [f.to_ndarray().reshape(-1) for f in container.decode(audio=0)]
+        rate = container.streams.audio[0].rate
+    samples = np.concatenate(frames)
+    if samples.dtype.kind == "i":
+        samples = samples / 32768.0
+    return samples.astype(np.float32), rate
+
+
+def pcm(data: bytes) -> np.ndarray:
+    return np.frombuffer(data, "<i2").astype(np.float32) / 32768.0
+
+
+def speech(server: LiveServer, **body: object) -> httpx.Response:
+    return httpx.post(server.url + "/v1/audio/speech", json=body, timeout=120)
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(name) and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            head = line.split(" ")[0]
+            if head == name or head.startswith(name + "{"):
+                return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+@pytest.fixture(scope="module")
+def reference_pcm(server: LiveServer) -> np.ndarray:
+    response = speech(server, input=TEXT, response_format="pcm")
+    assert response.status_code == 200
+    return pcm(response.content)
+
+
+# -- OpenAI client --------------------------------------------------------------------------------
+
+
+def test_models_and_health(server: LiveServer, client: openai.OpenAI) -> None:
+    models = client.models.list()
+    assert [m.id for m in models.data] == ["onnx-tts-voice"]
+    health = httpx.get(server.url + "/health").json()
+    assert health == {"status": "ok", "models": ["onnx-tts-voice"]}
+    assert client.models.retrieve("tts-1").id == "onnx-tts-voice"
+
+
+@pytest.mark.parametrize("fmt", ["wav", "flac", "mp3", "opus"])
+def test_speech_create_whole_file(
+    client: openai.OpenAI, reference_pcm: np.ndarray, fmt: str
+) -> None:
+    response = client.audio.speech.create(
+        model="tts-1", voice="alloy", input=TEXT, response_format=fmt
+    )
+    samples, rate = decode(response.content)
+    expected_rate = 48000 if fmt == "opus" else RATE
+    assert rate == expected_rate
+    seconds = len(reference_pcm) / RATE
+    assert abs(len(samples) / rate - seconds) < 0.1, (len(samples) / rate, seconds)
+    assert np.all(np.isfinite(samples)) and np.abs(samples).max() > 0.01
+
+
+def test_streaming_pcm_with_openai_client(
+    server: LiveServer, client: openai.OpenAI, reference_pcm: np.ndarray
+) -> None:
+    with client.audio.speech.with_streaming_response.create(
+        model="tts-1",
+        voice="default",
+        input=TEXT,
+        response_format="pcm",
+        extra_body={"stream_format": "audio"},
+    ) as response:
+        headers = response.headers
+        chunks = list(response.iter_bytes())
+    assert headers["x-sample-rate"] == str(RATE)
+    assert (headers["x-channels"], headers["x-bit-depth"]) == ("1", "16")
+    assert headers["content-type"] == "audio/pcm"
+    data = b"".join(chunks)
+    assert len(data) == 2 * len(reference_pcm)  # streamed and whole: same length
+
+
+@pytest.mark.parametrize("fmt", ["wav", "flac", "mp3", "opus"])
+def test_streaming_formats_decode(client: openai.OpenAI, reference_pcm: np.ndarray, fmt: str):
+    with client.audio.speech.with_streaming_response.create(
+        model="tts-1",
+        voice="default",
+        input=TEXT,
+        response_format=fmt,
+        extra_body={"stream_format": "audio"},
+    ) as response:
+        data = b"".join(response.iter_bytes())
+    samples, rate = decode(data)
+    # mp3 adds encoder delay and a leading frame that the whole-file tag would trim.
+    slack = 0.15 if fmt == "mp3" else 0.06
+    assert abs(len(samples) / rate - len(reference_pcm) / RATE) < slack
+    if fmt == "wav":
+        assert data.startswith(wav_stream_header(RATE))
+
+
+def test_sse_with_httpx(server: LiveServer, reference_pcm: np.ndarray) -> None:
+    body = {"input": TEXT, "stream_format": "sse", "response_format": "pcm"}
+    with httpx.stream("POST", server.url + "/v1/audio/speech", json=body, timeout=60) as resp:
+        assert resp.headers["content-type"].startswith("text/event-stream")
+        events = [json.loads(line[6:]) for line in resp.iter_lines() if line.startswith("data: ")]
+    deltas = [e for e in events if e["type"] == "speech.audio.delta"]
+    assert len(deltas) >= 2  # streamed, not one blob
+    assert events[-1]["type"] == "speech.audio.done"
+    usage = events[-1]["usage"]
+    assert usage["input_tokens"] == len(TEXT)
+    assert usage["output_tokens"] > 0
+    assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]
+    audio = b"".join(base64.b64decode(e["audio"]) for e in deltas)
+    np.testing.assert_array_equal(pcm(audio), reference_pcm)
+
+
+def test_speed_is_applied(server: LiveServer, reference_pcm: np.ndarray) -> None:
+    for speed in (0.5, 2.0):
+        response = speech(server, input=TEXT, response_format="pcm", speed=speed)
+        assert response.status_code == 200
+        assert len(pcm(response.content)) == round(len(reference_pcm) / speed)
+
+
+def test_seed_and_model_options_pass_through(server: LiveServer) -> None:
+    one = speech(server, input="Sampled speech.", response_format="pcm", temperature=0.7, seed=3)
+    two = speech(server, input="Sampled speech.", response_format="pcm", temperature=0.7, seed=3)
+    assert one.status_code == two.status_code == 200
+    assert one.content == two.content
+
+
+# -- voices ---------------------------------------------------------------------------------------
+
+
+def _wav_bytes(samples: np.ndarray, rate: int, fmt: str = "WAV") -> bytes:
+    buffer = io.BytesIO()
+    soundfile.write(buffer, samples, rate, format=fmt)
+    return buffer.getvalue()
+
+
+def upload(server: LiveServer, data: bytes, name: str = "mine") -> httpx.Response:
+    return httpx.post(
+        server.url + "/v1/audio/voices",
+        files={"audio_sample": ("voice.wav", data, "audio/wav")},
+        data={"name": name, "consent": "yes"},
+        timeout=60,
+    )
+
+
+def test_voice_upload_use_delete(server: LiveServer, reference_pcm: np.ndarray) -> None:
+    # Integer samples: WAV and FLAC then hold exactly the same content.
+    clip = (speechlike(2.0, RATE, seed=2) * 32767).astype(np.int16)
+    created = upload(server, _wav_bytes(clip, RATE))
+    assert created.status_code == 201, created.text
+    voice = created.json()
+    assert voice["object"] == "audio.voice" and voice["name"] == "mine"
+    assert voice["id"].startswith("voice_") and isinstance(voice["created_at"], int)
+    # Content-addressed: the same samples as FLAC are the same voice.
+    again = upload(server, _wav_bytes(clip, RATE, "FLAC"))
+    assert again.json()["id"] == voice["id"]
+
+    listed = httpx.get(server.url + "/v1/audio/voices").json()["voices"]
+    assert {"id": voice["id"], "name": "mine"} in listed
+    assert listed[0] == {"id": "default", "name": "default"}
+
+    for ref in (voice["id"], {"id": voice["id"]}):
+        used = speech(server, input=TEXT, voice=ref, response_format="pcm")
+        assert used.status_code == 200, used.text
+        assert pcm(used.content).shape != reference_pcm.shape or not np.array_equal(
+            pcm(used.content), reference_pcm
+        )
+
+    assert httpx.delete(f"{server.url}/v1/audio/voices/{voice['id']}").status_code == 200
+    gone = speech(server, input=TEXT, voice=voice["id"])
+    assert gone.status_code == 400 and gone.json()["error"]["param"] == "voice"
+    assert httpx.delete(f"{server.url}/v1/audio/voices/{voice['id']}").status_code == 404
+
+
+def test_voice_upload_errors(server: LiveServer) -> None:
+    too_big = upload(server, _wav_bytes(speechlike(20.0, RATE), RATE))  # 640 kB > 400 kB
+    assert too_big.status_code == 413
+    assert too_big.json()["error"]["code"] == "too_large"
+    not_audio = upload(server, b"this is not audio at all" * 10)
+    assert not_audio.status_code == 400
+    error = not_audio.json()["error"]
+    assert error["param"] == "audio_sample" and "\n" not in error["message"]
+    silent = upload(server, _wav_bytes(np.zeros(RATE * 2, np.float32), RATE))
+    assert silent.status_code == 400 and "silent" in silent.json()["error"]["message"]
+    no_name = httpx.post(
+        server.url + "/v1/audio/voices",
+        files={"audio_sample": ("v.wav", _wav_bytes(speechlike(2.0, RATE), RATE))},
+    )
+    assert no_name.status_code == 400 and no_name.json()["error"]["param"] == "name"
+
+
+# -- errors ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "param"),
+    [
+        ({"input": ""}, 400, "input"),
+        ({"input": "x" * 4097}, 400, "input"),
+        ({"model": "tts-1"}, 400, "input"),
+        ({"input": "hi", "response_format": "aac"}, 400, "response_format"),
+        ({"input": "hi", "speed": 4.5}, 400, "speed"),
+        ({"input": "hi", "speed": 0.1}, 400, "speed"),
+        ({"input": "hi", "stream_format": "chunks"}, 400, "stream_format"),
+        ({"input": "hi", "model": "gpt-4o-mini-tts-2099"}, 404, "model"),
+        ({"input": "hi", "voice": "nobody"}, 400, "voice"),
+        ({"input": "hi", "top_q": 0.5}, 400, "top_q"),
+        ({"input": "hi", "seed": -1}, 400, "seed"),
+        ({"input": "hi", "temperature": "hot"}, 400, "temperature"),
+        ({"input": "hi", "repetition_penalty": [1]}, 400, "repetition_penalty"),
+        ({"input": "hi", "top_k": 1.5}, 400, "top_k"),
+        ({"input": "hi", "stride_frames": True}, 400, "stride_frames"),
+        ({"input": "hi", "temperature": -1.0}, 400, None),
+        ({"input": "...."}, 400, None),
+    ],
+)
+def test_errors_use_openai_envelope(
+    server: LiveServer, body: dict, status: int, param: str | None
+) -> None:
+    response = speech(server, **body)
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["param"] == param
+    assert error["message"] and "\n" not in error["message"] and "Traceback" not in error["message"]
+
+
+def test_aac_error_names_supported_formats(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.audio.speech.create(model="tts-1", voice="alloy", input="hi", response_format="aac")
+    assert "mp3, opus, flac, wav, pcm" in str(caught.value)
+
+
+def test_malformed_requests(server: LiveServer) -> None:
+    bad_json = httpx.post(server.url + "/v1/audio/speech", content=b"{nope")
+    assert bad_json.status_code == 400 and bad_json.json()["error"]["code"] == "invalid_json"
+    array = httpx.post(server.url + "/v1/audio/speech", json=[1, 2])
+    assert array.status_code == 400
+    huge = httpx.post(server.url + "/v1/audio/speech", content=b"x" * (2 << 20))
+    assert huge.status_code == 413
+    missing = httpx.get(server.url + "/v1/nothing-here")
+    assert missing.status_code == 404 and "error" in missing.json()
+
+
+# -- metrics --------------------------------------------------------------------------------------
+
+
+def test_metrics(server: LiveServer) -> None:
+    assert speech(server, input="Metrics please.", response_format="wav").status_code == 200
+    assert speech(server, input="").status_code == 400
+    text = httpx.get(server.url + "/metrics").text
+    assert metric(text, "onnx_tts_requests_total", path="/v1/audio/speech", status="200") >= 1
+    assert metric(text, "onnx_tts_requests_total", path="/v1/audio/speech", status="400") >= 1
+    assert metric(text, "onnx_tts_time_to_first_audio_seconds_count") >= 1
+    assert metric(text, "onnx_tts_real_time_factor_count") >= 1
+    assert metric(text, "onnx_tts_request_duration_seconds_count") >= 1
+    assert metric(text, "onnx_tts_audio_seconds_total") > 0.5
+    assert metric(text, "onnx_tts_batch_size_count") >= 1
+    assert "onnx_tts_queue_depth" in text and "onnx_tts_stream_underruns_total" in text
+    assert 'onnx_tts_reference_cache_lookups_total{model="onnx-tts-voice",tier="memory"}' in text
+
+
+# -- concurrency ----------------------------------------------------------------------------------
+
+
+def test_sixteen_concurrent_streaming_clients(
+    server: LiveServer, client: openai.OpenAI, reference_pcm: np.ndarray
+) -> None:
+    results: dict[int, bytes] = {}
+    errors: list[BaseException] = []
+
+    def one(index: int) -> None:
+        try:
+            with client.audio.speech.with_streaming_response.create(
+                model="tts-1",
+                voice="default",
+                input=TEXT,
+                response_format="pcm",
+                extra_body={"stream_format": "audio"},
+            ) as response:
+                results[index] = b"".join(response.iter_bytes())
+        except BaseException as error:  # collected and re-raised below
+            errors.append(error)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert not errors, errors
+    assert len(results) == 16
+    for data in results.values():  # greedy decoding: every stream is the same, complete audio
+        np.testing.assert_array_equal(pcm(data), reference_pcm)
+
+
+# -- API key, queue limit, disconnect, SIGTERM -----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def strict_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    live = LiveServer(
+        tmp_path_factory.mktemp("strict"),
+        "--api-key",
+        "sekrit",
+        "--workers",
+        "1",
+        "--max-queue",
+        "0",
+    )
+    yield live
+    live.stop()
+
+
+def test_api_key(strict_server: LiveServer) -> None:
+    url = strict_server.url + "/v1/audio/speech"
+    body = {"input": "Hello.", "response_format": "wav"}
+    assert httpx.post(url, json=body).status_code == 401
+    wrong = httpx.post(url, json=body, headers={"Authorization": "Bearer nope"})
+    assert wrong.status_code == 401 and wrong.json()["error"]["code"] == "invalid_api_key"
+    assert httpx.get(strict_server.url + "/metrics").status_code == 401
+    assert httpx.get(strict_server.url + "/health").status_code == 200
+    good = openai.OpenAI(base_url=strict_server.url + "/v1", api_key="sekrit", max_retries=0)
+    audio = good.audio.speech.create(model="tts-1", voice="alloy", input="Hello.")
+    assert len(audio.content) > 100
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(
+            base_url=strict_server.url + "/v1", api_key="bad", max_retries=0
+        ).models.list()
+
+
+def test_queue_full_then_disconnect_cancels(strict_server: LiveServer) -> None:
+    headers = {"Authorization": "Bearer sekrit"}
+    url = strict_server.url + "/v1/audio/speech"
+    long_body = {"input": LONG_TEXT, "response_format": "pcm", "stream_format": "audio"}
+    with httpx.stream("POST", url, json=long_body, headers=headers, timeout=60) as busy:
+        assert busy.status_code == 200
+        stream = busy.iter_bytes()  # keep it: a dropped iterator closes the connection
+        assert next(stream)
+        refused = httpx.post(url, json={"input": "Me too."}, headers=headers)
+        assert refused.status_code == 429
+        assert refused.json()["error"]["type"] == "rate_limit_error"
+    # The client went away mid-stream: its generation stops and frees the only worker.
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        text = httpx.get(strict_server.url + "/metrics", headers=headers).text
+        if metric(text, "onnx_tts_active_generations") == 0:
+            break
+        time.sleep(0.1)
+    assert metric(text, "onnx_tts_cancelled_generations_total") >= 1
+    assert metric(text, "onnx_tts_active_generations") == 0
+    after = httpx.post(url, json={"input": "Now it is free."}, headers=headers)
+    assert after.status_code == 200
+
+
+def test_sigterm_drains_in_flight_streams(tmp_path: Path) -> None:
+    live = LiveServer(tmp_path)
+    try:
+        text = " ".join(["A sentence to finish after the signal."] * 12)
+        expected = pcm(speech(live, input=text, response_format="pcm").content)
+        body = {"input": text, "response_format": "pcm", "stream_format": "audio"}
+        with httpx.stream("POST", live.url + "/v1/audio/speech", json=body, timeout=60) as r:
+            stream = r.iter_bytes()
+            chunks = [next(stream)]
+            live.process.send_signal(signal.SIGTERM)
+            chunks.extend(stream)
+        np.testing.assert_array_equal(pcm(b"".join(chunks)), expected)
+        # uvicorn re-raises the signal once drained: the exit status says "stopped by SIGTERM".
+        assert live.process.wait(30) == -signal.SIGTERM
+        with pytest.raises(httpx.TransportError):
+            httpx.get(live.url + "/health", timeout=2)
+    finally:
+        live.stop()
+    assert "status=200" in live.log()
+
+
+def test_bad_arguments_exit_2() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "onnx_tts.server", "--workers", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ},
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == ["onnx-tts serve: --workers must be 1-256"]
+
+
+def test_unloadable_model_exits_2(tmp_path: Path) -> None:
+    command = [sys.executable, "-m", "onnx_tts.server", "--port", str(_free_port())]
+    done = subprocess.run(
+        [*command, "--model", str(tmp_path / "missing"), "--voices-dir", str(tmp_path / "v")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2
+    assert "cannot load the model" in done.stderr
+
+
+# -- units: time stretch, encoders, playback clock -------------------------------------------------
+
+
+def _dominant_hz(samples: np.ndarray, rate: int) -> float:
+    spectrum = np.abs(np.fft.rfft(samples * np.hanning(len(samples))))
+    return float(np.argmax(spectrum) * rate / len(samples))
+
+
+@pytest.mark.parametrize("speed", [0.25, 0.5, 1.5, 2.0, 4.0])
+def test_time_stretch_keeps_pitch_and_scales_length(speed: float) -> None:
+    t = np.arange(2 * RATE) / RATE
+    tone = (0.5 * np.sin(2 * np.pi * 220 * t)).astype(np.float32)
+    out = stretch(tone, speed, RATE)
+    assert len(out) == round(len(tone) / speed)
+    middle = out[len(out) // 8 : -len(out) // 8]
+    assert abs(_dominant_hz(middle, RATE) - 220) < 3  # resampling would give 220 * speed
+    assert 0.45 < np.abs(middle).max() < 0.55  # no gaps or doubling at the seams
+
+
+def test_time_stretch_streaming_equals_whole() -> None:
+    signal_ = speechlike(1.5, RATE, seed=1)
+    whole = stretch(signal_, 1.3, RATE)
+    stretcher = TimeStretcher(1.3, RATE)
+    rng = np.random.default_rng(0)
+    parts, start = [], 0
+    while start < len(signal_):
+        size = int(rng.integers(1, 2000))
+        parts.append(stretcher.push(signal_[start : start + size]))
+        start += size
+    parts.append(stretcher.finish())
+    np.testing.assert_array_equal(np.concatenate(parts), whole)
+
+
+def test_stream_encoder_wav_and_pcm() -> None:
+    tone = (0.25 * np.sin(np.arange(RATE) / 5)).astype(np.float32)
+    for fmt in ("wav", "pcm"):
+        encoder = StreamEncoder(fmt, RATE)
+        data = b"".join(encoder.feed(tone[i : i + 999]) for i in range(0, RATE, 999))
+        data += encoder.close()
+        body = data[44:] if fmt == "wav" else data
+        np.testing.assert_allclose(pcm(body), tone, atol=1 / 32000)
+
+
+def test_playback_clock_counts_underruns() -> None:
+    clock = PlaybackClock()
+    assert clock.chunk(0.0, 1.0) == 0.0  # starts playing
+    assert clock.chunk(0.5, 1.0) == 0.0  # arrived while 0.5 s was still buffered
+    assert clock.chunk(2.5, 1.0) == pytest.approx(0.5)  # the player ran dry at 2.0
+    assert clock.underruns == 1 and clock.stalled == pytest.approx(0.5)
+
+
+def test_replicas_share_voice_encodes_through_redis(tmp_path: Path) -> None:
+    from tests.redis_server import redis_server
+
+    with redis_server(tmp_path / "redis") as url:
+        shared = ["--redis", url, "--voices-dir", str(tmp_path / "shared-voices")]
+        first = LiveServer(tmp_path / "a", *shared, "--cache-dir", "none")
+        second = LiveServer(tmp_path / "b", *shared, "--cache-dir", "none")
+        try:
+            clip = (speechlike(2.0, RATE, seed=4) * 32767).astype(np.int16)
+            created = upload(first, _wav_bytes(clip, RATE))
+            assert created.status_code == 201, created.text
+            used = speech(second, input="Shared voice.", voice=created.json()["id"])
+            assert used.status_code == 200, used.text
+            text = httpx.get(second.url + "/metrics").text
+            labels = {"model": "onnx-tts-voice"}
+            assert metric(text, "onnx_tts_reference_cache_lookups_total", tier="redis", **labels)
+            assert not metric(text, "onnx_tts_reference_cache_lookups_total", tier="miss", **labels)
+        finally:
+            first.stop()
+            second.stop()
+
+
+def test_health_is_503_until_the_model_is_loaded(tmp_path: Path) -> None:
+    from starlette.testclient import TestClient
+
+    from onnx_tts.server import ServerConfig, create_app
+    from onnx_tts.server.engines import ModelRegistry
+
+    registry = ModelRegistry([None], {"cache_dir": None})
+    app = create_app(ServerConfig(voices_dir=str(tmp_path / "voices")), registry)
+    client = TestClient(app)  # no lifespan: nothing loads until we say so
+    assert client.get("/health").status_code == 503
+    assert client.get("/health").json() == {"status": "loading"}
+    waiting = client.post("/v1/audio/speech", json={"input": "Too early."})
+    assert waiting.status_code == 503 and waiting.json()["error"]["code"] == "loading"
+    registry.load_all()
+    assert client.get("/health").json() == {"status": "ok", "models": ["onnx-tts-voice"]}
+    assert client.post("/v1/audio/speech", json={"input": "Now."}).status_code == 200
