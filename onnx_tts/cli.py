@@ -112,7 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_arguments(info)
 
     bench = commands.add_parser("bench", help="benchmarks (run from a source checkout)")
-    bench.add_argument("suite", choices=("kv", "refcache", "streaming", "batch"))
+    bench.add_argument("suite", choices=("kv", "refcache", "streaming", "batch", "serve"))
     bench.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the benchmark")
 
     # The converter is an offline tool (onnx_tts.tools): its own parser reads the raw
@@ -124,6 +124,10 @@ def build_parser() -> argparse.ArgumentParser:
         prefix_chars="\0",  # pass every argument, --help and flags included, through as is
     )
     convert.add_argument("args", nargs=argparse.REMAINDER)
+
+    from onnx_tts.server.cli import add_parser as add_serve_parser
+
+    add_serve_parser(commands)  # light: the server's heavy imports happen when it runs
 
     cache = commands.add_parser("cache", help="reference cache statistics and maintenance")
     cache.add_argument("action", choices=("stats", "clear"))
@@ -333,12 +337,19 @@ def cmd_convert(args: argparse.Namespace) -> int:
     return int(run_convert(parse_args(args.args)) or 0)
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    from onnx_tts.server.cli import run
+
+    return run(args)
+
+
 COMMANDS = {
     "synth": cmd_synth,
     "info": cmd_info,
     "cache": cmd_cache,
     "bench": cmd_bench,
     "convert": cmd_convert,
+    "serve": cmd_serve,
 }
 
 

@@ -63,7 +63,7 @@ class ServerConfig:
     workers: int = 4
     max_queue: int = 64
     compute_slots: int = field(default_factory=lambda: os.cpu_count() or 1)
-    max_batch: int = 1  # reserved for the batch scheduler; the worker pool runs rows alone
+    max_batch: int = 1  # rows of one batched LM step (passed to onnx_tts.load)
     api_key: str | None = None
     voices_dir: str | None = None
     max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES

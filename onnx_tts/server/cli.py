@@ -9,6 +9,8 @@ import sys
 import threading
 from typing import Any
 
+from onnx_tts.pipeline import DEFAULT_MAX_BATCH
+
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8880
 
@@ -37,8 +39,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument(
         "--max-batch",
         type=int,
-        default=1,
-        help="LM rows per step (reserved for the batch scheduler; 1 = each request alone)",
+        default=DEFAULT_MAX_BATCH,
+        help=f"requests decoded as rows of one LM step ({DEFAULT_MAX_BATCH}; 1 = each alone)",
     )
     parser.add_argument("--redis", help="redis://host:port/db: reference cache shared by replicas")
     parser.add_argument(
@@ -118,6 +120,7 @@ def run(args: argparse.Namespace) -> int:
             "threads": args.threads,
             "cache_dir": cache_dir,
             "redis_url": args.redis,
+            "max_batch": args.max_batch,
         },
     )
     registry = ModelRegistry(config.models, config.load_options)
