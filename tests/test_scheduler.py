@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 import psutil
@@ -200,3 +201,99 @@ def test_info_says_whether_a_model_batches():
 def test_max_batch_is_bounded(bad):
     with pytest.raises(InputError, match="max_batch"):
         _load(max_batch=bad)
+
+
+def _speaker(engine, texts: list[str], voice):
+    return lambda i: engine.synthesize(texts[i], voice=voice, seed=i)
+
+
+@pytest.mark.parametrize("variant", ["turbo", "original"])
+def test_converted_chatterbox_batches_and_equals_solo(tmp_path, voice_wav, variant):
+    """Chatterbox LMs made in place by `convert --inplace-kv` decode as rows of one batch, with
+    the same tokens as alone."""
+    from export import synthetic_chatterbox as synth
+    from onnx_tts.tools.convert import convert_bundle_inplace_kv
+
+    source, converted = tmp_path / "source", tmp_path / "converted"
+    synth.export(synth.SyntheticConfig(variant=variant, precisions=("fp32",)), source)
+    convert_bundle_inplace_kv(source, converted, check=False)
+    solo = _load(converted, max_batch=1, kv="inplace")
+    batched = _load(converted, max_batch=4, kv="inplace")
+    assert batched.info()["batching"]["batched"] is True
+    texts = ["Hello there.", "How are you today?", "Fine, thanks.", "See you soon."]
+    expected = [solo.synthesize(t, voice=voice_wav, seed=i).samples for i, t in enumerate(texts)]
+    with ThreadPoolExecutor(4) as pool:
+        got = list(
+            pool.map(
+                lambda i: batched.synthesize(texts[i], voice=voice_wav, seed=i).samples, range(4)
+            )
+        )
+    assert all(np.array_equal(a, b) for a, b in zip(expected, got, strict=True))
+    assert batched.stats()["mean_batch"] > 1.0
+
+
+def _gqa_internal(converted: Path) -> None:
+    """Rewrite a converted Chatterbox LM the way onnxruntime-genai builds the published
+    original/multilingual LMs: GroupQueryAttention inside, its lengths derived from
+    `attention_mask` (no seqlens_k / total_sequence_length inputs)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    path = converted / "onnx" / "language_model.onnx"
+    model = onnx.load(str(path))
+    graph = model.graph
+    kept = [i for i in graph.input if i.name not in ("seqlens_k", "total_sequence_length")]
+    del graph.input[:]
+    graph.input.extend(kept)
+    axis = helper.make_tensor("gqa_internal_axis", TensorProto.INT64, [1], [1])
+    one = helper.make_tensor("gqa_internal_one", TensorProto.INT64, [], [1])
+    graph.initializer.extend([axis, one])
+    derived = [
+        helper.make_node(
+            "ReduceSum", ["attention_mask", "gqa_internal_axis"], ["gi_sum"], keepdims=0
+        ),
+        helper.make_node("Sub", ["gi_sum", "gqa_internal_one"], ["gi_seqlens"]),
+        helper.make_node("Cast", ["gi_seqlens"], ["seqlens_k"], to=TensorProto.INT32),
+        helper.make_node("Shape", ["attention_mask"], ["gi_shape"]),
+        helper.make_node("Gather", ["gi_shape", "gqa_internal_one"], ["gi_total"]),
+        helper.make_node("Cast", ["gi_total"], ["total_sequence_length"], to=TensorProto.INT32),
+    ]
+    nodes = derived + list(graph.node)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    for sidecar in path.parent.glob("language_model.onnx_data"):
+        sidecar.unlink()
+    onnx.save_model(
+        model, str(path), save_as_external_data=True, location="language_model.onnx_data"
+    )
+
+
+def test_gqa_internal_chatterbox_runs_in_place_and_batches(tmp_path, voice_wav):
+    """The published original/multilingual LM layout (GQA inside, lengths from the mask):
+    in place solo equals chain, and batched rows equal solo."""
+    from export import synthetic_chatterbox as synth
+    from onnx_tts.families import detect
+    from onnx_tts.tools.convert import convert_bundle_inplace_kv
+
+    source, converted = tmp_path / "source", tmp_path / "converted"
+    config = synth.SyntheticConfig(variant="original", lm_position_ids=False, precisions=("fp32",))
+    synth.export(config, source)
+    convert_bundle_inplace_kv(source, converted, check=False)
+    _gqa_internal(converted)
+    assert detect(converted).inspected.lm.kv.attention == "gqa-mask"
+    chain = _load(source, max_batch=1, kv="chain")
+    solo = _load(converted, max_batch=1, kv="inplace")
+    batched = _load(converted, max_batch=4, kv="inplace")
+    texts = ["Hello there.", "How are you today?", "Fine, thanks.", "See you soon."]
+    expected = [chain.synthesize(t, voice=voice_wav, seed=i).samples for i, t in enumerate(texts)]
+    alone = [solo.synthesize(t, voice=voice_wav, seed=i).samples for i, t in enumerate(texts)]
+    with ThreadPoolExecutor(4) as pool:
+        rows = list(
+            pool.map(
+                lambda i: batched.synthesize(texts[i], voice=voice_wav, seed=i).samples, range(4)
+            )
+        )
+    for want, one, row in zip(expected, alone, rows, strict=True):
+        assert want.shape == one.shape == row.shape
+        np.testing.assert_allclose(one, want, atol=1e-4)  # GQA kernel vs Concat attention
+        assert np.array_equal(row, one)  # batching changes nothing
