@@ -58,7 +58,10 @@ TEXTS = st.one_of(
             "\udcff invalid",
         ]
     ),
-    st.text(alphabet=st.characters(exclude_categories=["Cs"]), max_size=30),
+    # NUL cannot be passed in argv at all (the OS refuses it before onnx-tts runs).
+    st.text(
+        alphabet=st.characters(exclude_categories=["Cs"], exclude_characters="\x00"), max_size=30
+    ),
 )
 ODD_NUMBERS = st.sampled_from(
     ["0", "-1", "1.5", "nan", "inf", "-inf", "1e309", "abc", "", "9223372036854775807", "2"]

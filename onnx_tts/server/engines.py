@@ -82,14 +82,16 @@ class SpeechModel:
 
 
 def model_options(engine: onnx_tts.Engine) -> dict[str, type]:
-    """Request fields a model takes beyond OpenAI's (its sampling options and stream windows),
-    each with the type its default has (float, int or str)."""
-    sampling = engine.backend.sampling()
+    """Request fields a model takes beyond OpenAI's (its sampling options, its family's
+    per-request options and stream windows), each with its type."""
+    sampling = engine.backend.sampling_defaults()
     options: dict[str, type] = {}
     for item in dataclasses.fields(sampling):
         if item.name != "seed":
             default = getattr(sampling, item.name)
             options[item.name] = type(default) if isinstance(default, (int, float)) else str
+    for option in engine.family.options_in("request"):
+        options[option.name] = option.kind
     options.update(dict.fromkeys(WINDOW_OPTIONS, int))
     return options
 
