@@ -259,14 +259,18 @@ class Engine:
             self._frames(chunk, prompt, sampling, checked, index)
             for index, chunk in enumerate(chunks)
         ]
-        for index, generator in enumerate(generators):
-            frames = list(generator)
-            if index:
-                pieces.append(pause)
-            if frames:
-                pieces.append(self._vocode(np.stack(frames), prompt))
-            if progress is not None:
-                progress(index + 1, len(chunks))
+        try:
+            for index, generator in enumerate(generators):
+                frames = list(generator)
+                if index:
+                    pieces.append(pause)
+                if frames:
+                    pieces.append(self._vocode(np.stack(frames), prompt))
+                if progress is not None:
+                    progress(index + 1, len(chunks))
+        finally:
+            for generator in generators:  # on an error, the other sentences stop at once
+                generator.close()
         samples = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
         return Audio(samples.astype(np.float32, copy=False), self.sample_rate)
 

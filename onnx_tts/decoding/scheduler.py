@@ -14,9 +14,11 @@ requests shared its steps (tests/test_scheduler.py checks this against the solo 
 
 from __future__ import annotations
 
+import atexit
 import collections
 import queue
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,6 +37,15 @@ MAX_BATCH_LIMIT = 256
 DEFAULT_SLOT_BYTES = 2 << 30
 MIN_SLOT_CAPACITY = 256
 _DONE = object()
+# Every live scheduler, closed at interpreter exit: a daemon worker still inside an ONNX Runtime
+# run when Python finalises would be killed in C++ frames (std::terminate, exit status -6).
+_LIVE: weakref.WeakSet[DecodeScheduler] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:
+    for scheduler in list(_LIVE):
+        scheduler.close()
 
 
 class RunSolo(Exception):
@@ -115,6 +126,7 @@ class DecodeScheduler:
         self._embeds_dtype = np.dtype(program.lm.spec.inputs["inputs_embeds"].dtype)
         self._inputs = set(program.lm.input_names)
         self._stats = {"requests": 0, "steps": 0, "row_steps": 0, "prefills": 0, "solo": 0}
+        _LIVE.add(self)
 
     # -- public ------------------------------------------------------------------------------
     def submit(
@@ -155,10 +167,11 @@ class DecodeScheduler:
             }
 
     def close(self) -> None:
+        """Stop the worker after its current step; queued and running requests fail."""
         with self._cv:
             self._closed = True
             self._cv.notify()
-        if self._thread is not None:
+        if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join()
 
     # -- worker ------------------------------------------------------------------------------
