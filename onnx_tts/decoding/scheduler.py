@@ -14,9 +14,11 @@ requests shared its steps (tests/test_scheduler.py checks this against the solo 
 
 from __future__ import annotations
 
+import atexit
 import collections
 import queue
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,6 +37,16 @@ MAX_BATCH_LIMIT = 256
 DEFAULT_SLOT_BYTES = 2 << 30
 MIN_SLOT_CAPACITY = 256
 _DONE = object()
+# Schedulers whose worker may be inside an ONNX Runtime run. At interpreter exit a daemon
+# worker still in a run aborts the process ("terminate called without an active exception",
+# exit 134) when the runtime's statics are destroyed under it: stop them first.
+_LIVE: weakref.WeakSet[DecodeScheduler] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_live_schedulers() -> None:
+    for scheduler in list(_LIVE):
+        scheduler.close()
 
 
 class RunSolo(Exception):
@@ -132,6 +144,7 @@ class DecodeScheduler:
                     target=self._run, name="onnx-tts-decode", daemon=True
                 )
                 self._thread.start()
+                _LIVE.add(self)
             self._cv.notify()
         return FrameStream(ticket, self)
 
@@ -158,7 +171,7 @@ class DecodeScheduler:
         with self._cv:
             self._closed = True
             self._cv.notify()
-        if self._thread is not None:
+        if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join()
 
     # -- worker ------------------------------------------------------------------------------
