@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 import time
@@ -346,10 +347,28 @@ def _one_line_warning(message: Warning | str, category: type[Warning], *_: Any, 
     print(f"onnx-tts: warning: {message}", file=sys.stderr)
 
 
+class _WarningLine(logging.Handler):
+    """The library logs recoverable trouble (a corrupt cache entry, Redis down); the CLI shows
+    each record as one `onnx-tts: warning:` line, like its other warnings."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = " ".join(record.getMessage().split())
+        print(f"onnx-tts: warning: {message}", file=sys.stderr)  # sys.stderr of the moment
+
+
+def _log_warnings_as_one_line() -> None:
+    logger = logging.getLogger("onnx_tts")
+    if not any(isinstance(handler, _WarningLine) for handler in logger.handlers):
+        logger.addHandler(_WarningLine(logging.WARNING))
+    if logger.level == logging.NOTSET:
+        logger.setLevel(logging.WARNING)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     warnings.showwarning = _one_line_warning
+    _log_warnings_as_one_line()
     try:
         with termination_as_exception():
             return COMMANDS[args.command](args)

@@ -216,3 +216,15 @@ def test_decode_size_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     assert len(load_audio(path, RATE, max_seconds=1.0)) == RATE
     monkeypatch.setattr(audio_io, "MAX_DECODE_SECONDS", 0.5)
     assert len(load_audio(path, RATE)) == RATE // 2
+
+
+def test_a_directory_that_refuses_new_files_is_a_clear_error_before_any_work() -> None:
+    """/proc passes the permission check (as root) but refuses new files: this was a
+    FileNotFoundError traceback from tempfile after the whole synthesis."""
+    target = Path("/proc/x.wav")
+    with pytest.raises(OutputError, match=r"cannot write /proc/x.wav: .*nothing was written"):
+        audio_io.check_output_path(target)
+    with pytest.raises(OutputError, match="cannot write /proc/x.wav"):
+        audio_io.save_audio(target, np.zeros(100, np.float32), 24000)
+    with pytest.raises(OutputError, match="cannot write /proc/x.wav"):
+        audio_io.ProgressiveWavWriter(target, 24000)
