@@ -513,3 +513,13 @@ def test_kv_capacity_too_small_for_one_token_is_refused_at_load(bundle_copy: Pat
     _edit_manifest(bundle_copy, lambda m: m["kv"].update(capacity=16))
     with pytest.raises(ModelError, match=r"kv.capacity.*16.*needs at least"):
         onnx_tts.load(bundle_copy, cache_dir=None)
+
+
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [({"model": 123}, "model"), ({"cache_dir": 123}, "cache_dir"), ({"redis_url": 5}, "redis_url")],
+)
+def test_load_refuses_arguments_of_the_wrong_type(kwargs: dict, name: str) -> None:
+    """load(model=123) and load(cache_dir=123) were TypeError tracebacks from pathlib."""
+    with pytest.raises(InputError, match=f"^{name} must be"):
+        onnx_tts.load(**kwargs)

@@ -914,3 +914,13 @@ def test_cli_reports_a_recovered_corrupt_entry_as_one_warning_line(tmp_path, voi
     assert lines[0].startswith("onnx-tts: warning: reference cache: corrupt disk entry")
     assert lines[1].startswith("wrote ")
     assert len(entry.read_bytes()) > 100  # rewritten valid
+
+
+@pytest.mark.parametrize("peak", [20.0, 1e30])
+def test_absurd_peaks_in_samples_are_refused_like_in_files(codec_lm_engine, peak):
+    """synthesize(voice=np.full(24000, 1e30)) was accepted on the codec-lm bundle."""
+    samples = np.full(24000, peak, np.float32)
+    with pytest.raises(AudioError, match="peaks at"):
+        codec_lm_engine.voice(samples)
+    with pytest.raises(AudioError, match="peaks at"):
+        codec_lm_engine.synthesize("Hi.", voice=samples)

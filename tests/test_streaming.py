@@ -583,3 +583,27 @@ def test_stream_to_a_full_disk_is_one_clear_error_and_leaves_no_file(tmp_path) -
     (line,) = done.stderr.splitlines()
     assert line.startswith(f"onnx-tts: error: cannot write {out}: File too large"), line
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("key", ["first_chunk_frames", "stride_frames"])
+def test_window_sizes_are_bounded(codec_lm_engine, key: str) -> None:
+    """--first-chunk-frames 100000000 was accepted (every size a user gives has a bound)."""
+    with pytest.raises(InputError, match=f"{key} must be at most"):
+        codec_lm_engine.stream("Hi.", **{key: 100_000_000})
+
+
+def test_a_bundle_with_invalid_streaming_defaults_fails_at_load(tmp_path) -> None:
+    """streaming.stride_frames 0 loaded and synthesized fine until the first stream."""
+    import json
+    import shutil
+
+    import onnx_tts
+    from onnx_tts.bundle import CODEC_LM_MODEL_DIR
+
+    bundle = tmp_path / "bundle"
+    shutil.copytree(CODEC_LM_MODEL_DIR, bundle)
+    manifest = json.loads((bundle / "bundle.json").read_text())
+    manifest["streaming"]["stride_frames"] = 0
+    (bundle / "bundle.json").write_text(json.dumps(manifest))
+    with pytest.raises(ModelError, match="streaming defaults.*stride_frames"):
+        onnx_tts.load(bundle, cache_dir=None)
