@@ -388,6 +388,13 @@ def run_process(
     return Run(code, collected["out"], collected["err"].decode("utf-8", "replace"))
 
 
+def _exists(path: Path) -> bool:
+    try:
+        return path.exists() or path.is_symlink()
+    except OSError:  # e.g. a name too long to exist
+        return False
+
+
 def error_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.strip()]
 
@@ -442,7 +449,7 @@ def classify(case: dict[str, Any], run: Run, out: Path | None, expect: str) -> V
     if run.code == 2:
         if len(lines) != 1:
             return Verdict("traceback", f"exit 2 with {len(lines)} stderr lines")
-        if out is not None and out.exists() and not case.get("_out_existed"):
+        if out is not None and _exists(out) and not case.get("_out_existed"):
             return Verdict("silently wrong", "error but an output file was left")
         return Verdict("clear error")
     if run.code != 0:
@@ -479,7 +486,8 @@ def run_case(case: dict[str, Any], world: World) -> dict[str, Any]:
     except Exception:
         verdict = Verdict("traceback", "RUNNER: " + traceback.format_exc().splitlines()[-1])
     last = verdict.runs[-1] if verdict.runs else Run(None, b"", "")
-    first_line = next(iter(error_lines(last.stderr)), "")
+    lines = error_lines(last.stderr)
+    first_line = next((line for line in lines if "warning:" not in line), lines[0] if lines else "")
     expect = expectation(case)
     correct_error = verdict.outcome == "clear error" and expect == "error"
     if correct_error and case.get("match") and case["match"].lower() not in first_line.lower():
@@ -514,7 +522,8 @@ def _placeholders(case: dict[str, Any], world: World, directory: Path) -> dict[s
         voice = make_voice(setup, directory, world.root)
         places["bad_voice"] = places["fifo"] = str(voice)
     if "bundle" in case:
-        places["bundle"] = str(tamper_bundle(case["bundle"], world.R, directory / "bundle"))
+        source = world.V if case.get("bundle_source") == "V" else world.R
+        places["bundle"] = str(tamper_bundle(case["bundle"], source, directory / "bundle"))
     return places
 
 
@@ -577,7 +586,7 @@ def run_cli_case(case: dict[str, Any], world: World, directory: Path) -> Verdict
         target = argv[index + 1] if index + 1 < len(argv) else ""
         target = target.decode() if isinstance(target, bytes) else target
         out = Path(target) if target not in ("", "-") else None
-    if out is not None and out.exists() and out not in existing and not out.is_dir():
+    if out is not None and _exists(out) and out not in existing:
         case = {**case, "_out_existed": True}
     options = {
         "stdin": case.get("stdin"),
@@ -657,7 +666,9 @@ def check_then(
             verdict.why = "second run: " + verdict.why
             verdict.runs = runs
             return verdict
-        if entry is not None:
+        # A directory squatting on the entry's name is left alone (never delete a directory
+        # the cache did not make): the runs still succeed, uncached, with a warning.
+        if entry is not None and not entry.is_dir():
             from onnx_tts.refcache import decode_value
 
             try:

@@ -109,7 +109,7 @@ for text, expect, match in [
     add("text", "cli", expect, match, argv=synth(text))
 add("text", "cli", "error", "UTF-8", argv=synth("-"), stdin=b"caf\xe9 \xff\xfe")
 add("text", "cli", "error", "UTF-8", argv_bytes=[b"synth", b"caf\xe9", b"-o", b"{out}"])
-add("text", "cli", "ok", argv=synth("-"), stdin="Hello from stdin.".encode())
+add("text", "cli", "ok", argv=synth("-"), stdin=b"Hello from stdin.")
 add("text", "cli", "error", "empty", argv=synth("-"), stdin=b"")
 add("text", "cli", "error", "at most", argv=synth("-"), stdin=b"a" * 300_000)
 add("text", "cli", "ok", argv=synth("-"), stdin="\ufeffBOM first.".encode())
@@ -270,7 +270,14 @@ add("bundle", "cli", "error", "incomplete", argv=synth("Hi.", "--model", "{dir}"
 add("bundle", "cli", "error", None, argv=synth("Hi.", "--model", "/nonexistent"))
 add("bundle", "cli", "error", None, argv=synth("Hi.", "--model", "/etc"))
 add("bundle", "cli", "error", None, argv=synth("Hi.", "--model", "/etc/passwd"))
-add("bundle", "cli", "error", None, argv=["info", "--model", "{bundle}"], bundle={"sample_rate": "x"})
+add(
+    "bundle",
+    "cli",
+    "error",
+    None,
+    argv=["info", "--model", "{bundle}"],
+    bundle={"sample_rate": "x"},
+)
 add("bundle", "cli", "error", None, argv=synth("Hi.", "--model", "{R}", "--precision", "fp16"))
 add("bundle", "cli", "error", None, argv=synth("Hi.", "--model", "{R}", "--max-new-tokens", "5"))
 add("bundle", "cli", "error", None, argv=synth("Hi.", "--model", "{R}", "--exaggeration", "0.5"))
@@ -312,17 +319,34 @@ for tamper in [
         argv=synth("Hello.", "--voice", "{voice}", "--cache-dir", "none", "--redis", "{redis}"),
         cache_tamper=f"redis:{tamper}",
     )
-add("cache", "cli", "ok", argv=["cache", "stats", "--cache-dir", "{dir}/new/a/b"],
-    then="{dir}/new does not exist afterwards")  # fmt: skip
-add("cache", "cli", "error", "refusing", argv=["cache", "clear", "--cache-dir", "{dir}"],
-    setup="dir with unrelated files and ab/ab00..00.otc", then="files untouched")  # fmt: skip
+add(
+    "cache",
+    "cli",
+    "ok",
+    argv=["cache", "stats", "--cache-dir", "{dir}/new/a/b"],
+    then="{dir}/new does not exist afterwards",
+)
+add(
+    "cache",
+    "cli",
+    "error",
+    "refusing",
+    argv=["cache", "clear", "--cache-dir", "{dir}"],
+    setup="dir with unrelated files and ab/ab00..00.otc",
+    then="files untouched",
+)
 add("cache", "cli", "error", "refusing", argv=["cache", "clear", "--cache-dir", "/"])
 add("cache", "cli", "error", "refusing", argv=["cache", "clear", "--cache-dir", "/etc"])
 add("cache", "cli", "ok", argv=["cache", "clear", "--cache-dir", "{cache}"])
 add("cache", "cli", "ok", argv=["cache", "stats", "--cache-dir", "none"])
 add("cache", "cli", "error", "redis", argv=["cache", "stats", "--redis", "notaurl"])
-add("cache", "cli", "ok", argv=synth("Hi.", "--voice", "{voice}", "--redis", "redis://127.0.0.1:1/0"),
-    note="dead redis is skipped with a warning")  # fmt: skip
+add(
+    "cache",
+    "cli",
+    "ok",
+    argv=synth("Hi.", "--voice", "{voice}", "--redis", "redis://127.0.0.1:1/0"),
+    note="dead redis is skipped with a warning",
+)
 add("cache", "cli", "error", None, argv=synth("Hi.", "--cache-dir", "/proc/version"))
 add("cache", "cli", "ok", argv=synth("Hi.", "--cache-dir", "{dir}/ro"), setup="read-only dir")
 
@@ -344,10 +368,23 @@ for flag, value in [
     ("--crossfade-samples", "-1"),
     ("--top-k", "100000000"),
 ]:
-    add("sizes", "cli", "error", flag.lstrip("-").split("-")[0], argv=synth("Hi.", flag, value, "--stream"))
+    add(
+        "sizes",
+        "cli",
+        "error",
+        flag.lstrip("-").split("-")[0],
+        argv=synth("Hi.", flag, value, "--stream"),
+    )
     add("sizes", "cli", "error", flag.lstrip("-").split("-")[0], argv=synth("Hi.", flag, value))
-add("sizes", "api", "ok", call="stream_open_and_drop", model="{R}", repeat=64,
-    then="KV pool holds at most a bounded number of idle buffers")  # fmt: skip
+add(
+    "sizes",
+    "api",
+    "ok",
+    call="stream_open_and_drop",
+    model="{R}",
+    repeat=64,
+    then="KV pool holds at most a bounded number of idle buffers",
+)
 add("sizes", "api", "error", call="load", model="{R}", kwargs={"threads": 10**8})
 add("sizes", "api", "error", call="load", model="{R}", kwargs={"cache_memory_bytes": -1})
 
@@ -370,41 +407,119 @@ for out, expect in [
 ]:
     add("paths", "cli", expect, argv=["synth", "Hello.", "-o", out])
     add("paths", "cli", expect, argv=["synth", "Hello.", "-o", out, "--stream"])
-add("paths", "cli", "ok", argv=["synth", "Hi.", "-o", "{dir}/existing.wav"],
-    setup="existing.wav mode 0644", then="mode still 0644")  # fmt: skip
-add("paths", "cli", "ok", argv=["synth", "Hi.", "-o", "{dir}/new.wav"], umask="022",
-    then="mode 0644")  # fmt: skip
-add("paths", "cli", "ok", argv=["synth", "Hi.", "-o", "{dir}/new.wav", "--stream"], umask="027",
-    then="mode 0640")  # fmt: skip
-add("paths", "cli", "ok", argv=["synth", "Hi.", "-o", "{dir}/link.wav"],
-    setup="link.wav -> /etc/passwd symlink", then="symlink replaced, /etc/passwd untouched")  # fmt: skip
-add("paths", "cli", "ok", argv=["synth", "One. Two. Three.", "-o", "{dir}/same.wav", "--stream"],
-    concurrent=2, then="both exit 0, same.wav a complete WAV, no .part files")  # fmt: skip
+add(
+    "paths",
+    "cli",
+    "ok",
+    argv=["synth", "Hi.", "-o", "{dir}/existing.wav"],
+    setup="existing.wav mode 0644",
+    then="mode still 0644",
+)
+add(
+    "paths",
+    "cli",
+    "ok",
+    argv=["synth", "Hi.", "-o", "{dir}/new.wav"],
+    umask="022",
+    then="mode 0644",
+)
+add(
+    "paths",
+    "cli",
+    "ok",
+    argv=["synth", "Hi.", "-o", "{dir}/new.wav", "--stream"],
+    umask="027",
+    then="mode 0640",
+)
+add(
+    "paths",
+    "cli",
+    "ok",
+    argv=["synth", "Hi.", "-o", "{dir}/link.wav"],
+    setup="link.wav -> /etc/passwd symlink",
+    then="symlink replaced, /etc/passwd untouched",
+)
+add(
+    "paths",
+    "cli",
+    "ok",
+    argv=["synth", "One. Two. Three.", "-o", "{dir}/same.wav", "--stream"],
+    concurrent=2,
+    then="both exit 0, same.wav a complete WAV, no .part files",
+)
 
 # -- signals ------------------------------------------------------------------------------------
 for sig in ("SIGTERM", "SIGHUP", "SIGINT"):
     for stream in (True, False):
         argv = ["synth", "Long text. " * 40, "-o", "{out}"] + (["--stream"] if stream else [])
-        add("signals", "cli", "signal", argv=argv, send=sig, after_seconds=1.5,
-            then="no .part file, {out} absent or the previous file intact")  # fmt: skip
-add("signals", "cli", "signal", argv=["synth", "Long. " * 40, "-o", "-", "--stream"],
-    send="SIGTERM", after_seconds=1.0, stdout="pipe")  # fmt: skip
+        add(
+            "signals",
+            "cli",
+            "signal",
+            argv=argv,
+            send=sig,
+            after_seconds=1.5,
+            then="no .part file, {out} absent or the previous file intact",
+        )
+add(
+    "signals",
+    "cli",
+    "signal",
+    argv=["synth", "Long. " * 40, "-o", "-", "--stream"],
+    send="SIGTERM",
+    after_seconds=1.0,
+    stdout="pipe",
+)
 
 # -- outputs (streams) --------------------------------------------------------------------------
-add("outputs", "cli", "error", "No space", argv=["synth", "Hello.", "-o", "-", "--stream"],
-    stdout="/dev/full")  # fmt: skip
-add("outputs", "cli", "quiet", argv=["synth", "Long. " * 20, "-o", "-", "--stream"],
-    stdout="pipe closed after 100 bytes")  # fmt: skip
+add(
+    "outputs",
+    "cli",
+    "error",
+    "No space",
+    argv=["synth", "Hello.", "-o", "-", "--stream"],
+    stdout="/dev/full",
+)
+add(
+    "outputs",
+    "cli",
+    "quiet",
+    argv=["synth", "Long. " * 20, "-o", "-", "--stream"],
+    stdout="pipe closed after 100 bytes",
+)
 add("outputs", "cli", "error", "add --stream", argv=["synth", "Hello.", "-o", "-"])
-add("outputs", "cli", "error", "No space", argv=["synth", "Hello.", "-o", "{full_fs}/x.wav"],
-    setup="tiny tmpfs (64 KiB) mounted at {full_fs}")  # fmt: skip
-add("outputs", "cli", "error", "No space", argv=["synth", "Hello.", "-o", "{full_fs}/x.wav", "--stream"],
-    setup="tiny tmpfs (64 KiB) mounted at {full_fs}")  # fmt: skip
-add("outputs", "cli", "ok", argv=["synth", "Hello.", "-o", "{out}", "--stream"],
-    then="samples equal to the non-stream file's (same pcm16 rounding)")  # fmt: skip
+add(
+    "outputs",
+    "cli",
+    "error",
+    "No space",
+    argv=["synth", "Hello.", "-o", "{full_fs}/x.wav"],
+    setup="tiny tmpfs (64 KiB) mounted at {full_fs}",
+)
+add(
+    "outputs",
+    "cli",
+    "error",
+    "No space",
+    argv=["synth", "Hello.", "-o", "{full_fs}/x.wav", "--stream"],
+    setup="tiny tmpfs (64 KiB) mounted at {full_fs}",
+)
+add(
+    "outputs",
+    "cli",
+    "ok",
+    argv=["synth", "Hello.", "-o", "{out}", "--stream"],
+    then="samples equal to the non-stream file's (same pcm16 rounding)",
+)
 add("outputs", "cli", "error", None, argv=["synth", "Hello.", "-o", "{dir}/x.flac", "--stream"])
-add("outputs", "cli", "error", None, argv=["synth", "Hello.", "--stride-frames", "0"],
-    note="accepted and ignored without --stream today")  # fmt: skip
+add(
+    "outputs",
+    "cli",
+    "error",
+    None,
+    argv=["synth", "Hello.", "--stride-frames", "0"],
+    note="accepted and ignored without --stream today",
+)
 add("outputs", "cli", "error", None, argv=["synth"], note="argparse: one line, not 17")
 add("outputs", "cli", "error", None, argv=["synth", "Hi.", "--bogus"])
 add("outputs", "cli", "error", None, argv=["bogus"])
@@ -424,14 +539,97 @@ for name, values in {
     for value in values:
         for model in ("{V}", "{R}"):
             expect = "ok" if value is None else "error"
-            add("api", "api", expect, call="synthesize", model=model, text="Hi.",
-                kwargs={name: value})  # fmt: skip
+            add(
+                "api",
+                "api",
+                expect,
+                call="synthesize",
+                model=model,
+                text="Hi.",
+                kwargs={name: value},
+            )
 for text in (None, 123, b"\xff\xfe", ["a"], "\udcff"):
     add("api", "api", "error", call="synthesize", model="{V}", text=text, kwargs={})
 add("api", "api", "ok", call="synthesize", model="{V}", text=b"bytes are UTF-8", kwargs={})
-for kwargs in ({"kv": "bogus"}, {"threads": -1}, {"threads": 1.5}, {"model": 123},
-               {"cache_dir": 123}, {"redis_url": "x"}, {"providers": ("NopeProvider",)}):  # fmt: skip
+for kwargs in (
+    {"kv": "bogus"},
+    {"threads": -1},
+    {"threads": 1.5},
+    {"model": 123},
+    {"cache_dir": 123},
+    {"redis_url": "x"},
+    {"providers": ("NopeProvider",)},
+):
     add("api", "api", "error", call="load", kwargs=kwargs)
+
+
+# -- expectations corrected by the attack runner's author (each with why) -------------------------
+_NOTHING = {"expect": "error", "match": "nothing speakable"}
+EXPECTATION_FIXES: dict[str, dict] = {
+    # Punctuation alone has nothing to say: a clear refusal is what a careful user wants.
+    "text-003": {**_NOTHING, "why": "'!!!' has nothing speakable"},
+    "text-004": {**_NOTHING, "why": "'...' has nothing speakable"},
+    "text-015": {**_NOTHING, "why": "zero-width spaces are not empty text, just unspeakable"},
+    "text-024": {**_NOTHING, "why": "'(((' has nothing speakable"},
+    "text-026": {**_NOTHING, "why": "5,000 '?' have nothing speakable"},
+    "text-027": {**_NOTHING, "why": "'. ' x 3000 has nothing speakable"},
+    # argv cannot carry a NUL byte or 200,001 characters (execve refuses): use stdin.
+    "text-013": {
+        "argv": ["synth", "-", "-o", "{out}"],
+        "stdin": b"Hello\x00world",
+        "why": "argv cannot hold NUL; same text through stdin",
+    },
+    "text-018": {
+        "argv": ["synth", "-", "-o", "{out}"],
+        "stdin": b"a" * 200_001,
+        "why": "argv cannot hold 200,001 characters; same text through stdin",
+    },
+    "text-028": {
+        "expect": "error",
+        "match": "empty",
+        "why": "'-' means stdin, which is empty here",
+    },
+    "text-036": {
+        "expect": "error",
+        "match": "language",
+        "why": "the default voice's family takes no language option (registry refusal)",
+    },
+    # Long but proportional: 10,000 digits are 10,000 spoken words (minutes of audio).
+    "numbers-060": {"timeout": 900, "why": "10,000 digits read one by one: long, not a hang"},
+    "numbers-061": {"timeout": 900, "why": "2,000 groups of 000: long, not a hang"},
+    "numbers-065": {"timeout": 900, "why": "10,000 numbers: long, not a hang"},
+    "numbers-127": {"expect": "ok", "why": "--top-k 0 is documented as 'no limit'"},
+    "api-404": {"expect": "ok", "why": "top_k=0 is documented as 'no limit'"},
+    "api-405": {"expect": "ok", "why": "top_k=0 is documented as 'no limit'"},
+    # RIFF allows any number of unknown chunks; 1000 2-byte junk chunks are a valid WAV.
+    "voice-176": {"expect": "ok", "why": "junk chunks before fmt are valid RIFF"},
+    "voice-177": {"expect": "ok", "why": "junk chunks before fmt are valid RIFF"},
+    "bundle-216": {"match": "outside"},
+    "bundle-217": {"match": "outside"},
+    "bundle-218": {"match": "outside"},
+    "bundle-220": {"match": "outside"},
+    "bundle-221": {"match": "outside"},
+    "bundle-237": {"match": "outside"},
+    "bundle-223": {"match": "sha256"},
+    "bundle-238": {"match": "not a model directory"},
+    "bundle-225": {
+        "bundle": {"format_version": 999},
+        "why": "the manifest key is format_version; 'format' was ignored as unknown",
+    },
+    "bundle-231": {
+        "bundle_source": "V",
+        "why": "default_speaker_embedding belongs to the default voice's family",
+    },
+    # Streaming writes WAV only (outputs-372 expects exactly this refusal).
+    "paths-329": {"expect": "error", "why": "--stream writes WAV only, said in one line"},
+    "paths-331": {"expect": "error", "why": "--stream writes WAV only, said in one line"},
+    "outputs-371": {
+        "argv": ["synth", "Hello.", "-o", "{out}", "--stream", "--seed", "1"],
+        "why": "without a seed two runs sample differently",
+    },
+}
+for _case in CASES:
+    _case.update(EXPECTATION_FIXES.get(_case["id"], {}))
 
 assert len({case["id"] for case in CASES}) == len(CASES)
 
