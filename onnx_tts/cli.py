@@ -343,6 +343,30 @@ COMMANDS = {
 }
 
 
+# How ONNX Runtime and the C++ library say an allocation failed; never shown raw to a user.
+ALLOCATION_FAILURES = ("bad_alloc", "Failed to allocate", "out of memory", "length_error")
+OUT_OF_MEMORY_HINT = (
+    "out of memory (an allocation failed); close other programs, use fewer --threads or a "
+    "shorter text, or raise the process memory limit"
+)
+
+
+def plain_error(error: BaseException) -> str:
+    """The one line shown for `error`: allocation failures deep in the runtime become a plain
+    out-of-memory message that keeps only our own context (e.g. which graph was loading)."""
+    message = " ".join(str(error).split())
+    if not isinstance(error, MemoryError) and not any(m in message for m in ALLOCATION_FAILURES):
+        return message
+    kept = []
+    for part in message.split(": "):
+        internal = any(m in part for m in ALLOCATION_FAILURES) or "ONNXRuntimeError" in part
+        if internal or part.startswith(("Load model from", "Non-zero status code")):
+            break
+        if part:
+            kept.append(part)
+    return ": ".join([*kept, OUT_OF_MEMORY_HINT])
+
+
 def _one_line_warning(message: Warning | str, category: type[Warning], *_: Any, **__: Any) -> None:
     print(f"onnx-tts: warning: {message}", file=sys.stderr)
 
@@ -378,10 +402,10 @@ def main(argv: list[str] | None = None) -> int:
     except OutputClosedError:
         # The reader of a --stream pipe went away (e.g. `| head`): not an error of ours.
         return 0
-    except OnnxTTSError as error:
+    except (OnnxTTSError, MemoryError) as error:
         if args.debug:
             raise
-        print(f"onnx-tts: error: {error}", file=sys.stderr)
+        print(f"onnx-tts: error: {plain_error(error)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("onnx-tts: interrupted", file=sys.stderr)

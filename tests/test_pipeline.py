@@ -523,3 +523,43 @@ def test_load_refuses_arguments_of_the_wrong_type(kwargs: dict, name: str) -> No
     """load(model=123) and load(cache_dir=123) were TypeError tracebacks from pathlib."""
     with pytest.raises(InputError, match=f"^{name} must be"):
         onnx_tts.load(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "raw, kept",
+    [
+        (
+            "cannot load ONNX graph /m/lm.onnx: Load model from /m/lm.onnx failed:std::bad_alloc",
+            "cannot load ONNX graph /m/lm.onnx: out of memory",
+        ),
+        (
+            "ONNX Runtime: /onnxruntime_src/core/framework/bfc_arena.cc:360 void* onnxruntime::"
+            "BFCArena::AllocateRawInternal(size_t, bool) Failed to allocate memory for requested "
+            "buffer of size 8388608",
+            "ONNX Runtime: out of memory",
+        ),
+    ],
+)
+def test_allocation_failures_are_one_plain_line(raw: str, kept: str) -> None:
+    from onnx_tts.cli import plain_error
+    from onnx_tts.errors import SessionError
+
+    line = plain_error(SessionError(raw))
+    assert line.startswith(kept)
+    assert "bad_alloc" not in line and "bfc_arena" not in line and "size_t" not in line
+    assert plain_error(SessionError("graph x: input 'a' has shape [2]")) == (
+        "graph x: input 'a' has shape [2]"
+    )
+
+
+def test_cli_memory_error_is_exit_2_with_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, tmp_path: Path
+) -> None:
+    def no_memory(**_: object) -> None:
+        raise MemoryError
+
+    monkeypatch.setattr(onnx_tts, "load", no_memory)
+    assert main(["synth", "Hi.", "-o", str(tmp_path / "x.wav")]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("onnx-tts: error: out of memory")
+    assert list(tmp_path.iterdir()) == []
