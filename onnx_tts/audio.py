@@ -211,10 +211,13 @@ def check_output_path(path: str | os.PathLike[str]) -> Path:
             f"use one of {', '.join(OUTPUT_FORMATS)}"
         )
     parent = path.parent if str(path.parent) else Path(".")
-    if not parent.is_dir():
-        raise OutputError(f"cannot write {path}: directory {parent} does not exist")
-    if path.is_dir():
-        raise OutputError(f"cannot write {path}: it is a directory")
+    try:
+        if not parent.is_dir():
+            raise OutputError(f"cannot write {path}: directory {parent} does not exist")
+        if path.is_dir():
+            raise OutputError(f"cannot write {path}: it is a directory")
+    except OSError as error:  # e.g. a name longer than the file system allows
+        raise _write_error(path, error) from None
     if not os.access(parent, os.W_OK):
         raise OutputError(f"cannot write {path}: directory {parent} is not writable")
     # Permission bits do not say everything (root, /proc, read-only mounts): try it.
@@ -228,7 +231,8 @@ def _temp_beside(path: Path) -> tuple[int, str]:
     """A new uniquely named temp file next to `path` (same file system, for the rename)."""
     parent = path.parent if str(path.parent) else Path(".")
     try:
-        return tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=parent)
+        # The name is shortened so that a valid long target name gives a valid temp name.
+        return tempfile.mkstemp(prefix=f".{path.name[:128]}.", suffix=".part", dir=parent)
     except OSError as error:
         raise _write_error(path, error) from None
 
