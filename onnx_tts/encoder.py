@@ -69,8 +69,7 @@ def validate_reference_audio(
     if peak > MAX_REFERENCE_PEAK:
         # As for files (audio.load_audio): 1e30 is a broken buffer, not a loud voice.
         raise AudioError(
-            f"reference audio peaks at {peak:.3g} (full scale is 1.0); scale the samples to "
-            "[-1, 1]"
+            f"reference audio peaks at {peak:.3g} (full scale is 1.0); scale the samples to [-1, 1]"
         )
     if peak < SILENCE_PEAK:
         raise AudioError("reference audio is silent; give a clip with audible speech")

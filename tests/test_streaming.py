@@ -605,5 +605,5 @@ def test_a_bundle_with_invalid_streaming_defaults_fails_at_load(tmp_path) -> Non
     manifest = json.loads((bundle / "bundle.json").read_text())
     manifest["streaming"]["stride_frames"] = 0
     (bundle / "bundle.json").write_text(json.dumps(manifest))
-    with pytest.raises(ModelError, match="streaming defaults.*stride_frames"):
+    with pytest.raises(ModelError, match=r"streaming defaults.*stride_frames"):
         onnx_tts.load(bundle, cache_dir=None)
