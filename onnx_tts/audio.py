@@ -211,13 +211,30 @@ def check_output_path(path: str | os.PathLike[str]) -> Path:
             f"use one of {', '.join(OUTPUT_FORMATS)}"
         )
     parent = path.parent if str(path.parent) else Path(".")
-    if not parent.is_dir():
-        raise OutputError(f"cannot write {path}: directory {parent} does not exist")
-    if path.is_dir():
-        raise OutputError(f"cannot write {path}: it is a directory")
+    try:
+        if not parent.is_dir():
+            raise OutputError(f"cannot write {path}: directory {parent} does not exist")
+        if path.is_dir():
+            raise OutputError(f"cannot write {path}: it is a directory")
+    except OSError as error:  # e.g. a name longer than the file system allows
+        raise _write_error(path, error) from None
     if not os.access(parent, os.W_OK):
         raise OutputError(f"cannot write {path}: directory {parent} is not writable")
+    # Permission bits do not say everything (root, /proc, read-only mounts): try it.
+    fd, probe = _temp_beside(path)
+    os.close(fd)
+    os.unlink(probe)
     return path
+
+
+def _temp_beside(path: Path) -> tuple[int, str]:
+    """A new uniquely named temp file next to `path` (same file system, for the rename)."""
+    parent = path.parent if str(path.parent) else Path(".")
+    try:
+        # The name is shortened so that a valid long target name gives a valid temp name.
+        return tempfile.mkstemp(prefix=f".{path.name[:128]}.", suffix=".part", dir=parent)
+    except OSError as error:
+        raise _write_error(path, error) from None
 
 
 def _current_umask() -> int:
@@ -281,8 +298,7 @@ def save_audio(path: str | os.PathLike[str], samples: np.ndarray, sample_rate: i
         raise _write_error(path, error) from None
     except (soundfile.LibsndfileError, RuntimeError) as error:
         raise OutputError(f"cannot encode {path}: {error}") from None
-    parent = path.parent if str(path.parent) else Path(".")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=parent)
+    fd, tmp = _temp_beside(path)
     try:
         try:
             os.fchmod(fd, output_mode(path))
@@ -298,7 +314,7 @@ def save_audio(path: str | os.PathLike[str], samples: np.ndarray, sample_rate: i
         if isinstance(error, OSError):
             raise _write_error(path, error) from None
         raise
-    _fsync_directory(parent)
+    _fsync_directory(path.parent if str(path.parent) else Path("."))
     return path
 
 
@@ -317,8 +333,7 @@ class ProgressiveWavWriter:
             )
         self.sample_rate = int(sample_rate)
         self.data_bytes = 0
-        parent = self.path.parent if str(self.path.parent) else Path(".")
-        fd, name = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".part", dir=parent)
+        fd, name = _temp_beside(self.path)
         self.tmp = Path(name)
         self._file: BinaryIO | None = os.fdopen(fd, "wb")
         try:

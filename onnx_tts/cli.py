@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 import time
@@ -353,14 +354,56 @@ COMMANDS = {
 }
 
 
+# How ONNX Runtime and the C++ library say an allocation failed; never shown raw to a user.
+ALLOCATION_FAILURES = ("bad_alloc", "Failed to allocate", "out of memory", "length_error")
+OUT_OF_MEMORY_HINT = (
+    "out of memory (an allocation failed); close other programs, use fewer --threads or a "
+    "shorter text, or raise the process memory limit"
+)
+
+
+def plain_error(error: BaseException) -> str:
+    """The one line shown for `error`: allocation failures deep in the runtime become a plain
+    out-of-memory message that keeps only our own context (e.g. which graph was loading)."""
+    message = " ".join(str(error).split())
+    if not isinstance(error, MemoryError) and not any(m in message for m in ALLOCATION_FAILURES):
+        return message
+    kept = []
+    for part in message.split(": "):
+        internal = any(m in part for m in ALLOCATION_FAILURES) or "ONNXRuntimeError" in part
+        if internal or part.startswith(("Load model from", "Non-zero status code")):
+            break
+        if part:
+            kept.append(part)
+    return ": ".join([*kept, OUT_OF_MEMORY_HINT])
+
+
 def _one_line_warning(message: Warning | str, category: type[Warning], *_: Any, **__: Any) -> None:
     print(f"onnx-tts: warning: {message}", file=sys.stderr)
+
+
+class _WarningLine(logging.Handler):
+    """The library logs recoverable trouble (a corrupt cache entry, Redis down); the CLI shows
+    each record as one `onnx-tts: warning:` line, like its other warnings."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = " ".join(record.getMessage().split())
+        print(f"onnx-tts: warning: {message}", file=sys.stderr)  # sys.stderr of the moment
+
+
+def _log_warnings_as_one_line() -> None:
+    logger = logging.getLogger("onnx_tts")
+    if not any(isinstance(handler, _WarningLine) for handler in logger.handlers):
+        logger.addHandler(_WarningLine(logging.WARNING))
+    if logger.level == logging.NOTSET:
+        logger.setLevel(logging.WARNING)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     warnings.showwarning = _one_line_warning
+    _log_warnings_as_one_line()
     try:
         with termination_as_exception():
             return COMMANDS[args.command](args)
@@ -370,10 +413,10 @@ def main(argv: list[str] | None = None) -> int:
     except OutputClosedError:
         # The reader of a --stream pipe went away (e.g. `| head`): not an error of ours.
         return 0
-    except OnnxTTSError as error:
+    except (OnnxTTSError, MemoryError) as error:
         if args.debug:
             raise
-        print(f"onnx-tts: error: {error}", file=sys.stderr)
+        print(f"onnx-tts: error: {plain_error(error)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("onnx-tts: interrupted", file=sys.stderr)

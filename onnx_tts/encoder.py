@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from onnx_tts.audio import SILENCE_PEAK, as_mono_float32
+from onnx_tts.audio import MAX_REFERENCE_PEAK, SILENCE_PEAK, as_mono_float32
 from onnx_tts.bundle import file_sha256
 from onnx_tts.errors import AudioError, InputError, ModelError
 from onnx_tts.refcache import ReferenceCache, make_key
@@ -65,7 +65,13 @@ def validate_reference_audio(
         samples = samples[: int(max_seconds * sample_rate)]
     if samples.size and not np.isfinite(samples).all():
         raise AudioError("reference audio contains NaN or infinite samples; re-export the file")
-    if samples.size == 0 or float(np.max(np.abs(samples))) < SILENCE_PEAK:
+    peak = float(np.max(np.abs(samples))) if samples.size else 0.0
+    if peak > MAX_REFERENCE_PEAK:
+        # As for files (audio.load_audio): 1e30 is a broken buffer, not a loud voice.
+        raise AudioError(
+            f"reference audio peaks at {peak:.3g} (full scale is 1.0); scale the samples to [-1, 1]"
+        )
+    if peak < SILENCE_PEAK:
         raise AudioError("reference audio is silent; give a clip with audible speech")
     return samples
 

@@ -73,6 +73,9 @@ class Engine:
         self.family = family or FAMILIES[backend.family]
         pool = backend.pool
         self.batching_unavailable = batching_support(backend.program, pool.layout, pool.mode)
+        # A bundle whose streaming defaults are invalid fails at load (ModelError), not at the
+        # first stream after it passed every non-streaming test.
+        self.streaming_options()
         self.scheduler: DecodeScheduler | None = None
         if max_batch > 1 and self.batching_unavailable is None:
             self.scheduler = DecodeScheduler(backend.program, pool.layout, pool.capacity, max_batch)
@@ -371,6 +374,11 @@ def load(
     family_options: the family's load options (`onnx-tts info` lists them), e.g. precision
     or exaggeration for Chatterbox exports.
     """
+    for name, value in (("model", model), ("cache_dir", cache_dir)):
+        if value is not None and not isinstance(value, (str, os.PathLike)):
+            raise InputError(f"{name} must be a directory path or None, got {value!r}")
+    if redis_url is not None and not isinstance(redis_url, str):
+        raise InputError(f"redis_url must be a redis:// URL string or None, got {redis_url!r}")
     if kv is not None and not isinstance(kv, str):
         raise InputError(f"kv must be one of {', '.join(KV_MODES)}, got {kv!r}")
     if not _int_in(threads, 0, MAX_THREADS):

@@ -39,6 +39,11 @@ STREAMING_KEYS = (
 )
 
 
+# Bound on every window size in frames: far above any useful window (~20 minutes of audio at
+# 50 frames/s), far below what would hold a whole long text in one vocoder run.
+MAX_WINDOW_FRAMES = 1 << 16
+
+
 @dataclass(frozen=True)
 class StreamingOptions:
     """Window protocol of the streaming vocoder (see the module docstring)."""
@@ -78,6 +83,11 @@ class StreamingOptions:
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
                 raise InputError(f"{key} must be an integer, got {value!r}")
+        for key in ("first_chunk_frames", "stride_frames", "overlap_frames", "holdback_frames"):
+            if getattr(self, key) > MAX_WINDOW_FRAMES:
+                raise InputError(
+                    f"{key} must be at most {MAX_WINDOW_FRAMES}, got {getattr(self, key)}"
+                )
         if self.first_chunk_frames < 1 or self.stride_frames < 1:
             raise InputError(
                 f"first_chunk_frames and stride_frames must be >= 1, got "

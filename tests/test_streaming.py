@@ -542,3 +542,68 @@ def test_streaming_benchmark_writes_its_results(tmp_path) -> None:
     assert {"loadavg_start", "loadavg_end", "cpu_count"} <= set(results["machine"])
     snr = {item["overlap_frames"]: item["snr_db"] for item in results["snr_by_overlap"]}
     assert snr[8] > 100 and 30 <= snr[4] < snr[5] < snr[6]
+
+
+# -- a failing sink while sentences still decode ---------------------------------------------------
+
+
+def _cli(args: list[str], **kwargs: Any) -> Any:
+    import subprocess
+    import sys
+
+    return subprocess.run(
+        [sys.executable, "-m", "onnx_tts.cli", "synth", TEXT, "--stream", *args],
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=300,
+        **kwargs,
+    )
+
+
+def test_stream_to_dev_full_is_one_clear_error_not_an_abort() -> None:
+    """Other sentences were still decoding in the scheduler's worker when the write failed:
+    the process aborted at exit (134, "terminate called") after the error line."""
+    with open("/dev/full", "wb") as full:
+        done = _cli(["-o", "-"], stdout=full)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.splitlines() == [
+        "onnx-tts: error: cannot write the audio stream: No space left on device"
+    ]
+
+
+def test_stream_to_a_full_disk_is_one_clear_error_and_leaves_no_file(tmp_path) -> None:
+    import resource
+
+    def small_files() -> None:  # a full file system, without root: a file size limit
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+
+    out = tmp_path / "x.wav"
+    done = _cli(["-o", str(out)], preexec_fn=small_files)
+    assert done.returncode == 2, done.stderr
+    (line,) = done.stderr.splitlines()
+    assert line.startswith(f"onnx-tts: error: cannot write {out}: File too large"), line
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("key", ["first_chunk_frames", "stride_frames"])
+def test_window_sizes_are_bounded(codec_lm_engine, key: str) -> None:
+    """--first-chunk-frames 100000000 was accepted (every size a user gives has a bound)."""
+    with pytest.raises(InputError, match=f"{key} must be at most"):
+        codec_lm_engine.stream("Hi.", **{key: 100_000_000})
+
+
+def test_a_bundle_with_invalid_streaming_defaults_fails_at_load(tmp_path) -> None:
+    """streaming.stride_frames 0 loaded and synthesized fine until the first stream."""
+    import json
+    import shutil
+
+    import onnx_tts
+    from onnx_tts.bundle import CODEC_LM_MODEL_DIR
+
+    bundle = tmp_path / "bundle"
+    shutil.copytree(CODEC_LM_MODEL_DIR, bundle)
+    manifest = json.loads((bundle / "bundle.json").read_text())
+    manifest["streaming"]["stride_frames"] = 0
+    (bundle / "bundle.json").write_text(json.dumps(manifest))
+    with pytest.raises(ModelError, match=r"streaming defaults.*stride_frames"):
+        onnx_tts.load(bundle, cache_dir=None)

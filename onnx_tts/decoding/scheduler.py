@@ -37,13 +37,14 @@ MAX_BATCH_LIMIT = 256
 DEFAULT_SLOT_BYTES = 2 << 30
 MIN_SLOT_CAPACITY = 256
 _DONE = object()
-# Every live scheduler, closed at interpreter exit: a daemon worker still inside an ONNX Runtime
-# run when Python finalises would be killed in C++ frames (std::terminate, exit status -6).
+# Schedulers whose worker may be inside an ONNX Runtime run. At interpreter exit a daemon
+# worker still in a run aborts the process ("terminate called without an active exception",
+# exit 134) when the runtime's statics are destroyed under it: stop them first.
 _LIVE: weakref.WeakSet[DecodeScheduler] = weakref.WeakSet()
 
 
 @atexit.register
-def _close_all() -> None:
+def _close_live_schedulers() -> None:
     for scheduler in list(_LIVE):
         scheduler.close()
 
@@ -126,7 +127,6 @@ class DecodeScheduler:
         self._embeds_dtype = np.dtype(program.lm.spec.inputs["inputs_embeds"].dtype)
         self._inputs = set(program.lm.input_names)
         self._stats = {"requests": 0, "steps": 0, "row_steps": 0, "prefills": 0, "solo": 0}
-        _LIVE.add(self)
 
     # -- public ------------------------------------------------------------------------------
     def submit(
@@ -144,6 +144,7 @@ class DecodeScheduler:
                     target=self._run, name="onnx-tts-decode", daemon=True
                 )
                 self._thread.start()
+                _LIVE.add(self)
             self._cv.notify()
         return FrameStream(ticket, self)
 
@@ -167,7 +168,6 @@ class DecodeScheduler:
             }
 
     def close(self) -> None:
-        """Stop the worker after its current step; queued and running requests fail."""
         with self._cv:
             self._closed = True
             self._cv.notify()

@@ -304,6 +304,16 @@ class CodecLMModel:
         limit = bundle.value("lm", "max_positions", int, 1, 1 << 22, capacity)
         self.pool = KVPool(lm, self.layout, self.kv_mode, CapacityPolicy(capacity, limit))
         self.program = CodecLMProgram(self, lm)
+        # Positions one request may use: the in-place buffer's fixed size, and always the
+        # model's position limit.
+        positions = min(capacity, limit) if self.kv_mode == "inplace" else limit
+        self.max_chunk_tokens = self._tokens_that_fit(positions)
+        if self.max_chunk_tokens < 1:
+            raise ModelError(
+                f"{bundle.root}: kv.capacity / lm.max_positions {positions} cannot hold one text "
+                f"token after a {self.prompt_frames}-frame voice prompt and its audio frames "
+                f"(needs at least {self._positions_needed(1)}); raise kv.capacity"
+            )
 
     def _validate(self, lm_graph: str) -> None:
         bundle, sessions = self.bundle, self.sessions
@@ -384,12 +394,43 @@ class CodecLMModel:
     def text_chunks(self, text: str, options: Mapping[str, Any]) -> list[list[int]]:
         normalized = normalize_text(text)
         chunks = [
-            self.tokenizer.encode(s) for s in split_sentences(normalized, self.max_chunk_chars)
+            chunk
+            for sentence in split_sentences(normalized, self.max_chunk_chars)
+            for chunk in self._fitted(sentence)
         ]
         chunks = [c for c in chunks if c]
         if not chunks:
             raise InputError("text has nothing speakable after normalisation")
         return chunks
+
+    def _positions_needed(self, tokens: int) -> int:
+        """KV positions of a chunk of `tokens` text tokens with the longest voice prompt:
+        speaker + prompt + text + BOS (CodecLMProgram.admit), then its frames and the delay
+        pattern's tail."""
+        return (
+            1 + self.prompt_frames + tokens + 1 + self.frame_limits(tokens)[1] + self.codebooks + 1
+        )
+
+    def _tokens_that_fit(self, positions: int) -> int:
+        tokens = max(0, positions // (2 + int(self.sampling.get("max_frames_per_token", 12))))
+        while tokens < positions and self._positions_needed(tokens + 1) <= positions:
+            tokens += 1
+        while tokens > 0 and self._positions_needed(tokens) > positions:
+            tokens -= 1
+        return tokens
+
+    def _fitted(self, text: str) -> list[list[int]]:
+        """Token chunks of `text`, each small enough for the KV capacity: a chunk that is too
+        long is split again at commas or spaces, and a single word that is still too long
+        (e.g. 2,000 letters) at token boundaries, so a valid text is never refused."""
+        tokens = self.tokenizer.encode(text)
+        budget = self.max_chunk_tokens
+        if len(tokens) <= budget:
+            return [tokens]
+        pieces = split_sentences(text, max(1, len(text) * budget // len(tokens)))
+        if len(pieces) > 1:
+            return [chunk for piece in pieces for chunk in self._fitted(piece)]
+        return [tokens[start : start + budget] for start in range(0, len(tokens), budget)]
 
     def frame_limits(self, tokens: int) -> tuple[int, int]:
         """(min, max) frames for a chunk of `tokens` text tokens."""
