@@ -1028,11 +1028,13 @@ def format_stats(stats: Mapping) -> str:
     return "\n".join(lines)
 
 
-def _cli_cache(disk_dir: str | os.PathLike[str] | None, redis_url: str | None) -> ReferenceCache:
+def _cli_cache(
+    disk_dir: str | os.PathLike[str] | None,
+    redis_url: str | None,
+    kind: type[TieredCache] = ReferenceCache,
+) -> TieredCache:
     # Read-only use: no memory tier, no directory created.
-    return ReferenceCache(
-        memory_bytes=0, disk_dir=disk_dir, redis_url=redis_url, create_disk_dir=False
-    )
+    return kind(memory_bytes=0, disk_dir=disk_dir, redis_url=redis_url, create_disk_dir=False)
 
 
 def cache_stats(

@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import struct
 import threading
 from collections import OrderedDict
@@ -34,13 +35,16 @@ import numpy as np
 
 from onnx_tts.bundle import file_sha256
 from onnx_tts.errors import CacheError, InputError
-from onnx_tts.refcache import TieredCache, cache_root
+from onnx_tts.refcache import ReferenceCache, TieredCache, _cli_cache, cache_root
 
 __all__ = [
+    "CACHES",
     "DEFAULT_RESULT_MEMORY_BYTES",
     "MAX_RESULT_SECONDS",
     "RESULT_MARKER_NAME",
     "ResultCache",
+    "all_cache_stats",
+    "clear_caches",
     "default_result_dir",
     "model_identity",
     "replay_chunks",
@@ -149,6 +153,47 @@ class ResultCache(TieredCache):
         if not np.isfinite(samples).all():
             return "samples hold NaN or infinite values"
         return None
+
+
+CACHES = ("reference", "result")
+
+
+def _cli_caches(
+    reference_dir: str | os.PathLike[str] | None,
+    result_dir: str | os.PathLike[str] | None,
+    redis_url: str | None,
+) -> dict[str, TieredCache]:
+    return {
+        "reference": _cli_cache(reference_dir, redis_url, ReferenceCache),
+        "result": _cli_cache(result_dir, redis_url, ResultCache),
+    }
+
+
+def all_cache_stats(
+    reference_dir: str | os.PathLike[str] | None = "default",
+    result_dir: str | os.PathLike[str] | None = "default",
+    redis_url: str | None = None,
+) -> dict[str, dict]:
+    """``{"reference": ..., "result": ...}``: the shared tiers of every cache, for ``onnx-tts
+    cache stats``; creates nothing on disk. (Hit counters live in the serving process.)"""
+    caches = _cli_caches(reference_dir, result_dir, redis_url)
+    return {name: cache.stats() for name, cache in caches.items()}
+
+
+def clear_caches(
+    which: str | None = None,
+    reference_dir: str | os.PathLike[str] | None = "default",
+    result_dir: str | os.PathLike[str] | None = "default",
+    redis_url: str | None = None,
+) -> dict[str, dict[str, int]]:
+    """Empty the disk and Redis tiers of one cache (``which``: "reference" or "result") or of
+    all of them, for ``onnx-tts cache clear [--tier ...]``; entries removed per cache and
+    tier. A disk directory without the cache's marker file is refused (CacheError)."""
+    if which is not None and which not in CACHES:
+        raise InputError(f"unknown cache {which!r}; choose from {', '.join(CACHES)}")
+    caches = _cli_caches(reference_dir, result_dir, redis_url)
+    chosen = CACHES if which is None else (which,)
+    return {name: caches[name].clear(tiers=("disk", "redis")) for name in chosen}
 
 
 def model_identity(backend: Any) -> str:

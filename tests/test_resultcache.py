@@ -13,7 +13,13 @@ import redis
 import onnx_tts
 from onnx_tts.errors import CacheError, InputError
 from onnx_tts.refcache import encode_value
-from onnx_tts.resultcache import ResultCache, replay_chunks, result_key
+from onnx_tts.resultcache import (
+    ResultCache,
+    all_cache_stats,
+    clear_caches,
+    replay_chunks,
+    result_key,
+)
 from tests.redis_server import redis_server
 
 TEXT = "Please hold the line."
@@ -263,3 +269,31 @@ def test_cache_stats_reports_both_caches_with_their_tiers(tmp_path, voice_wav):
     assert stats["reference"]["misses"] == 1
     cleared = engine.clear_cache()
     assert cleared["result"]["disk"] == 1 and cleared["reference"]["disk"] == 1
+
+
+def test_cli_stats_and_clear_cover_each_cache_and_create_nothing(tmp_path, voice_wav):
+    ref_dir, res_dir = tmp_path / "ref", tmp_path / "res"
+    stats = all_cache_stats(ref_dir, res_dir)
+    assert set(stats) == {"reference", "result"}
+    assert stats["result"]["entries"] == 0 and not ref_dir.exists() and not res_dir.exists()
+
+    engine = load(tmp_path, cache_dir=ref_dir, result_cache_dir=res_dir)
+    engine.synthesize(TEXT, voice=voice_wav)
+    stats = all_cache_stats(ref_dir, res_dir)
+    assert (stats["reference"]["entries"], stats["result"]["entries"]) == (1, 1)
+
+    assert clear_caches("result", ref_dir, res_dir) == {"result": {"disk": 1}}
+    stats = all_cache_stats(ref_dir, res_dir)
+    assert (stats["reference"]["entries"], stats["result"]["entries"]) == (1, 0)
+    assert clear_caches(None, ref_dir, res_dir) == {
+        "reference": {"disk": 1},
+        "result": {"disk": 0},
+    }
+    with pytest.raises(InputError, match="unknown cache"):
+        clear_caches("prefix", ref_dir, res_dir)
+    stranger = tmp_path / "not-a-cache"
+    stranger.mkdir()
+    (stranger / "keep.txt").write_text("mine")
+    with pytest.raises(CacheError, match="refusing to clear"):
+        clear_caches("result", ref_dir, stranger)
+    assert (stranger / "keep.txt").exists()
