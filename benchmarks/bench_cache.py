@@ -28,7 +28,6 @@ import argparse
 import contextlib
 import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -45,7 +44,8 @@ if __package__ in (None, ""):  # run as a script: make `onnx_tts` and `benchmark
 
 import onnx_tts
 from benchmarks.bench_batch import percentile
-from benchmarks.bench_streaming import write_atomically
+from benchmarks.bench_refcache import median_seconds
+from benchmarks.bench_streaming import machine_info, write_atomically
 from onnx_tts.errors import InputError
 from onnx_tts.resultcache import ResultCache
 from onnx_tts.session import ort_version
@@ -208,16 +208,6 @@ def run_with_cache(
     }
 
 
-def median_seconds(call: Callable[[], object], repeats: int) -> float:
-    call()
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
-
-
 def hit_costs(
     make_engine: Callable[..., Any], text: str, voice: np.ndarray, redis_url: str | None, work: Path
 ) -> dict[str, float | None]:
@@ -225,22 +215,22 @@ def hit_costs(
     voice given as samples includes hashing them; `default_voice` is the same text without
     a reference (the model's own voice)."""
     plain = make_engine(result_cache_bytes=None)
-    synth = median_seconds(lambda: plain.synthesize(text, voice=voice), 5)
-    synth_default = median_seconds(lambda: plain.synthesize(text), 5)
+    synth = median_seconds(lambda: plain.synthesize(text, voice=voice), 5, warmup=1)
+    synth_default = median_seconds(lambda: plain.synthesize(text), 5, warmup=1)
     memory = make_engine(result_cache_dir=None)
     memory.synthesize(text, voice=voice)
-    memory_hit = median_seconds(lambda: memory.synthesize(text, voice=voice), 200)
+    memory_hit = median_seconds(lambda: memory.synthesize(text, voice=voice), 200, warmup=1)
     memory.synthesize(text)
-    default_hit = median_seconds(lambda: memory.synthesize(text), 200)
+    default_hit = median_seconds(lambda: memory.synthesize(text), 200, warmup=1)
     disk_dir = work / "hit-disk"
     make_engine(result_cache_dir=disk_dir).synthesize(text, voice=voice)
     disk = make_engine(result_cache_bytes=0, result_cache_dir=disk_dir)
-    disk_hit = median_seconds(lambda: disk.synthesize(text, voice=voice), 50)
+    disk_hit = median_seconds(lambda: disk.synthesize(text, voice=voice), 50, warmup=1)
     redis_hit = None
     if redis_url is not None:
         make_engine(result_cache_dir=None, redis_url=redis_url).synthesize(text, voice=voice)
         remote = make_engine(result_cache_bytes=0, result_cache_dir=None, redis_url=redis_url)
-        redis_hit = median_seconds(lambda: remote.synthesize(text, voice=voice), 50)
+        redis_hit = median_seconds(lambda: remote.synthesize(text, voice=voice), 50, warmup=1)
     return {
         "text": text,
         "synthesize_ms": 1e3 * synth,
@@ -425,6 +415,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    machine = machine_info()  # before the run: its load average says how busy the box was
     rng = np.random.default_rng(SEED)
     texts = make_texts(rng)
     requests = zipf_requests(rng, args.requests)
@@ -498,11 +489,7 @@ def main(argv: list[str] | None = None) -> int:
         "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "model": plain.info()["name"],
         "onnxruntime": ort_version(),
-        "machine": {
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-            "cpu_count": os.cpu_count(),
-        },
+        "machine": machine,
         "settings": {
             "requests": args.requests,
             "texts": TEXTS,
