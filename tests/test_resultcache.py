@@ -297,3 +297,16 @@ def test_cli_stats_and_clear_cover_each_cache_and_create_nothing(tmp_path, voice
     with pytest.raises(CacheError, match="refusing to clear"):
         clear_caches("result", ref_dir, stranger)
     assert (stranger / "keep.txt").exists()
+
+
+def test_concurrent_identical_requests_synthesise_once(tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    engine = load(tmp_path)
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda _: engine.synthesize(TEXT, seed=2), range(8)))
+    for audio in results[1:]:
+        np.testing.assert_array_equal(audio.samples, results[0].samples)
+    stats = engine.cache_stats()["result"]
+    assert stats["misses"] == 1
+    assert stats["hits"] + stats["merged"] == 7
