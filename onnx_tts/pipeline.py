@@ -25,6 +25,13 @@ from onnx_tts.families import FAMILIES, detect, family_of, load_backend
 from onnx_tts.families.base import Backend, Family, LoadSettings
 from onnx_tts.frontend import check_text
 from onnx_tts.refcache import ReferenceCache
+from onnx_tts.resultcache import (
+    ResultCache,
+    model_identity,
+    replay_chunks,
+    request_digest,
+    result_key,
+)
 from onnx_tts.session import KV_MODES, SessionOptions
 from onnx_tts.vocoder import StreamingOptions, stream_decode
 
@@ -57,6 +64,10 @@ class Audio:
         """Write WAV/FLAC/OGG by extension, atomically (no partial file on failure)."""
         return save_audio(path, self.samples, self.sample_rate)
 
+    def as_value(self) -> dict[str, np.ndarray]:
+        """The result-cache value of this audio (samples and rate)."""
+        return {"samples": self.samples, "sample_rate": np.asarray(self.sample_rate, np.int64)}
+
 
 class Engine:
     """A loaded model plus its reference cache. Thread-safe for concurrent synthesize() calls."""
@@ -67,9 +78,12 @@ class Engine:
         cache: ReferenceCache | None,
         family: Family | None = None,
         max_batch: int = 1,
+        results: ResultCache | None = None,
     ) -> None:
         self.backend = backend
         self.cache = cache
+        self.results = results  # finished audio of deterministic requests (resultcache.py)
+        self._identity: str | None = None
         self.family = family or FAMILIES[backend.family]
         pool = backend.pool
         self.batching_unavailable = batching_support(backend.program, pool.layout, pool.mode)
@@ -159,10 +173,32 @@ class Engine:
         return arrays
 
     def cache_stats(self) -> dict[str, Any]:
-        return self.cache.stats() if self.cache is not None else {}
+        """{"reference": ..., "result": ...}: each cache's stats ({} when it is off)."""
+        caches = {"reference": self.cache, "result": self.results}
+        return {name: c.stats() if c is not None else {} for name, c in caches.items()}
 
-    def clear_cache(self) -> dict[str, int]:
-        return self.cache.clear() if self.cache is not None else {}
+    def clear_cache(self) -> dict[str, dict[str, int]]:
+        caches = {"reference": self.cache, "result": self.results}
+        return {name: c.clear() if c is not None else {} for name, c in caches.items()}
+
+    def _recall(self, *request: Any) -> tuple[str | None, dict[str, np.ndarray] | None]:
+        """(digest, cached value) of a request (text, voice, seed, options) as given, from the
+        result cache's memory before any text processing; (None, None) without a cache."""
+        if self.results is None:
+            return None, None
+        if self._identity is None:
+            self._identity = model_identity(self.backend)
+        digest = request_digest(self._identity, *request)
+        return digest, self.results.recall(digest)
+
+    def _result_key(self, chunks, sampling: SamplingOptions, options, prompt, digest) -> str | None:
+        """Result-cache key of a deterministic (greedy or seeded) request, else None."""
+        if self.results is None or (sampling.temperature > 0 and sampling.seed is None):
+            return None
+        key = result_key(self._identity or "", chunks, prompt, sampling, options)
+        if key is not None:
+            self.results.remember(digest, key)
+        return key
 
     # -- synthesis -----------------------------------------------------------------------------
     def _plan(
@@ -253,8 +289,23 @@ class Engine:
 
         `options`: sampling (temperature, top_k, top_p, repetition_penalty) and the model
         family's request options (e.g. language)."""
-        chunks, sampling, checked = self._plan(text, seed, options)
-        prompt = self.voice(voice)
+        digest, value = self._recall(text, voice, seed, options)
+        if value is None:
+            chunks, sampling, checked = self._plan(text, seed, options)
+            prompt = self.voice(voice)
+            key = self._result_key(chunks, sampling, checked, prompt, digest)
+            if key is None:
+                return self._synthesize(chunks, sampling, checked, prompt, progress)
+            # Single flight: concurrent identical requests synthesise once.
+            value = self.results.get_or_compute(
+                key,
+                lambda: self._synthesize(chunks, sampling, checked, prompt, progress).as_value(),
+            )
+        elif progress is not None:
+            progress(1, 1)
+        return Audio(np.array(value["samples"]), int(value["sample_rate"]))
+
+    def _synthesize(self, chunks, sampling, checked, prompt, progress) -> Audio:
         pause = self._sentence_pause()
         pieces: list[np.ndarray] = []
         # With the batch scheduler every sentence is queued at once and decodes as its own row.
@@ -323,8 +374,16 @@ class Engine:
             holdback_frames=holdback_frames,
             crossfade_samples=crossfade_samples,
         )
-        chunks, sampling, checked = self._plan(text, seed, options)
-        prompt = self.voice(voice)
+        digest, hit = self._recall(text, voice, seed, options)
+        if hit is None:
+            chunks, sampling, checked = self._plan(text, seed, options)
+            prompt = self.voice(voice)
+            key = self._result_key(chunks, sampling, checked, prompt, digest)
+            hit = self.results.lookup(key) if key is not None else None
+        if hit is not None:  # synthesize()'s audio at once, in the stream's chunk sizes
+            hop = int(self.backend.hop_length)
+            sizes = window.first_chunk_frames * hop, window.stride_frames * hop
+            return replay_chunks(hit["samples"], *sizes)
         return self._stream_chunks(chunks, sampling, checked, prompt, window)
 
     def _stream_chunks(
@@ -362,6 +421,8 @@ def load(
     cache_memory_bytes: int = 256 << 20,
     redis_url: str | None = None,
     max_batch: int = DEFAULT_MAX_BATCH,
+    result_cache_bytes: int | None = None,
+    result_cache_dir: str | os.PathLike[str] | None = "default",
     **family_options: Any,
 ) -> Engine:
     """Load a model directory (default: the bundled trained voice) into an Engine.
@@ -371,6 +432,9 @@ def load(
     cache_dir: disk tier of the reference cache ("default" = user cache dir, None = off).
     max_batch: most requests decoded as rows of one LM batch (1 = each request alone on its
     own cache; models whose LM cannot batch always run alone, `info()["batching"]` says why).
+    result_cache_bytes: memory budget of the result cache (finished audio of greedy or seeded
+    requests; None = no result cache, 0 = only its disk/Redis tiers); result_cache_dir: its
+    disk tier ("default" = user cache dir, None = off); it shares redis_url.
     family_options: the family's load options (`onnx-tts info` lists them), e.g. precision
     or exaggeration for Chatterbox exports.
     """
@@ -396,12 +460,22 @@ def load(
         raise InputError(
             f"max_batch must be an integer in [1, {MAX_BATCH_LIMIT}], got {max_batch!r}"
         )
+    if result_cache_bytes is not None and not _int_in(
+        result_cache_bytes, 0, MAX_CACHE_MEMORY_BYTES
+    ):
+        raise InputError(
+            f"result_cache_bytes must be None (off) or an integer in [0, "
+            f"{MAX_CACHE_MEMORY_BYTES}], got {result_cache_bytes!r}"
+        )
     root = resolve_model_dir(model)
     detection = detect(root, family_options)
     session_options = SessionOptions(providers=tuple(providers), intra_op_threads=threads)
     backend = load_backend(detection, LoadSettings(kv, session_options), family_options)
     cache = ReferenceCache(memory_bytes=cache_memory_bytes, disk_dir=cache_dir, redis_url=redis_url)
-    return Engine(backend, cache, family_of(detection), max_batch)
+    results = None
+    if result_cache_bytes is not None:
+        results = ResultCache(result_cache_bytes, disk_dir=result_cache_dir, redis_url=redis_url)
+    return Engine(backend, cache, family_of(detection), max_batch, results)
 
 
 def _int_in(value: Any, low: int, high: int) -> bool:

@@ -51,6 +51,7 @@ __all__ = [
     "MARKER_NAME",
     "TIERS",
     "ReferenceCache",
+    "TieredCache",
     "cache_stats",
     "clear_cache",
     "decode_value",
@@ -78,7 +79,6 @@ _DISK_SUFFIX = ".otc"
 _TMP_PREFIX = ".tmp-"
 # Written into a directory the cache created (or found empty): `clear` deletes only there.
 MARKER_NAME = ".onnx-tts-refcache"
-_MARKER_TEXT = "This directory is an onnx-tts reference cache; `onnx-tts cache clear` empties it.\n"
 # Bounds on what a stored entry may describe (a checksum only proves the writer's intent).
 _MAX_ARRAYS = 64
 _MAX_NDIM = 8
@@ -86,13 +86,24 @@ _MAX_DIM = 2**31 - 1
 # After a Redis failure the tier is skipped for this long, so that a dead server costs one
 # connect timeout per interval instead of one per request.
 _REDIS_RETRY_SECONDS = 30.0
+# LFU-with-aging memory tier: every this many lookups all frequencies are halved, so that
+# yesterday's popular entries cannot squat forever; frequencies of keys not in memory are kept
+# for at most this many keys (a bound on the bookkeeping, whatever the traffic).
+_LFU_AGING_PERIOD = 1000
+_LFU_MAX_TRACKED = 1 << 16
+MEMORY_POLICIES = ("lru", "lfu")
+
+
+def cache_root() -> Path:
+    """``$XDG_CACHE_HOME/onnx-tts``, or ``~/.cache/onnx-tts``: home of every disk cache."""
+    base = os.environ.get("XDG_CACHE_HOME") or ""
+    root = Path(base) if base and os.path.isabs(base) else Path.home() / ".cache"
+    return root / "onnx-tts"
 
 
 def default_disk_dir() -> Path:
     """``$XDG_CACHE_HOME/onnx-tts/refcache``, or ``~/.cache/onnx-tts/refcache``."""
-    base = os.environ.get("XDG_CACHE_HOME") or ""
-    root = Path(base) if base and os.path.isabs(base) else Path.home() / ".cache"
-    return root / "onnx-tts" / "refcache"
+    return cache_root() / "refcache"
 
 
 def make_key(encoder_identity: str, audio: np.ndarray) -> str:
@@ -290,11 +301,18 @@ class _Counters:
     errors_redis: int = 0
 
 
-class ReferenceCache:
-    """Memory / disk / Redis cache of reference-encoder outputs, with single flight.
+class TieredCache:
+    """Memory / disk / Redis cache of dicts of numeric arrays, with single flight.
+
+    Subclasses say what they cache through the class attributes below (log label, Redis key
+    segment, marker file, default directory, memory policy) and may check values before
+    they are stored (:meth:`_check_value`).
 
     Args:
-        memory_bytes: bound of the in-process LRU, counted in serialised bytes; 0 disables it.
+        memory_bytes: bound of the in-process tier, counted in serialised bytes; 0 disables it.
+            Evicts by ``memory_policy``: ``"lru"`` (least recently used) or ``"lfu"`` (least
+            frequently used, frequencies halved every 1,000 lookups; ties go to the least
+            recently used).
         disk_dir: directory of the disk tier. The default (``"default"``) is
             :func:`default_disk_dir`; ``None`` disables the tier.
         redis_url: ``redis://host:port/db`` (or ``unix://``) of a shared Redis; ``None``
@@ -307,6 +325,30 @@ class ReferenceCache:
         create_disk_dir: create the directory (and its marker) if missing; False for
             read-only uses such as ``cache stats``, which must not create directories.
     """
+
+    label = "cache"  # in log lines and errors
+    redis_segment = "cache"  # Redis keys are <namespace>:<segment>:<key>
+    marker_name = ".onnx-tts-cache"
+    memory_policy = "lru"
+
+    @staticmethod
+    def default_dir() -> Path:
+        raise NotImplementedError
+
+    def _check_value(self, arrays: Mapping[str, np.ndarray]) -> None:
+        """Raise if ``arrays`` must not be stored (called on every computed value)."""
+
+    def _value_problem(self, arrays: Mapping[str, np.ndarray]) -> str | None:
+        """Why a checksum-valid stored value cannot be this cache's value (wrong arrays or
+        shapes), or None; such entries are dropped and recomputed like corrupt ones."""
+        return None
+
+    def _load(self, blob: bytes, key: str) -> dict[str, np.ndarray]:
+        value = _decode(blob, key)
+        problem = self._value_problem(value)
+        if problem is not None:
+            raise _CorruptEntry(problem)
+        return value
 
     def __init__(
         self,
@@ -335,9 +377,13 @@ class ReferenceCache:
             )
         if not namespace or not isinstance(namespace, str):
             raise InputError("namespace must be a non-empty string")
+        if self.memory_policy not in MEMORY_POLICIES:
+            raise InputError(f"memory_policy must be one of {MEMORY_POLICIES}")
         self._memory_limit = memory_bytes
         self._memory: OrderedDict[str, tuple[dict[str, np.ndarray], int]] = OrderedDict()
         self._memory_used = 0
+        self._frequency: dict[str, int] = {}  # lfu policy only
+        self._lookups = 0
         self._flights: dict[str, _Flight] = {}
         self._lock = threading.Lock()
         self._counters = _Counters()
@@ -353,29 +399,28 @@ class ReferenceCache:
 
     # -- setup ---------------------------------------------------------------------------------
 
-    @staticmethod
-    def _init_disk_dir(disk_dir: str | os.PathLike[str] | None, create: bool) -> Path | None:
+    def _init_disk_dir(self, disk_dir: str | os.PathLike[str] | None, create: bool) -> Path | None:
         if disk_dir is None:
             return None
         use_default = isinstance(disk_dir, str) and disk_dir == "default"
-        path = default_disk_dir() if use_default else Path(disk_dir).expanduser()
+        path = self.default_dir() if use_default else Path(disk_dir).expanduser()
         if not create:
             return path
         try:
             if path.is_dir():
                 # An empty directory holds nothing to lose: the cache may adopt it.
                 if not any(path.iterdir()):
-                    _write_marker(path)
+                    self._write_marker(path)
             else:
                 path.mkdir(parents=True, exist_ok=True)
-                _write_marker(path)
+                self._write_marker(path)
         except OSError as exc:
             if use_default:
                 # A read-only home must not stop synthesis; the cache just stays in memory.
-                log.warning("reference cache: disk tier disabled, cannot create %s: %s", path, exc)
+                log.warning("%s: disk tier disabled, cannot create %s: %s", self.label, path, exc)
                 return None
             raise CacheError(
-                f"cannot create the reference-cache directory {path}: {exc}; pass a writable "
+                f"cannot create the {self.label} directory {path}: {exc}; pass a writable "
                 "disk_dir, or disk_dir=None to disable the disk tier"
             ) from exc
         return path
@@ -400,6 +445,13 @@ class ReferenceCache:
                 "redis://127.0.0.1:6379/0 or unix:///path/to/redis.sock"
             ) from exc
 
+    def _write_marker(self, directory: Path) -> None:
+        marker = directory / self.marker_name
+        if not marker.exists():
+            marker.write_text(
+                f"This directory is an onnx-tts {self.label}; `onnx-tts cache clear` empties it.\n"
+            )
+
     # -- public API ----------------------------------------------------------------------------
 
     @property
@@ -417,6 +469,38 @@ class ReferenceCache:
         found = self._lower_tiers_get(key)
         return None if found is None else dict(found[0])
 
+    def lookup(self, key: str) -> dict[str, np.ndarray] | None:
+        """Like :meth:`get`, but counted in the stats as a request (hit or miss), and a hit in
+        a lower tier is copied into the tiers above it. A miss computes nothing; store the
+        value with :meth:`put`."""
+        _check_key(key)
+        with self._lock:
+            value = self._memory_request(key)
+        if value is not None:
+            return value
+        found = self._lower_tiers_get(key)
+        if found is None:
+            with self._lock:
+                self._counters.misses += 1
+            return None
+        return dict(self._promote(key, *found))
+
+    def memory_lookup(self, key: str) -> dict[str, np.ndarray] | None:
+        """The memory tier's value of ``key`` (counted as a hit), or None without counting."""
+        with self._lock:
+            return self._memory_request(key) if key in self._memory else None
+
+    def put(self, key: str, arrays: Mapping[str, np.ndarray]) -> None:
+        """Store a value computed outside :meth:`get_or_compute` in every tier."""
+        _check_key(key)
+        blob = encode_value(key, arrays)
+        self._check_value(arrays)
+        value = self._load(blob, key)
+        with self._lock:
+            self._memory_put(key, value, len(blob))
+        self._disk_put(key, blob)
+        self._redis_put(key, blob)
+
     def get_or_compute(
         self, key: str, compute: Callable[[], Mapping[str, np.ndarray]]
     ) -> dict[str, np.ndarray]:
@@ -429,10 +513,8 @@ class ReferenceCache:
         """
         _check_key(key)
         with self._lock:
-            self._counters.requests += 1
-            value = self._memory_get(key)
+            value = self._memory_request(key)
             if value is not None:
-                self._counters.hits_memory += 1
                 return value
             flight = self._flights.get(key)
             leader = flight is None
@@ -469,6 +551,8 @@ class ReferenceCache:
         joined another's in-flight lookup; ``compute_errors``: failed lookups/computes, whose
         joiners get the same exception); ``hits`` is the sum over tiers. Disk and Redis
         entries/bytes are measured on the spot, so they include other processes' entries.
+        Top-level ``entries``/``bytes`` are those of the largest tier; ``tiers`` lists the
+        enabled ones.
         """
         with self._lock:
             c = _Counters(**vars(self._counters))
@@ -511,6 +595,13 @@ class ReferenceCache:
                 **self._redis_usage(),
             },
         }
+        # Whole-cache size: the largest tier (each lower tier holds what the upper ones hold,
+        # give or take evictions), so an operator reads one number per cache.
+        enabled = [tier for tier in TIERS if result[tier]["enabled"]]
+        result["tiers"] = enabled
+        sizes = [result[t] for t in enabled if result[t]["entries"] is not None]
+        result["entries"] = max((t["entries"] for t in sizes), default=0)
+        result["bytes"] = max((t["bytes"] for t in sizes), default=0)
         return result
 
     def clear(self, tiers: Iterable[str] = TIERS) -> dict[str, int]:
@@ -528,10 +619,11 @@ class ReferenceCache:
                 removed["memory"] = len(self._memory)
                 self._memory.clear()
                 self._memory_used = 0
+                self._frequency.clear()
         if "disk" in tiers and self._disk_dir is not None and self._disk_dir.exists():
-            if not (self._disk_dir / MARKER_NAME).is_file():
+            if not (self._disk_dir / self.marker_name).is_file():
                 raise CacheError(
-                    f"refusing to clear {self._disk_dir}: it has no {MARKER_NAME} file, so "
+                    f"refusing to clear {self._disk_dir}: it has no {self.marker_name} file, so "
                     "onnx-tts did not create it as a cache; check the path (or delete the "
                     "files yourself)"
                 )
@@ -549,27 +641,32 @@ class ReferenceCache:
     ) -> dict[str, np.ndarray]:
         found = self._lower_tiers_get(key)
         if found is not None:
-            value, blob, tier = found
-            with self._lock:
-                setattr(self._counters, f"hits_{tier}", getattr(self._counters, f"hits_{tier}") + 1)
-                self._memory_put(key, value, len(blob))
-            if tier == "redis":
-                self._disk_put(key, blob)
-            return value
+            return self._promote(key, *found)
 
         started = time.perf_counter()
         arrays = compute()
         elapsed = time.perf_counter() - started
         blob = encode_value(key, arrays)
-        check_finite_value(arrays)
+        self._check_value(arrays)
         # Hand out exactly what a later hit would return: read-only views of the blob.
-        value = _decode(blob, key)
+        value = self._load(blob, key)
         with self._lock:
             self._counters.misses += 1
             self._counters.compute_seconds += elapsed
             self._memory_put(key, value, len(blob))
         self._disk_put(key, blob)
         self._redis_put(key, blob)
+        return value
+
+    def _promote(
+        self, key: str, value: dict[str, np.ndarray], blob: bytes, tier: str
+    ) -> dict[str, np.ndarray]:
+        """Count a lower-tier hit and copy it into the tiers above."""
+        with self._lock:
+            setattr(self._counters, f"hits_{tier}", getattr(self._counters, f"hits_{tier}") + 1)
+            self._memory_put(key, value, len(blob))
+        if tier == "redis":
+            self._disk_put(key, blob)
         return value
 
     def _lower_tiers_get(self, key: str) -> tuple[dict[str, np.ndarray], bytes, str] | None:
@@ -583,7 +680,17 @@ class ReferenceCache:
 
     # -- memory tier (callers hold self._lock) -------------------------------------------------
 
+    def _memory_request(self, key: str) -> dict[str, np.ndarray] | None:
+        """Count a request and look it up in memory, counting a hit."""
+        self._counters.requests += 1
+        value = self._memory_get(key)
+        if value is not None:
+            self._counters.hits_memory += 1
+        return value
+
     def _memory_get(self, key: str) -> dict[str, np.ndarray] | None:
+        if self.memory_policy == "lfu" and self._memory_limit:
+            self._count_lookup(key)
         entry = self._memory.get(key)
         if entry is None:
             return None
@@ -599,9 +706,26 @@ class ReferenceCache:
         self._memory[key] = (value, nbytes)
         self._memory_used += nbytes
         while self._memory_used > self._memory_limit:
-            _, (_, evicted_bytes) = self._memory.popitem(last=False)
+            victim = self._memory_victim(key)
+            _, evicted_bytes = self._memory.pop(victim)
             self._memory_used -= evicted_bytes
             self._counters.evictions_memory += 1
+
+    def _memory_victim(self, newcomer: str) -> str:
+        """The entry to evict: the least recently used one, or under "lfu" the least
+        frequently used (the least recently used among equals); never the newcomer."""
+        if self.memory_policy == "lru":
+            return next(iter(self._memory))
+        frequency = self._frequency
+        # The OrderedDict runs from least to most recently used, and min() keeps the first of
+        # equals. O(entries) per eviction: entries are whole utterances, so a few thousand.
+        return min((k for k in self._memory if k != newcomer), key=lambda k: frequency.get(k, 0))
+
+    def _count_lookup(self, key: str) -> None:
+        self._frequency[key] = self._frequency.get(key, 0) + 1
+        self._lookups += 1
+        if self._lookups % _LFU_AGING_PERIOD == 0 or len(self._frequency) > _LFU_MAX_TRACKED:
+            self._frequency = {k: f // 2 for k, f in self._frequency.items() if f > 1}
 
     # -- disk tier -----------------------------------------------------------------------------
 
@@ -618,15 +742,15 @@ class ReferenceCache:
         except FileNotFoundError:
             return None
         except OSError as exc:
-            log.warning("reference cache: cannot read %s: %s; recomputing", path, exc)
+            log.warning("%s: cannot read %s: %s; recomputing", self.label, path, exc)
             with self._lock:
                 self._counters.errors_disk += 1
             return None
         try:
-            value = _decode(blob, key)
+            value = self._load(blob, key)
         except _CorruptEntry as exc:
             log.warning(
-                "reference cache: corrupt disk entry %s (%s); removed, recomputing", path, exc
+                "%s: corrupt disk entry %s (%s); removed, recomputing", self.label, path, exc
             )
             with self._lock:
                 self._counters.corrupt_disk += 1
@@ -655,7 +779,7 @@ class ReferenceCache:
             tmp_name = None
             self._disk_account(len(blob))
         except OSError as exc:
-            log.warning("reference cache: cannot write %s: %s; entry not stored on disk", path, exc)
+            log.warning("%s: cannot write %s: %s; entry not stored on disk", self.label, path, exc)
             with self._lock:
                 self._counters.errors_disk += 1
         finally:
@@ -738,14 +862,15 @@ class ReferenceCache:
     # -- redis tier ----------------------------------------------------------------------------
 
     def _redis_key(self, key: str) -> str:
-        return f"{self._namespace}:refcache:{key}"
+        return f"{self._namespace}:{self.redis_segment}:{key}"
 
     def _redis_available(self) -> bool:
         return self._redis is not None and time.monotonic() >= self._redis_down_until
 
     def _redis_failed(self, action: str, exc: Exception) -> None:
         log.warning(
-            "reference cache: redis %s failed (%s: %s); skipping the redis tier for %.0f s",
+            "%s: redis %s failed (%s: %s); skipping the redis tier for %.0f s",
+            self.label,
             action,
             type(exc).__name__,
             exc,
@@ -770,10 +895,10 @@ class ReferenceCache:
             return None
         blob = bytes(blob)
         try:
-            value = _decode(blob, key)
+            value = self._load(blob, key)
         except _CorruptEntry as exc:
             log.warning(
-                "reference cache: corrupt redis entry %s (%s); removed, recomputing", rkey, exc
+                "%s: corrupt redis entry %s (%s); removed, recomputing", self.label, rkey, exc
             )
             with self._lock:
                 self._counters.corrupt_redis += 1
@@ -795,7 +920,9 @@ class ReferenceCache:
             self._redis_failed("set", exc)
 
     def _redis_scan(self) -> list[bytes]:
-        return list(self._redis.scan_iter(match=f"{self._namespace}:refcache:*", count=500))
+        return list(
+            self._redis.scan_iter(match=f"{self._namespace}:{self.redis_segment}:*", count=500)
+        )
 
     def _redis_usage(self) -> dict[str, int | None]:
         if self._redis is None:
@@ -809,7 +936,7 @@ class ReferenceCache:
                 pipe.strlen(rkey)
             sizes = pipe.execute() if keys else []
         except redis.RedisError as exc:
-            log.warning("reference cache: redis stats failed: %s", exc)
+            log.warning("%s: redis stats failed: %s", self.label, exc)
             return {"entries": None, "bytes": None}
         return {"entries": len(keys), "bytes": int(sum(sizes))}
 
@@ -827,10 +954,26 @@ class ReferenceCache:
         return len(keys)
 
 
+class ReferenceCache(TieredCache):
+    """The tiered cache of reference-encoder outputs (values: the encoder's output arrays)."""
+
+    label = "reference cache"
+    redis_segment = "refcache"
+    marker_name = MARKER_NAME
+    memory_policy = "lru"
+
+    @staticmethod
+    def default_dir() -> Path:
+        return default_disk_dir()
+
+    def _check_value(self, arrays: Mapping[str, np.ndarray]) -> None:
+        check_finite_value(arrays)
+
+
 def _check_key(key: str) -> None:
     if not isinstance(key, str) or not _KEY_PATTERN.match(key):
         raise InputError(
-            f"reference-cache key must be 64 lowercase hex characters (use make_key), got {key!r}"
+            f"cache key must be 64 lowercase hex characters (use make_key), got {key!r}"
         )
 
 
@@ -885,17 +1028,13 @@ def format_stats(stats: Mapping) -> str:
     return "\n".join(lines)
 
 
-def _write_marker(directory: Path) -> None:
-    marker = directory / MARKER_NAME
-    if not marker.exists():
-        marker.write_text(_MARKER_TEXT)
-
-
-def _cli_cache(disk_dir: str | os.PathLike[str] | None, redis_url: str | None) -> ReferenceCache:
+def _cli_cache(
+    disk_dir: str | os.PathLike[str] | None,
+    redis_url: str | None,
+    kind: type[TieredCache] = ReferenceCache,
+) -> TieredCache:
     # Read-only use: no memory tier, no directory created.
-    return ReferenceCache(
-        memory_bytes=0, disk_dir=disk_dir, redis_url=redis_url, create_disk_dir=False
-    )
+    return kind(memory_bytes=0, disk_dir=disk_dir, redis_url=redis_url, create_disk_dir=False)
 
 
 def cache_stats(

@@ -595,13 +595,14 @@ def test_reference_cache_serves_the_second_request(bundles, reference_wav, tmp_p
     engine = onnx_tts.load(model=bundles["turbo"], cache_dir=tmp_path / "cache", threads=1)
     first = engine.synthesize("One more time.", voice=reference_wav)
     second = engine.synthesize("One more time.", voice=reference_wav)
-    stats = engine.cache_stats()
+    stats = engine.cache_stats()["reference"]
     assert stats["misses"] == 1 and stats["hits"] == 1
     assert np.array_equal(first.samples, second.samples)
     # A fresh engine on the same disk cache does not run the speech encoder again.
     again = onnx_tts.load(model=bundles["turbo"], cache_dir=tmp_path / "cache", threads=1)
     again.synthesize("One more time.", voice=reference_wav)
-    assert again.cache_stats()["hits"] == 1 and again.cache_stats()["misses"] == 0
+    reference = again.cache_stats()["reference"]
+    assert reference["hits"] == 1 and reference["misses"] == 0
 
 
 def test_default_voice_and_turbo_without_voice(bundles):

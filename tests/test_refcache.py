@@ -357,10 +357,13 @@ def test_synthesis_with_a_cache_hit_equals_synthesis_with_a_miss(tmp_path):
 
     missed = engine.synthesize(text, voice=path, seed=11)
     hit_memory = engine.synthesize(text, voice=path, seed=11)
-    assert (engine.cache_stats()["misses"], engine.cache_stats()["memory"]["hits"]) == (1, 1)
+    assert (
+        engine.cache_stats()["reference"]["misses"],
+        engine.cache_stats()["reference"]["memory"]["hits"],
+    ) == (1, 1)
     disk_engine = onnx_tts.load(REFERENCE_BUNDLE, cache_dir=cache_dir, threads=1)
     hit_disk = disk_engine.synthesize(text, voice=path, seed=11)
-    assert disk_engine.cache_stats()["disk"]["hits"] == 1
+    assert disk_engine.cache_stats()["reference"]["disk"]["hits"] == 1
     uncached = Engine(engine.backend, None).synthesize(text, voice=path, seed=11)
 
     assert missed.samples.size > 0

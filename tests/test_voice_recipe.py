@@ -267,7 +267,7 @@ def test_phoneme_mel_clones_from_a_reference_and_caches_it(
     first = engine.synthesize("Hello.", voice=reference).samples
     again = engine.synthesize("Hello.", voice=reference).samples
     np.testing.assert_array_equal(first, again)
-    assert engine.cache_stats()["memory"]["hits"] >= 1
+    assert engine.cache_stats()["reference"]["memory"]["hits"] >= 1
     default = engine.synthesize("Hello.").samples
     assert not np.array_equal(first[: len(default)], default[: len(first)])
 
