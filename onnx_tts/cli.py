@@ -52,7 +52,16 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
         "--threads", type=int, default=0, help="ONNX Runtime threads (0 = one per core)"
     )
     parser.add_argument("--cache-dir", help="reference cache directory ('none' disables)")
-    parser.add_argument("--redis", help="redis://host:port/db for a shared reference cache")
+    parser.add_argument(
+        "--redis", help="redis://host:port/db shared by the reference and result caches"
+    )
+    parser.add_argument(
+        "--result-cache-mb",
+        type=int,
+        help="cache finished audio of greedy/seeded requests, this many MiB in memory "
+        "(0 = disk/Redis tiers only; default: no result cache)",
+    )
+    parser.add_argument("--result-cache-dir", help="result cache directory ('none' disables)")
     family_flags = parser.add_argument_group(
         "model family options", "refused (exit 2) by a model whose family does not take them"
     )
@@ -113,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_arguments(info)
 
     bench = commands.add_parser("bench", help="benchmarks (run from a source checkout)")
-    bench.add_argument("suite", choices=("kv", "refcache", "streaming", "batch", "serve"))
+    bench.add_argument("suite", choices=("kv", "refcache", "streaming", "batch", "serve", "cache"))
     bench.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the benchmark")
 
     # The converter is an offline tool (onnx_tts.tools): its own parser reads the raw
@@ -130,15 +139,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_serve_parser(commands)  # light: the server's heavy imports happen when it runs
 
-    cache = commands.add_parser("cache", help="reference cache statistics and maintenance")
+    cache = commands.add_parser("cache", help="cache statistics and maintenance")
     cache.add_argument("action", choices=("stats", "clear"))
     cache.add_argument("--json", action="store_true")
+    cache.add_argument("--tier", choices=("reference", "result"), help="clear only this cache")
     cache.add_argument("--cache-dir", help="reference cache directory")
+    cache.add_argument("--result-cache-dir", help="result cache directory")
     cache.add_argument("--redis", help="redis://host:port/db")
     return parser
 
 
-def _cache_dir(value: str | None) -> str | None:
+def cache_dir_option(value: str | None) -> str | None:
+    """A --cache-dir style flag: absent = the default location, 'none' = no disk tier."""
     if value is None:
         return "default"
     return None if value.lower() == "none" else value
@@ -160,8 +172,10 @@ def _load_engine(args: argparse.Namespace) -> Any:
         model=args.model,
         kv=args.kv,
         threads=args.threads,
-        cache_dir=_cache_dir(args.cache_dir),
+        cache_dir=cache_dir_option(args.cache_dir),
         redis_url=args.redis,
+        result_cache_bytes=None if args.result_cache_mb is None else args.result_cache_mb << 20,
+        result_cache_dir=cache_dir_option(args.result_cache_dir),
         **_family_options(args),
     )
 
@@ -297,15 +311,20 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def cmd_cache(args: argparse.Namespace) -> int:
-    from onnx_tts.refcache import cache_stats, clear_cache, format_stats
+    from onnx_tts.refcache import format_stats
+    from onnx_tts.resultcache import all_cache_stats, clear_caches
 
+    dirs = (cache_dir_option(args.cache_dir), cache_dir_option(args.result_cache_dir), args.redis)
     # Hit/miss counters live per process; a CLI process only sees the shared tiers' contents.
     if args.action == "clear":
-        removed = clear_cache(_cache_dir(args.cache_dir), args.redis)
+        removed = clear_caches(args.tier, *dirs)
         print(json.dumps(removed) if args.json else f"cleared: {removed}")
         return 0
-    stats = cache_stats(_cache_dir(args.cache_dir), args.redis)
-    print(json.dumps(stats, indent=2, default=str) if args.json else format_stats(stats))
+    stats = all_cache_stats(*dirs)
+    if args.json:
+        print(json.dumps(stats, indent=2, default=str))
+    else:
+        print("\n\n".join(f"[{name}]\n{format_stats(s)}" for name, s in stats.items()))
     return 0
 
 

@@ -9,6 +9,7 @@ import sys
 import threading
 from typing import Any
 
+from onnx_tts.cli import cache_dir_option
 from onnx_tts.pipeline import DEFAULT_MAX_BATCH
 
 DEFAULT_HOST = "127.0.0.1"
@@ -42,7 +43,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         default=DEFAULT_MAX_BATCH,
         help=f"requests decoded as rows of one LM step ({DEFAULT_MAX_BATCH}; 1 = each alone)",
     )
-    parser.add_argument("--redis", help="redis://host:port/db: reference cache shared by replicas")
+    parser.add_argument(
+        "--redis", help="redis://host:port/db: reference and result caches shared by replicas"
+    )
+    parser.add_argument(
+        "--result-cache-mb",
+        type=int,
+        help="cache finished audio of greedy/seeded requests, this many MiB in memory "
+        "(default: no result cache)",
+    )
+    parser.add_argument("--result-cache-dir", help="result cache directory ('none' disables)")
     parser.add_argument(
         "--api-key",
         default=os.environ.get("ONNX_TTS_API_KEY"),
@@ -103,9 +113,7 @@ def run(args: argparse.Namespace) -> int:
         level=getattr(logging, args.log_level.upper()),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    cache_dir: str | None = "default"
-    if args.cache_dir is not None:
-        cache_dir = None if args.cache_dir.lower() == "none" else args.cache_dir
+    cache_dir = cache_dir_option(args.cache_dir)
     config = ServerConfig(
         models=list(args.models or [None]),
         workers=args.workers,
@@ -121,6 +129,10 @@ def run(args: argparse.Namespace) -> int:
             "cache_dir": cache_dir,
             "redis_url": args.redis,
             "max_batch": args.max_batch,
+            "result_cache_bytes": None
+            if args.result_cache_mb is None
+            else args.result_cache_mb << 20,
+            "result_cache_dir": cache_dir_option(args.result_cache_dir),
         },
     )
     registry = ModelRegistry(config.models, config.load_options)

@@ -153,7 +153,7 @@ class ModelRegistry:
         """(model, tier) -> hits of the reference cache, for /metrics."""
         out = {}
         for name, model in self.models.items():
-            stats = model.cache_stats()
+            stats = model.cache_stats().get("reference", {})
             for tier in TIERS:
                 out[(name, tier)] = int(stats.get(tier, {}).get("hits", 0))
             out[(name, "miss")] = int(stats.get("misses", 0))
