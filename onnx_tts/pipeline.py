@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +22,7 @@ from onnx_tts.decoding.scheduler import (
     RunSolo,
     batching_support,
 )
-from onnx_tts.errors import AudioError, InputError
+from onnx_tts.errors import AudioError, InputError, OnnxTTSError, OnnxTTSWarning
 from onnx_tts.families import FAMILIES, detect, family_of, load_backend
 from onnx_tts.families.base import Backend, Family, LoadSettings
 from onnx_tts.frontend import check_text
@@ -375,16 +377,36 @@ class Engine:
             crossfade_samples=crossfade_samples,
         )
         digest, hit = self._recall(text, voice, seed, options)
+        stream_key = None
         if hit is None:
             chunks, sampling, checked = self._plan(text, seed, options)
             prompt = self.voice(voice)
             key = self._result_key(chunks, sampling, checked, prompt, digest)
-            hit = self.results.lookup(key) if key is not None else None
-        if hit is not None:  # synthesize()'s audio at once, in the stream's chunk sizes
+            if key is not None:
+                # Streamed audio depends on the windows: it is stored under its own key (the
+                # counted lookup); synthesize()'s one-shot entry serves a stream too (uncounted).
+                stream_key = hashlib.sha256(f"{key}/stream/{window!r}".encode()).hexdigest()
+                hit = self.results.lookup(stream_key) or self.results.get(key)
+        if hit is not None:  # the cached audio at once, in the stream's chunk sizes
             hop = int(self.backend.hop_length)
             sizes = window.first_chunk_frames * hop, window.stride_frames * hop
             return replay_chunks(hit["samples"], *sizes)
-        return self._stream_chunks(chunks, sampling, checked, prompt, window)
+        chunks_out = self._stream_chunks(chunks, sampling, checked, prompt, window)
+        return chunks_out if stream_key is None else self._storing(chunks_out, stream_key)
+
+    def _storing(self, chunks: Iterator[np.ndarray], key: str) -> Iterator[np.ndarray]:
+        """Yield `chunks`; once all of them were yielded (not on a cancelled stream), store
+        their audio in the result cache. A failing cache never fails the stream."""
+        pieces = []
+        for chunk in chunks:
+            pieces.append(chunk)
+            yield chunk
+        if self.results is not None:
+            samples = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
+            try:
+                self.results.put_audio(key, samples, self.sample_rate)
+            except OnnxTTSError as error:
+                warnings.warn(f"result not cached: {error}", OnnxTTSWarning, stacklevel=2)
 
     def _stream_chunks(
         self,

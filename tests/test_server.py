@@ -353,6 +353,24 @@ def test_metrics(server: LiveServer) -> None:
     assert 'onnx_tts_reference_cache_lookups_total{model="onnx-tts-voice",tier="memory"}' in text
 
 
+def test_result_cache_hits_are_served_and_counted(tmp_path: Path) -> None:
+    """A seeded request repeated on a server with a result cache is a memory hit, with the
+    same bytes, and /metrics counts it."""
+    live = LiveServer(tmp_path, "--result-cache-mb", "8", "--result-cache-dir", "none")
+    try:
+        body = {"input": "Please hold.", "response_format": "pcm", "seed": 3}
+        first = speech(live, **body)
+        second = speech(live, **body)
+        assert first.status_code == second.status_code == 200
+        assert first.content == second.content and len(first.content) > 1000
+        text = httpx.get(live.url + "/metrics").text
+        labels = {"model": "onnx-tts-voice"}
+        assert metric(text, "onnx_tts_result_cache_lookups_total", tier="memory", **labels) >= 1
+        assert metric(text, "onnx_tts_result_cache_lookups_total", tier="miss", **labels) >= 1
+    finally:
+        live.stop()
+
+
 # -- concurrency ----------------------------------------------------------------------------------
 
 

@@ -149,12 +149,17 @@ class ModelRegistry:
     def names(self) -> list[str]:
         return list(self.models)
 
-    def cache_hits(self) -> dict[tuple[str, str], int]:
-        """(model, tier) -> hits of the reference cache, for /metrics."""
+    def cache_hits(self) -> dict[tuple[str, str, str], int]:
+        """(cache, model, tier) -> lookups answered by that tier ("miss" = computed), for the
+        reference (voice) cache and the result cache, for /metrics."""
         out = {}
         for name, model in self.models.items():
-            stats = model.cache_stats().get("reference", {})
-            for tier in TIERS:
-                out[(name, tier)] = int(stats.get(tier, {}).get("hits", 0))
-            out[(name, "miss")] = int(stats.get("misses", 0))
+            every = model.cache_stats()
+            for cache in ("reference", "result"):
+                stats = every.get(cache) or {}
+                if not stats:
+                    continue
+                for tier in TIERS:
+                    out[(cache, name, tier)] = int(stats.get(tier, {}).get("hits", 0))
+                out[(cache, name, "miss")] = int(stats.get("misses", 0))
         return out

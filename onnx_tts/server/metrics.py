@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import ClassVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily
@@ -39,18 +40,25 @@ class PlaybackClock:
 
 
 class _CacheCollector(Collector):
-    def __init__(self, hits: Callable[[], dict[tuple[str, str], int]]) -> None:
+    HELP: ClassVar[dict[str, str]] = {
+        "reference": "Reference (voice) cache lookups by model and tier that answered "
+        "(miss = encoded)",
+        "result": "Result cache lookups by model and tier that answered (miss = synthesised)",
+    }
+
+    def __init__(self, hits: Callable[[], dict[tuple[str, str, str], int]]) -> None:
         self._hits = hits
 
     def collect(self) -> Iterator[CounterMetricFamily]:
-        family = CounterMetricFamily(
-            "onnx_tts_reference_cache_lookups",
-            "Reference (voice) cache lookups by model and tier that answered (miss = encoded)",
-            labels=["model", "tier"],
-        )
-        for (model, tier), value in sorted(self._hits().items()):
-            family.add_metric([model, tier], value)
-        yield family
+        hits = self._hits()
+        for cache, help_text in self.HELP.items():
+            family = CounterMetricFamily(
+                f"onnx_tts_{cache}_cache_lookups", help_text, labels=["model", "tier"]
+            )
+            for (name, model, tier), value in sorted(hits.items()):
+                if name == cache:
+                    family.add_metric([model, tier], value)
+            yield family
 
 
 class ServerMetrics:
@@ -58,7 +66,7 @@ class ServerMetrics:
         self,
         queue_depth: Callable[[], float],
         active: Callable[[], float],
-        cache_hits: Callable[[], dict[tuple[str, str], int]],
+        cache_hits: Callable[[], dict[tuple[str, str, str], int]],
     ) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
