@@ -29,6 +29,7 @@ from export.onnx_graphs import (
     LMWeights,
     build_concat_lm,
     build_gqa_lm,
+    kv_manifest,
     write_bundle,
 )
 from onnx_tts.tools.graph_builder import FLOAT, INT64, GraphBuilder, linear, reduce_op
@@ -248,18 +249,7 @@ def bundle_manifest(cfg: CodecLMConfig) -> dict[str, object]:
         "version": "1",
         "sample_rate": cfg.sample_rate,
         "graphs": dict(GRAPH_FILES),
-        "kv": {
-            "layers": cfg.layers,
-            "heads": cfg.heads,
-            "kv_heads": cfg.kv_heads,
-            "head_dim": cfg.head_dim,
-            "dtype": "float32",
-            "attention": "gqa",
-            "default_mode": "inplace",
-            "capacity": KV_CAPACITY,
-            "past_names": ["past_key_values.{i}.key", "past_key_values.{i}.value"],
-            "present_names": ["present.{i}.key", "present.{i}.value"],
-        },
+        "kv": kv_manifest(cfg, KV_CAPACITY),
         "codec": {
             "frame_rate": cfg.sample_rate // cfg.hop_length,
             "hop_length": cfg.hop_length,

@@ -18,7 +18,7 @@ import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import onnx
@@ -442,6 +442,23 @@ def _named_files(value: object) -> set[str]:
     if isinstance(value, list | tuple):
         return set().union(*(_named_files(v) for v in value))
     return set()
+
+
+def kv_manifest(cfg: Any, capacity: int) -> dict[str, object]:
+    """bundle.json's "kv" section for an LM built by build_gqa_lm (`cfg` has layers, heads,
+    kv_heads and head_dim): GroupQueryAttention, float32, in place by default."""
+    return {
+        "layers": cfg.layers,
+        "heads": cfg.heads,
+        "kv_heads": cfg.kv_heads,
+        "head_dim": cfg.head_dim,
+        "dtype": "float32",
+        "attention": "gqa",
+        "default_mode": "inplace",
+        "capacity": capacity,
+        "past_names": ["past_key_values.{i}.key", "past_key_values.{i}.value"],
+        "present_names": ["present.{i}.key", "present.{i}.value"],
+    }
 
 
 def write_bundle(

@@ -243,25 +243,28 @@ class DecodeScheduler:
             self._free(ticket, error)
 
     def _step(self, rows: np.ndarray) -> None:
-        first, last = int(rows[0]), int(rows[-1])
-        span = last - first + 1
-        lengths = self.lengths[first : last + 1].copy()
-        over = rows[self.lengths[rows] + 1 > self.capacity]
-        for row in over:  # the program should have ended it; never write past the buffer
+        fits = self.lengths[rows] < self.capacity
+        for row in rows[~fits]:  # the program should have ended it; never write past the buffer
             self._free(
                 self.tickets[row],  # type: ignore[arg-type]
                 InputError(f"generation reached the KV capacity ({self.capacity} tokens)"),
             )
-        rows = rows[self.lengths[rows] + 1 <= self.capacity]
+        rows = rows[fits]
         if not rows.size:
             return
+        first, span = int(rows[0]), int(rows[-1] - rows[0]) + 1
         try:
-            active = self.program.step_embeds(self.state, rows).astype(self._embeds_dtype)
-            embeds = np.zeros((span, 1, active.shape[-1]), self._embeds_dtype)
-            embeds[rows - first] = active
-            idle = np.ones(span, bool)
-            idle[rows - first] = False
-            lengths[idle] = 0  # free rows in the span compute a throwaway token at position 0
+            active = self.program.step_embeds(self.state, rows).astype(
+                self._embeds_dtype, copy=False
+            )
+            # A free row's length is 0 (see _free): inside the span it computes a throwaway
+            # token at position 0 of its own buffer.
+            lengths = self.lengths[first : first + span].copy()
+            if span == rows.size:  # contiguous rows: the usual case, nothing to scatter
+                embeds = active
+            else:
+                embeds = np.zeros((span, *active.shape[1:]), self._embeds_dtype)
+                embeds[rows - first] = active
             outputs = self.slots.step(
                 self._feeds(embeds, lengths), first, lengths, output_names=[LOGITS]
             )

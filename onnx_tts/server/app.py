@@ -503,6 +503,7 @@ async def _audio_events(
                 seconds = len(payload) / job.output_rate
                 if first:
                     metrics.time_to_first_audio.observe(now - received)
+                    metrics.batch_size.observe(job.model.batch_rows())
                     first = False
                 if not whole:
                     stall = clock.chunk(now, seconds)
@@ -516,7 +517,6 @@ async def _audio_events(
                 finished = True
                 metrics.latency.observe(now - received)
                 metrics.audio_seconds.inc(audio_seconds)
-                metrics.batch_size.observe(1)
                 if audio_seconds > 0:
                     metrics.rtf.observe((now - job.started_at) / audio_seconds)
                 return

@@ -45,6 +45,10 @@ class SpeechModel:
     def sample_rate(self) -> int:
         return int(self.engine.sample_rate)
 
+    def batch_rows(self) -> int:
+        """Requests decoding as rows of the engine's current LM step (1 without batching)."""
+        return max(1, int(self.engine.stats().get("active_rows", 1)))
+
     @property
     def hop_length(self) -> int:
         return int(getattr(self.engine.backend, "hop_length", 0) or 0)

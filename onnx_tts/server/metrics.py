@@ -109,7 +109,7 @@ class ServerMetrics:
         )
         self.batch_size = Histogram(
             "onnx_tts_batch_size",
-            "Rows per LM run (1 until the batch scheduler replaces the worker pool)",
+            "LM rows sharing the decode step when a request got its first audio",
             buckets=(1, 2, 4, 8, 16, 32),
             registry=r,
         )
