@@ -192,6 +192,15 @@ PYBIND11_MODULE(_core, m) {
           py::arg("feeds"), py::arg("new_tokens") = py::none(), py::arg("output_names") = py::none())
       .def("reset", [](PyKVCache& c) { c.cache->reset(); })
       .def(
+          "load_prefix",
+          [](PyKVCache& c, const py::sequence& arrays) {
+            std::vector<py::object> keep_alive;
+            std::vector<KVValues> values = kv_values_from_python(arrays, keep_alive);
+            py::gil_scoped_release release;
+            c.cache->load_prefix(values);
+          },
+          py::arg("values"))
+      .def(
           "read",
           [](const PyKVCache& c, int64_t position) {
             size_t index = kv_index(position);
@@ -243,5 +252,14 @@ PYBIND11_MODULE(_core, m) {
             return read_kv(shape, type, [&](void* dst) { s.slots->read(index, row, length, dst); });
           },
           py::arg("index"), py::arg("row"), py::arg("length"))
+      .def(
+          "load_prefix",
+          [](PyKVSlots& s, int64_t row, const py::sequence& arrays) {
+            std::vector<py::object> keep_alive;
+            std::vector<KVValues> values = kv_values_from_python(arrays, keep_alive);
+            py::gil_scoped_release release;
+            s.slots->load_prefix(row, values);
+          },
+          py::arg("row"), py::arg("values"))
       .def("stats", [](const PyKVSlots& s) { return stats_to_python(s.slots->stats()); });
 }

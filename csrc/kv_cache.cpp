@@ -47,6 +47,18 @@ void KVCache::reset() {
   strategy_->clear();
 }
 
+void KVCache::load_prefix(const std::vector<KVValues>& values) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (session_->on_device()) throw RunError("loading a KV prefix on a device is not supported");
+  int64_t length = checked_prefix_length(pairs_, values, batch_, capacity_);
+  length_ = 0;
+  last_present_ptrs_.clear();
+  forget_binding();
+  strategy_->clear();
+  for (size_t i = 0; i < pairs_.size(); ++i) strategy_->load(i, values[i].data, length);
+  length_ = length;
+}
+
 void KVCache::forget_binding() {
   binding_.ClearBoundInputs();
   binding_.ClearBoundOutputs();

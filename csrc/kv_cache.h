@@ -39,6 +39,9 @@ class KVCache {
   std::vector<NamedValue> step(std::vector<Feed> feeds, std::optional<int64_t> new_tokens,
                                const std::optional<std::vector<std::string>>& requested);
   void reset();
+  // Empties the cache, then fills it with `values` (one per pair, [batch, heads, L, head_dim]):
+  // the next step continues after those L tokens as if they had been run.
+  void load_prefix(const std::vector<KVValues>& values);
 
   std::vector<uintptr_t> past_ptrs() const;
   std::vector<uintptr_t> present_ptrs() const { return last_present_ptrs_; }

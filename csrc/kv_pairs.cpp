@@ -69,6 +69,33 @@ int64_t checked_kv_bytes(const std::vector<KVPair>& pairs, int64_t rows, int64_t
   return static_cast<int64_t>(total);
 }
 
+int64_t checked_prefix_length(const std::vector<KVPair>& pairs, const std::vector<KVValues>& values,
+                              int64_t batch, std::optional<int64_t> capacity) {
+  if (values.size() != pairs.size()) {
+    throw RunError(cat("a KV prefix needs one array per KV pair (", pairs.size(), "), got ",
+                       values.size()));
+  }
+  int64_t length = values.empty() || values[0].shape.size() != 4 ? -1 : values[0].shape[2];
+  for (size_t i = 0; i < pairs.size(); ++i) {
+    const KVPair& pair = pairs[i];
+    std::vector<int64_t> expected{batch, pair.heads, length, pair.head_dim};
+    if (values[i].shape != expected || length < 1) {
+      throw RunError(cat("KV prefix array ", i, " ('", pair.past, "') has shape ",
+                         shape_string(values[i].shape), ", expected [", batch, ", ", pair.heads,
+                         ", length >= 1, ", pair.head_dim, "] with one length for every pair"));
+    }
+    if (values[i].type != pair.type) {
+      throw RunError(cat("KV prefix array ", i, " ('", pair.past, "') is ",
+                         dtype_name(values[i].type), ", the cache holds ", dtype_name(pair.type)));
+    }
+  }
+  if (capacity && length > *capacity) {
+    throw RunError(cat("a KV prefix of ", length, " tokens does not fit the capacity of ",
+                       *capacity, " tokens"));
+  }
+  return length;
+}
+
 int64_t new_tokens_of(const std::vector<Feed>& feeds) {
   for (const char* name : {"inputs_embeds", "input_ids"}) {
     for (const auto& feed : feeds) {

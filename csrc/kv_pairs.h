@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -33,6 +34,11 @@ constexpr int64_t kMaxKVBytes = int64_t{16} << 30;
 // Bytes of fixed KV buffers [rows, heads, capacity, head_dim] for every pair; RunError naming
 // the number when it exceeds kMaxKVBytes.
 int64_t checked_kv_bytes(const std::vector<KVPair>& pairs, int64_t rows, int64_t capacity);
+
+// Checks values to load into a cache of `batch` rows: one per pair, each [batch, heads, L,
+// head_dim] of the pair's dtype with one L, 1 <= L <= capacity (when given). Returns L.
+int64_t checked_prefix_length(const std::vector<KVPair>& pairs, const std::vector<KVValues>& values,
+                              int64_t batch, std::optional<int64_t> capacity);
 
 // The token count a step adds: dimension 1 of `inputs_embeds` or `input_ids`.
 int64_t new_tokens_of(const std::vector<Feed>& feeds);

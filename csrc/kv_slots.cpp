@@ -250,6 +250,16 @@ std::vector<uintptr_t> KVSlots::present_ptrs(int64_t first_row, int64_t count) c
   return ptrs;
 }
 
+void KVSlots::load_prefix(int64_t row, const std::vector<KVValues>& values) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  check_rows(row, 1);
+  if (session_->on_device()) throw RunError("loading a KV prefix on a device is not supported");
+  int64_t length = checked_prefix_length(pairs_, values, 1, capacity_);
+  for (size_t i = 0; i < pairs_.size(); ++i) {
+    write_sequence_prefix(*buffers_[i], row, 1, length, values[i].data);
+  }
+}
+
 std::vector<int64_t> KVSlots::read_shape(size_t index, int64_t row, int64_t length) const {
   if (index >= pairs_.size()) throw RunError(cat("KV tensor index ", index, " out of range"));
   check_rows(row, 1);

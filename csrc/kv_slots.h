@@ -47,6 +47,10 @@ class KVSlots {
   std::vector<uintptr_t> present_ptrs(int64_t first_row, int64_t count) const;
   KVStats stats() const { return stats_; }
 
+  // Writes `values` (one per pair, [1, heads, L, head_dim]) as row `row`'s first L tokens: a
+  // step with lengths[row] = L then continues after them.
+  void load_prefix(int64_t row, const std::vector<KVValues>& values);
+
   // Row `row`'s first `length` cached tokens of pair `index`: [1, heads, length, head_dim].
   std::vector<int64_t> read_shape(size_t index, int64_t row, int64_t length) const;
   void read(size_t index, int64_t row, int64_t length, void* dst) const;

@@ -28,6 +28,16 @@ Ort::Allocator& KVStrategy::kv_allocator() {
   return *allocator_;
 }
 
+// As if a run had returned the values as its present.
+void KVStrategy::load(size_t i, const void* src, int64_t length) {
+  std::vector<int64_t> shape = shape_with(i, length);
+  Ort::Value value =
+      Ort::Value::CreateTensor(kv_allocator(), shape.data(), shape.size(), pairs_[i].type);
+  size_t bytes = static_cast<size_t>(element_count(shape)) * pairs_[i].element_size;
+  std::memcpy(value.GetTensorMutableRawData(), src, bytes);
+  accept(i, std::move(value), length);
+}
+
 namespace {
 
 class CopyKV final : public KVStrategy {
@@ -128,6 +138,10 @@ class InPlaceKV final : public KVStrategy {
   }
 
   void accept(size_t, Ort::Value&&, int64_t) override {}  // written in place
+
+  void load(size_t i, const void* src, int64_t length) override {
+    write_sequence_prefix(*past_[i], 0, batch_, length, src);
+  }
 };
 
 }  // namespace

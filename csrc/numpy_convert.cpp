@@ -57,6 +57,34 @@ std::vector<Feed> feeds_from_python(const Session& session, const py::dict& feed
   return prepared;
 }
 
+std::vector<KVValues> kv_values_from_python(const py::sequence& arrays,
+                                            std::vector<py::object>& keep_alive) {
+  std::vector<KVValues> values;
+  for (size_t i = 0; i < arrays.size(); ++i) {
+    py::object item = arrays[i];
+    if (!py::isinstance<py::array>(item)) {
+      throw RunError(cat("KV prefix item ", i, " must be a numpy array, got ",
+                         py::str(py::type::of(item)).cast<std::string>()));
+    }
+    py::array contiguous = py::array::ensure(item, py::array::c_style);
+    if (!contiguous) throw RunError(cat("KV prefix item ", i, " cannot be made contiguous"));
+    const ElementType* type = nullptr;
+    for (const auto& candidate : element_types()) {
+      if (contiguous.dtype().is(py::dtype(candidate.numpy))) type = &candidate;
+    }
+    if (type == nullptr) {
+      throw RunError(cat("KV prefix item ", i, " has unsupported dtype ",
+                         py::str(contiguous.dtype()).cast<std::string>()));
+    }
+    values.push_back(KVValues{contiguous.data(),
+                              std::vector<int64_t>(contiguous.shape(),
+                                                   contiguous.shape() + contiguous.ndim()),
+                              type->onnx});
+    keep_alive.push_back(contiguous);
+  }
+  return values;
+}
+
 py::array to_numpy(const Ort::Value& value, const std::string& name) {
   auto info = value.GetTensorTypeAndShapeInfo();
   const ElementType& type = element_type_of(info.GetElementType(), name);

@@ -20,6 +20,11 @@ namespace py = pybind11;
 std::vector<Feed> feeds_from_python(const Session& session, const py::dict& feeds,
                                     std::vector<py::object>& keep_alive);
 
+// KV values from a sequence of numpy arrays (made C-contiguous, dtype kept); `keep_alive`
+// holds the arrays the values point into.
+std::vector<KVValues> kv_values_from_python(const py::sequence& arrays,
+                                            std::vector<py::object>& keep_alive);
+
 // A host copy of an ORT value as a numpy array.
 py::array to_numpy(const Ort::Value& value, const std::string& name);
 

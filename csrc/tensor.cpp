@@ -113,4 +113,20 @@ void copy_sequence_prefix(const Ort::Value& src, int64_t first_row, int64_t rows
   }
 }
 
+void write_sequence_prefix(Ort::Value& dst, int64_t first_row, int64_t rows, int64_t length,
+                           const void* src) {
+  auto info = dst.GetTensorTypeAndShapeInfo();
+  std::vector<int64_t> shape = info.GetShape();
+  size_t element = element_type_of(info.GetElementType(), "KV").size;
+  size_t chunk = static_cast<size_t>(length * shape[3]) * element;
+  size_t stride = static_cast<size_t>(shape[2] * shape[3]) * element;
+  auto* to = static_cast<uint8_t*>(dst.GetTensorMutableRawData()) +
+             static_cast<size_t>(first_row * shape[1]) * stride;
+  const auto* from = static_cast<const uint8_t*>(src);
+  if (chunk == 0) return;
+  for (int64_t i = 0; i < rows * shape[1]; ++i) {
+    std::memcpy(to + static_cast<size_t>(i) * stride, from + static_cast<size_t>(i) * chunk, chunk);
+  }
+}
+
 }  // namespace onnx_tts

@@ -75,5 +75,17 @@ const OrtMemoryInfo* cpu_memory();
 // `length` steps of axis 2, into `dst` laid out [rows, H, length, D].
 void copy_sequence_prefix(const Ort::Value& src, int64_t first_row, int64_t rows, int64_t length,
                           void* dst);
+// The reverse: `src` laid out [rows, H, length, D] into the first `length` steps of rows
+// [first_row, first_row + rows) of a host tensor [B, H, T, D].
+void write_sequence_prefix(Ort::Value& dst, int64_t first_row, int64_t rows, int64_t length,
+                           const void* src);
+
+// Host KV values for one (past, present) pair, [batch, heads, length, head_dim] contiguous,
+// to load into a cache (a cached voice prefix).
+struct KVValues {
+  const void* data = nullptr;
+  std::vector<int64_t> shape;
+  ONNXTensorElementDataType type = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+};
 
 }  // namespace onnx_tts

@@ -15,6 +15,7 @@ import numpy as np
 from onnx_tts.audio import check_finite, load_audio, save_audio
 from onnx_tts.bundle import resolve_model_dir
 from onnx_tts.decoding import SAMPLING_KEYS, Request, SamplingOptions, check_seed, decode_solo
+from onnx_tts.decoding.prefix_cache import DEFAULT_PREFIX_CACHE_BYTES, PrefixCache
 from onnx_tts.decoding.scheduler import (
     MAX_BATCH_LIMIT,
     DecodeScheduler,
@@ -26,7 +27,7 @@ from onnx_tts.errors import AudioError, InputError, OnnxTTSError, OnnxTTSWarning
 from onnx_tts.families import FAMILIES, detect, family_of, load_backend
 from onnx_tts.families.base import Backend, Family, LoadSettings
 from onnx_tts.frontend import check_text
-from onnx_tts.refcache import ReferenceCache
+from onnx_tts.refcache import ReferenceCache, TieredCache
 from onnx_tts.resultcache import (
     ResultCache,
     model_identity,
@@ -81,10 +82,12 @@ class Engine:
         family: Family | None = None,
         max_batch: int = 1,
         results: ResultCache | None = None,
+        prefixes: PrefixCache | None = None,
     ) -> None:
         self.backend = backend
         self.cache = cache
         self.results = results  # finished audio of deterministic requests (resultcache.py)
+        self.prefixes = prefixes  # KV of voice prefixes (decoding/prefix_cache.py)
         self._identity: str | None = None
         self.family = family or FAMILIES[backend.family]
         pool = backend.pool
@@ -94,7 +97,9 @@ class Engine:
         self.streaming_options()
         self.scheduler: DecodeScheduler | None = None
         if max_batch > 1 and self.batching_unavailable is None:
-            self.scheduler = DecodeScheduler(backend.program, pool.layout, pool.capacity, max_batch)
+            self.scheduler = DecodeScheduler(
+                backend.program, pool.layout, pool.capacity, max_batch, prefix_cache=prefixes
+            )
 
     @property
     def sample_rate(self) -> int:
@@ -174,14 +179,15 @@ class Engine:
             arrays[name] = array
         return arrays
 
+    def _caches(self) -> dict[str, TieredCache | None]:
+        return {"reference": self.cache, "result": self.results, "prefix": self.prefixes}
+
     def cache_stats(self) -> dict[str, Any]:
-        """{"reference": ..., "result": ...}: each cache's stats ({} when it is off)."""
-        caches = {"reference": self.cache, "result": self.results}
-        return {name: c.stats() if c is not None else {} for name, c in caches.items()}
+        """{"reference": ..., "result": ..., "prefix": ...}: each cache's stats ({} when off)."""
+        return {name: c.stats() if c is not None else {} for name, c in self._caches().items()}
 
     def clear_cache(self) -> dict[str, dict[str, int]]:
-        caches = {"reference": self.cache, "result": self.results}
-        return {name: c.clear() if c is not None else {} for name, c in caches.items()}
+        return {name: c.clear() if c is not None else {} for name, c in self._caches().items()}
 
     def _recall(self, *request: Any) -> tuple[str | None, dict[str, np.ndarray] | None]:
         """(digest, cached value) of a request (text, voice, seed, options) as given, from the
@@ -244,7 +250,7 @@ class Engine:
         )
         program = self.backend.program
         if self.scheduler is None or not program.batchable(request):
-            return decode_solo(program, self.backend.pool, request, should_stop)
+            return decode_solo(program, self.backend.pool, request, should_stop, self.prefixes)
         # Submitted now (not at first iteration), so a text's sentences decode side by side.
         return self._scheduled(self.scheduler.submit(request, should_stop), request, should_stop)
 
@@ -259,7 +265,7 @@ class Engine:
                 first = next(stream)
             except RunSolo:  # needs more KV than a batch row holds
                 yield from decode_solo(
-                    self.backend.program, self.backend.pool, request, should_stop
+                    self.backend.program, self.backend.pool, request, should_stop, self.prefixes
                 )
                 return
             except StopIteration:
@@ -445,6 +451,7 @@ def load(
     max_batch: int = DEFAULT_MAX_BATCH,
     result_cache_bytes: int | None = None,
     result_cache_dir: str | os.PathLike[str] | None = "default",
+    prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES,
     **family_options: Any,
 ) -> Engine:
     """Load a model directory (default: the bundled trained voice) into an Engine.
@@ -457,6 +464,8 @@ def load(
     result_cache_bytes: memory budget of the result cache (finished audio of greedy or seeded
     requests; None = no result cache, 0 = only its disk/Redis tiers); result_cache_dir: its
     disk tier ("default" = user cache dir, None = off); it shares redis_url.
+    prefix_cache_bytes: memory budget of the voice-prefix KV cache (families whose LM input
+    starts with voice conditioning prefill it once per voice; 0 = off).
     family_options: the family's load options (`onnx-tts info` lists them), e.g. precision
     or exaggeration for Chatterbox exports.
     """
@@ -489,6 +498,11 @@ def load(
             f"result_cache_bytes must be None (off) or an integer in [0, "
             f"{MAX_CACHE_MEMORY_BYTES}], got {result_cache_bytes!r}"
         )
+    if not _int_in(prefix_cache_bytes, 0, MAX_CACHE_MEMORY_BYTES):
+        raise InputError(
+            f"prefix_cache_bytes must be an integer in [0, {MAX_CACHE_MEMORY_BYTES}] (0 = off), "
+            f"got {prefix_cache_bytes!r}"
+        )
     root = resolve_model_dir(model)
     detection = detect(root, family_options)
     session_options = SessionOptions(providers=tuple(providers), intra_op_threads=threads)
@@ -497,7 +511,8 @@ def load(
     results = None
     if result_cache_bytes is not None:
         results = ResultCache(result_cache_bytes, disk_dir=result_cache_dir, redis_url=redis_url)
-    return Engine(backend, cache, family_of(detection), max_batch, results)
+    prefixes = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes else None
+    return Engine(backend, cache, family_of(detection), max_batch, results, prefixes)
 
 
 def _int_in(value: Any, low: int, high: int) -> bool:

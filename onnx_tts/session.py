@@ -246,6 +246,15 @@ class KVCache:
     def reset(self) -> None:
         self._core.reset()
 
+    def load_prefix(self, values: Sequence[np.ndarray]) -> None:
+        """Empty the cache, then hold `values` (one array per pair in `pairs` order, [batch,
+        heads, L, head_dim], as `read` returns them): the next step continues after those L
+        tokens exactly as if they had been run (a cached voice prefix)."""
+        try:
+            self._core.load_prefix(list(values))
+        except _core.RunError as error:
+            raise SessionError(str(error)) from None
+
     def read(self, index: int) -> np.ndarray:
         """Copy of KV tensor `index` (in `pairs` order), [batch, heads, length, head_dim]."""
         return self._core.read(index)
@@ -343,6 +352,14 @@ class KVSlots:
     def read(self, index: int, row: int, length: int) -> np.ndarray:
         """Copy of row `row`'s first `length` tokens of KV tensor `index`, [1, H, length, D]."""
         return self._call(self._core.read, index, row, length)
+
+    def load_prefix(self, row: int, values: Sequence[np.ndarray]) -> None:
+        """Write `values` (one array per pair, [1, H, L, D], as `read` returns them) as row
+        `row`'s first L tokens; a step with that row's length L continues after them."""
+        try:
+            self._core.load_prefix(int(row), list(values))
+        except _core.RunError as error:
+            raise SessionError(str(error)) from None
 
     def stats(self) -> dict[str, int]:
         return dict(self._core.stats())

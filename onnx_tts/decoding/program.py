@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from onnx_tts.decoding.kv_pool import KVPool
+from onnx_tts.decoding.prefix_cache import PrefixCache
 from onnx_tts.decoding.sampling import SamplingOptions
 from onnx_tts.session import Session
 
@@ -38,10 +39,12 @@ class Request:
 @dataclass(frozen=True)
 class Admission:
     """What starting a sequence needs: its prefill embeddings [lm_rows, P, D] (lm_rows is 2
-    for classifier-free guidance, else 1) and the most KV positions it can use."""
+    for classifier-free guidance, else 1), the most KV positions it can use, and how many
+    leading positions depend only on the voice (a prefix the prefix cache may reuse)."""
 
     embeds: np.ndarray
     max_tokens: int
+    prefix: int = 0
 
 
 @dataclass
@@ -101,6 +104,7 @@ def decode_solo(
     pool: KVPool,
     request: Request,
     should_stop: Callable[[], bool] | None = None,
+    prefix_cache: PrefixCache | None = None,
 ) -> Iterator[np.ndarray]:
     """Generate one request on a KV cache of its own; yields complete frames as they come.
     Closing the iterator stops generation and returns the cache to the pool."""
@@ -108,17 +112,34 @@ def decode_solo(
     rows = np.zeros(1, np.int64)
     admission = program.admit(state, 0, request)
     cache = pool.acquire(admission.max_tokens, batch=admission.embeds.shape[0])
+
+    def run(embeds: np.ndarray, cached: int) -> np.ndarray:
+        outputs = cache.step(lm_feeds(program.lm, embeds, cached), output_names=[LOGITS])
+        return outputs[LOGITS][:, -1]
+
+    def read(length: int) -> list[np.ndarray]:
+        return [cache.read(i) for i in range(len(cache.pairs))]
+
     try:
-        embeds = admission.embeds
+        if should_stop is not None and should_stop():
+            return
+        # GroupQueryAttention (in place) refuses several new tokens after a past in a batch of
+        # more than one row, so guided (two-row) requests prefill in one run there.
+        several_rows_in_place = admission.embeds.shape[0] > 1 and cache.mode == "inplace"
+        if prefix_cache is None or several_rows_in_place:
+            logits = run(admission.embeds, 0)
+        else:
+            logits = prefix_cache.prefill(
+                admission.embeds, admission.prefix, run, read, cache.load_prefix
+            )
         while True:
-            if should_stop is not None and should_stop():
-                return
-            outputs = cache.step(lm_feeds(program.lm, embeds, cache.length), output_names=[LOGITS])
-            result = program.consume(state, rows, outputs[LOGITS][:, -1])
+            result = program.consume(state, rows, logits)
             yield from result.frames[0]
             if result.done[0]:
                 return
-            embeds = program.step_embeds(state, rows)
+            if should_stop is not None and should_stop():
+                return
+            logits = run(program.step_embeds(state, rows), cache.length)
     finally:
         pool.release(cache)
 

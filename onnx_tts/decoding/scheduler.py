@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from onnx_tts.decoding.kv_pool import CapacityPolicy
+from onnx_tts.decoding.prefix_cache import PrefixCache
 from onnx_tts.decoding.program import LOGITS, DecodeProgram, Request
 from onnx_tts.errors import InputError, OnnxTTSError
 from onnx_tts.graph_io import KVLayout
@@ -107,12 +108,14 @@ class DecodeScheduler:
         capacity: CapacityPolicy,
         max_batch: int,
         slot_bytes: int = DEFAULT_SLOT_BYTES,
+        prefix_cache: PrefixCache | None = None,
     ) -> None:
         if isinstance(max_batch, bool) or not isinstance(max_batch, int):
             raise InputError(f"max_batch must be an integer, got {max_batch!r}")
         if not 1 <= max_batch <= MAX_BATCH_LIMIT:
             raise InputError(f"max_batch must be in [1, {MAX_BATCH_LIMIT}], got {max_batch}")
         self.program, self.layout, self.max_batch = program, layout, max_batch
+        self.prefix_cache = prefix_cache
         fitting = slot_bytes // max(1, max_batch * layout.bytes_per_token)
         ceiling = capacity.fixed if capacity.fixed is not None else capacity.limit
         self.capacity = int(min(ceiling, max(MIN_SLOT_CAPACITY, fitting)))
@@ -126,6 +129,7 @@ class DecodeScheduler:
         self._thread: threading.Thread | None = None
         self._embeds_dtype = np.dtype(program.lm.spec.inputs["inputs_embeds"].dtype)
         self._inputs = set(program.lm.input_names)
+        self._pairs = len(layout.pairs)
         self._stats = {"requests": 0, "steps": 0, "row_steps": 0, "prefills": 0, "solo": 0}
 
     # -- public ------------------------------------------------------------------------------
@@ -231,10 +235,24 @@ class DecodeScheduler:
                     self._stats["solo"] += 1
                 return
             embeds = admission.embeds.astype(self._embeds_dtype, copy=False)
-            lengths = np.zeros(1, np.int64)
-            logits = self.slots.step(
-                self._feeds(embeds, lengths), row, lengths, output_names=[LOGITS]
-            )[LOGITS][:, -1]
+
+            def run(part: np.ndarray, cached: int) -> np.ndarray:
+                lengths = np.array([cached], np.int64)
+                outputs = self.slots.step(
+                    self._feeds(part, lengths), row, lengths, output_names=[LOGITS]
+                )
+                return outputs[LOGITS][:, -1]
+
+            if self.prefix_cache is None:
+                logits = run(embeds, 0)
+            else:
+                logits = self.prefix_cache.prefill(
+                    embeds,
+                    admission.prefix,
+                    run,
+                    lambda length: [self.slots.read(i, row, length) for i in range(self._pairs)],
+                    lambda values: self.slots.load_prefix(row, values),
+                )
             self.lengths[row] = embeds.shape[1]
             with self._cv:
                 self._stats["prefills"] += 1

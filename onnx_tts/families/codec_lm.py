@@ -219,7 +219,9 @@ class CodecLMProgram(DecodeProgram):
         state.seen[row] = False
         state.speaker[row] = speaker[0]
         state.min_frames[row], state.max_frames[row] = min_frames, max_frames
-        return Admission(embeds, embeds.shape[1] + max_frames + self.codebooks + 1)
+        # Speaker embedding and reference codes depend only on the voice: a reusable prefix.
+        prefix = parts["speaker_embeds"].shape[1] + audio.shape[1] - 1
+        return Admission(embeds, embeds.shape[1] + max_frames + self.codebooks + 1, prefix)
 
     def step_embeds(self, state: _CodecState, rows: np.ndarray) -> np.ndarray:
         last = state.pattern.history[rows, (state.pattern.step[rows] - 1) % self.codebooks]

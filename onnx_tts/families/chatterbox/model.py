@@ -108,7 +108,11 @@ class ChatterboxProgram(DecodeProgram):
         state.sampler.assign(row, request.sampling)
         state.steps[row], state.limit[row], state.fresh[row] = 0, limit, True
         state.stops.reset(row)
-        return Admission(embeds.astype(model.embeds_dtype, copy=False), embeds.shape[1] + limit + 1)
+        return Admission(
+            embeds.astype(model.embeds_dtype, copy=False),
+            embeds.shape[1] + limit + 1,
+            prefix=len(arrays["audio_features"]),  # the voice's conditioning comes first
+        )
 
     def step_embeds(self, state: _TokenState, rows: np.ndarray) -> np.ndarray:
         embeds = self.model.embed(state.tokens[rows][:, None], state.steps[rows][:, None])
