@@ -20,6 +20,9 @@
 5. Sentence-level entries: of the sentences synthesised on result misses, how many had been
    synthesised before for that voice, and the share of synthesis time they took (an upper
    bound on what sentence entries could save).
+6. Voice-prefix KV cache: streamed time to first audio on a Turbo-shape Chatterbox LM with a
+   200-token voice prefix, with and without the prefix cache (benchmarks/bench_prefix.py;
+   ``--prefix-shape none`` skips it).
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ if __package__ in (None, ""):  # run as a script: make `onnx_tts` and `benchmark
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import onnx_tts
+from benchmarks import bench_prefix
 from benchmarks.bench_batch import percentile
 from benchmarks.bench_refcache import median_seconds
 from benchmarks.bench_streaming import machine_info, write_atomically
@@ -340,7 +344,9 @@ def plot(result: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (left, middle, right) = plt.subplots(1, 3, figsize=(15, 4.4))
+    prefix = result.get("prefix")
+    fig, axes = plt.subplots(1, 4 if prefix else 3, figsize=(20 if prefix else 15, 4.4))
+    left, middle, right = axes[:3]
     runs = {"no cache": result["no_cache"], "result cache": result["cached"]}
     names = list(runs)
     left.bar(np.arange(2) - 0.2, [runs[n]["mean_ms"] for n in names], 0.4, label="mean", color="C0")
@@ -373,6 +379,18 @@ def plot(result: dict, path: Path) -> None:
     right.set_ylabel("memory hit rate")
     right.set_title("memory policy on this workload")
     right.legend()
+    if prefix:
+        arms = {"full prefill": prefix["no_prefix_cache"], "prefix cache": prefix["prefix_cache"]}
+        xs = np.arange(2)
+        axes[3].bar(xs - 0.2, [a["mean_ms"] for a in arms.values()], 0.4, label="mean", color="C0")
+        axes[3].bar(xs + 0.2, [a["p95_ms"] for a in arms.values()], 0.4, label="p95", color="C1")
+        axes[3].set_xticks(xs, list(arms))
+        axes[3].set_ylabel("time to first audio (ms)")
+        axes[3].set_title(
+            f"{prefix['shape']} LM, {prefix['prefix_tokens']}-token voice prefix "
+            f"(x{prefix['ttfa_mean_ratio']:.1f})"
+        )
+        axes[3].legend()
     costs = result["hit_cost"]
     fig.suptitle(
         f"result hit {costs['memory_hit_ms']:.3f} ms vs synthesis {costs['synthesize_ms']:.1f} ms "
@@ -397,6 +415,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="result memory tier per replica, as a share of the workload's result bytes",
     )
     parser.add_argument("--redis-url", help="shared Redis (default: start a throwaway one)")
+    parser.add_argument(
+        "--prefix-shape",
+        choices=("turbo", "turbo-small", "none"),
+        help="LM shape of the voice-prefix TTFA run (default turbo; --quick: turbo-small)",
+    )
+    parser.add_argument(
+        "--prefix-rounds", type=int, help="passes over the prefix run's 8 texts (3; --quick: 1)"
+    )
     parser.add_argument("--threads", type=int, default=1, help="ONNX Runtime threads")
     parser.add_argument("--json", type=Path, help="result file (default benchmarks/results/)")
     parser.add_argument("--plot", type=Path, help="plot file (default next to --json)")
@@ -405,6 +431,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.requests = 200 if args.quick else 1000
     if args.requests < 1:
         raise InputError("--requests must be >= 1")
+    args.prefix_shape = args.prefix_shape or ("turbo-small" if args.quick else "turbo")
+    args.prefix_rounds = args.prefix_rounds or (1 if args.quick else 3)
+    if not 1 <= args.prefix_rounds <= 100:
+        raise InputError("--prefix-rounds must be in [1, 100]")
     if not 0 < args.memory_fraction <= 1:
         raise InputError("--memory-fraction must be in (0, 1]")
     name = "cache_quick" if args.quick else "cache"
@@ -478,6 +508,16 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
         policies = policy_table(requests, item_bytes)
+        prefix = None
+        if args.prefix_shape != "none":
+            prefix = bench_prefix.run(args.prefix_shape, args.prefix_rounds, args.threads)
+            print(
+                f"voice prefix ({prefix['prefix_tokens']} tokens, {args.prefix_shape} LM): TTFA "
+                f"{prefix['no_prefix_cache']['mean_ms']:.0f} -> "
+                f"{prefix['prefix_cache']['mean_ms']:.0f} ms (x{prefix['ttfa_mean_ratio']:.2f}), "
+                f"first chunks identical: {prefix['first_chunks_identical']}",
+                flush=True,
+            )
         reuse = sentence_reuse(plain, texts, requests, cost)
         print(
             f"sentence entries could save at most {reuse['reusable_share']:.1%} of miss "
@@ -508,6 +548,7 @@ def main(argv: list[str] | None = None) -> int:
         "hit_cost": costs,
         "memory_policy": policies,
         "sentence_reuse": reuse,
+        "prefix": prefix,
     }
     write_atomically(args.json, (json.dumps(result, indent=2) + "\n").encode("utf-8"))
     plot(result, args.plot)

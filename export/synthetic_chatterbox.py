@@ -166,6 +166,7 @@ class SyntheticConfig:
     text_vocab: int = 0  # 0 -> variant default (BPE training target)
     lm_position_ids: bool | None = None  # Llama only; None: original yes, multilingual no
     stop_after: int = 200  # absolute LM position after which the stop token wins; 0 = off
+    prompt_tokens: int = TURBO_PROMPT_TOKENS  # Turbo: cap of the audio_features length
     seed: int = 0
     external_data: bool = True
     precisions: tuple[str, ...] = PRECISIONS
@@ -294,10 +295,10 @@ def build_speech_encoder(cfg: SyntheticConfig) -> onnx.ModelProto:
         features = g.node(
             "Tanh", [_linear(g, rng, pairs, SAMPLES_PER_TOKEN, cfg.hidden, scale=0.5)]
         )
-        # Like T3's conditioning prompt, the prefix is capped (here at 150 tokens = 6 s).
+        # Like T3's conditioning prompt, the prefix is capped (by default 150 tokens = 6 s).
         g.node(
             "Slice",
-            [features, g.const([0]), g.const([TURBO_PROMPT_TOKENS]), g.const([1])],
+            [features, g.const([0]), g.const([cfg.prompt_tokens]), g.const([1])],
             output_names=["audio_features"],
         )
         feat_len: int | str = "audio_tokens_length"

@@ -16,6 +16,7 @@ from typing import Any, NoReturn
 import numpy as np
 
 from onnx_tts.audio import ProgressiveWavWriter, RawPcmWriter
+from onnx_tts.decoding.prefix_cache import DEFAULT_PREFIX_CACHE_BYTES
 from onnx_tts.errors import InputError, OnnxTTSError, OutputClosedError
 from onnx_tts.signals import TerminatedBySignal, termination_as_exception
 
@@ -62,6 +63,12 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
         "(0 = disk/Redis tiers only; default: no result cache)",
     )
     parser.add_argument("--result-cache-dir", help="result cache directory ('none' disables)")
+    parser.add_argument(
+        "--prefix-cache-mb",
+        type=int,
+        default=DEFAULT_PREFIX_CACHE_BYTES >> 20,
+        help="voice-prefix KV cache, MiB in memory (0 = off; default: %(default)s)",
+    )
     family_flags = parser.add_argument_group(
         "model family options", "refused (exit 2) by a model whose family does not take them"
     )
@@ -142,7 +149,11 @@ def build_parser() -> argparse.ArgumentParser:
     cache = commands.add_parser("cache", help="cache statistics and maintenance")
     cache.add_argument("action", choices=("stats", "clear"))
     cache.add_argument("--json", action="store_true")
-    cache.add_argument("--tier", choices=("reference", "result"), help="clear only this cache")
+    cache.add_argument(
+        "--tier",
+        choices=("reference", "result", "prefix"),
+        help="clear only this cache (prefix: memory of each serving process, nothing on disk)",
+    )
     cache.add_argument("--cache-dir", help="reference cache directory")
     cache.add_argument("--result-cache-dir", help="result cache directory")
     cache.add_argument("--redis", help="redis://host:port/db")
@@ -176,6 +187,7 @@ def _load_engine(args: argparse.Namespace) -> Any:
         redis_url=args.redis,
         result_cache_bytes=None if args.result_cache_mb is None else args.result_cache_mb << 20,
         result_cache_dir=cache_dir_option(args.result_cache_dir),
+        prefix_cache_bytes=args.prefix_cache_mb << 20,
         **_family_options(args),
     )
 
@@ -324,7 +336,13 @@ def cmd_cache(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(stats, indent=2, default=str))
     else:
-        print("\n\n".join(f"[{name}]\n{format_stats(s)}" for name, s in stats.items()))
+        scope = {"process": " (held in each serving process's memory: see its /metrics)"}
+        print(
+            "\n\n".join(
+                f"[{name}]{scope.get(s.get('scope'), '')}\n{format_stats(s)}"
+                for name, s in stats.items()
+            )
+        )
     return 0
 
 

@@ -155,7 +155,7 @@ class ResultCache(TieredCache):
         return None
 
 
-CACHES = ("reference", "result")
+CACHES = ("reference", "result", "prefix")
 
 
 def _cli_caches(
@@ -163,9 +163,13 @@ def _cli_caches(
     result_dir: str | os.PathLike[str] | None,
     redis_url: str | None,
 ) -> dict[str, TieredCache]:
+    from onnx_tts.decoding.prefix_cache import PrefixCache
+
     return {
         "reference": _cli_cache(reference_dir, redis_url, ReferenceCache),
         "result": _cli_cache(result_dir, redis_url, ResultCache),
+        # Memory only: its entries live (and are counted) in each serving process.
+        "prefix": PrefixCache(memory_bytes=0),
     }
 
 
@@ -174,8 +178,9 @@ def all_cache_stats(
     result_dir: str | os.PathLike[str] | None = "default",
     redis_url: str | None = None,
 ) -> dict[str, dict]:
-    """``{"reference": ..., "result": ...}``: the shared tiers of every cache, for ``onnx-tts
-    cache stats``; creates nothing on disk. (Hit counters live in the serving process.)"""
+    """``{"reference": ..., "result": ..., "prefix": ...}``: the shared tiers of every cache,
+    for ``onnx-tts cache stats``; creates nothing on disk. (Hit counters, and the prefix
+    cache's entries, live in each serving process: see its /metrics.)"""
     caches = _cli_caches(reference_dir, result_dir, redis_url)
     return {name: cache.stats() for name, cache in caches.items()}
 
@@ -186,9 +191,10 @@ def clear_caches(
     result_dir: str | os.PathLike[str] | None = "default",
     redis_url: str | None = None,
 ) -> dict[str, dict[str, int]]:
-    """Empty the disk and Redis tiers of one cache (``which``: "reference" or "result") or of
-    all of them, for ``onnx-tts cache clear [--tier ...]``; entries removed per cache and
-    tier. A disk directory without the cache's marker file is refused (CacheError)."""
+    """Empty the disk and Redis tiers of one cache (``which``: "reference", "result" or
+    "prefix", which has none: it empties with its process) or of all of them, for ``onnx-tts
+    cache clear [--tier ...]``; entries removed per cache and tier. A disk directory without
+    the cache's marker file is refused (CacheError)."""
     if which is not None and which not in CACHES:
         raise InputError(f"unknown cache {which!r}; choose from {', '.join(CACHES)}")
     caches = _cli_caches(reference_dir, result_dir, redis_url)

@@ -7,7 +7,7 @@ from collections import Counter
 
 import numpy as np
 
-from benchmarks import bench_cache
+from benchmarks import bench_cache, bench_prefix
 
 
 def test_workload_is_zipf_over_distinct_texts_and_voices():
@@ -38,7 +38,7 @@ def test_policy_replay_counts_hits_and_lfu_keeps_the_popular_item():
 
 def test_tiny_run_writes_consistent_json_and_plot(tmp_path):
     out = tmp_path / "cache.json"
-    assert bench_cache.main(["--requests", "6", "--json", str(out)]) == 0
+    assert bench_cache.main(["--requests", "6", "--json", str(out), "--quick"]) == 0
     result = json.loads(out.read_text())
     assert out.with_suffix(".png").stat().st_size > 0
     distinct = result["settings"]["distinct_items"]
@@ -49,3 +49,8 @@ def test_tiny_run_writes_consistent_json_and_plot(tmp_path):
         assert cached["misses"] == distinct and hits == 6 - distinct
     assert result["hit_cost"]["synthesize_over_memory_hit"] > 1
     assert 0 <= result["sentence_reuse"]["reusable_share"] <= 1
+    prefix = result["prefix"]  # the turbo-small voice-prefix run
+    assert prefix["shape"] == "turbo-small" and prefix["prefix_tokens"] == 200
+    assert prefix["first_chunks_identical"] is True
+    assert prefix["prefix_misses"] == 1 and prefix["prefix_hits"] == len(bench_prefix.TEXTS)
+    assert prefix["prefix_cache"]["requests"] == prefix["no_prefix_cache"]["requests"] > 0

@@ -260,8 +260,10 @@ def test_cache_stats_reports_both_caches_with_their_tiers(tmp_path, voice_wav):
     engine.synthesize(TEXT, voice=voice_wav)
     engine.synthesize(TEXT, voice=voice_wav)
     stats = engine.cache_stats()
-    assert set(stats) == {"reference", "result"}
-    for name in stats:
+    assert set(stats) == {"reference", "result", "prefix"}
+    # The default voice conditions every step on its speaker: no prefix to reuse.
+    assert stats["prefix"]["tiers"] == ["memory"] and stats["prefix"]["requests"] == 0
+    for name in ("reference", "result"):
         assert stats[name]["tiers"] == ["memory", "disk"]
         assert stats[name]["entries"] == stats[name]["disk"]["entries"] == 1
         assert stats[name]["bytes"] == stats[name]["disk"]["bytes"] > 0
@@ -274,7 +276,8 @@ def test_cache_stats_reports_both_caches_with_their_tiers(tmp_path, voice_wav):
 def test_cli_stats_and_clear_cover_each_cache_and_create_nothing(tmp_path, voice_wav):
     ref_dir, res_dir = tmp_path / "ref", tmp_path / "res"
     stats = all_cache_stats(ref_dir, res_dir)
-    assert set(stats) == {"reference", "result"}
+    assert set(stats) == {"reference", "result", "prefix"}
+    assert stats["prefix"]["scope"] == "process" and stats["prefix"]["tiers"] == []
     assert stats["result"]["entries"] == 0 and not ref_dir.exists() and not res_dir.exists()
 
     engine = load(tmp_path, cache_dir=ref_dir, result_cache_dir=res_dir)
@@ -288,9 +291,10 @@ def test_cli_stats_and_clear_cover_each_cache_and_create_nothing(tmp_path, voice
     assert clear_caches(None, ref_dir, res_dir) == {
         "reference": {"disk": 1},
         "result": {"disk": 0},
+        "prefix": {},  # memory of serving processes only
     }
     with pytest.raises(InputError, match="unknown cache"):
-        clear_caches("prefix", ref_dir, res_dir)
+        clear_caches("voices", ref_dir, res_dir)
     stranger = tmp_path / "not-a-cache"
     stranger.mkdir()
     (stranger / "keep.txt").write_text("mine")

@@ -371,6 +371,27 @@ def test_result_cache_hits_are_served_and_counted(tmp_path: Path) -> None:
         live.stop()
 
 
+def test_prefix_cache_is_counted_in_metrics(tmp_path: Path) -> None:
+    """codec-lm's voice prefix is prefilled once: the second request with the voice is a
+    prefix hit, and /metrics shows lookups, entries and bytes per cache."""
+    from onnx_tts.bundle import CODEC_LM_MODEL_DIR
+
+    live = LiveServer(tmp_path, "--model", str(CODEC_LM_MODEL_DIR), "--max-batch", "1")
+    try:
+        for text in ("First line.", "Second line."):
+            assert speech(live, input=text, response_format="pcm", seed=1).status_code == 200
+        text = httpx.get(live.url + "/metrics").text
+        name = httpx.get(live.url + "/v1/models").json()["data"][0]["id"]
+        lookups = "onnx_tts_prefix_cache_lookups_total"
+        assert metric(text, lookups, model=name, tier="miss") == 1, text
+        assert metric(text, lookups, model=name, tier="memory") == 1
+        assert metric(text, "onnx_tts_cache_entries", cache="prefix", model=name) == 1
+        assert metric(text, "onnx_tts_cache_bytes", cache="prefix", model=name) > 0
+        assert f'onnx_tts_cache_entries{{cache="reference",model="{name}"}}' in text
+    finally:
+        live.stop()
+
+
 # -- concurrency ----------------------------------------------------------------------------------
 
 

@@ -43,6 +43,10 @@ class PrefixCache(TieredCache):
         super().__init__(memory_bytes, disk_dir=None, redis_url=None)
         self.identity = identity
 
+    def stats(self) -> dict:
+        # Entries live in this process only: `onnx-tts cache stats` sees none of a server's.
+        return {**super().stats(), "scope": "process"}
+
     def key(self, prefix_embeds: np.ndarray) -> str:
         digest = hashlib.blake2b(digest_size=32)
         digest.update(self.identity.encode())

@@ -88,7 +88,7 @@ class _State:
         self.metrics = ServerMetrics(
             queue_depth=lambda: self.dispatcher.waiting,
             active=lambda: self.dispatcher.active,
-            cache_hits=registry.cache_hits,
+            cache_stats=registry.cache_stats,
         )
         self.draining = False
 

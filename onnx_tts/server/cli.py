@@ -10,6 +10,7 @@ import threading
 from typing import Any
 
 from onnx_tts.cli import cache_dir_option
+from onnx_tts.decoding.prefix_cache import DEFAULT_PREFIX_CACHE_BYTES
 from onnx_tts.pipeline import DEFAULT_MAX_BATCH
 
 DEFAULT_HOST = "127.0.0.1"
@@ -53,6 +54,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "(default: no result cache)",
     )
     parser.add_argument("--result-cache-dir", help="result cache directory ('none' disables)")
+    parser.add_argument(
+        "--prefix-cache-mb",
+        type=int,
+        default=DEFAULT_PREFIX_CACHE_BYTES >> 20,
+        help="voice-prefix KV cache per model, MiB in memory (0 = off; default: %(default)s)",
+    )
     parser.add_argument(
         "--api-key",
         default=os.environ.get("ONNX_TTS_API_KEY"),
@@ -133,6 +140,7 @@ def run(args: argparse.Namespace) -> int:
             if args.result_cache_mb is None
             else args.result_cache_mb << 20,
             "result_cache_dir": cache_dir_option(args.result_cache_dir),
+            "prefix_cache_bytes": args.prefix_cache_mb << 20,
         },
     )
     registry = ModelRegistry(config.models, config.load_options)

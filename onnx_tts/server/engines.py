@@ -17,7 +17,6 @@ import numpy as np
 
 import onnx_tts
 from onnx_tts.audio import load_audio
-from onnx_tts.refcache import TIERS
 
 # Names OpenAI clients send for "the server's default model".
 DEFAULT_MODEL_ALIASES = ("tts-1", "tts-1-hd", "onnx-tts", "default")
@@ -153,17 +152,7 @@ class ModelRegistry:
     def names(self) -> list[str]:
         return list(self.models)
 
-    def cache_hits(self) -> dict[tuple[str, str, str], int]:
-        """(cache, model, tier) -> lookups answered by that tier ("miss" = computed), for the
-        reference (voice) cache and the result cache, for /metrics."""
-        out = {}
-        for name, model in self.models.items():
-            every = model.cache_stats()
-            for cache in ("reference", "result"):
-                stats = every.get(cache) or {}
-                if not stats:
-                    continue
-                for tier in TIERS:
-                    out[(cache, name, tier)] = int(stats.get(tier, {}).get("hits", 0))
-                out[(cache, name, "miss")] = int(stats.get("misses", 0))
-        return out
+    def cache_stats(self) -> dict[str, dict[str, dict[str, Any]]]:
+        """model -> {"reference", "result", "prefix"} -> that cache's stats ({} when off), for
+        /metrics."""
+        return {name: model.cache_stats() for name, model in self.models.items()}

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.15, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -40,25 +40,44 @@ class PlaybackClock:
 
 
 class _CacheCollector(Collector):
+    """Per cache and model: lookups by the tier that answered (miss = computed), and the
+    entries and bytes it holds (its largest tier), from each engine's cache_stats()."""
+
     HELP: ClassVar[dict[str, str]] = {
         "reference": "Reference (voice) cache lookups by model and tier that answered "
         "(miss = encoded)",
         "result": "Result cache lookups by model and tier that answered (miss = synthesised)",
+        "prefix": "Voice-prefix KV cache lookups by model and tier that answered "
+        "(miss = prefilled)",
     }
 
-    def __init__(self, hits: Callable[[], dict[tuple[str, str, str], int]]) -> None:
-        self._hits = hits
+    def __init__(self, stats: Callable[[], dict[str, dict[str, dict[str, Any]]]]) -> None:
+        self._stats = stats
 
-    def collect(self) -> Iterator[CounterMetricFamily]:
-        hits = self._hits()
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        every = self._stats()
+        entries = GaugeMetricFamily(
+            "onnx_tts_cache_entries", "Entries held by each cache", labels=["cache", "model"]
+        )
+        held = GaugeMetricFamily(
+            "onnx_tts_cache_bytes", "Bytes held by each cache", labels=["cache", "model"]
+        )
         for cache, help_text in self.HELP.items():
-            family = CounterMetricFamily(
+            lookups = CounterMetricFamily(
                 f"onnx_tts_{cache}_cache_lookups", help_text, labels=["model", "tier"]
             )
-            for (name, model, tier), value in sorted(hits.items()):
-                if name == cache:
-                    family.add_metric([model, tier], value)
-            yield family
+            for model, caches in sorted(every.items()):
+                stats = caches.get(cache) or {}
+                if not stats:
+                    continue
+                for tier in stats["tiers"]:
+                    lookups.add_metric([model, tier], int(stats[tier].get("hits", 0)))
+                lookups.add_metric([model, "miss"], int(stats.get("misses", 0)))
+                entries.add_metric([cache, model], int(stats.get("entries", 0)))
+                held.add_metric([cache, model], int(stats.get("bytes", 0)))
+            yield lookups
+        yield entries
+        yield held
 
 
 class ServerMetrics:
@@ -66,7 +85,7 @@ class ServerMetrics:
         self,
         queue_depth: Callable[[], float],
         active: Callable[[], float],
-        cache_hits: Callable[[], dict[tuple[str, str, str], int]],
+        cache_stats: Callable[[], dict[str, dict[str, dict[str, Any]]]],
     ) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
@@ -119,4 +138,4 @@ class ServerMetrics:
         Gauge("onnx_tts_active_generations", "Requests generating now", registry=r).set_function(
             active
         )
-        r.register(_CacheCollector(cache_hits))
+        r.register(_CacheCollector(cache_stats))
