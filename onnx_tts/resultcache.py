@@ -90,6 +90,25 @@ class ResultCache(TieredCache):
         # straight to its key (the phonemiser and voice encoder are skipped on a repeat).
         self._aliases: OrderedDict[str, str] = OrderedDict()
         self._alias_lock = threading.Lock()
+        self._sentence_counts = {"hits": 0, "misses": 0, "stored": 0}
+
+    def get_sentence(self, key: str) -> np.ndarray | None:
+        """The samples of one sentence of an earlier text (see Engine.synthesize), or None;
+        counted apart from whole results in ``stats()["sentences"]``."""
+        value = self.get(key)
+        with self._alias_lock:
+            self._sentence_counts["hits" if value is not None else "misses"] += 1
+        return None if value is None else value["samples"]
+
+    def put_sentence(self, key: str, samples: np.ndarray, sample_rate: int) -> None:
+        self.put_audio(key, samples, sample_rate)
+        with self._alias_lock:
+            self._sentence_counts["stored"] += 1
+
+    def stats(self) -> dict:
+        with self._alias_lock:
+            sentences = dict(self._sentence_counts)
+        return {**super().stats(), "sentences": sentences}
 
     def remember(self, request: str | None, key: str) -> None:
         """Map a request digest (:func:`request_digest`) to its result key."""

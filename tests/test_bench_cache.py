@@ -49,6 +49,8 @@ def test_tiny_run_writes_consistent_json_and_plot(tmp_path):
         assert cached["misses"] == distinct and hits == 6 - distinct
     assert result["hit_cost"]["synthesize_over_memory_hit"] > 1
     assert 0 <= result["sentence_reuse"]["reusable_share"] <= 1
+    assert result["whole_text_entries_only"]["result"]["sentences"]["stored"] == 0
+    assert result["whole_text_entries_only"]["result"]["requests"] == 6
     prefix = result["prefix"]  # the turbo-small voice-prefix run
     assert prefix["shape"] == "turbo-small" and prefix["prefix_tokens"] == 200
     assert prefix["first_chunks_identical"] is True

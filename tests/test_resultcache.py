@@ -314,3 +314,33 @@ def test_concurrent_identical_requests_synthesise_once(tmp_path):
     stats = engine.cache_stats()["result"]
     assert stats["misses"] == 1
     assert stats["hits"] + stats["merged"] == 7
+
+
+def test_sentence_entries_reuse_shared_sentences_exactly(tmp_path, plain_engine):
+    """A text of several sentences stores each sentence too; a new text sharing a sentence
+    reuses it (greedy: at any position; seeded: at the same position, as its seed is the
+    text's seed + its index), and the audio equals synthesising from scratch."""
+    engine = load(tmp_path)
+    first = "The garden gate was open. A small dog ran through it."
+    second = "A small dog ran through it. Nobody saw where it went."
+    engine.synthesize(first)
+    got = engine.synthesize(second).samples
+    assert np.array_equal(got, plain_engine.synthesize(second).samples)
+    sentences = engine.cache_stats()["result"]["sentences"]
+    assert sentences == {"hits": 1, "misses": 3, "stored": 3}
+    # A one-sentence text is its own sentence entry.
+    alone = engine.synthesize("Nobody saw where it went.")
+    assert np.array_equal(
+        alone.samples, plain_engine.synthesize("Nobody saw where it went.").samples
+    )
+    assert engine.cache_stats()["result"]["hits"] == 1
+
+    seeded = "The garden gate was open. The end came quickly."
+    engine.synthesize(first, seed=4, temperature=0.7)
+    got = engine.synthesize(seeded, seed=4, temperature=0.7).samples
+    assert np.array_equal(got, plain_engine.synthesize(seeded, seed=4, temperature=0.7).samples)
+    assert engine.cache_stats()["result"]["sentences"]["hits"] == 2  # index 0, same seed
+
+    engine.sentence_entries = False
+    engine.synthesize("One more. And another.")
+    assert engine.cache_stats()["result"]["sentences"]["stored"] == 3 + 2 + 1
