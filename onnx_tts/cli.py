@@ -167,6 +167,18 @@ def cache_dir_option(value: str | None) -> str | None:
     return None if value.lower() == "none" else value
 
 
+def mebibytes_option(value: int | None, flag: str) -> int | None:
+    """A --*-mb flag in bytes (None stays None), refused in one line naming the flag when
+    outside [0, the cache memory bound]."""
+    from onnx_tts.pipeline import MAX_CACHE_MEMORY_BYTES
+
+    if value is None:
+        return None
+    if not 0 <= value <= MAX_CACHE_MEMORY_BYTES >> 20:
+        raise InputError(f"{flag} must be in [0, {MAX_CACHE_MEMORY_BYTES >> 20}] MiB, got {value}")
+    return value << 20
+
+
 def _family_options(args: argparse.Namespace) -> dict[str, Any]:
     """The family flags given on the command line (the model's family checks them)."""
     from onnx_tts.families import all_options
@@ -185,9 +197,9 @@ def _load_engine(args: argparse.Namespace) -> Any:
         threads=args.threads,
         cache_dir=cache_dir_option(args.cache_dir),
         redis_url=args.redis,
-        result_cache_bytes=None if args.result_cache_mb is None else args.result_cache_mb << 20,
+        result_cache_bytes=mebibytes_option(args.result_cache_mb, "--result-cache-mb"),
         result_cache_dir=cache_dir_option(args.result_cache_dir),
-        prefix_cache_bytes=args.prefix_cache_mb << 20,
+        prefix_cache_bytes=mebibytes_option(args.prefix_cache_mb, "--prefix-cache-mb"),
         **_family_options(args),
     )
 

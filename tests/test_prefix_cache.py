@@ -238,3 +238,16 @@ def test_chatterbox_with_guidance_reuses_the_prefix(tmp_path, voice_wav):
         assert np.array_equal(cached.synthesize(text, voice=voice_wav, seed=5).samples, want)
     stats = cached.cache_stats()["prefix"]
     assert stats["misses"] == 1 and stats["hits"] == 1
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"), [("--prefix-cache-mb", "-1"), ("--result-cache-mb", "99999999999")]
+)
+def test_cache_size_flags_are_refused_in_one_line(tmp_path, capsys, flag, value):
+    from onnx_tts.cli import main
+
+    out = tmp_path / "x.wav"
+    assert main(["synth", "Hi.", "-o", str(out), flag, value]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"onnx-tts: error: {flag} must be in [0, 1048576] MiB, got {value}"
+    assert not out.exists()

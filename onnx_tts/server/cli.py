@@ -9,7 +9,7 @@ import sys
 import threading
 from typing import Any
 
-from onnx_tts.cli import cache_dir_option
+from onnx_tts.cli import cache_dir_option, mebibytes_option
 from onnx_tts.decoding.prefix_cache import DEFAULT_PREFIX_CACHE_BYTES
 from onnx_tts.pipeline import DEFAULT_MAX_BATCH
 
@@ -136,11 +136,9 @@ def run(args: argparse.Namespace) -> int:
             "cache_dir": cache_dir,
             "redis_url": args.redis,
             "max_batch": args.max_batch,
-            "result_cache_bytes": None
-            if args.result_cache_mb is None
-            else args.result_cache_mb << 20,
+            "result_cache_bytes": mebibytes_option(args.result_cache_mb, "--result-cache-mb"),
             "result_cache_dir": cache_dir_option(args.result_cache_dir),
-            "prefix_cache_bytes": args.prefix_cache_mb << 20,
+            "prefix_cache_bytes": mebibytes_option(args.prefix_cache_mb, "--prefix-cache-mb"),
         },
     )
     registry = ModelRegistry(config.models, config.load_options)
