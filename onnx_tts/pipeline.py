@@ -333,11 +333,11 @@ class Engine:
 
     def _synthesize(self, chunks, sampling, checked, prompt, progress, sentence_keys=None) -> Audio:
         keys = sentence_keys or [None] * len(chunks)
-        known = {
-            index: samples
-            for index, key in enumerate(keys)
-            if key is not None and (samples := self.results.get_sentence(key)) is not None  # type: ignore[union-attr]
-        }
+        results = self.results  # not None whenever a sentence key is
+        known = {}
+        for index, key in enumerate(keys):
+            if key is not None and (samples := results.get_sentence(key)) is not None:
+                known[index] = samples
         pause = self._sentence_pause()
         pieces: list[np.ndarray] = []
         # With the batch scheduler every sentence is queued at once and decodes as its own row.
@@ -358,7 +358,7 @@ class Engine:
                         else np.zeros(0, np.float32)
                     )
                     if keys[index] is not None:
-                        self.results.put_sentence(keys[index], samples, self.sample_rate)  # type: ignore[union-attr]
+                        results.put_sentence(keys[index], samples, self.sample_rate)
                 if index:
                     pieces.append(pause)
                 if samples.size:
