@@ -52,23 +52,7 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--threads", type=int, default=0, help="ONNX Runtime threads (0 = one per core)"
     )
-    parser.add_argument("--cache-dir", help="reference cache directory ('none' disables)")
-    parser.add_argument(
-        "--redis", help="redis://host:port/db shared by the reference and result caches"
-    )
-    parser.add_argument(
-        "--result-cache-mb",
-        type=int,
-        help="cache finished audio of greedy/seeded requests, this many MiB in memory "
-        "(0 = disk/Redis tiers only; default: no result cache)",
-    )
-    parser.add_argument("--result-cache-dir", help="result cache directory ('none' disables)")
-    parser.add_argument(
-        "--prefix-cache-mb",
-        type=int,
-        default=DEFAULT_PREFIX_CACHE_BYTES >> 20,
-        help="voice-prefix KV cache, MiB in memory (0 = off; default: %(default)s)",
-    )
+    add_cache_arguments(parser)
     family_flags = parser.add_argument_group(
         "model family options", "refused (exit 2) by a model whose family does not take them"
     )
@@ -160,6 +144,72 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def add_cache_arguments(parser: argparse.ArgumentParser) -> None:
+    """The cache flags of synth and serve (see `cache_load_options`)."""
+    from onnx_tts.pipeline import DEFAULT_REFERENCE_DISK_BYTES, DEFAULT_RESULT_DISK_BYTES
+
+    group = parser.add_argument_group("caches")
+    group.add_argument("--cache-dir", help="reference cache directory ('none' disables)")
+    group.add_argument(
+        "--redis", help="redis://host:port/db shared by the reference and result caches"
+    )
+    group.add_argument(
+        "--result-cache-mb",
+        type=int,
+        help="cache finished audio of greedy/seeded requests, this many MiB in memory "
+        "(0 = disk/Redis tiers only; default: no result cache)",
+    )
+    group.add_argument("--result-cache-dir", help="result cache directory ('none' disables)")
+    group.add_argument(
+        "--prefix-cache-mb",
+        type=int,
+        default=DEFAULT_PREFIX_CACHE_BYTES >> 20,
+        help="voice-prefix KV cache per model, MiB in memory (0 = off; default: %(default)s)",
+    )
+    group.add_argument(
+        "--cache-disk-mb",
+        type=int,
+        default=DEFAULT_REFERENCE_DISK_BYTES >> 20,
+        help="bound of the reference cache's disk tier, MiB (default: %(default)s)",
+    )
+    group.add_argument(
+        "--result-cache-disk-mb",
+        type=int,
+        default=DEFAULT_RESULT_DISK_BYTES >> 20,
+        help="bound of the result cache's disk tier, MiB (default: %(default)s)",
+    )
+    group.add_argument(
+        "--redis-ttl",
+        type=int,
+        help="seconds before Redis entries expire (default: kept until Redis evicts them)",
+    )
+
+
+def cache_load_options(args: argparse.Namespace) -> dict[str, Any]:
+    """`onnx_tts.load` keywords from the flags of `add_cache_arguments`."""
+    from onnx_tts.pipeline import MAX_REDIS_TTL_SECONDS
+
+    for flag in ("cache_disk_mb", "result_cache_disk_mb"):
+        if getattr(args, flag) < 1:
+            raise InputError(f"--{flag.replace('_', '-')} must be at least 1")
+    if args.redis_ttl is not None and not 1 <= args.redis_ttl <= MAX_REDIS_TTL_SECONDS:
+        raise InputError(
+            f"--redis-ttl must be in [1, {MAX_REDIS_TTL_SECONDS}] seconds, got {args.redis_ttl}"
+        )
+    return {
+        "cache_dir": cache_dir_option(args.cache_dir),
+        "redis_url": args.redis,
+        "result_cache_bytes": mebibytes_option(args.result_cache_mb, "--result-cache-mb"),
+        "result_cache_dir": cache_dir_option(args.result_cache_dir),
+        "prefix_cache_bytes": mebibytes_option(args.prefix_cache_mb, "--prefix-cache-mb"),
+        "cache_disk_bytes": mebibytes_option(args.cache_disk_mb, "--cache-disk-mb"),
+        "result_cache_disk_bytes": mebibytes_option(
+            args.result_cache_disk_mb, "--result-cache-disk-mb"
+        ),
+        "redis_ttl_seconds": args.redis_ttl,
+    }
+
+
 def cache_dir_option(value: str | None) -> str | None:
     """A --cache-dir style flag: absent = the default location, 'none' = no disk tier."""
     if value is None:
@@ -195,11 +245,7 @@ def _load_engine(args: argparse.Namespace) -> Any:
         model=args.model,
         kv=args.kv,
         threads=args.threads,
-        cache_dir=cache_dir_option(args.cache_dir),
-        redis_url=args.redis,
-        result_cache_bytes=mebibytes_option(args.result_cache_mb, "--result-cache-mb"),
-        result_cache_dir=cache_dir_option(args.result_cache_dir),
-        prefix_cache_bytes=mebibytes_option(args.prefix_cache_mb, "--prefix-cache-mb"),
+        **cache_load_options(args),
         **_family_options(args),
     )
 

@@ -46,6 +46,10 @@ VoiceLike = str | os.PathLike[str] | np.ndarray | Mapping[str, np.ndarray] | Non
 # memory (each thread has its own stack and scratch buffers).
 MAX_THREADS = max(64, 4 * (os.cpu_count() or 1))
 MAX_CACHE_MEMORY_BYTES = 1 << 40
+MAX_CACHE_DISK_BYTES = 1 << 44
+MAX_REDIS_TTL_SECONDS = 10 * 365 * 24 * 3600
+DEFAULT_REFERENCE_DISK_BYTES = 1 << 30
+DEFAULT_RESULT_DISK_BYTES = 4 << 30
 # An encoded voice given as a dict: at most this many values per array.
 MAX_VOICE_VALUES = 1 << 24
 # Concurrent requests decode as rows of one batch up to this many (benchmarks/bench_batch.py).
@@ -487,6 +491,9 @@ def load(
     result_cache_bytes: int | None = None,
     result_cache_dir: str | os.PathLike[str] | None = "default",
     prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES,
+    cache_disk_bytes: int = DEFAULT_REFERENCE_DISK_BYTES,
+    result_cache_disk_bytes: int = DEFAULT_RESULT_DISK_BYTES,
+    redis_ttl_seconds: int | None = None,
     **family_options: Any,
 ) -> Engine:
     """Load a model directory (default: the bundled trained voice) into an Engine.
@@ -501,6 +508,9 @@ def load(
     disk tier ("default" = user cache dir, None = off); it shares redis_url.
     prefix_cache_bytes: memory budget of the voice-prefix KV cache (families whose LM input
     starts with voice conditioning prefill it once per voice; 0 = off).
+    cache_disk_bytes, result_cache_disk_bytes: bounds of the two disk tiers (least recently
+    used files are removed past them); redis_ttl_seconds: expiry of both caches' Redis entries
+    (None: kept until Redis evicts them by its maxmemory policy).
     family_options: the family's load options (`onnx-tts info` lists them), e.g. precision
     or exaggeration for Chatterbox exports.
     """
@@ -538,14 +548,39 @@ def load(
             f"prefix_cache_bytes must be an integer in [0, {MAX_CACHE_MEMORY_BYTES}] (0 = off), "
             f"got {prefix_cache_bytes!r}"
         )
+    for name, value in (
+        ("cache_disk_bytes", cache_disk_bytes),
+        ("result_cache_disk_bytes", result_cache_disk_bytes),
+    ):
+        if not _int_in(value, 1, MAX_CACHE_DISK_BYTES):
+            raise InputError(
+                f"{name} must be an integer in [1, {MAX_CACHE_DISK_BYTES}], got {value!r}"
+            )
+    if redis_ttl_seconds is not None and not _int_in(redis_ttl_seconds, 1, MAX_REDIS_TTL_SECONDS):
+        raise InputError(
+            f"redis_ttl_seconds must be None or an integer in [1, {MAX_REDIS_TTL_SECONDS}], got "
+            f"{redis_ttl_seconds!r}"
+        )
     root = resolve_model_dir(model)
     detection = detect(root, family_options)
     session_options = SessionOptions(providers=tuple(providers), intra_op_threads=threads)
     backend = load_backend(detection, LoadSettings(kv, session_options), family_options)
-    cache = ReferenceCache(memory_bytes=cache_memory_bytes, disk_dir=cache_dir, redis_url=redis_url)
+    cache = ReferenceCache(
+        memory_bytes=cache_memory_bytes,
+        disk_dir=cache_dir,
+        redis_url=redis_url,
+        redis_ttl_seconds=redis_ttl_seconds,
+        disk_max_bytes=cache_disk_bytes,
+    )
     results = None
     if result_cache_bytes is not None:
-        results = ResultCache(result_cache_bytes, disk_dir=result_cache_dir, redis_url=redis_url)
+        results = ResultCache(
+            result_cache_bytes,
+            disk_dir=result_cache_dir,
+            redis_url=redis_url,
+            redis_ttl_seconds=redis_ttl_seconds,
+            disk_max_bytes=result_cache_disk_bytes,
+        )
     prefixes = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes else None
     return Engine(backend, cache, family_of(detection), max_batch, results, prefixes)
 

@@ -241,13 +241,23 @@ def test_chatterbox_with_guidance_reuses_the_prefix(tmp_path, voice_wav):
 
 
 @pytest.mark.parametrize(
-    ("flag", "value"), [("--prefix-cache-mb", "-1"), ("--result-cache-mb", "99999999999")]
+    ("flag", "value", "message"),
+    [
+        ("--prefix-cache-mb", "-1", "--prefix-cache-mb must be in [0, 1048576] MiB, got -1"),
+        (
+            "--result-cache-mb",
+            "99999999999",
+            "--result-cache-mb must be in [0, 1048576] MiB, got 99999999999",
+        ),
+        ("--cache-disk-mb", "0", "--cache-disk-mb must be at least 1"),
+        ("--result-cache-disk-mb", "-4", "--result-cache-disk-mb must be at least 1"),
+        ("--redis-ttl", "0", "--redis-ttl must be in [1, 315360000] seconds, got 0"),
+    ],
 )
-def test_cache_size_flags_are_refused_in_one_line(tmp_path, capsys, flag, value):
+def test_cache_flags_are_refused_in_one_line(tmp_path, capsys, flag, value, message):
     from onnx_tts.cli import main
 
     out = tmp_path / "x.wav"
     assert main(["synth", "Hi.", "-o", str(out), flag, value]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err == f"onnx-tts: error: {flag} must be in [0, 1048576] MiB, got {value}"
+    assert capsys.readouterr().err.strip() == f"onnx-tts: error: {message}"
     assert not out.exists()

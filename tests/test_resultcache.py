@@ -344,3 +344,32 @@ def test_sentence_entries_reuse_shared_sentences_exactly(tmp_path, plain_engine)
     engine.sentence_entries = False
     engine.synthesize("One more. And another.")
     assert engine.cache_stats()["result"]["sentences"]["stored"] == 3 + 2 + 1
+
+
+def test_disk_tiers_are_bounded_and_redis_entries_expire(tmp_path, redis_url):
+    """An operator's bounds reach the tiers: the result disk tier stays under its byte bound
+    (least recently used files removed), and Redis entries carry the TTL."""
+    entry_bytes = None
+    client = redis.Redis.from_url(redis_url)
+    before = set(client.keys("onnx-tts:resultcache:*"))  # other tests' entries share the server
+    engine = load(
+        tmp_path,
+        result_cache_dir=tmp_path / "res",
+        result_cache_disk_bytes=60_000,
+        redis_url=redis_url,
+        redis_ttl_seconds=321,
+    )
+    for text in ("One.", "Two.", "Three.", "Four.", "Five."):
+        engine.synthesize(text, seed=1)
+        used = engine.results.stats()["disk"]["bytes"]
+        entry_bytes = entry_bytes or used
+        assert used <= 60_000
+    assert entry_bytes is not None and 5 * entry_bytes > 60_000  # the bound had to act
+    assert engine.results.stats()["disk"]["evictions"] >= 1
+    keys = set(client.keys("onnx-tts:resultcache:*")) - before
+    assert len(keys) == 5 and all(0 < client.ttl(key) <= 321 for key in keys)
+    for bad in (0, -1, True, 1 << 50):
+        with pytest.raises(InputError, match="result_cache_disk_bytes"):
+            load(tmp_path, result_cache_disk_bytes=bad)
+    with pytest.raises(InputError, match="redis_ttl_seconds"):
+        load(tmp_path, redis_ttl_seconds=0)

@@ -9,8 +9,7 @@ import sys
 import threading
 from typing import Any
 
-from onnx_tts.cli import cache_dir_option, mebibytes_option
-from onnx_tts.decoding.prefix_cache import DEFAULT_PREFIX_CACHE_BYTES
+from onnx_tts.cli import add_cache_arguments, cache_load_options
 from onnx_tts.pipeline import DEFAULT_MAX_BATCH
 
 DEFAULT_HOST = "127.0.0.1"
@@ -45,31 +44,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help=f"requests decoded as rows of one LM step ({DEFAULT_MAX_BATCH}; 1 = each alone)",
     )
     parser.add_argument(
-        "--redis", help="redis://host:port/db: reference and result caches shared by replicas"
-    )
-    parser.add_argument(
-        "--result-cache-mb",
-        type=int,
-        help="cache finished audio of greedy/seeded requests, this many MiB in memory "
-        "(default: no result cache)",
-    )
-    parser.add_argument("--result-cache-dir", help="result cache directory ('none' disables)")
-    parser.add_argument(
-        "--prefix-cache-mb",
-        type=int,
-        default=DEFAULT_PREFIX_CACHE_BYTES >> 20,
-        help="voice-prefix KV cache per model, MiB in memory (0 = off; default: %(default)s)",
-    )
-    parser.add_argument(
         "--api-key",
         default=os.environ.get("ONNX_TTS_API_KEY"),
         help="require 'Authorization: Bearer KEY' on /v1 and /metrics (or $ONNX_TTS_API_KEY)",
     )
+    add_cache_arguments(parser)
     parser.add_argument("--voices-dir", help="where uploaded voices are kept")
     parser.add_argument(
         "--max-upload-bytes", type=int, default=10 << 20, help="voice upload limit (10 MiB)"
     )
-    parser.add_argument("--cache-dir", help="reference cache directory ('none' disables)")
     parser.add_argument("--kv", choices=("copy", "chain", "inplace"), help="KV cache handling")
     parser.add_argument(
         "--threads", type=int, default=1, help="ONNX Runtime threads per session (1; 0 = all)"
@@ -120,7 +103,6 @@ def run(args: argparse.Namespace) -> int:
         level=getattr(logging, args.log_level.upper()),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    cache_dir = cache_dir_option(args.cache_dir)
     config = ServerConfig(
         models=list(args.models or [None]),
         workers=args.workers,
@@ -133,12 +115,8 @@ def run(args: argparse.Namespace) -> int:
         load_options={
             "kv": args.kv,
             "threads": args.threads,
-            "cache_dir": cache_dir,
-            "redis_url": args.redis,
             "max_batch": args.max_batch,
-            "result_cache_bytes": mebibytes_option(args.result_cache_mb, "--result-cache-mb"),
-            "result_cache_dir": cache_dir_option(args.result_cache_dir),
-            "prefix_cache_bytes": mebibytes_option(args.prefix_cache_mb, "--prefix-cache-mb"),
+            **cache_load_options(args),
         },
     )
     registry = ModelRegistry(config.models, config.load_options)
