@@ -181,7 +181,12 @@ def run_evaluation(
     stats = json.loads((work / "mel_stats.json").read_text())
     mean, std = np.array(stats["mean"], np.float32), np.array(stats["std"], np.float32)
     teacher = [u.audio for u in default]
-    resynth = [backend.vocode((log_mel_frames(a) - mean) / std, {}) for a in teacher]
+    resynth, vocoder_rtf = [], []
+    for clip in teacher:
+        mel = (log_mel_frames(clip) - mean) / std
+        start = time.perf_counter()
+        resynth.append(backend.vocode(mel, {}))
+        vocoder_rtf.append((time.perf_counter() - start) / (len(clip) / backend.sample_rate))
     generated, first_audio, rtf = [], [], []
     for index, text in enumerate(texts):
         start = time.perf_counter()
@@ -198,13 +203,30 @@ def run_evaluation(
         "vocoder on teacher mel (codec resynthesis)": wer_of("resynthesis", resynth),
         "model default voice": wer_of("model", generated),
     }
+    # Streamed against one-shot synthesis of the same sentence (same seed): the vocoder's
+    # windowing is the only difference.
+    stream_snr = [
+        snr_db(engine.synthesize(texts[i], seed=seed + i).samples, generated[i])
+        for i in range(min(20, len(texts)))
+    ]
     results["streaming"] = {
         "rtf_median": float(np.median(rtf)),
         "first_audio_seconds_median": float(np.median(first_audio)),
+        "vocoder_rtf_median": float(np.median(vocoder_rtf)),
+        "streamed_vs_one_shot_snr_db_median": float(np.median(stream_snr)),
+        "streamed_vs_one_shot_snr_db_min": float(np.min(stream_snr)),
         "threads": threads,
     }
+    results["bundle_bytes"] = sum(p.stat().st_size for p in Path(bundle_dir).iterdir())
     results["transcripts"] = {key: value[:12] for key, value in transcripts.items()}
-    results["summary"] = {"wer": results["wer"], "rtf": results["streaming"]["rtf_median"]}
+    results["summary"] = {
+        "wer": results["wer"],
+        "rtf": results["streaming"]["rtf_median"],
+        "first_audio_seconds": results["streaming"]["first_audio_seconds_median"],
+        "vocoder_rtf": results["streaming"]["vocoder_rtf_median"],
+        "streamed_vs_one_shot_snr_db_min": results["streaming"]["streamed_vs_one_shot_snr_db_min"],
+        "bundle_mb": results["bundle_bytes"] / 2**20,
+    }
     if quick:
         return results
 
@@ -244,7 +266,24 @@ def run_evaluation(
         "model default voice": float(np.mean([dnsmos(g)["ovrl_mos"] for g in generated[:30]])),
     }
     results["summary"]["dnsmos"] = results["dnsmos_ovrl"]
+    results["summary"]["teacher_rtf"] = results["teacher_rtf_median"] = _teacher_rtf(texts, threads)
     return results
+
+
+def _teacher_rtf(texts: Sequence[str], threads: int) -> float:
+    """Median real-time factor of the teacher (Piper joe, its ONNX graph on `threads`)."""
+    import time
+
+    from export.voice import data
+
+    teacher = data.PiperTeacher(threads)
+    voice = data.voice_by_name(data.DEFAULT_VOICE)
+    rtf = []
+    for text in texts:
+        start = time.perf_counter()
+        _, audio, _ = teacher.native(voice, text)
+        rtf.append((time.perf_counter() - start) / (len(audio) / teacher.sample_rate))
+    return float(np.median(rtf))
 
 
 # -- streaming: windowed vocoding against one-shot ----------------------------------------------

@@ -109,6 +109,10 @@ class NeuralVocoder(nn.Module):
 
     def forward(self, mel: torch.Tensor) -> torch.Tensor:
         """mel [B,T,n_mels] standardised log-mel -> audio [B, T*hop]."""
+        return self.synthesize(mel)[0]
+
+    def synthesize(self, mel: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(audio [B, T*hop], predicted phase [B,bins,T]) (the phase for the phase losses)."""
         x = self.embed(mel.transpose(1, 2))
         x = self.norm(x.transpose(1, 2)).transpose(1, 2)
         for block in self.blocks:
@@ -116,7 +120,7 @@ class NeuralVocoder(nn.Module):
         out = self.head(self.final_norm(x.transpose(1, 2))).transpose(1, 2)  # [B,2*bins,T]
         log_mag, phase = out[:, : self.cfg.bins], out[:, self.cfg.bins :]
         magnitude = torch.exp(log_mag.clamp(max=self.cfg.max_log_magnitude))
-        return self.istft(magnitude * torch.cos(phase), magnitude * torch.sin(phase))
+        return self.istft(magnitude * torch.cos(phase), magnitude * torch.sin(phase)), phase
 
 
 # -- losses -------------------------------------------------------------------------------------
@@ -147,6 +151,43 @@ def vocoder_losses(
     sc, mag = sc / len(STFT_RESOLUTIONS), mag / len(STFT_RESOLUTIONS)
     mel = F.l1_loss(log_mel(predicted, MEL_CONFIG), log_mel(target, MEL_CONFIG))
     return {"loss": sc + mag + mel_weight * mel, "sc": sc, "log_mag": mag, "mel": mel}
+
+
+def _anti_wrap(x: torch.Tensor) -> torch.Tensor:
+    """|x| after wrapping to [-pi, pi]: the distance between two angles."""
+    return torch.abs(x - 2 * math.pi * torch.round(x / (2 * math.pi)))
+
+
+def phase_losses(
+    phase: torch.Tensor, target: torch.Tensor, n_fft: int, hop: int
+) -> dict[str, torch.Tensor]:
+    """Direct supervision of the head's phase [B,bins,T] by the teacher's STFT phase at the
+    vocoder's own frames (same window, frame t centred on sample t*hop): instantaneous phase,
+    group delay (difference across frequency) and instantaneous frequency (across time), each
+    anti-wrapped, weighted by the teacher's magnitude so silence and empty bins do not count."""
+    spec = torch.stft(
+        target,
+        n_fft,
+        hop_length=hop,
+        window=torch.hann_window(n_fft, dtype=target.dtype),
+        return_complex=True,
+    )[..., : phase.shape[-1]]
+    true = torch.angle(spec)
+    weight = spec.abs()
+    weight = weight / weight.sum(dim=(1, 2), keepdim=True).clamp_min(1e-7)
+
+    def weighted(err: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return (err * w).sum(dim=(1, 2)).mean() / w.sum(dim=(1, 2)).mean().clamp_min(1e-7)
+
+    return {
+        "ip": weighted(_anti_wrap(phase - true), weight),
+        "gd": weighted(
+            _anti_wrap(torch.diff(phase, dim=1) - torch.diff(true, dim=1)), weight[:, 1:]
+        ),
+        "iaf": weighted(
+            _anti_wrap(torch.diff(phase, dim=2) - torch.diff(true, dim=2)), weight[..., 1:]
+        ),
+    }
 
 
 # -- data ---------------------------------------------------------------------------------------
@@ -228,6 +269,9 @@ class VocoderTrainConfig:
     final_learning_rate: float = 1e-4
     warmup_steps: int = 200
     save_seconds: float = 240.0
+    # Weight of the direct phase losses (instantaneous phase, group delay, instantaneous
+    # frequency): measured to matter, see benchmarks/README_voice.md.
+    phase_weight: float = 0.3
 
 
 def save_checkpoint(path: Path, model: NeuralVocoder, optimizer, state: dict) -> None:
@@ -298,7 +342,12 @@ def train_vocoder(
         for group in optimizer.param_groups:
             group["lr"] = lr
         mel, audio = clips.batch(rng, train_cfg.batch, train_cfg.frames)
-        losses = vocoder_losses(model(mel), audio)
+        predicted, phase = model.synthesize(mel)
+        losses = vocoder_losses(predicted, audio)
+        if train_cfg.phase_weight > 0:
+            phased = phase_losses(phase, audio, cfg.n_fft, cfg.hop)
+            losses.update(phased)
+            losses["loss"] = losses["loss"] + train_cfg.phase_weight * sum(phased.values())
         optimizer.zero_grad(set_to_none=True)
         losses["loss"].backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 10.0)
