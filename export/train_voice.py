@@ -72,9 +72,12 @@ def vocoder_config(args: argparse.Namespace):
 
 def stage_vocoder(work: Path, args: argparse.Namespace) -> None:
     """Trains the neural vocoder on the teacher's audio (WORK/vocoder/checkpoint.pt)."""
-    from export.voice.vocoder import train_vocoder
+    from export.voice.vocoder import VocoderTrainConfig, train_vocoder
 
-    train_vocoder(work, vocoder_config(args), args.vocoder_minutes, args.seed, args.lm_from)
+    train_cfg = VocoderTrainConfig(gan=args.vocoder_gan)
+    train_vocoder(
+        work, vocoder_config(args), args.vocoder_minutes, args.seed, args.lm_from, train_cfg
+    )
 
 
 def stage_export(work: Path, args: argparse.Namespace) -> None:
@@ -170,6 +173,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--vocoder-hidden", type=int, default=192)
     parser.add_argument("--vocoder-blocks", type=int, default=6)
     parser.add_argument("--vocoder-minutes", type=float, default=50.0)
+    parser.add_argument(
+        "--vocoder-gan",
+        action="store_true",
+        help="stage vocoder: continue with a multi-resolution spectrogram discriminator",
+    )
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     args.work.mkdir(parents=True, exist_ok=True)

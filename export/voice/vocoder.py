@@ -190,6 +190,67 @@ def phase_losses(
     }
 
 
+class SpectrogramDiscriminator(nn.Module):
+    """One resolution of a multi-resolution discriminator (as UnivNet/Vocos): 2-D convolutions
+    over a log-magnitude spectrogram, strided along frequency. Returns (logits, features)."""
+
+    def __init__(self, n_fft: int, hop: int, channels: int = 12) -> None:
+        super().__init__()
+        self.n_fft, self.hop = n_fft, hop
+        kernel, pad = (3, 5), (1, 2)
+        self.layers = nn.ModuleList(
+            [
+                nn.Conv2d(1, channels, kernel, padding=pad),
+                nn.Conv2d(channels, channels, kernel, stride=(1, 2), padding=pad),
+                nn.Conv2d(channels, channels, kernel, stride=(1, 2), padding=pad),
+                nn.Conv2d(channels, channels, kernel, stride=(1, 2), padding=pad),
+                nn.Conv2d(channels, channels, (3, 3), padding=(1, 1)),
+            ]
+        )
+        self.out = nn.Conv2d(channels, 1, (3, 3), padding=(1, 1))
+
+    def forward(self, audio: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        x = torch.log(_stft_magnitude(audio, self.n_fft, self.hop)).transpose(1, 2)[:, None]
+        features = []
+        for layer in self.layers:
+            x = F.leaky_relu(layer(x), 0.1)
+            features.append(x)
+        return self.out(x), features
+
+
+class MultiResolutionDiscriminator(nn.Module):
+    def __init__(
+        self, resolutions: tuple[tuple[int, int], ...] = ((1024, 256), (512, 128), (256, 64))
+    ):
+        super().__init__()
+        self.discriminators = nn.ModuleList(SpectrogramDiscriminator(n, h) for n, h in resolutions)
+
+    def forward(self, audio: torch.Tensor) -> list[tuple[torch.Tensor, list[torch.Tensor]]]:
+        return [d(audio) for d in self.discriminators]
+
+
+def discriminator_loss(disc: MultiResolutionDiscriminator, real, fake) -> torch.Tensor:
+    """Least-squares GAN: real -> 1, generated -> 0."""
+    loss = real.new_zeros(())
+    for (r, _), (f, _) in zip(disc(real), disc(fake.detach()), strict=True):
+        loss = loss + torch.mean((r - 1) ** 2) + torch.mean(f**2)
+    return loss
+
+
+def generator_adversarial_losses(
+    disc: MultiResolutionDiscriminator, real: torch.Tensor, fake: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(least-squares adversarial loss, feature-matching L1) of the generated audio."""
+    adv = fake.new_zeros(())
+    fm = fake.new_zeros(())
+    with torch.no_grad():
+        real_out = disc(real)
+    for (f, f_feats), (_, r_feats) in zip(disc(fake), real_out, strict=True):
+        adv = adv + torch.mean((f - 1) ** 2)
+        fm = fm + sum(F.l1_loss(a, b) for a, b in zip(f_feats, r_feats, strict=True)) / len(f_feats)
+    return adv, fm
+
+
 # -- data ---------------------------------------------------------------------------------------
 def bundle_mel_stats(bundle_dir: Path) -> dict:
     """The bundle's own standardisation (encoder.onnx's mel.mean / mel.std), phoneme table and
@@ -272,16 +333,30 @@ class VocoderTrainConfig:
     # Weight of the direct phase losses (instantaneous phase, group delay, instantaneous
     # frequency): measured to matter, see benchmarks/README_voice.md.
     phase_weight: float = 0.3
+    # Adversarial fine-tuning (multi-resolution spectrogram discriminator): the reconstruction
+    # losses are scaled by `reconstruction_weight` against adversarial 1 and feature matching 2.
+    gan: bool = False
+    reconstruction_weight: float = 15.0
+    discriminator_learning_rate: float = 2e-4
 
 
-def save_checkpoint(path: Path, model: NeuralVocoder, optimizer, state: dict) -> None:
+def save_checkpoint(
+    path: Path, model: NeuralVocoder, optimizer, state: dict, disc=None, disc_optimizer=None
+) -> None:
     tmp = path.with_name(path.name + ".tmp")
+    extra = {}
+    if disc is not None:
+        extra = {
+            "discriminator": disc.state_dict(),
+            "discriminator_optimizer": disc_optimizer.state_dict(),
+        }
     torch.save(
         {
             "config": asdict(model.cfg),
             "model": model.state_dict(),
             "optimizer": optimizer.state_dict(),
             **state,
+            **extra,
         },
         tmp,
     )
@@ -309,6 +384,12 @@ def train_vocoder(
         model.parameters(), lr=train_cfg.learning_rate, betas=(0.8, 0.99), weight_decay=0.01
     )
     state = {"step": 0, "seconds": 0.0, "planned_seconds": 0.0}
+    disc = disc_optimizer = None
+    if train_cfg.gan:
+        disc = MultiResolutionDiscriminator()
+        disc_optimizer = torch.optim.AdamW(
+            disc.parameters(), lr=train_cfg.discriminator_learning_rate, betas=(0.8, 0.99)
+        )
     if checkpoint.exists():
         saved = torch.load(checkpoint, weights_only=False)
         if saved["config"] != asdict(cfg):
@@ -316,6 +397,9 @@ def train_vocoder(
         model.load_state_dict(saved["model"])
         optimizer.load_state_dict(saved["optimizer"])
         state = {k: saved[k] for k in state}
+        if disc is not None and "discriminator" in saved:
+            disc.load_state_dict(saved["discriminator"])
+            disc_optimizer.load_state_dict(saved["discriminator_optimizer"])
     state["planned_seconds"] = state["seconds"] + minutes * 60
     params = sum(p.numel() for p in model.parameters())
     audio_hours = sum(len(a) for a in clips.audio) / cfg.hop / 50 / 3600
@@ -348,6 +432,14 @@ def train_vocoder(
             phased = phase_losses(phase, audio, cfg.n_fft, cfg.hop)
             losses.update(phased)
             losses["loss"] = losses["loss"] + train_cfg.phase_weight * sum(phased.values())
+        if disc is not None:
+            d_loss = discriminator_loss(disc, audio, predicted)
+            disc_optimizer.zero_grad(set_to_none=True)
+            d_loss.backward()
+            disc_optimizer.step()
+            adv, fm = generator_adversarial_losses(disc, audio, predicted)
+            losses.update({"disc": d_loss.detach(), "adv": adv, "fm": fm})
+            losses["loss"] = train_cfg.reconstruction_weight * losses["loss"] + adv + 2 * fm
         optimizer.zero_grad(set_to_none=True)
         losses["loss"].backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 10.0)
@@ -368,10 +460,10 @@ def train_vocoder(
             window = {}
         if time.monotonic() - last_save > train_cfg.save_seconds:
             state["seconds"] = base_seconds + time.monotonic() - start
-            save_checkpoint(checkpoint, model, optimizer, state)
+            save_checkpoint(checkpoint, model, optimizer, state, disc, disc_optimizer)
             last_save = time.monotonic()
     state["seconds"] = base_seconds + time.monotonic() - start
-    save_checkpoint(checkpoint, model, optimizer, state)
+    save_checkpoint(checkpoint, model, optimizer, state, disc, disc_optimizer)
     print(f"vocoder: saved step {state['step']}", flush=True)
 
 
