@@ -38,8 +38,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--quick", action="store_true", help="WER and speed only")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--sample-rate-check",
+        action="store_true",
+        help="only measure the teacher at 22.05 vs 16 kHz (results/voice_rate.json)",
+    )
     args = parser.parse_args(argv)
     os.environ["HF_HUB_OFFLINE"] = "1"
+    if args.sample_rate_check:
+        sample_rate_main(args)
+        return
     from export.voice.evaluate import run_evaluation
     from onnx_tts.bundle import DEFAULT_MODEL_DIR
 
@@ -57,6 +65,20 @@ def main(argv: list[str] | None = None) -> None:
     os.replace(tmp, args.out)
     plot(results, args.out.with_suffix(".png"))
     print(json.dumps(results["summary"], indent=1))
+
+
+def sample_rate_main(args: argparse.Namespace) -> None:
+    """Teacher at 22.05 kHz vs 16 kHz on the held-out sentences (the sample-rate decision)."""
+    from export.voice import data
+    from export.voice.evaluate import _eval_utterances, sample_rate_check
+
+    texts = [u.text for u in _eval_utterances(args.work, data.DEFAULT_VOICE, args.sentences)]
+    results = sample_rate_check(texts, args.threads)
+    out = args.out.with_name("voice_rate.json")
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(json.dumps(results, indent=1) + "\n")
+    os.replace(tmp, out)
+    print(json.dumps(results, indent=1))
 
 
 def plot(results: dict, path: Path) -> None:

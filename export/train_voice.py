@@ -16,7 +16,7 @@ import os
 import time
 from pathlib import Path
 
-STAGES = ("data", "train", "export", "eval")
+STAGES = ("data", "train", "vocoder", "export", "eval")
 CLONE_EVAL_VOICES = ("piper:joe@0.94", "piper:joe@0.92", "piper:joe@1.09")
 
 
@@ -60,14 +60,75 @@ def stage_train(work: Path, args: argparse.Namespace) -> None:
     train(work, config, args.minutes, args.seed)
 
 
-def stage_export(work: Path, args: argparse.Namespace) -> None:
-    from export.voice.bundle import VocoderConfig, write_bundle
-    from export.voice.train import load_trained
+def vocoder_config(args: argparse.Namespace):
+    from export.voice.vocoder import VocoderNetConfig
 
-    model, stats = load_trained(work)
-    vocoder = VocoderConfig(iterations=args.gl_iterations)
-    sizes = write_bundle(args.bundle or work / "bundle", model, stats, vocoder)
-    print(f"export: {sum(sizes.values()):,d} bytes -> {args.bundle or work / 'bundle'}")
+    return VocoderNetConfig(
+        hidden=args.vocoder_hidden,
+        intermediate=3 * args.vocoder_hidden,
+        blocks=args.vocoder_blocks,
+    )
+
+
+def stage_vocoder(work: Path, args: argparse.Namespace) -> None:
+    """Trains the neural vocoder on the teacher's audio (WORK/vocoder/checkpoint.pt)."""
+    from export.voice.vocoder import VocoderTrainConfig, train_vocoder
+
+    train_cfg = VocoderTrainConfig(gan=args.vocoder_gan)
+    train_vocoder(
+        work, vocoder_config(args), args.vocoder_minutes, args.seed, args.lm_from, train_cfg
+    )
+
+
+def stage_export(work: Path, args: argparse.Namespace) -> None:
+    """The bundle: LM graphs from WORK/lm/checkpoint.pt (or reused from --lm-from) and the
+    vocoder chosen by --vocoder, its streaming window measured here (choose_streaming)."""
+    from export.voice import bundle as voice_bundle
+
+    out = args.bundle or work / "bundle"
+    if args.vocoder == "neural":
+        parts = neural_parts(work)
+    else:
+        from export.voice.vocoder import ensure_mel_stats
+
+        stats = ensure_mel_stats(work, args.lm_from)
+        parts = voice_bundle.griffin_lim_parts(
+            stats, voice_bundle.VocoderConfig(iterations=args.gl_iterations)
+        )
+    if args.lm_from:
+        sizes = voice_bundle.rebundle_with_vocoder(out, args.lm_from, parts)
+    else:
+        from export.voice.train import load_trained
+
+        model, stats = load_trained(work)
+        sizes = voice_bundle.write_bundle(out, model, stats, parts)
+    print(f"export: {sum(sizes.values()):,d} bytes -> {out}")
+
+
+def neural_parts(work: Path, clips: int = 12) -> object:
+    """The trained neural vocoder's graph, with the streaming window measured on training
+    clips (the smallest hold-back that keeps streamed audio within 30 dB of one-shot)."""
+    import numpy as np
+    import onnxruntime as ort
+
+    from export.voice import data
+    from export.voice.bundle import neural_vocoder_parts
+    from export.voice.evaluate import choose_streaming
+    from export.voice.vocoder import load_vocoder, standardised_mel
+
+    model = load_vocoder(work)
+    stats = json.loads((work / "mel_stats.json").read_text())
+    parts = neural_vocoder_parts(model, {"holdback_frames": 0})
+    session = ort.InferenceSession(parts.graph.SerializeToString(deterministic=True))
+
+    def decode(mel: np.ndarray) -> np.ndarray:
+        return session.run(["waveform"], {"mel": mel[None].astype(np.float32)})[0][0]
+
+    shard = sorted((work / "data" / "train").glob("shard-*.npz"))[0]
+    mels = [standardised_mel(u.audio, stats) for u in data.load_shard(shard)[:clips]]
+    streaming, sweep = choose_streaming(decode, mels, model.cfg.hop)
+    print(f"export: streaming sweep {sweep} -> {streaming}")
+    return neural_vocoder_parts(model, streaming)
 
 
 def stage_eval(work: Path, args: argparse.Namespace) -> None:
@@ -99,6 +160,24 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ffn", type=int, default=768)
     parser.add_argument("--minutes", type=float, default=60.0, help="training time this run")
     parser.add_argument("--bundle", type=Path, default=None, help="default: WORK/bundle")
+    parser.add_argument(
+        "--lm-from",
+        type=Path,
+        default=None,
+        help="a built bundle whose encoder/embed/lm graphs (and mel statistics) export reuses "
+        "instead of WORK/lm/checkpoint.pt, e.g. onnx_tts/models/voice",
+    )
+    parser.add_argument(
+        "--vocoder", choices=("neural", "griffin-lim"), default="neural", help="stage export"
+    )
+    parser.add_argument("--vocoder-hidden", type=int, default=192)
+    parser.add_argument("--vocoder-blocks", type=int, default=6)
+    parser.add_argument("--vocoder-minutes", type=float, default=50.0)
+    parser.add_argument(
+        "--vocoder-gan",
+        action="store_true",
+        help="stage vocoder: continue with a multi-resolution spectrogram discriminator",
+    )
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     args.work.mkdir(parents=True, exist_ok=True)
@@ -109,10 +188,12 @@ def main(argv: list[str] | None = None) -> None:
     if stages != ["data"]:
         import torch
 
-        torch.set_num_threads(args.threads)
+        # Training shares the machine: one thread (the vocoder's measured speed is per thread).
+        torch.set_num_threads(1 if "vocoder" in stages else args.threads)
     handlers = {
         "data": stage_data,
         "train": stage_train,
+        "vocoder": stage_vocoder,
         "export": stage_export,
         "eval": stage_eval,
     }

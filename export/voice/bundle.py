@@ -14,6 +14,8 @@ onnx_tts/families/phoneme_mel.py).
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -24,7 +26,14 @@ from export import onnx_graphs
 from export.build_codec_lm import _bias, _linear_weight, _np, lm_weights
 from export.onnx_graphs import DecoderLMSpec, build_gqa_lm
 from export.voice.codec import MEL_CONFIG, MelConfig, mel_filterbank, mel_inverse
-from onnx_tts.tools.graph_builder import FLOAT, INT64, GraphBuilder, linear, reduce_op
+from onnx_tts.tools.graph_builder import (
+    FLOAT,
+    INT64,
+    GraphBuilder,
+    layer_norm,
+    linear,
+    reduce_op,
+)
 
 GRAPH_FILES = {
     "encoder": "encoder.onnx",
@@ -61,6 +70,43 @@ def dft_kernels(n_fft: int) -> tuple[np.ndarray, np.ndarray]:
         analysis[:, None, :].astype(np.float32),
         synthesis[:, None, :].astype(np.float32),
     )
+
+
+def inverse_stft(
+    b: GraphBuilder, synthesis: np.ndarray, hop: int, frames: str, samples: str
+) -> Callable[[str, str, str], str]:
+    """Adds the inverse STFT's fixed parts to `b` (synthesis kernel from `dft_kernels`, the
+    overlap-added squared-window envelope for `frames` [1] frames) and returns
+    istft(re, im, tag): (re, im) [B,bins,frames] -> audio [B,1,samples], frame t centred on
+    sample t * hop (a ConvTranspose1d of the windowed inverse DFT, normalised, trimmed)."""
+    n_fft = synthesis.shape[-1]
+    half = n_fft // 2
+    synthesis_k = b.initializer("istft.kernel", synthesis)
+    # Row 0 of the synthesis kernel is the window * 1/n_fft (DC, cos 0): the window itself.
+    window = synthesis[0, 0] * n_fft
+    window_sq = (window**2).astype(np.float32)
+    ones = b.node(
+        "ConstantOfShape",
+        [b.node("Concat", [b.const([1, 1]), frames], axis=0, name="envelope/Shape")],
+        value=onnx.helper.make_tensor("one", FLOAT, [1], [1.0]),
+        name="envelope/Ones",
+    )
+    envelope = b.node(
+        "ConvTranspose",
+        [ones, b.initializer("istft.window_sq", window_sq[None, None, :])],
+        strides=[hop],
+        name="envelope/OLA",
+    )
+    envelope = b.node("Max", [envelope, b.const(1e-8, np.float32)], name="envelope/Floor")
+    end = b.node("Add", [samples, b.const([half])], name="istft/End")
+
+    def istft(re: str, im: str, tag: str) -> str:
+        spec = b.node("Concat", [re, im], axis=1, name=f"{tag}/Spec")
+        ola = b.node("ConvTranspose", [spec, synthesis_k], strides=[hop], name=f"{tag}/OLA")
+        ola = b.node("Div", [ola, envelope], name=f"{tag}/Normalise")
+        return b.node("Slice", [ola, b.const([half]), end, b.const([2])], name=f"{tag}/Trim")
+
+    return istft
 
 
 def _stft(b: GraphBuilder, audio3: str, kernel: str, hop: int, n_fft: int, frames: str, name: str):
@@ -207,24 +253,7 @@ def build_vocoder_graph(cfg: MelConfig, stats: dict, vocoder: VocoderConfig) -> 
     samples = b.node("Mul", [frames, b.const([hop])], name="frames/Samples")
     analysis, synthesis = dft_kernels(cfg.n_fft)
     analysis_k = b.initializer("stft.kernel", analysis)
-    synthesis_k = b.initializer("istft.kernel", synthesis)
-    window_sq = (analysis[0, 0] ** 2).astype(np.float32)  # row 0 is cos(0) * window = window
-    half = cfg.n_fft // 2
-    # Overlap-add envelope of the squared window, for the inverse STFT's normalisation.
-    ones = b.node(
-        "ConstantOfShape",
-        [b.node("Concat", [b.const([1, 1]), frames], axis=0, name="envelope/Shape")],
-        value=onnx.helper.make_tensor("one", FLOAT, [1], [1.0]),
-        name="envelope/Ones",
-    )
-    envelope = b.node(
-        "ConvTranspose",
-        [ones, b.initializer("istft.window_sq", window_sq[None, None, :])],
-        strides=[hop],
-        name="envelope/OLA",
-    )
-    envelope = b.node("Max", [envelope, b.const(1e-8, np.float32)], name="envelope/Floor")
-    end = b.node("Add", [samples, b.const([half])], name="istft/End")
+    istft = inverse_stft(b, synthesis, hop, frames, samples)
 
     # Starting phase: the same integer hash as initial_phase(), computed in the graph.
     f_idx = b.node("Range", [b.const(0), b.const(bins), b.const(1)], name="phase/F")
@@ -256,12 +285,6 @@ def build_vocoder_graph(cfg: MelConfig, stats: dict, vocoder: VocoderConfig) -> 
         name="phase/Angle",
     )
     cos_p, sin_p = b.node("Cos", [phase]), b.node("Sin", [phase])
-
-    def istft(re: str, im: str, tag: str) -> str:
-        spec = b.node("Concat", [re, im], axis=1, name=f"{tag}/Spec")
-        ola = b.node("ConvTranspose", [spec, synthesis_k], strides=[hop], name=f"{tag}/OLA")
-        ola = b.node("Div", [ola, envelope], name=f"{tag}/Normalise")
-        return b.node("Slice", [ola, b.const([half]), end, b.const([2])], name=f"{tag}/Trim")
 
     re = b.node("Mul", [magnitude, cos_p], name="gl0/Re")
     im = b.node("Mul", [magnitude, sin_p], name="gl0/Im")
@@ -304,12 +327,141 @@ def build_vocoder_graph(cfg: MelConfig, stats: dict, vocoder: VocoderConfig) -> 
     )
 
 
-def bundle_manifest(model: object, stats: dict, vocoder: VocoderConfig) -> dict[str, object]:
-    """bundle.json without the file hashes (write_bundle adds them)."""
+def _gelu(b: GraphBuilder, x: str, name: str) -> str:
+    """Exact GELU, x * (1 + erf(x / sqrt 2)) / 2 (torch's default; ORT fuses the pattern)."""
+    erf = b.node("Erf", [b.node("Mul", [x, b.const(1 / np.sqrt(2), np.float32)])], name=name)
+    return b.node(
+        "Mul",
+        [
+            b.node("Mul", [x, b.const(0.5, np.float32)]),
+            b.node("Add", [erf, b.const(1.0, np.float32)]),
+        ],
+        name=f"{name}/Mul",
+    )
+
+
+def build_neural_vocoder_graph(model: object) -> onnx.ModelProto:
+    """model: export.voice.vocoder.NeuralVocoder. mel [B,F,n_mels] (standardised log-mel, as
+    the LM emits) -> waveform [B, F * hop]: ConvNeXt over frames, a head predicting log-
+    magnitude and phase of one STFT frame per mel frame, and the inverse STFT of
+    `inverse_stft` (the same one the Griffin-Lim graph ends with)."""
     cfg = model.cfg  # type: ignore[attr-defined]
+    b = GraphBuilder("vocoder")
+    mel = b.add_input("mel", FLOAT, ("batch", "frames", cfg.n_mels))
+    frames = b.shape_dims(mel, 1, 2, "F")
+    samples = b.node("Mul", [frames, b.const([cfg.hop])], name="frames/Samples")
+    pad = cfg.kernel // 2
+
+    def conv(x: str, layer: object, name: str, groups: int = 1) -> str:
+        return b.node(
+            "Conv",
+            [
+                x,
+                b.initializer(f"{name}.weight", _np(layer.weight)),
+                b.initializer(f"{name}.bias", _np(layer.bias)),
+            ],  # type: ignore[attr-defined]
+            pads=[pad, pad],
+            group=groups,
+            name=name,
+        )
+
+    def norm(x: str, layer: object, name: str) -> str:
+        return layer_norm(b, x, _np(layer.weight), _np(layer.bias), layer.eps, name)  # type: ignore[attr-defined]
+
+    x = conv(b.node("Transpose", [mel], perm=[0, 2, 1], name="mel/T"), model.embed, "embed")  # type: ignore[attr-defined]
+    x = norm(b.node("Transpose", [x], perm=[0, 2, 1], name="embed/T"), model.norm, "embed/Norm")  # type: ignore[attr-defined]
+    x = b.node("Transpose", [x], perm=[0, 2, 1], name="embed/Tback")  # [B,C,F]
+    for i, block in enumerate(model.blocks):  # type: ignore[attr-defined]
+        tag = f"block{i}"
+        y = conv(x, block.dwconv, f"{tag}/dwconv", groups=cfg.hidden)
+        y = norm(
+            b.node("Transpose", [y], perm=[0, 2, 1], name=f"{tag}/T"), block.norm, f"{tag}/Norm"
+        )
+        y = linear(b, y, _linear_weight(block.pw1), _bias(block.pw1), f"{tag}/pw1")
+        y = _gelu(b, y, f"{tag}/Gelu")
+        y = linear(b, y, _linear_weight(block.pw2), _bias(block.pw2), f"{tag}/pw2")
+        y = b.node("Mul", [y, b.initializer(f"{tag}.gamma", _np(block.gamma))], name=f"{tag}/Scale")
+        y = b.node("Transpose", [y], perm=[0, 2, 1], name=f"{tag}/Tback")
+        x = b.node("Add", [x, y], name=f"{tag}/Residual")
+    x = norm(b.node("Transpose", [x], perm=[0, 2, 1], name="head/T"), model.final_norm, "head/Norm")  # type: ignore[attr-defined]
+    out = linear(b, x, _linear_weight(model.head), _bias(model.head), "head")  # type: ignore[attr-defined]
+    out = b.node("Transpose", [out], perm=[0, 2, 1], name="head/Tback")  # [B,2*bins,F]
+    bins = cfg.bins
+    log_mag = b.node(
+        "Slice", [out, b.const([0]), b.const([bins]), b.const([1])], name="head/LogMag"
+    )
+    phase = b.node(
+        "Slice", [out, b.const([bins]), b.const([2 * bins]), b.const([1])], name="head/Phase"
+    )
+    magnitude = b.node(
+        "Exp",
+        [b.node("Min", [log_mag, b.const(cfg.max_log_magnitude, np.float32)])],
+        name="head/Mag",
+    )
+    re = b.node("Mul", [magnitude, b.node("Cos", [phase])], name="head/Re")
+    im = b.node("Mul", [magnitude, b.node("Sin", [phase])], name="head/Im")
+    _, synthesis = dft_kernels(cfg.n_fft)
+    istft = inverse_stft(b, synthesis, cfg.hop, frames, samples)
+    audio3 = istft(re, im, "out/istft")
+    b.node("Squeeze", [audio3, b.const([1])], output_names=["waveform"], name="out/Squeeze")
+    b.add_output("waveform", FLOAT, ("batch", "samples"))
+    return b.build(
+        f"voice vocoder: log-mel -> ConvNeXt x{cfg.blocks} (hidden {cfg.hidden}) -> log-magnitude "
+        f"and phase -> inverse STFT (n_fft {cfg.n_fft}, hop {cfg.hop})"
+    )
+
+
+@dataclass(frozen=True)
+class VocoderParts:
+    """What a vocoder puts in a bundle: its graph, bundle.json's "vocoder" and "streaming"."""
+
+    graph: onnx.ModelProto
+    section: dict
+    streaming: dict
+
+
+def griffin_lim_parts(stats: dict, vocoder: VocoderConfig) -> VocoderParts:
     mel = MEL_CONFIG
     # Griffin-Lim looks both ways: half an analysis window beyond the frame, in frames.
     reach = -(-mel.n_fft // (2 * mel.hop_length)) + 1
+    return VocoderParts(
+        build_vocoder_graph(mel, stats, vocoder),
+        {
+            "kind": "griffin-lim",
+            "receptive_field_frames": reach,
+            "lookahead_frames": reach,
+            "griffin_lim_iterations": vocoder.iterations,
+        },
+        {
+            "first_chunk_frames": 10,
+            "stride_frames": 24,
+            "overlap_frames": 8,
+            "holdback_frames": reach,
+            "crossfade_samples": 640,
+        },
+    )
+
+
+def neural_vocoder_parts(model: object, streaming: dict) -> VocoderParts:
+    """model: export.voice.vocoder.NeuralVocoder; streaming: measured by
+    export.voice.evaluate.choose_streaming."""
+    cfg = model.cfg  # type: ignore[attr-defined]
+    return VocoderParts(
+        build_neural_vocoder_graph(model),
+        {
+            "kind": "neural",
+            "architecture": f"convnext{cfg.blocks}x{cfg.hidden}-istft{cfg.n_fft}",
+            "receptive_field_frames": cfg.receptive_field_frames,
+            "lookahead_frames": streaming["holdback_frames"],
+        },
+        dict(streaming),
+    )
+
+
+def bundle_manifest(model: object, stats: dict, vocoder: VocoderParts) -> dict[str, object]:
+    """bundle.json without the file hashes (write_bundle adds them)."""
+    cfg = model.cfg  # type: ignore[attr-defined]
+    mel = MEL_CONFIG
     return {
         "format_version": 1,
         "family": "phoneme-mel",
@@ -341,26 +493,18 @@ def bundle_manifest(model: object, stats: dict, vocoder: VocoderConfig) -> dict[
         "encoder": {"min_seconds": 0.5, "max_seconds": 30.0},
         "lm": {"hidden_size": cfg.hidden_size, "max_positions": cfg.max_positions},
         "sampling": {"temperature": 0.0},
-        "streaming": {
-            "first_chunk_frames": 10,
-            "stride_frames": 24,
-            "overlap_frames": 8,
-            "holdback_frames": reach,
-            "crossfade_samples": 640,
-        },
-        "vocoder": {
-            "receptive_field_frames": reach,
-            "lookahead_frames": reach,
-            "griffin_lim_iterations": vocoder.iterations,
-        },
+        "streaming": dict(vocoder.streaming),
+        "vocoder": dict(vocoder.section),
     }
 
 
 def write_bundle(
-    out_dir: Path, model: object, stats: dict, vocoder: VocoderConfig
+    out_dir: Path, model: object, stats: dict, vocoder: VocoderConfig | VocoderParts
 ) -> dict[str, int]:
     """model: a trained `export.voice.train.VoiceModel`; stats: its mel statistics (mean, std,
-    default_speaker). Returns the file sizes."""
+    default_speaker); vocoder: Griffin-Lim settings or a built vocoder. Returns file sizes."""
+    if isinstance(vocoder, VocoderConfig):
+        vocoder = griffin_lim_parts(stats, vocoder)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     cfg = model.cfg  # type: ignore[attr-defined]
@@ -368,18 +512,41 @@ def write_bundle(
         "encoder": build_encoder_graph(MEL_CONFIG, stats),
         "embed": build_embed_graph(model),
         "lm": build_gqa_lm(lm_spec(cfg), lm_weights(model), name="lm"),  # type: ignore[arg-type]
-        "vocoder": build_vocoder_graph(MEL_CONFIG, stats, vocoder),
+        "vocoder": vocoder.graph,
     }
     files = {filename: graphs[key] for key, filename in GRAPH_FILES.items()}
     _, sizes = onnx_graphs.write_bundle(out, bundle_manifest(model, stats, vocoder), files)
     return sizes
 
 
+def rebundle_with_vocoder(out_dir: Path, lm_from: Path, vocoder: VocoderParts) -> dict[str, int]:
+    """A bundle with `lm_from`'s encoder, embed and LM graphs (byte for byte, with its text,
+    kv and speaker settings) and a new vocoder: the export path when the LM's training
+    checkpoint is not at hand. `out_dir` may be `lm_from` itself."""
+    source = Path(lm_from)
+    manifest = json.loads((source / "bundle.json").read_text())
+    manifest.pop("sha256", None)
+    graphs = manifest["graphs"]
+    files: dict[str, onnx.ModelProto | bytes] = {
+        graphs[role]: (source / graphs[role]).read_bytes() for role in ("encoder", "embed", "lm")
+    }
+    files[graphs["vocoder"]] = vocoder.graph
+    manifest["streaming"] = dict(vocoder.streaming)
+    manifest["vocoder"] = dict(vocoder.section)
+    _, sizes = onnx_graphs.write_bundle(Path(out_dir), manifest, files)
+    return sizes
+
+
 __all__ = [
     "MEL_CONFIG",
     "VocoderConfig",
+    "VocoderParts",
     "build_embed_graph",
     "build_encoder_graph",
+    "build_neural_vocoder_graph",
     "build_vocoder_graph",
+    "griffin_lim_parts",
+    "neural_vocoder_parts",
+    "rebundle_with_vocoder",
     "write_bundle",
 ]

@@ -191,7 +191,9 @@ class PiperTeacher:
         """The phoneme string the teacher can speak (symbols outside its table dropped)."""
         return "".join(ch for ch in self.phonemizer.phonemize(text) if ch in self.id_map)
 
-    def synthesize(self, voice: Voice, text: str, seed: int) -> Utterance:
+    def native(self, voice: Voice, text: str) -> tuple[str, np.ndarray, np.ndarray]:
+        """(phonemes, audio at the teacher's own rate, sample bounds of each symbol of
+        BOUNDARY_START + phonemes + BOUNDARY_END); no warp resampling yet."""
         phonemes = self.symbols(text)
         pad = self.id_map["_"]
         ids = [self.id_map["^"], pad]
@@ -216,6 +218,10 @@ class PiperTeacher:
         per_symbol.append(units[-1])
         bounds_in = np.concatenate([[0], np.cumsum(per_symbol)]) * self.hop
         audio = audio.reshape(-1)[: bounds_in[-1]].astype(np.float32)
+        return phonemes, audio, bounds_in
+
+    def synthesize(self, voice: Voice, text: str, seed: int) -> Utterance:
+        phonemes, audio, bounds_in = self.native(voice, text)
         # Warp: play the samples `warp` times faster (pitch and formants up); the length scale
         # above already stretched the speech by `warp`, so the tempo is the voice's own.
         rate_in = self.sample_rate * voice.warp

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -181,7 +181,12 @@ def run_evaluation(
     stats = json.loads((work / "mel_stats.json").read_text())
     mean, std = np.array(stats["mean"], np.float32), np.array(stats["std"], np.float32)
     teacher = [u.audio for u in default]
-    resynth = [backend.vocode((log_mel_frames(a) - mean) / std, {}) for a in teacher]
+    resynth, vocoder_rtf = [], []
+    for clip in teacher:
+        mel = (log_mel_frames(clip) - mean) / std
+        start = time.perf_counter()
+        resynth.append(backend.vocode(mel, {}))
+        vocoder_rtf.append((time.perf_counter() - start) / (len(clip) / backend.sample_rate))
     generated, first_audio, rtf = [], [], []
     for index, text in enumerate(texts):
         start = time.perf_counter()
@@ -198,13 +203,30 @@ def run_evaluation(
         "vocoder on teacher mel (codec resynthesis)": wer_of("resynthesis", resynth),
         "model default voice": wer_of("model", generated),
     }
+    # Streamed against one-shot synthesis of the same sentence (same seed): the vocoder's
+    # windowing is the only difference.
+    stream_snr = [
+        snr_db(engine.synthesize(texts[i], seed=seed + i).samples, generated[i])
+        for i in range(min(20, len(texts)))
+    ]
     results["streaming"] = {
         "rtf_median": float(np.median(rtf)),
         "first_audio_seconds_median": float(np.median(first_audio)),
+        "vocoder_rtf_median": float(np.median(vocoder_rtf)),
+        "streamed_vs_one_shot_snr_db_median": float(np.median(stream_snr)),
+        "streamed_vs_one_shot_snr_db_min": float(np.min(stream_snr)),
         "threads": threads,
     }
+    results["bundle_bytes"] = sum(p.stat().st_size for p in Path(bundle_dir).iterdir())
     results["transcripts"] = {key: value[:12] for key, value in transcripts.items()}
-    results["summary"] = {"wer": results["wer"], "rtf": results["streaming"]["rtf_median"]}
+    results["summary"] = {
+        "wer": results["wer"],
+        "rtf": results["streaming"]["rtf_median"],
+        "first_audio_seconds": results["streaming"]["first_audio_seconds_median"],
+        "vocoder_rtf": results["streaming"]["vocoder_rtf_median"],
+        "streamed_vs_one_shot_snr_db_min": results["streaming"]["streamed_vs_one_shot_snr_db_min"],
+        "bundle_mb": results["bundle_bytes"] / 2**20,
+    }
     if quick:
         return results
 
@@ -244,4 +266,164 @@ def run_evaluation(
         "model default voice": float(np.mean([dnsmos(g)["ovrl_mos"] for g in generated[:30]])),
     }
     results["summary"]["dnsmos"] = results["dnsmos_ovrl"]
+    results["summary"]["teacher_rtf"] = results["teacher_rtf_median"] = _teacher_rtf(texts, threads)
     return results
+
+
+def _teacher_rtf(texts: Sequence[str], threads: int) -> float:
+    """Median real-time factor of the teacher (Piper joe, its ONNX graph on `threads`)."""
+    import time
+
+    from export.voice import data
+
+    teacher = data.PiperTeacher(threads)
+    voice = data.voice_by_name(data.DEFAULT_VOICE)
+    rtf = []
+    for text in texts:
+        start = time.perf_counter()
+        _, audio, _ = teacher.native(voice, text)
+        rtf.append((time.perf_counter() - start) / (len(audio) / teacher.sample_rate))
+    return float(np.median(rtf))
+
+
+# -- streaming: windowed vocoding against one-shot ----------------------------------------------
+def snr_db(reference: np.ndarray, test: np.ndarray) -> float:
+    """10 log10(|reference|^2 / |reference - test|^2); inf when identical."""
+    reference = np.asarray(reference, np.float64)
+    noise = float(np.sum((reference - np.asarray(test, np.float64)) ** 2))
+    signal = float(np.sum(reference**2))
+    return float("inf") if noise == 0 else 10 * np.log10(max(signal, 1e-30) / noise)
+
+
+def streamed_vs_one_shot_snr(
+    decode: Callable[[np.ndarray], np.ndarray],
+    mel: np.ndarray,
+    options: Mapping[str, int],
+    hop: int,
+) -> float:
+    """SNR (dB) of the runtime's windowed streaming of `mel` [F, n_mels] (onnx_tts.vocoder,
+    frames pushed one at a time) against decoding all of it at once."""
+    from onnx_tts.vocoder import StreamingOptions, stream_decode
+
+    one_shot = decode(mel)
+    streamed = np.concatenate(
+        list(stream_decode(iter(mel), decode, StreamingOptions(**options), hop))
+    )
+    if len(streamed) != len(one_shot):
+        raise InputError(f"streamed {len(streamed)} samples, one-shot {len(one_shot)}")
+    return snr_db(one_shot, streamed)
+
+
+STREAM_SNR_TARGET_DB = 30.0
+
+
+def choose_streaming(
+    decode: Callable[[np.ndarray], np.ndarray],
+    mels: Sequence[np.ndarray],
+    hop: int,
+    crossfade_frames: int = 2,
+    margin_db: float = 3.0,
+) -> tuple[dict[str, int], list[dict[str, float]]]:
+    """The smallest look-ahead (hold-back frames; the overlap is the same left context plus the
+    crossfade) whose streamed output equals the one-shot within STREAM_SNR_TARGET_DB +
+    `margin_db` on every clip. Returns (bundle.json "streaming", the sweep as measured)."""
+    sweep = []
+    for holdback in (2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32):
+        overlap = holdback + crossfade_frames
+        options = {
+            "first_chunk_frames": holdback + 8,
+            "stride_frames": max(24, 2 * (overlap + holdback)),
+            "overlap_frames": overlap,
+            "holdback_frames": holdback,
+            "crossfade_samples": crossfade_frames * hop,
+        }
+        worst = min(streamed_vs_one_shot_snr(decode, mel, options, hop) for mel in mels)
+        sweep.append({"holdback_frames": holdback, "min_snr_db": round(worst, 2)})
+        if worst >= STREAM_SNR_TARGET_DB + margin_db:
+            return options, sweep
+    raise InputError(f"no streaming window reaches {STREAM_SNR_TARGET_DB} dB: {sweep}")
+
+
+# -- sample rate: what 16 kHz loses of the teacher ----------------------------------------------
+PHONEME_CLASSES = {
+    "fricatives": set("szʃʒfθvð"),
+    "stops": set("ptkbdg"),
+    "vowels": set("aeiouæɑɐɔəɚɛɜɪʊʌᵻ"),
+}
+
+
+def high_band_share(audio: np.ndarray, rate: int, cutoff: float = 8000.0) -> np.ndarray:
+    """Per 10 ms frame: the share of spectral energy above `cutoff` Hz (n_fft 512, hop rate/100)."""
+    hop, n_fft = rate // 100, 512
+    frames = max(0, (len(audio) - n_fft) // hop + 1)
+    if frames == 0:
+        return np.zeros(0)
+    index = np.arange(n_fft)[None, :] + hop * np.arange(frames)[:, None]
+    power = np.abs(np.fft.rfft(audio[index] * np.hanning(n_fft), axis=1)) ** 2
+    high = np.fft.rfftfreq(n_fft, 1 / rate) > cutoff
+    return power[:, high].sum(1) / np.maximum(power.sum(1), 1e-12)
+
+
+def sample_rate_check(texts: Sequence[str], threads: int = 2) -> dict[str, Any]:
+    """The teacher at its own 22.05 kHz against the same audio at 16 kHz (what the bundle
+    speaks): Whisper tiny.en WER and DNSMOS of both (the 22.05 kHz clip handed to Whisper as a
+    WAV file at its own rate, so Whisper's own front end resamples it; DNSMOS accepts 16 kHz
+    only, so it is reported for the 16 kHz clip alone), and the share of energy above
+    8 kHz (gone at 16 kHz) per phoneme class, from the teacher's own phoneme durations."""
+    import tempfile
+
+    import soundfile
+
+    from export.voice import data
+    from onnx_tts.audio import resample
+
+    teacher = data.PiperTeacher(threads)
+    voice = data.voice_by_name(data.DEFAULT_VOICE)
+    transcribe = Transcriber(threads)
+    rate = teacher.sample_rate
+    hyp_native, hyp_16k, mos_16k = [], [], []
+    share: dict[str, list[float]] = {name: [] for name in (*PHONEME_CLASSES, "all speech")}
+    with tempfile.TemporaryDirectory() as tmp:
+        for text in texts:
+            phonemes, audio, bounds = teacher.native(voice, text)
+            at_16k = resample(audio, rate, EVAL_SAMPLE_RATE)
+            wav = os.path.join(tmp, "native.wav")
+            soundfile.write(wav, audio, rate)
+            hyp_native.append(
+                " ".join(
+                    s.text.strip()
+                    for s in transcribe.model.transcribe(
+                        wav, language="en", beam_size=1, condition_on_previous_text=False
+                    )[0]
+                )
+            )
+            hyp_16k.append(transcribe(at_16k))
+            mos_16k.append(dnsmos(at_16k)["ovrl_mos"])
+            per_frame = high_band_share(audio, rate)
+            symbols = data.BOUNDARY_START + phonemes + data.BOUNDARY_END
+            for k, symbol in enumerate(symbols):
+                lo, hi = bounds[k] // (rate // 100), bounds[k + 1] // (rate // 100)
+                values = per_frame[lo:hi]
+                if not len(values):
+                    continue
+                for name, members in PHONEME_CLASSES.items():
+                    if symbol in members:
+                        share[name].extend(values)
+                if symbol not in (data.BOUNDARY_START, data.BOUNDARY_END, " "):
+                    share["all speech"].extend(values)
+    return {
+        "sentences": len(texts),
+        "teacher_rate": rate,
+        "wer": {
+            "teacher 22.05 kHz": corpus_wer(texts, hyp_native),
+            "teacher 16 kHz": corpus_wer(texts, hyp_16k),
+        },
+        # DNSMOS is defined at 16 kHz only: it cannot hear the band 16 kHz drops.
+        "dnsmos_ovrl": {"teacher 16 kHz": float(np.mean(mos_16k))},
+        "energy_share_above_8khz_median": {
+            name: float(np.median(values)) if values else None for name, values in share.items()
+        },
+        "energy_share_above_8khz_mean": {
+            name: float(np.mean(values)) if values else None for name, values in share.items()
+        },
+    }
