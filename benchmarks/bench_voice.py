@@ -43,8 +43,37 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="only measure the teacher at 22.05 vs 16 kHz (results/voice_rate.json)",
     )
+    parser.add_argument(
+        "--speed-only",
+        nargs="+",
+        metavar="NAME=DIR",
+        help="only streaming speed of these bundles and the teacher, interleaved "
+        "(results/voice_speed.json)",
+    )
+    parser.add_argument(
+        "--plot-vocoders",
+        nargs=2,
+        type=Path,
+        metavar=("GRIFFIN_LIM_JSON", "NEURAL_JSON"),
+        help="only plot two result files side by side (results/voice_vocoders.png)",
+    )
     args = parser.parse_args(argv)
     os.environ["HF_HUB_OFFLINE"] = "1"
+    if args.plot_vocoders:
+        griffin_lim, neural = (json.loads(p.read_text()) for p in args.plot_vocoders)
+        plot_vocoders(griffin_lim, neural, args.out.with_name("voice_vocoders.png"))
+        return
+    if args.speed_only:
+        from export.voice.evaluate import interleaved_speed
+
+        bundles = dict(item.split("=", 1) for item in args.speed_only)
+        results = interleaved_speed(args.work, {k: Path(v) for k, v in bundles.items()})
+        out = args.out.with_name("voice_speed.json")
+        tmp = out.with_name(out.name + ".tmp")
+        tmp.write_text(json.dumps(results, indent=1) + "\n")
+        os.replace(tmp, out)
+        print(json.dumps(results, indent=1))
+        return
     if args.sample_rate_check:
         sample_rate_main(args)
         return
@@ -79,6 +108,55 @@ def sample_rate_main(args: argparse.Namespace) -> None:
     tmp.write_text(json.dumps(results, indent=1) + "\n")
     os.replace(tmp, out)
     print(json.dumps(results, indent=1))
+
+
+def plot_vocoders(griffin_lim: dict, neural: dict, path: Path) -> None:
+    """WER and DNSMOS of the teacher, each vocoder on the teacher's mel and the model's speech
+    with each vocoder (two bench runs on the same held-out sentences)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    teacher_key = next(k for k in griffin_lim["wer"] if k.startswith("teacher"))
+    resynth = "vocoder on teacher mel (codec resynthesis)"
+    labels = [
+        "teacher\n(Piper joe)",
+        "Griffin-Lim\non teacher mel",
+        "neural\non teacher mel",
+        "model +\nGriffin-Lim",
+        "model +\nneural",
+    ]
+    wer = [
+        griffin_lim["wer"][teacher_key],
+        griffin_lim["wer"][resynth],
+        neural["wer"][resynth],
+        griffin_lim["wer"]["model default voice"],
+        neural["wer"]["model default voice"],
+    ]
+    mos = [
+        griffin_lim["dnsmos_ovrl"]["teacher"],
+        griffin_lim["dnsmos_ovrl"]["codec resynthesis"],
+        neural["dnsmos_ovrl"]["codec resynthesis"],
+        griffin_lim["dnsmos_ovrl"]["model default voice"],
+        neural["dnsmos_ovrl"]["model default voice"],
+    ]
+    colors = ["#888", "#69c", "#e93", "#69c", "#e93"]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    axes[0].bar(range(5), wer, color=colors)
+    axes[0].axhline(
+        1.2 * wer[0], color="r", linestyle="--", linewidth=1, label="goal: 1.2x teacher"
+    )
+    axes[0].set_ylabel(f"WER, Whisper tiny.en, {griffin_lim['sentences']} held-out sentences")
+    axes[1].bar(range(5), mos, color=colors)
+    axes[1].axhline(3.15, color="r", linestyle="--", linewidth=1, label="goal: 3.15")
+    axes[1].set_ylabel("DNSMOS overall (30 sentences)")
+    axes[1].set_ylim(2.0, 3.6)
+    for ax in axes:
+        ax.set_xticks(range(5), labels, fontsize=8)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
 
 
 def plot(results: dict, path: Path) -> None:

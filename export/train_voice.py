@@ -74,7 +74,7 @@ def stage_vocoder(work: Path, args: argparse.Namespace) -> None:
     """Trains the neural vocoder on the teacher's audio (WORK/vocoder/checkpoint.pt)."""
     from export.voice.vocoder import VocoderTrainConfig, train_vocoder
 
-    train_cfg = VocoderTrainConfig(gan=args.vocoder_gan)
+    train_cfg = VocoderTrainConfig(gan=args.vocoder_gan, lm_mels=args.vocoder_lm_mels)
     train_vocoder(
         work, vocoder_config(args), args.vocoder_minutes, args.seed, args.lm_from, train_cfg
     )
@@ -173,6 +173,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--vocoder-hidden", type=int, default=192)
     parser.add_argument("--vocoder-blocks", type=int, default=6)
     parser.add_argument("--vocoder-minutes", type=float, default=50.0)
+    parser.add_argument(
+        "--vocoder-lm-mels",
+        action="store_true",
+        help="stage vocoder: continue with half the inputs from the --lm-from bundle's LM "
+        "(teacher-forced), so the vocoder learns the frames the LM really emits",
+    )
     parser.add_argument(
         "--vocoder-gan",
         action="store_true",

@@ -13,7 +13,7 @@ import onnxruntime as ort
 import pytest
 import soundfile
 
-torch = pytest.importorskip("torch")
+torch = pytest.importorskip("torch", reason="vocoder tests need torch (pip install '.[export]')")
 
 import onnx_tts  # noqa: E402
 from export.voice import bundle as voice_bundle  # noqa: E402

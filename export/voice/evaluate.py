@@ -427,3 +427,49 @@ def sample_rate_check(texts: Sequence[str], threads: int = 2) -> dict[str, Any]:
             name: float(np.mean(values)) if values else None for name, values in share.items()
         },
     }
+
+
+def interleaved_speed(
+    work: Path, bundles: Mapping[str, Path], sentences: int = 30, threads: int = 2
+) -> dict[str, Any]:
+    """Streaming RTF and time to first audio of several bundles and the teacher's RTF, sentence
+    by sentence in turn, so that all see the same load on a shared machine (medians)."""
+    import time
+
+    import onnx_tts
+    from export.voice import data
+
+    texts = [u.text for u in _eval_utterances(work, data.DEFAULT_VOICE, sentences)]
+    engines = {
+        name: onnx_tts.load(str(path), threads=threads, cache_dir=None)
+        for name, path in bundles.items()
+    }
+    teacher = data.PiperTeacher(threads)
+    voice = data.voice_by_name(data.DEFAULT_VOICE)
+    measured: dict[str, dict[str, list[float]]] = {n: {"rtf": [], "ttfa": []} for n in engines}
+    measured["teacher (Piper joe)"] = {"rtf": []}
+    for engine in engines.values():
+        list(engine.stream(texts[0]))  # warm-up
+    for index, text in enumerate(texts):
+        for name, engine in engines.items():
+            start = time.perf_counter()
+            pieces: list[np.ndarray] = []
+            for piece in engine.stream(text, seed=index):
+                if not pieces:
+                    measured[name]["ttfa"].append(time.perf_counter() - start)
+                pieces.append(piece)
+            seconds = sum(len(p) for p in pieces) / engine.sample_rate
+            measured[name]["rtf"].append((time.perf_counter() - start) / max(seconds, 1e-3))
+        start = time.perf_counter()
+        _, audio, _ = teacher.native(voice, text)
+        seconds = len(audio) / teacher.sample_rate
+        measured["teacher (Piper joe)"]["rtf"].append((time.perf_counter() - start) / seconds)
+    return {
+        "sentences": len(texts),
+        "threads": threads,
+        "median": {
+            name: {key: float(np.median(values)) for key, values in series.items()}
+            for name, series in measured.items()
+        },
+        "loadavg": os.getloadavg(),
+    }

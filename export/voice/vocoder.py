@@ -293,15 +293,26 @@ def standardised_mel(audio: np.ndarray, stats: dict) -> np.ndarray:
 class Clips:
     """Every training utterance as (standardised mel [F,80], audio [F*hop]); random crops."""
 
-    def __init__(self, work: Path, stats: dict, hop: int) -> None:
+    def __init__(
+        self, work: Path, stats: dict, hop: int, lm_bundle: Path | None = None, lm_share=0.5
+    ) -> None:
+        """With `lm_bundle`, a share `lm_share` of the clips (a fixed choice) takes its input
+        mel from that bundle's LM run teacher-forced (lm_teacher_forced_mels)."""
         from export.voice import data
 
         self.hop = hop
         self.mels: list[np.ndarray] = []
         self.audio: list[np.ndarray] = []
+        rng = np.random.default_rng(0)
         for shard in sorted((work / "data" / "train").glob("shard-*.npz")):
-            for utt in data.load_shard(shard):
-                mel = standardised_mel(utt.audio, stats)
+            utts = data.load_shard(shard)
+            mels = [standardised_mel(u.audio, stats) for u in utts]
+            if lm_bundle is not None:
+                chosen = [k for k in range(len(utts)) if rng.random() < lm_share]
+                lm_mels = lm_teacher_forced_mels(lm_bundle, [utts[k] for k in chosen], stats)
+                for k, lm_mel in zip(chosen, lm_mels, strict=True):
+                    mels[k][: len(lm_mel)] = lm_mel[: len(mels[k])]
+            for utt, mel in zip(utts, mels, strict=True):
                 self.mels.append(mel)
                 self.audio.append(utt.audio[: len(mel) * hop])
         if not self.mels:
@@ -321,6 +332,62 @@ class Clips:
         return torch.from_numpy(np.stack(mels)), torch.from_numpy(np.stack(audio))
 
 
+def lm_teacher_forced_mels(bundle_dir: Path, utterances: list, stats: dict) -> list[np.ndarray]:
+    """What the bundle's LM emits for each utterance when fed the teacher's previous frames and
+    phoneme pointer (one prefill run of embed.onnx + lm.onnx): standardised mel [F, n_mels],
+    aligned with the teacher's audio, as smooth as the LM's own predictions. The vocoder
+    fine-tuned on these learns the LM's frames rather than only ground truth."""
+    import onnxruntime as ort
+
+    from export.voice.train import TrainConfig, make_example, step_inputs
+
+    manifest = json.loads((Path(bundle_dir) / "bundle.json").read_text())
+    cfg = TrainConfig(
+        symbols=tuple(stats["symbols"]),
+        context=tuple(manifest["text"]["context"]),
+        max_progress=manifest["text"]["max_progress"],
+        reduction=manifest["frames"]["reduction"],
+    )
+    kv = manifest["kv"]
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    embed = ort.InferenceSession(str(Path(bundle_dir) / "embed.onnx"), options)
+    lm = ort.InferenceSession(str(Path(bundle_dir) / "lm.onnx"), options)
+    ids = {ch: i + 1 for i, ch in enumerate(cfg.symbols)}
+    mean, std = np.array(stats["mean"], np.float32), np.array(stats["std"], np.float32)
+    empty = np.zeros((1, kv["kv_heads"], 0, kv["head_dim"]), np.float32)
+    past = {name.format(i=i): empty for i in range(kv["layers"]) for name in kv["past_names"]}
+    out = []
+    for utt in utterances:
+        example = make_example(utt, ids, mean, std, cfg.reduction)
+        steps = len(example.pointer)
+        frames = example.mel.astype(np.float32).reshape(steps, cfg.frame_width)
+        previous = np.zeros_like(frames)
+        previous[1:] = frames[:-1]
+        window, progress, _ = step_inputs(example.symbols, example.pointer, cfg)
+        (embeds,) = embed.run(
+            ["inputs_embeds"],
+            {
+                "previous_frames": previous[None],
+                "phonemes": window[None],
+                "progress": progress[None],
+                "speaker_embedding": example.stats[None].astype(np.float32),
+            },
+        )
+        (logits,) = lm.run(
+            ["logits"],
+            {
+                "inputs_embeds": embeds,
+                "seqlens_k": np.array([steps - 1], np.int32),
+                "total_sequence_length": np.array(steps, np.int32),
+                **past,
+            },
+        )
+        mel = logits[0, :, : cfg.frame_width].reshape(steps * cfg.reduction, cfg.n_mels)
+        out.append(mel[: len(utt.audio) // MEL_CONFIG.hop_length].astype(np.float32))
+    return out
+
+
 # -- training -----------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class VocoderTrainConfig:
@@ -336,6 +403,8 @@ class VocoderTrainConfig:
     # Adversarial fine-tuning (multi-resolution spectrogram discriminator): the reconstruction
     # losses are scaled by `reconstruction_weight` against adversarial 1 and feature matching 2.
     gan: bool = False
+    # Half the clips' input mel from the bundle's LM run teacher-forced (fine-tuning stage).
+    lm_mels: bool = False
     reconstruction_weight: float = 15.0
     discriminator_learning_rate: float = 2e-4
 
@@ -375,7 +444,10 @@ def train_vocoder(
     learning rate decays by cosine over the total time asked for so far."""
     torch.manual_seed(seed)
     stats = ensure_mel_stats(work, bundle_dir)
-    clips = Clips(work, stats, cfg.hop)
+    lm_bundle = bundle_dir if train_cfg.lm_mels else None
+    if train_cfg.lm_mels and bundle_dir is None:
+        raise SystemExit("fine-tuning on the LM's mels needs --lm-from BUNDLE_DIR")
+    clips = Clips(work, stats, cfg.hop, lm_bundle)
     folder = work / "vocoder"
     folder.mkdir(parents=True, exist_ok=True)
     checkpoint = folder / "checkpoint.pt"
