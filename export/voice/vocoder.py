@@ -127,14 +127,14 @@ class NeuralVocoder(nn.Module):
 STFT_RESOLUTIONS = ((256, 64), (512, 128), (1024, 256), (2048, 512))
 
 
+def _stft(audio: torch.Tensor, n_fft: int, hop: int) -> torch.Tensor:
+    """Complex STFT with a Hann window, frame t centred on sample t * hop."""
+    window = torch.hann_window(n_fft, dtype=audio.dtype)
+    return torch.stft(audio, n_fft, hop_length=hop, window=window, return_complex=True)
+
+
 def _stft_magnitude(audio: torch.Tensor, n_fft: int, hop: int) -> torch.Tensor:
-    spec = torch.stft(
-        audio,
-        n_fft,
-        hop_length=hop,
-        window=torch.hann_window(n_fft, dtype=audio.dtype),
-        return_complex=True,
-    )
+    spec = _stft(audio, n_fft, hop)
     return (spec.real.square() + spec.imag.square()).clamp_min(1e-7).sqrt()
 
 
@@ -165,13 +165,7 @@ def phase_losses(
     vocoder's own frames (same window, frame t centred on sample t*hop): instantaneous phase,
     group delay (difference across frequency) and instantaneous frequency (across time), each
     anti-wrapped, weighted by the teacher's magnitude so silence and empty bins do not count."""
-    spec = torch.stft(
-        target,
-        n_fft,
-        hop_length=hop,
-        window=torch.hann_window(n_fft, dtype=target.dtype),
-        return_complex=True,
-    )[..., : phase.shape[-1]]
+    spec = _stft(target, n_fft, hop)[..., : phase.shape[-1]]
     true = torch.angle(spec)
     weight = spec.abs()
     weight = weight / weight.sum(dim=(1, 2), keepdim=True).clamp_min(1e-7)
