@@ -195,19 +195,31 @@ class Engine:
     def clear_cache(self) -> dict[str, dict[str, int]]:
         return {name: c.clear() if c is not None else {} for name, c in self._caches().items()}
 
-    def _recall(self, *request: Any) -> tuple[str | None, dict[str, np.ndarray] | None]:
-        """(digest, cached value) of a request (text, voice, seed, options) as given, from the
-        result cache's memory before any text processing; (None, None) without a cache."""
-        if self.results is None:
+    def _recall(
+        self, text: Any, voice: Any, seed: Any, options: Mapping[str, Any], cache: bool | None
+    ) -> tuple[str | None, dict[str, np.ndarray] | None]:
+        """(digest, cached value) of a request as given, from the result cache's memory before
+        any text processing; (None, None) without a cache or with cache=False."""
+        if cache not in (None, True, False):
+            raise InputError(
+                f"cache must be None (deterministic requests only), True or False, got {cache!r}"
+            )
+        if self.results is None or cache is False:
             return None, None
         if self._identity is None:
             self._identity = model_identity(self.backend)
-        digest = request_digest(self._identity, *request)
+        # A request that asked for caching has its own alias: auto requests never replay it.
+        given = {**options, "\x00cache": True} if cache else options
+        digest = request_digest(self._identity, text, voice, seed, given)
         return digest, self.results.recall(digest)
 
-    def _result_key(self, chunks, sampling: SamplingOptions, options, prompt, digest) -> str | None:
-        """Result-cache key of a deterministic (greedy or seeded) request, else None."""
-        if self.results is None or (sampling.temperature > 0 and sampling.seed is None):
+    def _result_key(
+        self, chunks, sampling: SamplingOptions, options, prompt, digest, cache: bool | None
+    ) -> str | None:
+        """Result-cache key of a deterministic (greedy or seeded) request, or of any request
+        with cache=True (a sampled one is then made once and replayed), else None."""
+        sampled = sampling.temperature > 0 and sampling.seed is None
+        if self.results is None or cache is False or (sampled and not cache):
             return None
         key = result_key(self._identity or "", chunks, prompt, sampling, options)
         if key is not None:
@@ -297,17 +309,20 @@ class Engine:
         voice: VoiceLike = None,
         seed: int | None = None,
         progress: Callable[[int, int], None] | None = None,
+        cache: bool | None = None,
         **options: Any,
     ) -> Audio:
         """Speak `text` (in the voice of `voice` when given). Same seed -> same samples.
 
         `options`: sampling (temperature, top_k, top_p, repetition_penalty) and the model
-        family's request options (e.g. language)."""
-        digest, value = self._recall(text, voice, seed, options)
+        family's request options (e.g. language). `cache` (with a result cache): None stores
+        and reuses deterministic requests only, True also a sampled one (made once, then
+        replayed), False neither looks up nor stores."""
+        digest, value = self._recall(text, voice, seed, options, cache)
         if value is None:
             chunks, sampling, checked = self._plan(text, seed, options)
             prompt = self.voice(voice)
-            key = self._result_key(chunks, sampling, checked, prompt, digest)
+            key = self._result_key(chunks, sampling, checked, prompt, digest, cache)
             if key is None:
                 return self._synthesize(chunks, sampling, checked, prompt, progress)
             sentences = self._sentence_keys(chunks, sampling, checked, prompt)
@@ -404,6 +419,7 @@ class Engine:
         overlap_frames: int | None = None,
         holdback_frames: int | None = None,
         crossfade_samples: int | None = None,
+        cache: bool | None = None,
         **options: Any,
     ) -> Iterator[np.ndarray]:
         """Speak `text` as float32 chunks at `sample_rate`, yielded as frames are generated.
@@ -412,7 +428,7 @@ class Engine:
         and seed (and to the same samples when the windows are wide enough for the vocoder;
         see onnx_tts.vocoder). Options and text are checked here, before the first chunk.
         Closing the iterator early (or breaking out of the loop) stops generation and
-        returns the KV cache to its pool.
+        returns the KV cache to its pool. `cache`: as in synthesize().
         """
         window = self.streaming_options(
             first_chunk_frames=first_chunk_frames,
@@ -421,12 +437,12 @@ class Engine:
             holdback_frames=holdback_frames,
             crossfade_samples=crossfade_samples,
         )
-        digest, hit = self._recall(text, voice, seed, options)
+        digest, hit = self._recall(text, voice, seed, options, cache)
         stream_key = None
         if hit is None:
             chunks, sampling, checked = self._plan(text, seed, options)
             prompt = self.voice(voice)
-            key = self._result_key(chunks, sampling, checked, prompt, digest)
+            key = self._result_key(chunks, sampling, checked, prompt, digest, cache)
             if key is not None:
                 # Streamed audio depends on the windows: it is stored under its own key (the
                 # counted lookup); synthesize()'s one-shot entry serves a stream too (uncounted).

@@ -373,3 +373,30 @@ def test_disk_tiers_are_bounded_and_redis_entries_expire(tmp_path, redis_url):
             load(tmp_path, result_cache_disk_bytes=bad)
     with pytest.raises(InputError, match="redis_ttl_seconds"):
         load(tmp_path, redis_ttl_seconds=0)
+
+
+def test_cache_keyword_forces_or_bypasses_the_result_cache(tmp_path):
+    """cache=True caches a sampled request (made once, then replayed); an automatic request
+    never replays it; cache=False neither looks up nor stores."""
+    engine = load(tmp_path)
+    text = "A sampled line."
+
+    def counts() -> tuple[int, int]:
+        stats = engine.cache_stats()["result"]
+        return stats["requests"], stats["hits"]
+
+    engine.synthesize(text, temperature=0.7)  # sampled, not asked: bypasses
+    assert counts() == (0, 0)
+    first = engine.synthesize(text, temperature=0.7, cache=True).samples
+    again = engine.synthesize(text, temperature=0.7, cache=True).samples
+    assert np.array_equal(first, again) and counts()[1] == 1
+    streamed = np.concatenate(list(engine.stream(text, temperature=0.7, cache=True)))
+    assert streamed.size and counts()[1] == 2  # the one-shot entry serves the stream
+    engine.synthesize(text, temperature=0.7)  # automatic again: not a replay
+    assert counts()[1] == 2
+    before = counts()
+    engine.synthesize("Seeded, but bypassing.", seed=3, cache=False)
+    engine.synthesize("Seeded, but bypassing.", seed=3, cache=False)
+    assert counts() == before
+    with pytest.raises(InputError, match="cache must be"):
+        engine.synthesize(text, cache="yes")

@@ -367,6 +367,11 @@ def test_result_cache_hits_are_served_and_counted(tmp_path: Path) -> None:
         labels = {"model": "onnx-tts-voice"}
         assert metric(text, "onnx_tts_result_cache_lookups_total", tier="memory", **labels) >= 1
         assert metric(text, "onnx_tts_result_cache_lookups_total", tier="miss", **labels) >= 1
+        # A sampled request is cached only when it asks ("cache": true), then replayed.
+        sampled = {"input": "Sampled.", "response_format": "pcm", "temperature": 0.8}
+        one, two = (speech(live, **sampled, cache=True) for _ in range(2))
+        assert one.status_code == two.status_code == 200 and one.content == two.content
+        assert speech(live, **sampled, cache="maybe").status_code == 400
     finally:
         live.stop()
 

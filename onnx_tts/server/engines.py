@@ -96,6 +96,7 @@ def model_options(engine: onnx_tts.Engine) -> dict[str, type]:
     for option in engine.family.options_in("request"):
         options[option.name] = option.kind
     options.update(dict.fromkeys(WINDOW_OPTIONS, int))
+    options["cache"] = bool  # result cache: also a sampled request (True), or bypass (False)
     return options
 
 
