@@ -1,7 +1,7 @@
 """The default voice's vocoder (issue 17): the neural vocoder's ONNX graph computes what its torch
 model does, the recipe's streaming window is chosen by measurement, a bundle can be rebuilt
-around a new vocoder with its LM untouched, and the checked-in voice streams within 30 dB of its
-one-shot output."""
+around a new vocoder with its LM untouched, and a neural-vocoder bundle streams within 30 dB
+of its one-shot output."""
 
 from __future__ import annotations
 
@@ -13,24 +13,25 @@ import onnxruntime as ort
 import pytest
 import soundfile
 
-torch = pytest.importorskip("torch", reason="vocoder tests need torch (pip install '.[export]')")
+# torch comes with the test extra ([export]): these tests always run.
+import torch
 
-import onnx_tts  # noqa: E402
-from export.voice import bundle as voice_bundle  # noqa: E402
-from export.voice.evaluate import (  # noqa: E402
+import onnx_tts
+from export.voice import bundle as voice_bundle
+from export.voice.evaluate import (
     STREAM_SNR_TARGET_DB,
     choose_streaming,
     snr_db,
     streamed_vs_one_shot_snr,
 )
-from export.voice.vocoder import (  # noqa: E402
+from export.voice.vocoder import (
     NeuralVocoder,
     VocoderNetConfig,
     bundle_mel_stats,
     standardised_mel,
     vocoder_losses,
 )
-from onnx_tts.bundle import VOICE_MODEL_DIR  # noqa: E402
+from onnx_tts.bundle import VOICE_MODEL_DIR
 
 DATA = Path(__file__).resolve().parent / "data"
 TINY = VocoderNetConfig(hidden=32, intermediate=64, blocks=2, n_fft=256, hop=80, n_mels=16)
