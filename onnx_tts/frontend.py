@@ -287,7 +287,8 @@ def _speakable(ch: str) -> bool:
 
 def drop_unspeakable(text: str) -> str:
     """Remove letters of scripts the English frontend cannot speak (CJK, Arabic, Hebrew,
-    Cyrillic, ...) and emoji/pictographs, warning with UnspeakableTextWarning naming them."""
+    Cyrillic, ...) and emoji/pictographs, warning with UnspeakableTextWarning naming them;
+    InputError (and no warning: the error is the one line) when nothing speakable is left."""
     kept: list[str] = []
     dropped: dict[str, list[str]] = {}
     keep_marks = True
@@ -303,6 +304,11 @@ def drop_unspeakable(text: str) -> str:
             dropped.setdefault(_character_group(ch), []).append(ch)
             kept.append(" ")  # keep word boundaries
             keep_marks = False
+    if dropped and not any(ch.isalnum() for ch in kept):
+        raise InputError(
+            "text has nothing speakable after dropping the characters this English voice "
+            "cannot read; give some words in English (or use a model for that language)"
+        )
     if dropped:
         total = sum(len(chars) for chars in dropped.values())
         detail = "; ".join(
@@ -355,13 +361,7 @@ def normalize_text(text: str) -> str:
     text = check_text(text)
     text = unicodedata.normalize("NFKC", text).translate(_QUOTES)
     text = "".join(ch if unicodedata.category(ch)[0] != "C" else " " for ch in text)
-    kept = drop_unspeakable(text)
-    if kept != text and not any(ch.isalnum() for ch in kept):
-        raise InputError(
-            "text has nothing speakable after dropping the characters this English voice "
-            "cannot read; give some words in English (or use a model for that language)"
-        )
-    text = kept
+    text = drop_unspeakable(text)
     for abbreviation, expansion in _ABBREVIATIONS.items():
         text = re.sub(rf"(?i)(?<!\w){re.escape(abbreviation)}", expansion, text)
     text = expand_numbers(text)

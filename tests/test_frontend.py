@@ -80,11 +80,12 @@ def test_other_scripts_are_dropped_with_a_warning_naming_them() -> None:
 
 
 def test_nothing_speakable_left_is_an_input_error() -> None:
+    """The error alone: no warning line before it (the CLI's contract is one line)."""
     with (
         warnings.catch_warnings(),
         pytest.raises(InputError, match="nothing speakable"),
     ):
-        warnings.simplefilter("ignore", UnspeakableTextWarning)
+        warnings.simplefilter("error", UnspeakableTextWarning)
         normalize_text("你好，世界")
     # Blank text is the caller's to refuse (check_text); punctuation is left to the model.
     assert normalize_text("   ") == ""
