@@ -56,8 +56,16 @@ def stage_data(work: Path, args: argparse.Namespace) -> None:
 def stage_train(work: Path, args: argparse.Namespace) -> None:
     from export.voice.train import TrainConfig, train
 
-    config = TrainConfig(layers=args.layers, hidden_size=args.hidden, ffn_size=args.ffn)
-    train(work, config, args.minutes, args.seed)
+    config = TrainConfig(
+        layers=args.layers,
+        hidden_size=args.hidden,
+        ffn_size=args.ffn,
+        learning_rate=args.learning_rate,
+        warmup_steps=args.warmup_steps,
+        final_weight=args.final_weight,
+        delta_weight=args.delta_weight,
+    )
+    train(work, config, args.minutes, args.seed, init_from=args.lm_init)
 
 
 def vocoder_config(args: argparse.Namespace):
@@ -159,6 +167,27 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--ffn", type=int, default=768)
     parser.add_argument("--minutes", type=float, default=60.0, help="training time this run")
+    parser.add_argument("--learning-rate", type=float, default=1e-3)
+    parser.add_argument("--warmup-steps", type=int, default=300)
+    parser.add_argument(
+        "--final-weight",
+        type=float,
+        default=1.0,
+        help="stage train: mel-loss weight of steps speaking a word's last phoneme",
+    )
+    parser.add_argument(
+        "--delta-weight",
+        type=float,
+        default=0.0,
+        help="stage train: weight of the L1 on frame-to-frame mel change (against smoothing)",
+    )
+    parser.add_argument(
+        "--lm-init",
+        type=Path,
+        default=None,
+        help="stage train: start from this bundle's embed/lm weights when WORK has no "
+        "checkpoint (its architecture wins over --layers/--hidden/--ffn)",
+    )
     parser.add_argument("--bundle", type=Path, default=None, help="default: WORK/bundle")
     parser.add_argument(
         "--lm-from",

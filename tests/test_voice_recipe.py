@@ -299,3 +299,59 @@ def test_recipe_batches_group_lengths_and_condition_on_another_utterance() -> No
     # The previous-frames input is the target shifted by one step (zeros first).
     assert torch.equal(tensors["previous"][:, 1:], tensors["frames"][:, :-1])
     assert float(tensors["previous"][:, 0].abs().sum()) == 0.0
+
+
+def test_word_final_steps_mark_the_last_phoneme_its_neighbour_and_release() -> None:
+    ids = {ch: i + 1 for i, ch in enumerate(SYMBOLS)}
+    symbols = np.array([ids[ch] for ch in "^hoʊ wɜːld.$"])
+    boundaries = train.Batches([], train.TrainConfig(symbols=SYMBOLS), seed=0).boundaries
+    # One step per symbol: the pointer visits every index once.
+    marks = train.word_final_steps(symbols, np.arange(len(symbols)), boundaries)
+    #                ^  h  o  ʊ  ' ' w  ɜ  ː  l  d  .  $
+    expected = [0, 0, 1, 1, 1, 0, 0, 0, 1, 1, 1, 0]
+    assert marks.tolist() == expected
+    # A pointer that skips the short final "d" still marks the step before it.
+    skipping = np.array([0, 5, 6, 8, 10, 11])
+    assert train.word_final_steps(symbols, skipping, boundaries).tolist() == [0, 0, 0, 1, 1, 0]
+
+
+def test_final_weight_emphasises_word_final_steps_in_the_mel_loss() -> None:
+    stats = tiny_stats()
+    examples = tiny_examples(stats)
+    plain = train.Batches(examples, TINY, seed=0).tensors([0])
+    weighted = train.Batches(
+        examples, train.TrainConfig(**{**TINY.__dict__, "final_weight": 4.0}), seed=0
+    ).tensors([0])
+    final = weighted["weight"][0] > 1.0
+    assert bool(final.any()) and bool((~final).any())
+    assert torch.equal(plain["weight"], plain["mask"])
+    # An error only on word-final steps costs more under the weighting, the same elsewhere.
+    model = train.VoiceModel(TINY).eval()
+    with torch.no_grad():
+        x = model.embed(plain["previous"], plain["window"], plain["progress"], plain["speaker"])
+        out, _ = model.lm(x)
+    for batch in (plain, weighted):
+        batch["frames"] = out[..., : TINY.frame_width].detach().clone()
+        batch["frames"][0, final] += 1.0
+    with torch.no_grad():
+        loss_plain = train.batch_losses(model, plain)
+        loss_weighted = train.batch_losses(model, weighted)
+    share = float(final.float().mean())
+    assert loss_plain["mel_l1"].item() == pytest.approx(share, rel=1e-4)
+    assert loss_weighted["mel_l1"].item() == pytest.approx(share, rel=1e-4)
+    assert loss_weighted["loss"].item() > loss_plain["loss"].item() + 0.1
+
+
+def test_model_from_bundle_gives_back_the_exported_weights(tmp_path: Path) -> None:
+    torch.manual_seed(3)
+    model = train.VoiceModel(TINY).eval()
+    voice_bundle.write_bundle(
+        tmp_path, model, tiny_stats(), voice_bundle.VocoderConfig(iterations=2)
+    )
+    restored = train.model_from_bundle(tmp_path, train.TrainConfig(final_weight=2.0))
+    assert restored.cfg.final_weight == 2.0  # training settings come from the caller
+    assert (restored.cfg.layers, restored.cfg.hidden_size, restored.cfg.ffn_size) == (1, 64, 128)
+    original, loaded = model.state_dict(), restored.state_dict()
+    assert original.keys() == loaded.keys()
+    for name, tensor in original.items():
+        assert torch.equal(tensor, loaded[name]), name

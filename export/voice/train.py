@@ -23,6 +23,7 @@ import math
 import os
 import random
 import time
+import unicodedata
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -56,6 +57,11 @@ class TrainConfig:
     learning_rate: float = 1e-3
     warmup_steps: int = 300
     batch_steps: int = 3000  # LM steps (tokens) per batch
+    # Issue 17: the voice dropped word-final consonants ("watched" -> "watch"). Steps that speak
+    # a word's last phoneme weigh `final_weight` times in the mel loss, and an L1 on the
+    # frame-to-frame change (weight `delta_weight`) keeps the LM from smoothing short bursts.
+    final_weight: float = 1.0
+    delta_weight: float = 0.0
     symbols: tuple[str, ...] = field(default_factory=tuple)  # phoneme table (id = index + 1)
 
     @property
@@ -211,12 +217,32 @@ def step_inputs(
     return window, progress, advance
 
 
+def word_final_steps(
+    symbols: np.ndarray, pointer: np.ndarray, boundaries: np.ndarray
+) -> np.ndarray:
+    """1.0 for steps that speak a word's last phoneme, else 0.0 (float32 [steps]).
+
+    A step counts when its pointer is on the last phoneme, on the phoneme before it (a short
+    final stop is often skipped by the pointer, its burst heard in the step before) or on the
+    boundary right after it (the release)."""
+    boundary = np.isin(symbols, boundaries)
+    following = np.append(boundary[1:], True)
+    final = ~boundary & following
+    before = np.append(final[1:], False)
+    after = np.insert(final[:-1], 0, False) & boundary
+    return (final | before | after)[pointer].astype(np.float32)
+
+
 # -- batches ------------------------------------------------------------------------------------
 class Batches:
     def __init__(self, examples: list[Example], cfg: TrainConfig, seed: int) -> None:
         self.examples = examples
         self.cfg = cfg
         self.rng = random.Random(seed)
+        # Ids of the symbols that are not phonemes: space, punctuation, "^" and "$".
+        self.boundaries = np.array(
+            [i + 1 for i, ch in enumerate(cfg.symbols) if unicodedata.category(ch)[0] in "PZS"]
+        )
         self.by_voice: dict[str, list[int]] = {}
         for index, example in enumerate(examples):
             self.by_voice.setdefault(example.voice, []).append(index)
@@ -250,6 +276,7 @@ class Batches:
         progress = np.zeros((b, steps), np.int64)
         advance = np.zeros((b, steps), np.int64)
         mask = np.zeros((b, steps), np.float32)
+        weight = np.zeros((b, steps), np.float32)
         speaker = np.zeros((b, cfg.speaker_dim), np.float32)
         for row, e in enumerate(items):
             s = len(e.pointer)
@@ -258,6 +285,9 @@ class Batches:
                 e.symbols, e.pointer, cfg
             )
             mask[row, :s] = 1.0
+            weight[row, :s] = 1.0 + (cfg.final_weight - 1.0) * word_final_steps(
+                e.symbols, e.pointer, self.boundaries
+            )
             # Condition on another utterance of the same voice: the model must take the voice
             # from the embedding, not copy the target's own statistics.
             speaker[row] = self.examples[self.rng.choice(self.by_voice[e.voice])].stats
@@ -270,6 +300,7 @@ class Batches:
             "progress": torch.from_numpy(progress),
             "advance": torch.from_numpy(advance),
             "mask": torch.from_numpy(mask),
+            "weight": torch.from_numpy(weight),
             "speaker": torch.from_numpy(speaker),
         }
 
@@ -282,14 +313,25 @@ def batch_losses(model: VoiceModel, batch: dict[str, torch.Tensor]) -> dict[str,
     logits = out[..., cfg.frame_width :]
     mask = batch["mask"]
     real = mask.sum()
-    mel_l1 = ((predicted - batch["frames"]).abs().mean(-1) * mask).sum() / real
+    weight = batch.get("weight", mask) * mask
+    error = (predicted - batch["frames"]).abs().mean(-1)
+    mel_l1 = (error * mask).sum() / real
+    weighted_l1 = (error * weight).sum() / weight.sum()
+    # Frame-to-frame change, in time order across the steps' reduction frames.
+    b, s = mask.shape
+    time_pred = predicted.reshape(b, s * cfg.reduction, cfg.n_mels)
+    time_true = batch["frames"].reshape(b, s * cfg.reduction, cfg.n_mels)
+    time_mask = mask.repeat_interleave(cfg.reduction, dim=1)[:, 1:]
+    delta_error = (time_pred.diff(dim=1) - time_true.diff(dim=1)).abs().mean(-1) * time_mask
+    delta_l1 = delta_error.sum() / time_mask.sum()
     advance_ce = (
         F.cross_entropy(logits.transpose(1, 2), batch["advance"], reduction="none") * mask
     ).sum() / real
     accuracy = ((logits.argmax(-1) == batch["advance"]).float() * mask).sum() / real
     return {
-        "loss": mel_l1 + advance_ce,
+        "loss": weighted_l1 + cfg.delta_weight * delta_l1 + advance_ce,
         "mel_l1": mel_l1,
+        "delta_l1": delta_l1,
         "advance_ce": advance_ce,
         "advance_acc": accuracy,
     }
@@ -352,13 +394,23 @@ def save_checkpoint(path: Path, model: VoiceModel, optimizer, step: int, stats: 
     os.replace(tmp, path)
 
 
-def train(work: Path, cfg: TrainConfig, minutes: float, seed: int) -> None:
+def train(
+    work: Path, cfg: TrainConfig, minutes: float, seed: int, init_from: Path | None = None
+) -> None:
+    """Trains WORK/lm/checkpoint.pt for `minutes` more. Without a checkpoint the weights start
+    random, or from the bundle `init_from` (its architecture replaces `cfg`'s)."""
     torch.manual_seed(seed)
-    examples, cfg, stats = load_examples(work, cfg)
     checkpoint = work / "lm" / "checkpoint.pt"
     checkpoint.parent.mkdir(parents=True, exist_ok=True)
     step = 0
+    start = None
+    if init_from is not None and not checkpoint.exists():
+        start = model_from_bundle(init_from, cfg)
+        cfg = start.cfg
+    examples, cfg, stats = load_examples(work, cfg)
     model = VoiceModel(cfg)
+    if start is not None:
+        model.load_state_dict(start.state_dict())
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate, weight_decay=0.01)
     if checkpoint.exists():
         state = torch.load(checkpoint, weights_only=False)
@@ -408,6 +460,74 @@ def train(work: Path, cfg: TrainConfig, minutes: float, seed: int) -> None:
                 last_save = time.monotonic()
     save_checkpoint(checkpoint, model, optimizer, step, stats)
     print(f"train: saved step {step}")
+
+
+def model_from_bundle(bundle_dir: Path, cfg: TrainConfig) -> VoiceModel:
+    """A VoiceModel holding a built bundle's embed.onnx and lm.onnx weights, so training can
+    continue from a bundle when its torch checkpoint is gone. The architecture comes from the
+    bundle (`cfg` gives only the training settings); the graphs keep linear weights as
+    [in, out], torch as [out, in]."""
+    import onnx
+    from onnx import numpy_helper
+
+    manifest = json.loads((bundle_dir / "bundle.json").read_text())
+    weights = {}
+    for graph in ("embed", "lm"):
+        model = onnx.load(str(bundle_dir / manifest["graphs"][graph]))
+        weights.update({t.name: numpy_helper.to_array(t) for t in model.graph.initializer})
+    kv, text = manifest["kv"], manifest["text"]
+    cfg = TrainConfig(
+        **{
+            **asdict(cfg),
+            "layers": kv["layers"],
+            "heads": kv["heads"],
+            "kv_heads": kv["kv_heads"],
+            "head_dim": kv["head_dim"],
+            "hidden_size": manifest["lm"]["hidden_size"],
+            "max_positions": manifest["lm"]["max_positions"],
+            "ffn_size": weights["layers.0.mlp.gate.weight"].shape[1],
+            "prenet_size": weights["prenet1.weight"].shape[1],
+            "n_mels": manifest["frames"]["n_mels"],
+            "reduction": manifest["frames"]["reduction"],
+            "context": tuple(text["context"]),
+            "max_progress": text["max_progress"],
+            "advance_classes": manifest["pointer"]["advance_classes"],
+            "symbols": tuple(text["phonemes"]),
+        }
+    )
+    model = VoiceModel(cfg)
+    linear = {
+        "embed.prenet1": "prenet1",
+        "embed.prenet2": "prenet2",
+        "embed.speaker": "speaker",
+        "lm.head": "lm_head",
+    }
+    for i in range(cfg.layers):
+        for ours, theirs in (
+            ("q_proj", "q_proj"),
+            ("k_proj", "k_proj"),
+            ("v_proj", "v_proj"),
+            ("o_proj", "o_proj"),
+            ("gate", "mlp.gate"),
+            ("up", "mlp.up"),
+            ("down", "mlp.down"),
+        ):
+            linear[f"lm.layers.{i}.{ours}"] = f"layers.{i}.{theirs}"
+    state = {}
+    for ours, theirs in linear.items():
+        state[f"{ours}.weight"] = weights[f"{theirs}.weight"].T
+        if f"{theirs}.bias" in weights:
+            state[f"{ours}.bias"] = weights[f"{theirs}.bias"]
+    for i in range(cfg.layers):
+        for norm in ("attn_norm", "mlp_norm"):
+            state[f"lm.layers.{i}.{norm}.weight"] = weights[f"layers.{i}.{norm}.weight"]
+    state["lm.final_norm.weight"] = weights["final_norm.weight"]
+    state["embed.phonemes"] = np.stack(
+        [weights[f"phoneme.{k}.table"] for k in range(len(cfg.context))]
+    )
+    state["embed.progress"] = weights["progress.table"]
+    model.load_state_dict({k: torch.tensor(np.asarray(v)) for k, v in state.items()})
+    return model
 
 
 def load_trained(work: Path) -> tuple[VoiceModel, dict]:
