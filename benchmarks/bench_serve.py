@@ -19,9 +19,7 @@ import argparse
 import io
 import json
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -35,6 +33,7 @@ if __package__ in (None, ""):  # run as a script: make `benchmarks` and `onnx_tt
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_streaming import machine_info, write_atomically
+from benchmarks.live_server import LiveServer
 from onnx_tts.server.metrics import PlaybackClock
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -46,52 +45,6 @@ TEXTS = (
 )
 GOAL_TTFA_P95_S = 0.150
 GOAL_CLIENTS = 8
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-class Server:
-    """`python -m onnx_tts.server` on a free port, stopped with SIGTERM."""
-
-    def __init__(self, extra: list[str]) -> None:
-        self._tmp = tempfile.TemporaryDirectory(prefix="onnx-tts-bench-serve-")
-        port = _free_port()
-        self.url = f"http://127.0.0.1:{port}"
-        command = [sys.executable, "-m", "onnx_tts.server", "--port", str(port)]
-        command += ["--voices-dir", os.path.join(self._tmp.name, "voices"), "--log-level"]
-        command += ["warning", *extra]
-        self._log = open(os.path.join(self._tmp.name, "server.log"), "wb")  # noqa: SIM115
-        self.process = subprocess.Popen(command, stdout=self._log, stderr=self._log)
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"server exited: {self.log()}")
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
-        self.stop()
-        raise RuntimeError("server did not become healthy in 120 s")
-
-    def log(self) -> str:
-        return Path(self._log.name).read_text(errors="replace")[-2000:]
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(60)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        self._log.close()
-        self._tmp.cleanup()
 
 
 def stream_once(client: httpx.Client, url: str, text: str, expected_bytes: int) -> dict[str, Any]:
@@ -244,7 +197,10 @@ def main(argv: list[str] | None = None) -> int:
     if not levels or min(levels) < 1 or max(levels) > 256 or args.requests < 1:
         parser.error("client counts must be 1-256 and --requests >= 1")
 
-    server = None if args.url else Server(args.server_args.split())
+    workdir = tempfile.TemporaryDirectory(prefix="onnx-tts-bench-serve-")
+    server = None
+    if not args.url:
+        server = LiveServer(Path(workdir.name), "--log-level", "warning", *args.server_args.split())
     url = args.url or server.url  # type: ignore[union-attr]
     try:
         expected = reference_lengths(url)
@@ -269,6 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if server is not None:
             server.stop()
+        workdir.cleanup()
     results["machine"]["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
     goal = next((lv for lv in results["levels"] if lv["clients"] == GOAL_CLIENTS), None)
     if goal is not None:

@@ -7,7 +7,6 @@ import io
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -22,6 +21,7 @@ import openai
 import pytest
 import soundfile
 
+from benchmarks.live_server import LiveServer, free_port
 from onnx_tts.server.encoding import StreamEncoder, wav_stream_header
 from onnx_tts.server.metrics import PlaybackClock
 from onnx_tts.server.timestretch import TimeStretcher, stretch
@@ -33,48 +33,6 @@ LONG_TEXT = " ".join(["This sentence keeps the worker busy for a while."] * 80)
 
 
 # -- live servers -------------------------------------------------------------------------------
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-class LiveServer:
-    def __init__(self, tmp: Path, *extra: str) -> None:
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = tmp / f"server-{self.port}.log"
-        command = [sys.executable, "-m", "onnx_tts.server", "--port", str(self.port)]
-        tmp.mkdir(parents=True, exist_ok=True)
-        command += ["--voices-dir", str(tmp / "voices"), "--cache-dir", str(tmp / "cache")]
-        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
-        self.process = subprocess.Popen(command + list(extra), stdout=self._log, stderr=self._log)
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            assert self.process.poll() is None, self.log()
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
-        self.stop()
-        raise AssertionError(f"server did not become healthy:\n{self.log()}")
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        self._log.close()
 
 
 @pytest.fixture(scope="module")
@@ -523,7 +481,7 @@ def test_bad_arguments_exit_2() -> None:
 
 
 def test_unloadable_model_exits_2(tmp_path: Path) -> None:
-    command = [sys.executable, "-m", "onnx_tts.server", "--port", str(_free_port())]
+    command = [sys.executable, "-m", "onnx_tts.server", "--port", str(free_port())]
     done = subprocess.run(
         [*command, "--model", str(tmp_path / "missing"), "--voices-dir", str(tmp_path / "v")],
         capture_output=True,

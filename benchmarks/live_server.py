@@ -1,0 +1,65 @@
+"""`python -m onnx_tts.server` as its users run it: a live process on a free port, ready once
+/health answers, stopped with SIGTERM. Used by the server tests and `bench serve`."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+STARTUP_SECONDS = 120
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class ServerFailed(RuntimeError):
+    """The server exited or never became healthy; the message holds its log."""
+
+
+class LiveServer:
+    """A server whose voices, reference cache and log live in `workdir`; `extra` arguments
+    come last, so they override those defaults."""
+
+    def __init__(self, workdir: Path, *extra: str) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.log_path = workdir / f"server-{self.port}.log"
+        command = [sys.executable, "-m", "onnx_tts.server", "--port", str(self.port)]
+        command += ["--voices-dir", str(workdir / "voices"), "--cache-dir", str(workdir / "cache")]
+        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self.process = subprocess.Popen([*command, *extra], stdout=self._log, stderr=self._log)
+        deadline = time.monotonic() + STARTUP_SECONDS
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                self.stop()
+                raise ServerFailed(f"server exited with {self.process.returncode}:\n{self.log()}")
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise ServerFailed(f"server did not become healthy in {STARTUP_SECONDS} s:\n{self.log()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self._log.close()
