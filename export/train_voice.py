@@ -101,7 +101,7 @@ def stage_export(work: Path, args: argparse.Namespace) -> None:
 
         stats = ensure_mel_stats(work, args.lm_from)
         parts = voice_bundle.griffin_lim_parts(
-            stats, voice_bundle.VocoderConfig(iterations=args.gl_iterations)
+            stats, voice_bundle.VocoderConfig(iterations=args.gl_iterations, power=args.gl_power)
         )
     if args.lm_from:
         sizes = voice_bundle.rebundle_with_vocoder(out, args.lm_from, parts)
@@ -163,6 +163,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--worker", type=int, default=0, help="stage data: this process's index")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--gl-iterations", type=int, default=16)
+    parser.add_argument(
+        "--gl-power",
+        type=float,
+        default=1.0,
+        help="Griffin-Lim: the linear magnitude is raised to this power before phase recovery",
+    )
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--ffn", type=int, default=768)

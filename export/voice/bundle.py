@@ -48,6 +48,9 @@ class VocoderConfig:
     upsample: int = 2
     iterations: int = 16
     momentum: float = 0.99
+    # Linear magnitude raised to this power before phase reconstruction (> 1 sharpens the
+    # harmonics the mel pseudo-inverse smears, as Tacotron did); 1 leaves it unchanged.
+    power: float = 1.0
 
 
 def dft_kernels(n_fft: int) -> tuple[np.ndarray, np.ndarray]:
@@ -238,6 +241,8 @@ def build_vocoder_graph(cfg: MelConfig, stats: dict, vocoder: VocoderConfig) -> 
         "MatMul", [b.node("Exp", [logmel]), b.initializer("mel.inverse", mel_inverse(cfg))]
     )
     linear = b.node("Relu", [linear], name="linear/Clamp")  # [B,F,bins]
+    if vocoder.power != 1.0:
+        linear = b.node("Pow", [linear, b.const(vocoder.power, np.float32)], name="linear/Sharpen")
     magnitude = b.node("Transpose", [linear], perm=[0, 2, 1], name="linear/T")  # [B,bins,F]
     if vocoder.upsample > 1:
         magnitude = b.node(
@@ -431,6 +436,7 @@ def griffin_lim_parts(stats: dict, vocoder: VocoderConfig) -> VocoderParts:
             "receptive_field_frames": reach,
             "lookahead_frames": reach,
             "griffin_lim_iterations": vocoder.iterations,
+            "griffin_lim_power": vocoder.power,
         },
         {
             "first_chunk_frames": 10,

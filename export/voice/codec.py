@@ -133,12 +133,16 @@ def initial_phase(bins: int, frames: int) -> np.ndarray:
 
 
 def mel_to_audio(
-    logmel: torch.Tensor, cfg: MelConfig, upsample: int = 2, iterations: int = 32
+    logmel: torch.Tensor,
+    cfg: MelConfig,
+    upsample: int = 2,
+    iterations: int = 32,
+    power: float = 1.0,
 ) -> torch.Tensor:
-    """log-mel [B,F,n_mels] -> audio [B, F*hop]: inverse filterbank, then Griffin-Lim on frames
-    linearly interpolated to hop / upsample."""
+    """log-mel [B,F,n_mels] -> audio [B, F*hop]: inverse filterbank (magnitude ** power), then
+    Griffin-Lim on frames linearly interpolated to hop / upsample."""
     inverse = torch.from_numpy(mel_inverse(cfg))
-    linear = torch.clamp(torch.exp(logmel) @ inverse, min=0.0)  # [B,F,bins]
+    linear = torch.clamp(torch.exp(logmel) @ inverse, min=0.0) ** power  # [B,F,bins]
     if upsample > 1:
         linear = torch.nn.functional.interpolate(
             linear.transpose(1, 2), scale_factor=upsample, mode="linear", align_corners=False
