@@ -48,8 +48,8 @@ class VocoderConfig:
     upsample: int = 2
     iterations: int = 16
     momentum: float = 0.99
-    # Linear magnitude raised to this power before phase reconstruction (> 1 sharpens the
-    # harmonics the mel pseudo-inverse smears, as Tacotron did); 1 leaves it unchanged.
+    # Linear magnitude raised to this power before phase reconstruction: > 1 sharpens (as
+    # Tacotron did), < 1 flattens; the default voice measured best at 0.9 (README_voice).
     power: float = 1.0
 
 
@@ -525,12 +525,29 @@ def write_bundle(
     return sizes
 
 
+def read_manifest(bundle_dir: Path) -> dict:
+    """A built bundle's bundle.json."""
+    return json.loads((Path(bundle_dir) / "bundle.json").read_text())
+
+
+def bundle_initializers(bundle_dir: Path, manifest: dict, *roles: str) -> dict[str, np.ndarray]:
+    """The initializers of the bundle's graphs with these roles ("encoder", "embed", ...), by
+    name: the weights a bundle holds, read back without its training checkpoint."""
+    from onnx import numpy_helper
+
+    values: dict[str, np.ndarray] = {}
+    for role in roles:
+        model = onnx.load(str(Path(bundle_dir) / manifest["graphs"][role]))
+        values.update({t.name: numpy_helper.to_array(t) for t in model.graph.initializer})
+    return values
+
+
 def rebundle_with_vocoder(out_dir: Path, lm_from: Path, vocoder: VocoderParts) -> dict[str, int]:
     """A bundle with `lm_from`'s encoder, embed and LM graphs (byte for byte, with its text,
     kv and speaker settings) and a new vocoder: the export path when the LM's training
     checkpoint is not at hand. `out_dir` may be `lm_from` itself."""
     source = Path(lm_from)
-    manifest = json.loads((source / "bundle.json").read_text())
+    manifest = read_manifest(source)
     manifest.pop("sha256", None)
     graphs = manifest["graphs"]
     files: dict[str, onnx.ModelProto | bytes] = {
@@ -551,8 +568,10 @@ __all__ = [
     "build_encoder_graph",
     "build_neural_vocoder_graph",
     "build_vocoder_graph",
+    "bundle_initializers",
     "griffin_lim_parts",
     "neural_vocoder_parts",
+    "read_manifest",
     "rebundle_with_vocoder",
     "write_bundle",
 ]

@@ -24,7 +24,7 @@ import os
 import random
 import time
 import unicodedata
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -313,7 +313,7 @@ def batch_losses(model: VoiceModel, batch: dict[str, torch.Tensor]) -> dict[str,
     logits = out[..., cfg.frame_width :]
     mask = batch["mask"]
     real = mask.sum()
-    weight = batch.get("weight", mask) * mask
+    weight = batch["weight"]  # 0 on padding, like the mask
     error = (predicted - batch["frames"]).abs().mean(-1)
     mel_l1 = (error * mask).sum() / real
     weighted_l1 = (error * weight).sum() / weight.sum()
@@ -462,21 +462,11 @@ def train(
     print(f"train: saved step {step}")
 
 
-def model_from_bundle(bundle_dir: Path, cfg: TrainConfig) -> VoiceModel:
-    """A VoiceModel holding a built bundle's embed.onnx and lm.onnx weights, so training can
-    continue from a bundle when its torch checkpoint is gone. The architecture comes from the
-    bundle (`cfg` gives only the training settings); the graphs keep linear weights as
-    [in, out], torch as [out, in]."""
-    import onnx
-    from onnx import numpy_helper
-
-    manifest = json.loads((bundle_dir / "bundle.json").read_text())
-    weights = {}
-    for graph in ("embed", "lm"):
-        model = onnx.load(str(bundle_dir / manifest["graphs"][graph]))
-        weights.update({t.name: numpy_helper.to_array(t) for t in model.graph.initializer})
+def config_from_manifest(manifest: dict, cfg: TrainConfig) -> TrainConfig:
+    """`cfg` with the architecture and phoneme table a bundle.json records (the inverse of
+    export.voice.bundle.bundle_manifest); the training settings stay `cfg`'s."""
     kv, text = manifest["kv"], manifest["text"]
-    cfg = TrainConfig(
+    return TrainConfig(
         **{
             **asdict(cfg),
             "layers": kv["layers"],
@@ -485,8 +475,6 @@ def model_from_bundle(bundle_dir: Path, cfg: TrainConfig) -> VoiceModel:
             "head_dim": kv["head_dim"],
             "hidden_size": manifest["lm"]["hidden_size"],
             "max_positions": manifest["lm"]["max_positions"],
-            "ffn_size": weights["layers.0.mlp.gate.weight"].shape[1],
-            "prenet_size": weights["prenet1.weight"].shape[1],
             "n_mels": manifest["frames"]["n_mels"],
             "reduction": manifest["frames"]["reduction"],
             "context": tuple(text["context"]),
@@ -494,6 +482,34 @@ def model_from_bundle(bundle_dir: Path, cfg: TrainConfig) -> VoiceModel:
             "advance_classes": manifest["pointer"]["advance_classes"],
             "symbols": tuple(text["phonemes"]),
         }
+    )
+
+
+# The decoder layers' linear layers: torch attribute -> graph initializer prefix.
+_LAYER_LINEARS = {
+    "q_proj": "q_proj",
+    "k_proj": "k_proj",
+    "v_proj": "v_proj",
+    "o_proj": "o_proj",
+    "gate": "mlp.gate",
+    "up": "mlp.up",
+    "down": "mlp.down",
+}
+
+
+def model_from_bundle(bundle_dir: Path, cfg: TrainConfig) -> VoiceModel:
+    """A VoiceModel holding a built bundle's embed.onnx and lm.onnx weights, so training can
+    continue from a bundle when its torch checkpoint is gone. The architecture comes from the
+    bundle (`cfg` gives only the training settings); the graphs keep linear weights as
+    [in, out], torch as [out, in]."""
+    from export.voice.bundle import bundle_initializers, read_manifest
+
+    manifest = read_manifest(bundle_dir)
+    weights = bundle_initializers(bundle_dir, manifest, "embed", "lm")
+    cfg = replace(
+        config_from_manifest(manifest, cfg),
+        ffn_size=weights["layers.0.mlp.gate.weight"].shape[1],
+        prenet_size=weights["prenet1.weight"].shape[1],
     )
     model = VoiceModel(cfg)
     linear = {
@@ -503,15 +519,7 @@ def model_from_bundle(bundle_dir: Path, cfg: TrainConfig) -> VoiceModel:
         "lm.head": "lm_head",
     }
     for i in range(cfg.layers):
-        for ours, theirs in (
-            ("q_proj", "q_proj"),
-            ("k_proj", "k_proj"),
-            ("v_proj", "v_proj"),
-            ("o_proj", "o_proj"),
-            ("gate", "mlp.gate"),
-            ("up", "mlp.up"),
-            ("down", "mlp.down"),
-        ):
+        for ours, theirs in _LAYER_LINEARS.items():
             linear[f"lm.layers.{i}.{ours}"] = f"layers.{i}.{theirs}"
     state = {}
     for ours, theirs in linear.items():

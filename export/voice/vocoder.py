@@ -250,12 +250,10 @@ def bundle_mel_stats(bundle_dir: Path) -> dict:
     """The bundle's own standardisation (encoder.onnx's mel.mean / mel.std), phoneme table and
     default speaker: what WORK/mel_stats.json holds after LM training, recovered from a bundle
     (the LM's training checkpoint need not exist)."""
-    import onnx
-    from onnx import numpy_helper
+    from export.voice.bundle import bundle_initializers, read_manifest
 
-    manifest = json.loads((Path(bundle_dir) / "bundle.json").read_text())
-    encoder = onnx.load(str(Path(bundle_dir) / manifest["graphs"]["encoder"]))
-    values = {i.name: numpy_helper.to_array(i) for i in encoder.graph.initializer}
+    manifest = read_manifest(bundle_dir)
+    values = bundle_initializers(bundle_dir, manifest, "encoder")
     return {
         "mean": values["mel.mean"].astype(np.float64).tolist(),
         "std": values["mel.std"].astype(np.float64).tolist(),
@@ -333,15 +331,11 @@ def lm_teacher_forced_mels(bundle_dir: Path, utterances: list, stats: dict) -> l
     fine-tuned on these learns the LM's frames rather than only ground truth."""
     import onnxruntime as ort
 
-    from export.voice.train import TrainConfig, make_example, step_inputs
+    from export.voice.bundle import read_manifest
+    from export.voice.train import TrainConfig, config_from_manifest, make_example, step_inputs
 
-    manifest = json.loads((Path(bundle_dir) / "bundle.json").read_text())
-    cfg = TrainConfig(
-        symbols=tuple(stats["symbols"]),
-        context=tuple(manifest["text"]["context"]),
-        max_progress=manifest["text"]["max_progress"],
-        reduction=manifest["frames"]["reduction"],
-    )
+    manifest = read_manifest(bundle_dir)
+    cfg = config_from_manifest(manifest, TrainConfig())
     kv = manifest["kv"]
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
