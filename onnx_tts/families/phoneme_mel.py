@@ -41,12 +41,7 @@ PAD_ID = 0  # phoneme-window id outside the sentence; symbol i has id i + 1
 # A pointer that stays this many steps on one phoneme is moved on: a runaway guard, far
 # beyond any real phoneme (2 s at 25 steps/s).
 MAX_STEPS_ON_ONE_SYMBOL = 50
-
-
 SECTIONS = ("graphs", "kv", "frames", "text", "pointer", "lm", "streaming", "vocoder")
-# A pointer that stays this many steps on one phoneme is moved on: a runaway guard, far
-# beyond any real phoneme (2 s at 25 steps/s).
-MAX_STEPS_ON_ONE_SYMBOL = 50
 
 
 def phoneme_windows(
