@@ -65,7 +65,7 @@ def stage_train(work: Path, args: argparse.Namespace) -> None:
         final_weight=args.final_weight,
         delta_weight=args.delta_weight,
     )
-    train(work, config, args.minutes, args.seed, init_from=args.lm_init)
+    train(work, config, args.minutes, args.seed, init_from=args.lm_init, max_steps=args.steps)
 
 
 def vocoder_config(args: argparse.Namespace):
@@ -106,9 +106,13 @@ def stage_export(work: Path, args: argparse.Namespace) -> None:
     if args.lm_from:
         sizes = voice_bundle.rebundle_with_vocoder(out, args.lm_from, parts)
     else:
-        from export.voice.train import load_trained
+        from export.voice.train import blend_weights, load_trained, model_from_bundle
 
         model, stats = load_trained(work)
+        if args.blend_base:
+            base = model_from_bundle(args.blend_base, model.cfg)
+            model = blend_weights(model, base, args.blend)
+            print(f"export: LM = {args.blend} x trained + {1 - args.blend:.2f} x {args.blend_base}")
         sizes = voice_bundle.write_bundle(out, model, stats, parts)
     print(f"export: {sum(sizes.values()):,d} bytes -> {out}")
 
@@ -173,6 +177,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--ffn", type=int, default=768)
     parser.add_argument("--minutes", type=float, default=60.0, help="training time this run")
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="stage train: stop once the checkpoint has taken this many steps in all",
+    )
     parser.add_argument("--learning-rate", type=float, default=1e-3)
     parser.add_argument("--warmup-steps", type=int, default=300)
     parser.add_argument(
@@ -193,6 +203,18 @@ def main(argv: list[str] | None = None) -> None:
         default=None,
         help="stage train: start from this bundle's embed/lm weights when WORK has no "
         "checkpoint (its architecture wins over --layers/--hidden/--ffn)",
+    )
+    parser.add_argument(
+        "--blend-base",
+        type=Path,
+        default=None,
+        help="stage export: blend the trained LM's weights with this bundle's (WiSE-FT)",
+    )
+    parser.add_argument(
+        "--blend",
+        type=float,
+        default=1.0,
+        help="stage export, with --blend-base: share of the trained weights (0-1)",
     )
     parser.add_argument("--bundle", type=Path, default=None, help="default: WORK/bundle")
     parser.add_argument(
@@ -226,6 +248,10 @@ def main(argv: list[str] | None = None) -> None:
     unknown = set(stages) - set(STAGES)
     if unknown:
         parser.error(f"unknown stages {sorted(unknown)}; choose from {', '.join(STAGES)}")
+    if not 0.0 <= args.blend <= 1.0:
+        parser.error(f"--blend must be within 0-1 (the trained weights' share), got {args.blend}")
+    if args.steps is not None and args.steps < 1:
+        parser.error(f"--steps must be at least 1, got {args.steps}")
     if stages != ["data"]:
         import torch
 

@@ -134,17 +134,20 @@ def tiny_stats() -> dict:
     }
 
 
-def tiny_examples(stats: dict) -> list[train.Example]:
-    ids = {ch: i + 1 for i, ch in enumerate(SYMBOLS)}
-    mean, std = np.array(stats["mean"], np.float32), np.array(stats["std"], np.float32)
-    examples = []
+def tiny_utterances() -> list[data.Utterance]:
+    utterances = []
     for seed, phonemes in enumerate(["^həlˈoʊ.$", "^wˈɜːld,$", "^hˈoʊld.$"]):
         audio = chirp(0.6, seed)
         durations = np.full(len(phonemes), len(audio) // len(phonemes))
         durations[-1] += len(audio) - durations.sum()
-        utt = data.Utterance("x", f"v{seed % 2}", phonemes, durations, audio)
-        examples.append(train.make_example(utt, ids, mean, std, TINY.reduction))
-    return examples
+        utterances.append(data.Utterance("x", f"v{seed % 2}", phonemes, durations, audio))
+    return utterances
+
+
+def tiny_examples(stats: dict) -> list[train.Example]:
+    ids = {ch: i + 1 for i, ch in enumerate(SYMBOLS)}
+    mean, std = np.array(stats["mean"], np.float32), np.array(stats["std"], np.float32)
+    return [train.make_example(u, ids, mean, std, TINY.reduction) for u in tiny_utterances()]
 
 
 def test_training_lowers_both_losses() -> None:
@@ -374,3 +377,35 @@ def test_model_from_bundle_gives_back_the_exported_weights(tmp_path: Path) -> No
     assert original.keys() == loaded.keys()
     for name, tensor in original.items():
         assert torch.equal(tensor, loaded[name]), name
+
+
+def test_blend_weights_interpolates_between_two_models_of_one_architecture() -> None:
+    torch.manual_seed(4)
+    tuned, base = train.VoiceModel(TINY), train.VoiceModel(TINY)
+    ends = {share: train.blend_weights(tuned, base, share).state_dict() for share in (0, 0.7, 1)}
+    for name, weight in tuned.state_dict().items():
+        other = base.state_dict()[name]
+        assert torch.equal(ends[1][name], weight) and torch.equal(ends[0][name], other), name
+        assert torch.allclose(ends[0.7][name], 0.7 * weight + 0.3 * other, atol=1e-6), name
+    assert not torch.equal(ends[0.7]["lm.head.weight"], ends[1]["lm.head.weight"])
+    wider = train.VoiceModel(train.TrainConfig(**{**TINY.__dict__, "ffn_size": 256}))
+    with pytest.raises(ValueError, match="same architecture"):
+        train.blend_weights(tuned, wider, 0.5)
+    with pytest.raises(ValueError, match="within"):
+        train.blend_weights(tuned, base, 1.5)
+
+
+def test_training_stops_at_a_step_count_in_all_and_resumes_to_the_next(tmp_path: Path) -> None:
+    stats = tiny_stats()
+    (tmp_path / "mel_stats.json").write_text(json.dumps(stats))
+    shard = tmp_path / "data" / "train" / "shard-00000.npz"
+    shard.parent.mkdir(parents=True)
+    data.save_shard(shard, tiny_utterances())
+    checkpoint = tmp_path / "lm" / "checkpoint.pt"
+    train.train(tmp_path, TINY, minutes=10, seed=0, max_steps=3)
+    first = torch.load(checkpoint, weights_only=False)
+    assert first["step"] == 3
+    train.train(tmp_path, TINY, minutes=10, seed=0, max_steps=5)
+    second = torch.load(checkpoint, weights_only=False)
+    assert second["step"] == 5
+    assert any(not torch.equal(first["model"][k], second["model"][k]) for k in first["model"])

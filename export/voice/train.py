@@ -395,10 +395,17 @@ def save_checkpoint(path: Path, model: VoiceModel, optimizer, step: int, stats: 
 
 
 def train(
-    work: Path, cfg: TrainConfig, minutes: float, seed: int, init_from: Path | None = None
+    work: Path,
+    cfg: TrainConfig,
+    minutes: float,
+    seed: int,
+    init_from: Path | None = None,
+    max_steps: int | None = None,
 ) -> None:
-    """Trains WORK/lm/checkpoint.pt for `minutes` more. Without a checkpoint the weights start
-    random, or from the bundle `init_from` (its architecture replaces `cfg`'s)."""
+    """Trains WORK/lm/checkpoint.pt for `minutes` more, or until it has taken `max_steps` steps
+    in all (a step count reproduces a run on any machine; minutes do not). Without a
+    checkpoint the weights start random, or from the bundle `init_from` (its architecture
+    replaces `cfg`'s)."""
     torch.manual_seed(seed)
     checkpoint = work / "lm" / "checkpoint.pt"
     checkpoint.parent.mkdir(parents=True, exist_ok=True)
@@ -427,9 +434,13 @@ def train(
     last_save = time.monotonic()
     window: dict[str, list[float]] = {}
     model.train()
-    while time.monotonic() < deadline:
+
+    def more() -> bool:
+        return time.monotonic() < deadline and (max_steps is None or step < max_steps)
+
+    while more():
         for indices in batches.epoch():
-            if time.monotonic() >= deadline:
+            if not more():
                 break
             # Linear warm-up, then inverse square root decay.
             lr = cfg.learning_rate * min(
@@ -536,6 +547,26 @@ def model_from_bundle(bundle_dir: Path, cfg: TrainConfig) -> VoiceModel:
     state["embed.progress"] = weights["progress.table"]
     model.load_state_dict({k: torch.tensor(np.asarray(v)) for k, v in state.items()})
     return model
+
+
+def blend_weights(model: VoiceModel, base: VoiceModel, share: float) -> VoiceModel:
+    """Weight-space interpolation (WiSE-FT): `share` x model + (1 - share) x base, for two
+    models of one architecture. A fine-tune blended back toward the weights it started from
+    keeps more of the start's robustness (here: following reference voices beyond the
+    training warps) and most of the fine-tune's gain."""
+    if not 0.0 <= share <= 1.0:
+        raise ValueError(f"blend share must be within [0, 1], got {share}")
+    mine, theirs = model.state_dict(), base.state_dict()
+    if mine.keys() != theirs.keys() or any(mine[k].shape != theirs[k].shape for k in mine):
+        raise ValueError("blend needs two models of the same architecture")
+    blended = VoiceModel(model.cfg)
+    blended.load_state_dict(
+        {
+            k: share * mine[k] + (1 - share) * theirs[k] if mine[k].is_floating_point() else mine[k]
+            for k in mine
+        }
+    )
+    return blended.eval()
 
 
 def load_trained(work: Path) -> tuple[VoiceModel, dict]:
