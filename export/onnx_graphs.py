@@ -405,6 +405,48 @@ def build_concat_lm(
     return b.build(doc_string=f"decoder-only LM, Concat KV cache, {spec}")
 
 
+# int8 weights ------------------------------------------------------------------------------
+# Suffixes onnxruntime.quantization gives a quantized weight W's initializers.
+QUANTIZED_SUFFIXES = ("_quantized", "_scale", "_zero_point")
+
+
+def quantize_matmul_weights_int8(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Every MatMul with a constant weight as int8 (per output channel, symmetric) with the
+    activation quantized per run (dynamic): a batch-1 decode step reads a quarter of the
+    weight bytes, which is what bounds it. GroupQueryAttention and the norms stay float."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    with tempfile.TemporaryDirectory(prefix="onnx-tts-int8-") as tmp:
+        out = Path(tmp) / "int8.onnx"
+        quantize_dynamic(
+            model,
+            out,
+            op_types_to_quantize=["MatMul"],
+            per_channel=True,
+            weight_type=QuantType.QInt8,
+            # Shape inference cannot type the outputs of contrib ops (GroupQueryAttention).
+            extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
+        )
+        return onnx.load(str(out))
+
+
+def dequantized_initializers(values: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Initializers by name with each int8 weight (W_quantized, W_scale, W_zero_point) turned
+    back into float W = (q - zero_point) * scale: what an int8 graph computes with."""
+    out = dict(values)
+    for name in [n for n in values if n.endswith("_quantized")]:
+        base = name[: -len("_quantized")]
+        scale, zero = values.get(base + "_scale"), values.get(base + "_zero_point")
+        if scale is None or zero is None:
+            continue
+        q = values[name].astype(np.float32)
+        # Per-channel parameters run along the weight's output (last) axis.
+        out[base] = ((q - zero.astype(np.float32)) * scale.astype(np.float32)).astype(np.float32)
+        for suffix in QUANTIZED_SUFFIXES:
+            out.pop(base + suffix, None)
+    return out
+
+
 # files -------------------------------------------------------------------------------------
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
     """Writes to a temp file in the same directory, then renames over the target."""

@@ -464,7 +464,9 @@ def neural_vocoder_parts(model: object, streaming: dict) -> VocoderParts:
     )
 
 
-def bundle_manifest(model: object, stats: dict, vocoder: VocoderParts) -> dict[str, object]:
+def bundle_manifest(
+    model: object, stats: dict, vocoder: VocoderParts, lm_int8: bool = False
+) -> dict[str, object]:
     """bundle.json without the file hashes (write_bundle adds them)."""
     cfg = model.cfg  # type: ignore[attr-defined]
     mel = MEL_CONFIG
@@ -497,7 +499,11 @@ def bundle_manifest(model: object, stats: dict, vocoder: VocoderParts) -> dict[s
         # What the model speaks with no reference: the mean embedding of its default voice.
         "default_speaker_embedding": [round(float(v), 6) for v in stats["default_speaker"]],
         "encoder": {"min_seconds": 0.5, "max_seconds": 30.0},
-        "lm": {"hidden_size": cfg.hidden_size, "max_positions": cfg.max_positions},
+        "lm": {
+            "hidden_size": cfg.hidden_size,
+            "max_positions": cfg.max_positions,
+            "weights": "int8" if lm_int8 else "float32",
+        },
         "sampling": {"temperature": 0.0},
         "streaming": dict(vocoder.streaming),
         "vocoder": dict(vocoder.section),
@@ -505,23 +511,32 @@ def bundle_manifest(model: object, stats: dict, vocoder: VocoderParts) -> dict[s
 
 
 def write_bundle(
-    out_dir: Path, model: object, stats: dict, vocoder: VocoderConfig | VocoderParts
+    out_dir: Path,
+    model: object,
+    stats: dict,
+    vocoder: VocoderConfig | VocoderParts,
+    lm_int8: bool = False,
 ) -> dict[str, int]:
     """model: a trained `export.voice.train.VoiceModel`; stats: its mel statistics (mean, std,
-    default_speaker); vocoder: Griffin-Lim settings or a built vocoder. Returns file sizes."""
+    default_speaker); vocoder: Griffin-Lim settings or a built vocoder; lm_int8: the LM's
+    MatMul weights as int8 (export.onnx_graphs.quantize_matmul_weights_int8). Returns file
+    sizes."""
     if isinstance(vocoder, VocoderConfig):
         vocoder = griffin_lim_parts(stats, vocoder)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     cfg = model.cfg  # type: ignore[attr-defined]
+    lm = build_gqa_lm(lm_spec(cfg), lm_weights(model), name="lm")  # type: ignore[arg-type]
+    if lm_int8:
+        lm = onnx_graphs.quantize_matmul_weights_int8(lm)
     graphs = {
         "encoder": build_encoder_graph(MEL_CONFIG, stats),
         "embed": build_embed_graph(model),
-        "lm": build_gqa_lm(lm_spec(cfg), lm_weights(model), name="lm"),  # type: ignore[arg-type]
+        "lm": lm,
         "vocoder": vocoder.graph,
     }
     files = {filename: graphs[key] for key, filename in GRAPH_FILES.items()}
-    _, sizes = onnx_graphs.write_bundle(out, bundle_manifest(model, stats, vocoder), files)
+    _, sizes = onnx_graphs.write_bundle(out, bundle_manifest(model, stats, vocoder, lm_int8), files)
     return sizes
 
 
@@ -532,14 +547,15 @@ def read_manifest(bundle_dir: Path) -> dict:
 
 def bundle_initializers(bundle_dir: Path, manifest: dict, *roles: str) -> dict[str, np.ndarray]:
     """The initializers of the bundle's graphs with these roles ("encoder", "embed", ...), by
-    name: the weights a bundle holds, read back without its training checkpoint."""
+    name: the weights a bundle holds, read back without its training checkpoint (int8 weights
+    come back as the float values the graph computes with)."""
     from onnx import numpy_helper
 
     values: dict[str, np.ndarray] = {}
     for role in roles:
         model = onnx.load(str(Path(bundle_dir) / manifest["graphs"][role]))
         values.update({t.name: numpy_helper.to_array(t) for t in model.graph.initializer})
-    return values
+    return onnx_graphs.dequantized_initializers(values)
 
 
 def rebundle_with_vocoder(out_dir: Path, lm_from: Path, vocoder: VocoderParts) -> dict[str, int]:
