@@ -59,6 +59,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     os.environ["HF_HUB_OFFLINE"] = "1"
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     if args.plot_vocoders:
         griffin_lim, neural = (json.loads(p.read_text()) for p in args.plot_vocoders)
         plot_vocoders(griffin_lim, neural, args.out.with_name("voice_vocoders.png"))
@@ -88,7 +89,6 @@ def main(argv: list[str] | None = None) -> None:
         quick=args.quick,
     )
     results["machine"] = {"cpus": os.cpu_count(), "python": platform.python_version()}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = args.out.with_name(args.out.name + ".tmp")
     tmp.write_text(json.dumps(results, indent=1) + "\n")
     os.replace(tmp, args.out)
