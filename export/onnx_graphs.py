@@ -406,44 +406,45 @@ def build_concat_lm(
 
 
 # int8 weights ------------------------------------------------------------------------------
-# Suffixes onnxruntime.quantization gives a quantized weight W's initializers.
-QUANTIZED_SUFFIXES = ("_quantized", "_scale", "_zero_point")
+INT8_BLOCK = 32  # weights share one scale per 32 input rows of one output column
 
 
 def quantize_matmul_weights_int8(model: onnx.ModelProto) -> onnx.ModelProto:
-    """Every MatMul with a constant weight as int8 (per output channel, symmetric) with the
-    activation quantized per run (dynamic): a batch-1 decode step reads a quarter of the
-    weight bytes, which is what bounds it. GroupQueryAttention and the norms stay float."""
-    from onnxruntime.quantization import QuantType, quantize_dynamic
+    """Every MatMul with a constant weight as ORT's MatMulNBits: 8-bit symmetric weights with a
+    scale per block of INT8_BLOCK input rows, and int8 compute (accuracy level 4), which
+    quantizes the activations per row and block. A batch-1 decode step then reads a quarter of
+    the weight bytes, which is what bounds it; and a row's result never depends on the other
+    rows of a batch (a per-tensor activation scale, as in dynamic MatMulInteger, would make
+    batched decoding differ from solo). GroupQueryAttention and the norms stay float."""
+    from onnxruntime.quantization.matmul_nbits_quantizer import (
+        DefaultWeightOnlyQuantConfig,
+        MatMulNBitsQuantizer,
+    )
 
-    with tempfile.TemporaryDirectory(prefix="onnx-tts-int8-") as tmp:
-        out = Path(tmp) / "int8.onnx"
-        quantize_dynamic(
-            model,
-            out,
-            op_types_to_quantize=["MatMul"],
-            per_channel=True,
-            weight_type=QuantType.QInt8,
-            # Shape inference cannot type the outputs of contrib ops (GroupQueryAttention).
-            extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
-        )
-        return onnx.load(str(out))
+    settings = {"block_size": INT8_BLOCK, "is_symmetric": True, "accuracy_level": 4, "bits": 8}
+    quantizer = MatMulNBitsQuantizer(
+        onnx.ModelProto.FromString(model.SerializeToString()),
+        **settings,
+        algo_config=DefaultWeightOnlyQuantConfig(**settings),
+    )
+    quantizer.process()
+    return quantizer.model.model
 
 
 def dequantized_initializers(values: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Initializers by name with each int8 weight (W_quantized, W_scale, W_zero_point) turned
-    back into float W = (q - zero_point) * scale: what an int8 graph computes with."""
+    """Initializers by name with each 8-bit MatMulNBits weight (W_Q8 [N, blocks, block] uint8
+    with an implied zero point of 128, W_scales [N, blocks]) turned back into the float
+    W [K, N] the graph computes with (K = blocks x block: the LMs here have no padded block)."""
     out = dict(values)
-    for name in [n for n in values if n.endswith("_quantized")]:
-        base = name[: -len("_quantized")]
-        scale, zero = values.get(base + "_scale"), values.get(base + "_zero_point")
-        if scale is None or zero is None:
+    for name in [n for n in values if n.endswith("_Q8")]:
+        base = name[: -len("_Q8")]
+        scales = values.get(base + "_scales")
+        if scales is None:
             continue
-        q = values[name].astype(np.float32)
-        # Per-channel parameters run along the weight's output (last) axis.
-        out[base] = ((q - zero.astype(np.float32)) * scale.astype(np.float32)).astype(np.float32)
-        for suffix in QUANTIZED_SUFFIXES:
-            out.pop(base + suffix, None)
+        q = values[name].astype(np.float32) - 128.0
+        weight = (q * scales.astype(np.float32)[..., None]).reshape(q.shape[0], -1)
+        out[base] = np.ascontiguousarray(weight.T)
+        del out[name], out[base + "_scales"]
     return out
 
 

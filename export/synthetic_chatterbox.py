@@ -114,7 +114,7 @@ import onnx
 from onnx import TensorProto, helper
 from tokenizers import Tokenizer
 
-from onnx_tts.tools.graph_builder import GraphBuilder
+from onnx_tts.tools.graph_builder import GraphBuilder, rms_norm
 
 START_SPEECH_TOKEN = 6561
 STOP_SPEECH_TOKEN = 6562
@@ -372,11 +372,7 @@ def _layer_norm(g: GraphBuilder, x: str, d: int) -> str:
 
 
 def _rms_norm(g: GraphBuilder, x: str, d: int) -> str:
-    mean_sq = g.node("ReduceMean", [g.node("Mul", [x, x])], axes=[-1], keepdims=1)
-    inv = g.node(
-        "Reciprocal", [g.node("Sqrt", [g.node("Add", [mean_sq, g.const(1e-5, np.float32)])])]
-    )
-    return g.node("Mul", [g.node("Mul", [x, inv]), g.initializer("rms_g", np.ones(d, np.float32))])
+    return rms_norm(g, x, np.ones(d, np.float32), 1e-5, "rms")
 
 
 def _rotate_half(g: GraphBuilder, x: str, half: int) -> str:
