@@ -423,7 +423,7 @@ def quantize_matmul_weights_int8(model: onnx.ModelProto) -> onnx.ModelProto:
 
     settings = {"block_size": INT8_BLOCK, "is_symmetric": True, "accuracy_level": 4, "bits": 8}
     quantizer = MatMulNBitsQuantizer(
-        onnx.ModelProto.FromString(model.SerializeToString()),
+        onnx.ModelProto.FromString(model.SerializeToString()),  # it rewrites what it is given
         **settings,
         algo_config=DefaultWeightOnlyQuantConfig(**settings),
     )

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from pathlib import Path
@@ -433,7 +434,7 @@ def test_blend_weights_interpolates_between_two_models_of_one_architecture() -> 
         assert torch.equal(ends[1][name], weight) and torch.equal(ends[0][name], other), name
         assert torch.allclose(ends[0.7][name], 0.7 * weight + 0.3 * other, atol=1e-6), name
     assert not torch.equal(ends[0.7]["lm.head.weight"], ends[1]["lm.head.weight"])
-    wider = train.VoiceModel(train.TrainConfig(**{**TINY.__dict__, "ffn_size": 256}))
+    wider = train.VoiceModel(dataclasses.replace(TINY, ffn_size=256))
     with pytest.raises(ValueError, match="same architecture"):
         train.blend_weights(tuned, wider, 0.5)
     with pytest.raises(ValueError, match="within"):

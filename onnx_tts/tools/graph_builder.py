@@ -177,7 +177,7 @@ def linear(b: GraphBuilder, x: str, weight: np.ndarray, bias: np.ndarray | None,
 def rms_norm(b: GraphBuilder, x: str, weight: np.ndarray, eps: float, name: str) -> str:
     """x / sqrt(mean(x^2) + eps) * weight over the last axis. ORT fuses this pattern into one
     SimplifiedLayerNormalization only when the square is a Pow (with Mul(x, x) it runs six
-    nodes per norm: ~10 % of a small LM's decode step)."""
+    nodes per norm: a fifth of the voice LM's decode step)."""
     squared = b.node("Pow", [x, b.const(2.0, np.float32)], name=f"{name}/Square")
     mean = reduce_op(b, "ReduceMean", squared, [-1], keepdims=True, name=f"{name}/Mean")
     denom = b.node("Sqrt", [b.node("Add", [mean, b.const(eps, np.float32)], name=f"{name}/Eps")])
