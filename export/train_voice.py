@@ -14,6 +14,7 @@ import argparse
 import json
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 
 STAGES = ("data", "train", "vocoder", "export", "eval")
@@ -82,7 +83,15 @@ def stage_vocoder(work: Path, args: argparse.Namespace) -> None:
     """Trains the neural vocoder on the teacher's audio (WORK/vocoder/checkpoint.pt)."""
     from export.voice.vocoder import VocoderTrainConfig, train_vocoder
 
-    train_cfg = VocoderTrainConfig(gan=args.vocoder_gan, lm_mels=args.vocoder_lm_mels)
+    train_cfg = VocoderTrainConfig(
+        gan=args.vocoder_gan, lm_share=args.vocoder_lm_share, phase_weight=args.vocoder_phase_weight
+    )
+    if args.vocoder_learning_rate is not None:
+        train_cfg = replace(
+            train_cfg,
+            learning_rate=args.vocoder_learning_rate,
+            final_learning_rate=args.vocoder_learning_rate / 10,
+        )
     train_vocoder(
         work, vocoder_config(args), args.vocoder_minutes, args.seed, args.lm_from, train_cfg
     )
@@ -97,11 +106,14 @@ def stage_export(work: Path, args: argparse.Namespace) -> None:
     if args.vocoder == "neural":
         parts = neural_parts(work)
     else:
-        from export.voice.vocoder import ensure_mel_stats
+        from export.voice.vocoder import ensure_mel_stats, load_vocoder
 
         stats = ensure_mel_stats(work, args.lm_from)
+        phase_model = load_vocoder(work) if args.vocoder == "neural-phase-griffin-lim" else None
         parts = voice_bundle.griffin_lim_parts(
-            stats, voice_bundle.VocoderConfig(iterations=args.gl_iterations, power=args.gl_power)
+            stats,
+            voice_bundle.VocoderConfig(iterations=args.gl_iterations, power=args.gl_power),
+            phase_model,
         )
     if args.lm_from:
         sizes = voice_bundle.rebundle_with_vocoder(out, args.lm_from, parts)
@@ -230,35 +242,65 @@ def main(argv: list[str] | None = None) -> None:
         "instead of WORK/lm/checkpoint.pt, e.g. onnx_tts/models/voice",
     )
     parser.add_argument(
-        "--vocoder", choices=("neural", "griffin-lim"), default="neural", help="stage export"
+        "--vocoder",
+        choices=("neural", "griffin-lim", "neural-phase-griffin-lim"),
+        default="neural",
+        help="stage export: the neural vocoder (WORK/vocoder/checkpoint.pt), Griffin-Lim from a "
+        "fixed starting phase, or Griffin-Lim starting from the neural vocoder's phase",
     )
     parser.add_argument("--vocoder-hidden", type=int, default=192)
     parser.add_argument("--vocoder-blocks", type=int, default=6)
     parser.add_argument("--vocoder-minutes", type=float, default=50.0)
     parser.add_argument(
-        "--vocoder-lm-mels",
-        action="store_true",
-        help="stage vocoder: continue with half the inputs from the --lm-from bundle's LM "
-        "(teacher-forced), so the vocoder learns the frames the LM really emits",
+        "--vocoder-lm-share",
+        type=float,
+        default=0.0,
+        help="stage vocoder: share (0-1) of the clips whose input mel is the --lm-from bundle's "
+        "LM run teacher-forced, so the vocoder learns the frames the LM really emits",
+    )
+    parser.add_argument(
+        "--vocoder-phase-weight",
+        type=float,
+        default=0.3,
+        help="stage vocoder: weight of the direct phase losses against the magnitude losses",
     )
     parser.add_argument(
         "--vocoder-gan",
         action="store_true",
         help="stage vocoder: continue with a multi-resolution spectrogram discriminator",
     )
+    parser.add_argument(
+        "--vocoder-learning-rate",
+        type=float,
+        default=None,
+        help="stage vocoder: peak learning rate (default 1e-3; it decays by cosine to a tenth); "
+        "a continuation such as --vocoder-gan wants a lower one, e.g. 2e-4",
+    )
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    args.work.mkdir(parents=True, exist_ok=True)
     stages = [s.strip() for s in args.stages.split(",") if s.strip()]
     unknown = set(stages) - set(STAGES)
     if unknown:
         parser.error(f"unknown stages {sorted(unknown)}; choose from {', '.join(STAGES)}")
     if not 0.0 <= args.blend <= 1.0:
         parser.error(f"--blend must be within 0-1 (the trained weights' share), got {args.blend}")
+    if args.blend != 1.0 and args.blend_base is None:
+        parser.error("--blend needs --blend-base DIR: the bundle whose weights make up the rest")
     if args.lm_int8 and args.lm_from:
         parser.error("--lm-int8 quantizes an LM built from WORK's checkpoint; --lm-from copies one")
+    if not 0.0 <= args.vocoder_lm_share <= 1.0:
+        parser.error(f"--vocoder-lm-share must be within 0-1, got {args.vocoder_lm_share}")
+    if not 0.0 <= args.vocoder_phase_weight <= 100.0:
+        parser.error(
+            f"--vocoder-phase-weight must be within 0-100, got {args.vocoder_phase_weight:g}"
+        )
+    if args.vocoder_learning_rate is not None and not 0.0 < args.vocoder_learning_rate <= 1e-2:
+        parser.error(
+            f"--vocoder-learning-rate must be within (0, 0.01], got {args.vocoder_learning_rate}"
+        )
     if args.steps is not None and args.steps < 1:
         parser.error(f"--steps must be at least 1, got {args.steps}")
+    args.work.mkdir(parents=True, exist_ok=True)
     if stages != ["data"]:
         import torch
 

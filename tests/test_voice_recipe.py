@@ -455,3 +455,26 @@ def test_training_stops_at_a_step_count_in_all_and_resumes_to_the_next(tmp_path:
     second = torch.load(checkpoint, weights_only=False)
     assert second["step"] == 5
     assert any(not torch.equal(first["model"][k], second["model"][k]) for k in first["model"])
+
+
+@pytest.mark.parametrize(
+    ("flags", "complaint"),
+    [
+        (["--blend", "0.5"], "--blend needs --blend-base"),
+        (["--blend", "1.5", "--blend-base", "x"], "--blend must be within 0-1"),
+        (["--vocoder-lm-share", "2"], "--vocoder-lm-share must be within 0-1"),
+        (["--vocoder-phase-weight", "-1"], "--vocoder-phase-weight must be within 0-100"),
+        (["--vocoder-learning-rate", "0"], "--vocoder-learning-rate must be within (0, 0.01]"),
+        (["--steps", "0"], "--steps must be at least 1"),
+    ],
+)
+def test_recipe_refuses_out_of_range_settings_before_any_work(
+    flags: list[str], complaint: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from export import train_voice
+
+    with pytest.raises(SystemExit) as stopped:
+        train_voice.main(["--work", str(tmp_path / "w"), "--stages", "export", *flags])
+    assert stopped.value.code == 2
+    assert complaint in capsys.readouterr().err
+    assert not (tmp_path / "w").exists()

@@ -18,6 +18,7 @@ import torch
 
 import onnx_tts
 from export.voice import bundle as voice_bundle
+from export.voice import codec as voice_codec
 from export.voice.evaluate import (
     STREAM_SNR_TARGET_DB,
     choose_streaming,
@@ -107,6 +108,42 @@ def test_rebundle_keeps_the_lm_and_swaps_the_vocoder(tmp_path: Path) -> None:
     assert manifest["vocoder"]["kind"] == "griffin-lim"
     engine = onnx_tts.load(str(tmp_path), cache_dir=None)
     audio = engine.synthesize("A short test.").samples
+    assert len(audio) > 0 and np.isfinite(audio).all()
+
+
+def test_griffin_lim_from_the_neural_phase_matches_torch(tmp_path: Path) -> None:
+    """The neural-phase Griffin-Lim graph computes the torch reference (mel_to_audio started
+    from the phase of the network's own audio), the start changes the audio, and a bundle
+    built around it speaks."""
+    torch.manual_seed(0)
+    model = NeuralVocoder(VocoderNetConfig(hidden=32, intermediate=64, blocks=2)).eval()
+    with torch.no_grad():
+        for block in model.blocks:
+            block.gamma.normal_()
+    stats = bundle_mel_stats(VOICE_MODEL_DIR)
+    mean, std = np.array(stats["mean"], np.float32), np.array(stats["std"], np.float32)
+    mel = standardised_mel(_held_out_speech()[0][:16000], stats)
+    settings = voice_bundle.VocoderConfig(iterations=3, power=0.9)
+    waves = {}
+    for start, phase_model in (("hash", None), ("neural", model)):
+        parts = voice_bundle.griffin_lim_parts(stats, settings, phase_model)
+        session = ort.InferenceSession(parts.graph.SerializeToString())
+        (waves[start],) = session.run(None, {"mel": mel[None]})
+    with torch.no_grad():
+        expected = voice_codec.mel_to_audio(
+            torch.from_numpy(mel * std + mean)[None],
+            voice_bundle.MEL_CONFIG,
+            iterations=3,
+            power=0.9,
+            starting_audio=model(torch.from_numpy(mel)[None]),
+        )
+    np.testing.assert_allclose(waves["neural"], expected.numpy(), atol=1e-3)
+    assert np.abs(waves["neural"] - waves["hash"]).max() > 1e-2
+
+    parts = voice_bundle.griffin_lim_parts(stats, settings, model)
+    assert parts.section["starting_phase"] == "neural convnext2x32-istft1024"
+    voice_bundle.rebundle_with_vocoder(tmp_path, VOICE_MODEL_DIR, parts)
+    audio = onnx_tts.load(str(tmp_path), cache_dir=None).synthesize("A short test.").samples
     assert len(audio) > 0 and np.isfinite(audio).all()
 
 

@@ -224,7 +224,13 @@ def lm_spec(cfg: object) -> DecoderLMSpec:
     return replace(decoder.lm_spec(), vocab_size=cfg.output_width, output_heads=None)  # type: ignore[attr-defined]
 
 
-def build_vocoder_graph(cfg: MelConfig, stats: dict, vocoder: VocoderConfig) -> onnx.ModelProto:
+def build_vocoder_graph(
+    cfg: MelConfig, stats: dict, vocoder: VocoderConfig, phase_model: object | None = None
+) -> onnx.ModelProto:
+    """Griffin-Lim on the mel's pseudo-inverse magnitude. Its starting phase is a fixed hash,
+    or with `phase_model` (export.voice.vocoder.NeuralVocoder) the phase of that network's
+    audio for the same mel: measured on the LM's own mels, a better start than the hash (see
+    benchmarks/README_voice.md)."""
     hop = cfg.hop_length // vocoder.upsample
     bins = cfg.bins
     b = GraphBuilder("vocoder")
@@ -260,36 +266,10 @@ def build_vocoder_graph(cfg: MelConfig, stats: dict, vocoder: VocoderConfig) -> 
     analysis_k = b.initializer("stft.kernel", analysis)
     istft = inverse_stft(b, synthesis, hop, frames, samples)
 
-    # Starting phase: the same integer hash as initial_phase(), computed in the graph.
-    f_idx = b.node("Range", [b.const(0), b.const(bins), b.const(1)], name="phase/F")
-    t_idx = b.node(
-        "Range", [b.const(0), b.node("Squeeze", [frames, b.const([0])]), b.const(1)], name="phase/T"
-    )
-    f_col = b.node("Unsqueeze", [f_idx, b.const([1])], name="phase/Fcol")
-    t_row = b.node("Unsqueeze", [t_idx, b.const([0])], name="phase/Trow")
-    hashed = b.node(
-        "Add",
-        [
-            b.node(
-                "Add",
-                [
-                    b.node("Mul", [b.node("Mul", [f_col, f_col]), b.const(7)]),
-                    b.node("Mul", [b.node("Mul", [f_col, t_row]), b.const(3)]),
-                ],
-            ),
-            b.node("Mul", [t_row, b.const(13)]),
-        ],
-        name="phase/Hash",
-    )
-    phase = b.node(
-        "Mul",
-        [
-            b.node("Cast", [b.node("Mod", [hashed, b.const(31)])], to=FLOAT),
-            b.const(2 * np.pi / 31, np.float32),
-        ],
-        name="phase/Angle",
-    )
-    cos_p, sin_p = b.node("Cos", [phase]), b.node("Sin", [phase])
+    if phase_model is None:
+        cos_p, sin_p = _hash_phase(b, bins, frames)
+    else:
+        cos_p, sin_p = _network_phase(b, phase_model, mel, analysis_k, hop, cfg.n_fft, frames)
 
     re = b.node("Mul", [magnitude, cos_p], name="gl0/Re")
     im = b.node("Mul", [magnitude, sin_p], name="gl0/Im")
@@ -332,6 +312,56 @@ def build_vocoder_graph(cfg: MelConfig, stats: dict, vocoder: VocoderConfig) -> 
     )
 
 
+def _hash_phase(b: GraphBuilder, bins: int, frames: str) -> tuple[str, str]:
+    """(cos, sin) [bins, frames] of a fixed starting phase: the same integer hash as
+    initial_phase(), computed in the graph."""
+    f_idx = b.node("Range", [b.const(0), b.const(bins), b.const(1)], name="phase/F")
+    t_idx = b.node(
+        "Range", [b.const(0), b.node("Squeeze", [frames, b.const([0])]), b.const(1)], name="phase/T"
+    )
+    f_col = b.node("Unsqueeze", [f_idx, b.const([1])], name="phase/Fcol")
+    t_row = b.node("Unsqueeze", [t_idx, b.const([0])], name="phase/Trow")
+    hashed = b.node(
+        "Add",
+        [
+            b.node(
+                "Add",
+                [
+                    b.node("Mul", [b.node("Mul", [f_col, f_col]), b.const(7)]),
+                    b.node("Mul", [b.node("Mul", [f_col, t_row]), b.const(3)]),
+                ],
+            ),
+            b.node("Mul", [t_row, b.const(13)]),
+        ],
+        name="phase/Hash",
+    )
+    phase = b.node(
+        "Mul",
+        [
+            b.node("Cast", [b.node("Mod", [hashed, b.const(31)])], to=FLOAT),
+            b.const(2 * np.pi / 31, np.float32),
+        ],
+        name="phase/Angle",
+    )
+    return b.node("Cos", [phase]), b.node("Sin", [phase])
+
+
+def _network_phase(
+    b: GraphBuilder, model: object, mel: str, kernel: str, hop: int, n_fft: int, frames: str
+) -> tuple[str, str]:
+    """(cos, sin) [B,bins,frames] of the neural vocoder's audio's STFT at Griffin-Lim's own
+    frames (a silent bin starts at phase 0)."""
+    audio3 = _add_neural_vocoder(b, model, mel)
+    re, im = _stft(b, audio3, kernel, hop, n_fft, frames, "phase/stft")
+    re = b.node("Add", [re, b.const(1e-7, np.float32)], name="phase/Bias")
+    norm = b.node(
+        "Sqrt",
+        [b.node("Add", [b.node("Mul", [re, re]), b.node("Mul", [im, im])])],
+        name="phase/Norm",
+    )
+    return b.node("Div", [re, norm], name="phase/Cos"), b.node("Div", [im, norm], name="phase/Sin")
+
+
 def _gelu(b: GraphBuilder, x: str, name: str) -> str:
     """Exact GELU, x * (1 + erf(x / sqrt 2)) / 2 (torch's default; ORT fuses the pattern)."""
     erf = b.node("Erf", [b.node("Mul", [x, b.const(1 / np.sqrt(2), np.float32)])], name=name)
@@ -353,6 +383,18 @@ def build_neural_vocoder_graph(model: object) -> onnx.ModelProto:
     cfg = model.cfg  # type: ignore[attr-defined]
     b = GraphBuilder("vocoder")
     mel = b.add_input("mel", FLOAT, ("batch", "frames", cfg.n_mels))
+    audio3 = _add_neural_vocoder(b, model, mel)
+    b.node("Squeeze", [audio3, b.const([1])], output_names=["waveform"], name="out/Squeeze")
+    b.add_output("waveform", FLOAT, ("batch", "samples"))
+    return b.build(
+        f"voice vocoder: log-mel -> ConvNeXt x{cfg.blocks} (hidden {cfg.hidden}) -> log-magnitude "
+        f"and phase -> inverse STFT (n_fft {cfg.n_fft}, hop {cfg.hop})"
+    )
+
+
+def _add_neural_vocoder(b: GraphBuilder, model: object, mel: str) -> str:
+    """Adds the neural vocoder's nodes to `b`: mel [B,F,n_mels] -> audio [B,1,F*hop]."""
+    cfg = model.cfg  # type: ignore[attr-defined]
     frames = b.shape_dims(mel, 1, 2, "F")
     samples = b.node("Mul", [frames, b.const([cfg.hop])], name="frames/Samples")
     pad = cfg.kernel // 2
@@ -407,13 +449,7 @@ def build_neural_vocoder_graph(model: object) -> onnx.ModelProto:
     im = b.node("Mul", [magnitude, b.node("Sin", [phase])], name="head/Im")
     _, synthesis = dft_kernels(cfg.n_fft)
     istft = inverse_stft(b, synthesis, cfg.hop, frames, samples)
-    audio3 = istft(re, im, "out/istft")
-    b.node("Squeeze", [audio3, b.const([1])], output_names=["waveform"], name="out/Squeeze")
-    b.add_output("waveform", FLOAT, ("batch", "samples"))
-    return b.build(
-        f"voice vocoder: log-mel -> ConvNeXt x{cfg.blocks} (hidden {cfg.hidden}) -> log-magnitude "
-        f"and phase -> inverse STFT (n_fft {cfg.n_fft}, hop {cfg.hop})"
-    )
+    return istft(re, im, "out/istft")
 
 
 @dataclass(frozen=True)
@@ -425,19 +461,27 @@ class VocoderParts:
     streaming: dict
 
 
-def griffin_lim_parts(stats: dict, vocoder: VocoderConfig) -> VocoderParts:
+def griffin_lim_parts(
+    stats: dict, vocoder: VocoderConfig, phase_model: object | None = None
+) -> VocoderParts:
+    """Griffin-Lim, starting from the phase of `phase_model` (a NeuralVocoder) when given."""
     mel = MEL_CONFIG
     # Griffin-Lim looks both ways: half an analysis window beyond the frame, in frames.
     reach = -(-mel.n_fft // (2 * mel.hop_length)) + 1
+    section = {
+        "kind": "griffin-lim",
+        "receptive_field_frames": reach,
+        "lookahead_frames": reach,
+        "griffin_lim_iterations": vocoder.iterations,
+        "griffin_lim_power": vocoder.power,
+    }
+    if phase_model is not None:
+        cfg = phase_model.cfg  # type: ignore[attr-defined]
+        section["starting_phase"] = f"neural convnext{cfg.blocks}x{cfg.hidden}-istft{cfg.n_fft}"
+        section["receptive_field_frames"] = reach + cfg.receptive_field_frames
     return VocoderParts(
-        build_vocoder_graph(mel, stats, vocoder),
-        {
-            "kind": "griffin-lim",
-            "receptive_field_frames": reach,
-            "lookahead_frames": reach,
-            "griffin_lim_iterations": vocoder.iterations,
-            "griffin_lim_power": vocoder.power,
-        },
+        build_vocoder_graph(mel, stats, vocoder, phase_model),
+        section,
         {
             "first_chunk_frames": 10,
             "stride_frames": 24,

@@ -100,13 +100,21 @@ def mel_inverse(cfg: MelConfig) -> np.ndarray:
 
 
 def griffin_lim(
-    magnitude: torch.Tensor, cfg: MelConfig, hop: int, iterations: int, momentum: float = 0.99
+    magnitude: torch.Tensor,
+    cfg: MelConfig,
+    hop: int,
+    iterations: int,
+    momentum: float = 0.99,
+    starting_phase: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Fast Griffin-Lim (with momentum) for |STFT| [B,F,bins] at `hop` -> audio [B, F*hop]."""
+    """Fast Griffin-Lim (with momentum) for |STFT| [B,F,bins] at `hop` -> audio [B, F*hop],
+    from `starting_phase` [B,bins,F] (default: the fixed `initial_phase`)."""
     spec_mag = magnitude.transpose(-1, -2)  # [B,bins,F]
     length = magnitude.shape[-2] * hop
     window = _window(cfg)
-    phase = torch.from_numpy(initial_phase(spec_mag.shape[-2], spec_mag.shape[-1]))
+    phase = starting_phase
+    if phase is None:
+        phase = torch.from_numpy(initial_phase(spec_mag.shape[-2], spec_mag.shape[-1]))
     angles = torch.polar(torch.ones_like(phase), phase).expand(spec_mag.shape)
     previous = torch.zeros_like(angles)
     audio = torch.zeros(magnitude.shape[0], length)
@@ -138,13 +146,22 @@ def mel_to_audio(
     upsample: int = 2,
     iterations: int = 32,
     power: float = 1.0,
+    starting_audio: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """log-mel [B,F,n_mels] -> audio [B, F*hop]: inverse filterbank (magnitude ** power), then
-    Griffin-Lim on frames linearly interpolated to hop / upsample."""
+    Griffin-Lim on frames linearly interpolated to hop / upsample, starting from the phase of
+    `starting_audio` [B, F*hop] when given."""
     inverse = torch.from_numpy(mel_inverse(cfg))
     linear = torch.clamp(torch.exp(logmel) @ inverse, min=0.0) ** power  # [B,F,bins]
     if upsample > 1:
         linear = torch.nn.functional.interpolate(
             linear.transpose(1, 2), scale_factor=upsample, mode="linear", align_corners=False
         ).transpose(1, 2)
-    return griffin_lim(linear, cfg, cfg.hop_length // upsample, iterations)
+    hop = cfg.hop_length // upsample
+    phase = None
+    if starting_audio is not None:
+        spec = torch.stft(
+            starting_audio, cfg.n_fft, hop, window=_window(cfg), center=True, return_complex=True
+        )
+        phase = torch.angle(spec[..., : linear.shape[1]])
+    return griffin_lim(linear, cfg, hop, iterations, starting_phase=phase)

@@ -286,7 +286,7 @@ class Clips:
     """Every training utterance as (standardised mel [F,80], audio [F*hop]); random crops."""
 
     def __init__(
-        self, work: Path, stats: dict, hop: int, lm_bundle: Path | None = None, lm_share=0.5
+        self, work: Path, stats: dict, hop: int, lm_bundle: Path | None = None, lm_share=0.0
     ) -> None:
         """With `lm_bundle`, a share `lm_share` of the clips (a fixed choice) takes its input
         mel from that bundle's LM run teacher-forced (lm_teacher_forced_mels)."""
@@ -391,8 +391,9 @@ class VocoderTrainConfig:
     # Adversarial fine-tuning (multi-resolution spectrogram discriminator): the reconstruction
     # losses are scaled by `reconstruction_weight` against adversarial 1 and feature matching 2.
     gan: bool = False
-    # Half the clips' input mel from the bundle's LM run teacher-forced (fine-tuning stage).
-    lm_mels: bool = False
+    # Share of the clips whose input mel is the bundle's LM run teacher-forced (fine-tuning
+    # stage; 0 = the teacher's mel only).
+    lm_share: float = 0.0
     reconstruction_weight: float = 15.0
     discriminator_learning_rate: float = 2e-4
 
@@ -432,10 +433,10 @@ def train_vocoder(
     learning rate decays by cosine over the total time asked for so far."""
     torch.manual_seed(seed)
     stats = ensure_mel_stats(work, bundle_dir)
-    lm_bundle = bundle_dir if train_cfg.lm_mels else None
-    if train_cfg.lm_mels and bundle_dir is None:
+    lm_bundle = bundle_dir if train_cfg.lm_share > 0 else None
+    if train_cfg.lm_share > 0 and bundle_dir is None:
         raise SystemExit("fine-tuning on the LM's mels needs --lm-from BUNDLE_DIR")
-    clips = Clips(work, stats, cfg.hop, lm_bundle)
+    clips = Clips(work, stats, cfg.hop, lm_bundle, train_cfg.lm_share)
     folder = work / "vocoder"
     folder.mkdir(parents=True, exist_ok=True)
     checkpoint = folder / "checkpoint.pt"
