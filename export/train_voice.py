@@ -101,20 +101,23 @@ def stage_export(work: Path, args: argparse.Namespace) -> None:
     """The bundle: LM graphs from WORK/lm/checkpoint.pt (or reused from --lm-from) and the
     vocoder chosen by --vocoder, its streaming window measured here (choose_streaming)."""
     from export.voice import bundle as voice_bundle
+    from export.voice.vocoder import ensure_mel_stats, load_vocoder
 
     out = args.bundle or work / "bundle"
+    stats = ensure_mel_stats(work, args.lm_from)
     if args.vocoder == "neural":
-        parts = neural_parts(work)
+        parts = voice_bundle.neural_vocoder_parts(load_vocoder(work), {"holdback_frames": 0})
     else:
-        from export.voice.vocoder import ensure_mel_stats, load_vocoder
-
-        stats = ensure_mel_stats(work, args.lm_from)
         phase_model = load_vocoder(work) if args.vocoder == "neural-phase-griffin-lim" else None
         parts = voice_bundle.griffin_lim_parts(
             stats,
             voice_bundle.VocoderConfig(iterations=args.gl_iterations, power=args.gl_power),
             phase_model,
         )
+    if args.vocoder != "griffin-lim":
+        # Griffin-Lim from a fixed phase re-estimates each window's phase and never streams
+        # within 30 dB of its one-shot output; from the network's phase it does.
+        parts = with_measured_streaming(parts, work, stats)
     if args.lm_from:
         sizes = voice_bundle.rebundle_with_vocoder(out, args.lm_from, parts)
     else:
@@ -129,20 +132,17 @@ def stage_export(work: Path, args: argparse.Namespace) -> None:
     print(f"export: {sum(sizes.values()):,d} bytes -> {out}")
 
 
-def neural_parts(work: Path, clips: int = 12) -> object:
-    """The trained neural vocoder's graph, with the streaming window measured on training
-    clips (the smallest hold-back that keeps streamed audio within 30 dB of one-shot)."""
+def with_measured_streaming(parts: object, work: Path, stats: dict, clips: int = 12) -> object:
+    """`parts` with the streaming window measured on training clips: the smallest hold-back
+    that keeps streamed audio within 30 dB of one-shot (choose_streaming)."""
     import numpy as np
     import onnxruntime as ort
 
     from export.voice import data
-    from export.voice.bundle import neural_vocoder_parts
+    from export.voice.codec import MEL_CONFIG
     from export.voice.evaluate import choose_streaming
-    from export.voice.vocoder import load_vocoder, standardised_mel
+    from export.voice.vocoder import standardised_mel
 
-    model = load_vocoder(work)
-    stats = json.loads((work / "mel_stats.json").read_text())
-    parts = neural_vocoder_parts(model, {"holdback_frames": 0})
     session = ort.InferenceSession(parts.graph.SerializeToString(deterministic=True))
 
     def decode(mel: np.ndarray) -> np.ndarray:
@@ -150,9 +150,10 @@ def neural_parts(work: Path, clips: int = 12) -> object:
 
     shard = sorted((work / "data" / "train").glob("shard-*.npz"))[0]
     mels = [standardised_mel(u.audio, stats) for u in data.load_shard(shard)[:clips]]
-    streaming, sweep = choose_streaming(decode, mels, model.cfg.hop)
+    streaming, sweep = choose_streaming(decode, mels, MEL_CONFIG.hop_length)
     print(f"export: streaming sweep {sweep} -> {streaming}")
-    return neural_vocoder_parts(model, streaming)
+    section = dict(parts.section, lookahead_frames=streaming["holdback_frames"])
+    return replace(parts, streaming=streaming, section=section)
 
 
 def stage_eval(work: Path, args: argparse.Namespace) -> None:

@@ -5,6 +5,7 @@ of its one-shot output."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -145,6 +146,53 @@ def test_griffin_lim_from_the_neural_phase_matches_torch(tmp_path: Path) -> None
     voice_bundle.rebundle_with_vocoder(tmp_path, VOICE_MODEL_DIR, parts)
     audio = onnx_tts.load(str(tmp_path), cache_dir=None).synthesize("A short test.").samples
     assert len(audio) > 0 and np.isfinite(audio).all()
+
+
+def test_recipe_exports_neural_phase_griffin_lim_with_a_measured_streaming_window(
+    tmp_path: Path,
+) -> None:
+    """`--stages export --vocoder neural-phase-griffin-lim` builds Griffin-Lim started from the
+    work's vocoder checkpoint, measures its streaming window on the work's clips, and the
+    bundle then streams within 30 dB of its one-shot output end to end (Griffin-Lim from the
+    fixed phase does not: its windows each find another phase)."""
+    from export import train_voice
+    from export.voice import data
+    from export.voice.vocoder import save_checkpoint
+
+    work = tmp_path / "work"
+    (work / "vocoder").mkdir(parents=True)
+    torch.manual_seed(2)
+    model = NeuralVocoder(VocoderNetConfig(hidden=32, intermediate=64, blocks=2))
+    optimizer = torch.optim.AdamW(model.parameters())
+    state = {"step": 0, "seconds": 0.0, "planned_seconds": 0.0}
+    save_checkpoint(work / "vocoder" / "checkpoint.pt", model, optimizer, state)
+    clips = [
+        data.Utterance("x", "joe", "^a$", np.array([0, len(a), 0]), a) for a in _held_out_speech()
+    ]
+    (work / "data" / "train").mkdir(parents=True)
+    data.save_shard(work / "data" / "train" / "shard-00000.npz", clips)
+    out = tmp_path / "bundle"
+    vocoder = ["--vocoder", "neural-phase-griffin-lim", "--gl-iterations", "4"]
+    paths = ["--work", str(work), "--lm-from", str(VOICE_MODEL_DIR), "--bundle", str(out)]
+    train_voice.main([*paths, "--stages", "export", *vocoder])
+    manifest = json.loads((out / "bundle.json").read_text())
+    assert manifest["vocoder"]["starting_phase"] == "neural convnext2x32-istft1024"
+    holdback = manifest["streaming"]["holdback_frames"]
+    assert manifest["vocoder"]["lookahead_frames"] == holdback > 2
+    engine = onnx_tts.load(str(out), cache_dir=None)
+    sentence = "The weather was cold, so we stayed inside and read books."
+    one_shot = engine.synthesize(sentence).samples
+    streamed = np.concatenate(list(engine.stream(sentence)))
+    assert len(streamed) == len(one_shot)
+    assert snr_db(one_shot, streamed) >= STREAM_SNR_TARGET_DB
+
+    stats = bundle_mel_stats(out)
+    fixed_start = voice_bundle.griffin_lim_parts(stats, voice_bundle.VocoderConfig(iterations=4))
+    fixed_start = dataclasses.replace(fixed_start, streaming=manifest["streaming"])
+    voice_bundle.rebundle_with_vocoder(out, VOICE_MODEL_DIR, fixed_start)
+    engine = onnx_tts.load(str(out), cache_dir=None)
+    streamed = np.concatenate(list(engine.stream(sentence)))
+    assert snr_db(engine.synthesize(sentence).samples, streamed) < STREAM_SNR_TARGET_DB
 
 
 @pytest.fixture(scope="module")
