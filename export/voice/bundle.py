@@ -306,9 +306,10 @@ def build_vocoder_graph(
     audio3 = istft(re, im, "out/istft")
     b.node("Squeeze", [audio3, b.const([1])], output_names=["waveform"], name="out/Squeeze")
     b.add_output("waveform", FLOAT, ("batch", "samples"))
+    start = "a fixed phase" if phase_model is None else "the neural vocoder's phase"
     return b.build(
         f"voice vocoder: log-mel -> linear magnitude -> Griffin-Lim x{vocoder.iterations} "
-        f"at hop {hop}"
+        f"at hop {hop}, starting from {start}"
     )
 
 
