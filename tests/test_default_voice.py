@@ -64,6 +64,20 @@ def test_streamed_default_voice_is_as_intelligible(
     assert corpus_wer([sentence], [transcribe(streamed)]) <= 0.35
 
 
+def test_streamed_default_voice_equals_its_one_shot_output(engine: onnx_tts.Engine) -> None:
+    """Griffin-Lim started from the neural vocoder's phase, with the bundle's measured window,
+    streams the same waveform as one-shot synthesis within 30 dB (a fixed starting phase gives
+    a different waveform per window: about -2 dB)."""
+    from export.voice.evaluate import STREAM_SNR_TARGET_DB, snr_db
+
+    manifest = engine.backend.bundle.manifest
+    assert manifest["vocoder"]["starting_phase"].startswith("neural")
+    for index, sentence in enumerate(SENTENCES[1:]):
+        one_shot = engine.synthesize(sentence, seed=index).samples
+        streamed = np.concatenate(list(engine.stream(sentence, seed=index)))
+        assert snr_db(one_shot, streamed) >= STREAM_SNR_TARGET_DB, sentence
+
+
 @pytest.mark.parametrize("warp", ["0.92", "1.09"])
 def test_cloning_moves_the_voice_toward_a_held_out_reference(
     engine: onnx_tts.Engine, warp: str

@@ -101,7 +101,13 @@ def test_texts_that_normalise_alike_share_one_entry(tmp_path):
 def test_stream_hit_yields_the_cached_audio_at_once_in_stream_chunk_sizes(tmp_path):
     engine = load(tmp_path)
     whole = engine.synthesize(TEXT)
-    chunks = list(engine.stream(TEXT, first_chunk_frames=6, stride_frames=10, overlap_frames=4))
+    options = {
+        "first_chunk_frames": 6,
+        "stride_frames": 10,
+        "overlap_frames": 4,
+        "holdback_frames": 2,
+    }
+    chunks = list(engine.stream(TEXT, **options))
     hop = engine.backend.hop_length
     assert [len(c) for c in chunks[:-1]] == [6 * hop] + [10 * hop] * (len(chunks) - 2)
     assert 0 < len(chunks[-1]) <= 10 * hop

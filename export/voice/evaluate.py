@@ -332,7 +332,9 @@ def choose_streaming(
         overlap = holdback + crossfade_frames
         options = {
             "first_chunk_frames": holdback + 8,
-            "stride_frames": max(24, 2 * (overlap + holdback)),
+            # Each window re-decodes overlap + hold-back frames: a stride of four times that
+            # keeps the extra work at a quarter (twice: a half, measured 7 % slower overall).
+            "stride_frames": max(24, 4 * (overlap + holdback)),
             "overlap_frames": overlap,
             "holdback_frames": holdback,
             "crossfade_samples": crossfade_frames * hop,
