@@ -93,7 +93,13 @@ def stage_vocoder(work: Path, args: argparse.Namespace) -> None:
             final_learning_rate=args.vocoder_learning_rate / 10,
         )
     train_vocoder(
-        work, vocoder_config(args), args.vocoder_minutes, args.seed, args.lm_from, train_cfg
+        work,
+        vocoder_config(args),
+        args.vocoder_minutes,
+        args.seed,
+        args.lm_from,
+        train_cfg,
+        max_steps=args.vocoder_steps,
     )
 
 
@@ -253,6 +259,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--vocoder-blocks", type=int, default=6)
     parser.add_argument("--vocoder-minutes", type=float, default=50.0)
     parser.add_argument(
+        "--vocoder-steps",
+        type=int,
+        default=None,
+        help="stage vocoder: stop at this step count in all, the learning rate decaying over "
+        "this run's steps (reproducible on any machine; --vocoder-minutes still caps the time)",
+    )
+    parser.add_argument(
         "--vocoder-lm-share",
         type=float,
         default=0.0,
@@ -301,6 +314,8 @@ def main(argv: list[str] | None = None) -> None:
         )
     if args.steps is not None and args.steps < 1:
         parser.error(f"--steps must be at least 1, got {args.steps}")
+    if args.vocoder_steps is not None and args.vocoder_steps < 1:
+        parser.error(f"--vocoder-steps must be at least 1, got {args.vocoder_steps}")
     args.work.mkdir(parents=True, exist_ok=True)
     if stages != ["data"]:
         import torch

@@ -466,6 +466,7 @@ def test_training_stops_at_a_step_count_in_all_and_resumes_to_the_next(tmp_path:
         (["--vocoder-phase-weight", "-1"], "--vocoder-phase-weight must be within 0-100"),
         (["--vocoder-learning-rate", "0"], "--vocoder-learning-rate must be within (0, 0.01]"),
         (["--steps", "0"], "--steps must be at least 1"),
+        (["--vocoder-steps", "0"], "--vocoder-steps must be at least 1"),
     ],
 )
 def test_recipe_refuses_out_of_range_settings_before_any_work(

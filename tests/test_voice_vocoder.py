@@ -80,6 +80,34 @@ def test_neural_vocoder_learns_a_tone_from_its_mel() -> None:
     assert losses["loss"].item() < 0.7 * first
 
 
+def test_vocoder_training_by_steps_repeats_exactly_and_resumes(tmp_path: Path) -> None:
+    """`--vocoder-steps`: two runs to the same step count give the same weights (the schedule
+    follows steps, not the clock), and a later run continues to a higher count."""
+    from export.voice import data
+    from export.voice.vocoder import VocoderTrainConfig, train_vocoder
+
+    cfg = VocoderNetConfig(hidden=32, intermediate=64, blocks=2)
+    train_cfg = VocoderTrainConfig(batch=2, frames=16, warmup_steps=2)
+    clips = [
+        data.Utterance("x", "joe", "^a$", np.array([0, len(a), 0]), a) for a in _held_out_speech()
+    ]
+    saved = {}
+    for run in ("first", "again"):
+        work = tmp_path / run
+        (work / "data" / "train").mkdir(parents=True)
+        data.save_shard(work / "data" / "train" / "shard-00000.npz", clips)
+        (work / "mel_stats.json").write_text(json.dumps(bundle_mel_stats(VOICE_MODEL_DIR)))
+        train_vocoder(work, cfg, 10.0, 0, None, train_cfg, max_steps=3)
+        saved[run] = torch.load(work / "vocoder" / "checkpoint.pt", weights_only=False)
+    assert saved["first"]["step"] == saved["again"]["step"] == 3
+    for name, value in saved["first"]["model"].items():
+        assert torch.equal(value, saved["again"]["model"][name]), name
+    train_vocoder(tmp_path / "first", cfg, 10.0, 0, None, train_cfg, max_steps=5)
+    resumed = torch.load(tmp_path / "first" / "vocoder" / "checkpoint.pt", weights_only=False)
+    assert resumed["step"] == 5
+    assert any(not torch.equal(v, resumed["model"][k]) for k, v in saved["first"]["model"].items())
+
+
 def test_choose_streaming_finds_the_vocoders_reach() -> None:
     """A vocoder whose frame depends on `reach` frames either side (a moving average, zero
     padded) streams exactly once the hold-back covers the reach, not before."""

@@ -428,9 +428,12 @@ def train_vocoder(
     seed: int,
     bundle_dir: Path | None,
     train_cfg: VocoderTrainConfig = VocoderTrainConfig(),
+    max_steps: int | None = None,
 ) -> None:
     """Trains for `minutes` more wall-clock minutes (resuming WORK/vocoder/checkpoint.pt); the
-    learning rate decays by cosine over the total time asked for so far."""
+    learning rate decays by cosine over the total time asked for so far. With `max_steps` it
+    stops at that step count in all and the cosine runs over this run's steps instead, so the
+    run is the same on any machine (one thread; `minutes` then only caps it)."""
     torch.manual_seed(seed)
     stats = ensure_mel_stats(work, bundle_dir)
     lm_bundle = bundle_dir if train_cfg.lm_share > 0 else None
@@ -469,17 +472,23 @@ def train_vocoder(
         f"params, from step {state['step']}",
         flush=True,
     )
-    rng = np.random.default_rng(seed + state["step"])
+    first_step = state["step"]
+    rng = np.random.default_rng(seed + first_step)
     log = (folder / "log.jsonl").open("a")
     start, last_save = time.monotonic(), time.monotonic()
     base_seconds = state["seconds"]
     window: dict[str, list[float]] = {}
     model.train()
-    while True:
+    while max_steps is None or state["step"] < max_steps:
         elapsed = base_seconds + time.monotonic() - start
         if elapsed >= state["planned_seconds"]:
+            if max_steps is not None:
+                print(f"vocoder: out of time at step {state['step']} of {max_steps}", flush=True)
             break
-        progress = elapsed / max(state["planned_seconds"], 1.0)
+        if max_steps is None:
+            progress = elapsed / max(state["planned_seconds"], 1.0)
+        else:
+            progress = (state["step"] - first_step) / max(max_steps - first_step, 1)
         lr = train_cfg.final_learning_rate + 0.5 * (
             train_cfg.learning_rate - train_cfg.final_learning_rate
         ) * (1 + math.cos(math.pi * progress))
