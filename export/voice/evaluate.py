@@ -328,7 +328,7 @@ def choose_streaming(
     crossfade) whose streamed output equals the one-shot within STREAM_SNR_TARGET_DB +
     `margin_db` on every clip. Returns (bundle.json "streaming", the sweep as measured)."""
     sweep = []
-    for holdback in (2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32):
+    for holdback in (2, 3, 4, 5, 6, 8, 10, 12, 14, 16, 20, 24, 32):
         overlap = holdback + crossfade_frames
         options = {
             "first_chunk_frames": holdback + 8,
