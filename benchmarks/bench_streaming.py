@@ -38,6 +38,7 @@ if __package__ in (None, ""):  # run as a script: make `onnx_tts` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import onnx_tts
+from onnx_tts.errors import InputError
 from onnx_tts.pipeline import Engine
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -137,16 +138,18 @@ def run(model: str | None, repeats: int, threads: int) -> dict[str, Any]:
             modes[name]["total_s"].append(total)
             modes[name]["rtf"].append(total / duration)
 
-    hop = engine.backend.hop_length
     first_chunk: dict[str, dict[str, float]] = {}
     for frames in FIRST_CHUNK_SWEEP:
         # A first window must be longer than the bundle's hold-back (the default voice holds
-        # back 12 frames); sizes the bundle cannot take are left out, not errors.
-        if (frames - defaults["holdback_frames"]) * hop <= defaults["crossfade_samples"]:
+        # back 14 frames); sizes the bundle's window cannot take are left out, not errors.
+        try:
+            engine.streaming_options(first_chunk_frames=frames)
+        except InputError:
             continue
         ttfas = [time_stream(engine, TEXT, first_chunk_frames=frames)[0] for _ in range(repeats)]
         first_chunk[str(frames)] = summarize(ttfas)
 
+    hop = engine.backend.hop_length
     quality = []
     for overlap in OVERLAP_SWEEP:
         crossfade = min(defaults["crossfade_samples"], overlap * hop)

@@ -111,14 +111,14 @@ def stage_export(work: Path, args: argparse.Namespace) -> None:
 
     out = args.bundle or work / "bundle"
     stats = ensure_mel_stats(work, args.lm_from)
+    network = None if args.vocoder == "griffin-lim" else load_vocoder(work)
     if args.vocoder == "neural":
-        parts = voice_bundle.neural_vocoder_parts(load_vocoder(work), {"holdback_frames": 0})
+        parts = voice_bundle.neural_vocoder_parts(network, {"holdback_frames": 0})
     else:
-        phase_model = load_vocoder(work) if args.vocoder == "neural-phase-griffin-lim" else None
         parts = voice_bundle.griffin_lim_parts(
             stats,
             voice_bundle.VocoderConfig(iterations=args.gl_iterations, power=args.gl_power),
-            phase_model,
+            network,
         )
     if args.vocoder != "griffin-lim":
         # Griffin-Lim from a fixed phase re-estimates each window's phase and never streams

@@ -83,19 +83,14 @@ def test_neural_vocoder_learns_a_tone_from_its_mel() -> None:
 def test_vocoder_training_by_steps_repeats_exactly_and_resumes(tmp_path: Path) -> None:
     """`--vocoder-steps`: two runs to the same step count give the same weights (the schedule
     follows steps, not the clock), and a later run continues to a higher count."""
-    from export.voice import data
     from export.voice.vocoder import VocoderTrainConfig, train_vocoder
 
     cfg = VocoderNetConfig(hidden=32, intermediate=64, blocks=2)
     train_cfg = VocoderTrainConfig(batch=2, frames=16, warmup_steps=2)
-    clips = [
-        data.Utterance("x", "joe", "^a$", np.array([0, len(a), 0]), a) for a in _held_out_speech()
-    ]
     saved = {}
     for run in ("first", "again"):
         work = tmp_path / run
-        (work / "data" / "train").mkdir(parents=True)
-        data.save_shard(work / "data" / "train" / "shard-00000.npz", clips)
+        _write_training_shard(work)
         (work / "mel_stats.json").write_text(json.dumps(bundle_mel_stats(VOICE_MODEL_DIR)))
         train_vocoder(work, cfg, 10.0, 0, None, train_cfg, max_steps=3)
         saved[run] = torch.load(work / "vocoder" / "checkpoint.pt", weights_only=False)
@@ -184,7 +179,6 @@ def test_recipe_exports_neural_phase_griffin_lim_with_a_measured_streaming_windo
     bundle then streams within 30 dB of its one-shot output end to end (Griffin-Lim from the
     fixed phase does not: its windows each find another phase)."""
     from export import train_voice
-    from export.voice import data
     from export.voice.vocoder import save_checkpoint
 
     work = tmp_path / "work"
@@ -194,11 +188,7 @@ def test_recipe_exports_neural_phase_griffin_lim_with_a_measured_streaming_windo
     optimizer = torch.optim.AdamW(model.parameters())
     state = {"step": 0, "seconds": 0.0, "planned_seconds": 0.0}
     save_checkpoint(work / "vocoder" / "checkpoint.pt", model, optimizer, state)
-    clips = [
-        data.Utterance("x", "joe", "^a$", np.array([0, len(a), 0]), a) for a in _held_out_speech()
-    ]
-    (work / "data" / "train").mkdir(parents=True)
-    data.save_shard(work / "data" / "train" / "shard-00000.npz", clips)
+    _write_training_shard(work)
     out = tmp_path / "bundle"
     vocoder = ["--vocoder", "neural-phase-griffin-lim", "--gl-iterations", "4"]
     paths = ["--work", str(work), "--lm-from", str(VOICE_MODEL_DIR), "--bundle", str(out)]
@@ -247,6 +237,18 @@ def neural_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
         out, VOICE_MODEL_DIR, voice_bundle.neural_vocoder_parts(model, streaming)
     )
     return out
+
+
+def _write_training_shard(work: Path) -> None:
+    """WORK/data/train with one shard: the held-out speech clips as training utterances
+    (their audio is all the vocoder stages read)."""
+    from export.voice import data
+
+    clips = [
+        data.Utterance("x", "joe", "^a$", np.array([0, len(a), 0]), a) for a in _held_out_speech()
+    ]
+    (work / "data" / "train").mkdir(parents=True)
+    data.save_shard(work / "data" / "train" / "shard-00000.npz", clips)
 
 
 def _held_out_speech() -> list[np.ndarray]:

@@ -58,11 +58,10 @@ def _window(cfg: MelConfig) -> torch.Tensor:
     return torch.hann_window(cfg.n_fft, periodic=True, dtype=torch.float32)
 
 
-def magnitudes(audio: torch.Tensor, cfg: MelConfig, hop: int | None = None) -> torch.Tensor:
-    """audio [B,N] -> |STFT| [B,F,bins] with F = N // hop (centred frames, reflect padding)."""
-    hop = hop or cfg.hop_length
-    frames = audio.shape[-1] // hop
-    spec = torch.stft(
+def stft(audio: torch.Tensor, cfg: MelConfig, hop: int) -> torch.Tensor:
+    """audio [B,N] -> complex STFT [B,bins,N // hop + 1]: Hann window, frame t centred on
+    sample t * hop (reflect padding), as the ONNX graphs' `_stft`."""
+    return torch.stft(
         audio,
         cfg.n_fft,
         hop_length=hop,
@@ -71,6 +70,13 @@ def magnitudes(audio: torch.Tensor, cfg: MelConfig, hop: int | None = None) -> t
         pad_mode="reflect",
         return_complex=True,
     )
+
+
+def magnitudes(audio: torch.Tensor, cfg: MelConfig, hop: int | None = None) -> torch.Tensor:
+    """audio [B,N] -> |STFT| [B,F,bins] with F = N // hop (centred frames, reflect padding)."""
+    hop = hop or cfg.hop_length
+    frames = audio.shape[-1] // hop
+    spec = stft(audio, cfg, hop)
     # Frame t of torch's centred STFT is centred on sample t * hop; shift by half a hop by
     # averaging neighbours would blur, so keep torch's frames and drop the last extra one.
     return spec.abs()[..., :frames].transpose(-1, -2)
@@ -122,9 +128,7 @@ def griffin_lim(
         audio = torch.istft(
             spec_mag * angles, cfg.n_fft, hop_length=hop, window=window, center=True, length=length
         )
-        rebuilt = torch.stft(
-            audio, cfg.n_fft, hop_length=hop, window=window, center=True, return_complex=True
-        )[..., : spec_mag.shape[-1]]
+        rebuilt = stft(audio, cfg, hop)[..., : spec_mag.shape[-1]]
         accelerated = rebuilt - (momentum / (1 + momentum)) * previous
         previous = rebuilt
         angles = accelerated / (accelerated.abs() + 1e-8)
@@ -160,8 +164,5 @@ def mel_to_audio(
     hop = cfg.hop_length // upsample
     phase = None
     if starting_audio is not None:
-        spec = torch.stft(
-            starting_audio, cfg.n_fft, hop, window=_window(cfg), center=True, return_complex=True
-        )
-        phase = torch.angle(spec[..., : linear.shape[1]])
+        phase = torch.angle(stft(starting_audio, cfg, hop)[..., : linear.shape[1]])
     return griffin_lim(linear, cfg, hop, iterations, starting_phase=phase)
