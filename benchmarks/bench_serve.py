@@ -7,7 +7,7 @@ A live server process on a free port (or ``--url`` of a running one); for each c
 (``response_format: pcm``, ``stream_format: audio``, the default voice) and reads the bytes as
 they come. Per request, on the client side: time to first audio (request sent -> first audio
 byte), underruns (a chunk that arrives after a player that started at the first byte has
-played everything before it: onnx_tts.server.metrics.PlaybackClock) and errors (a status other
+played everything before it: onnx_tts.request.PlaybackClock) and errors (a status other
 than 200, a broken stream, or audio of the wrong length). Per level: audio seconds delivered per
 wall second, TTFA p50/p95. Goals (issue 15): TTFA p95 <= 150 ms, no underruns and no errors
 at 8 clients.
@@ -34,7 +34,7 @@ if __package__ in (None, ""):  # run as a script: make `benchmarks` and `onnx_tt
 
 from benchmarks.bench_streaming import machine_info, write_atomically
 from benchmarks.live_server import LiveServer
-from onnx_tts.server.metrics import PlaybackClock
+from onnx_tts.request import PlaybackClock
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 TEXTS = (

@@ -16,9 +16,20 @@ from typing import Any, NoReturn
 import numpy as np
 
 from onnx_tts.audio import ProgressiveWavWriter, RawPcmWriter
-from onnx_tts.decoding.prefix_cache import DEFAULT_PREFIX_CACHE_BYTES
+from onnx_tts.config import CacheConfig, add_flags, from_flags
 from onnx_tts.errors import InputError, OnnxTTSError, OutputClosedError
+from onnx_tts.flags import add_engine_flags, engine_configs, family_options
 from onnx_tts.signals import TerminatedBySignal, termination_as_exception
+
+# `onnx-tts cache` takes where the caches are, not how big they may grow.
+CACHE_SIZE_FIELDS = (
+    "cache_memory_bytes",
+    "cache_disk_bytes",
+    "redis_ttl_seconds",
+    "result_cache_bytes",
+    "result_cache_disk_bytes",
+    "prefix_cache_bytes",
+)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -42,39 +53,6 @@ STREAM_FLAGS = (
     "holdback_frames",
     "crossfade_samples",
 )
-
-
-def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    from onnx_tts.families import FAMILIES, all_options
-
-    parser.add_argument("--model", help="model directory (default: the bundled trained voice)")
-    parser.add_argument("--kv", choices=("copy", "chain", "inplace"), help="KV cache handling")
-    parser.add_argument(
-        "--threads", type=int, default=0, help="ONNX Runtime threads (0 = one per core)"
-    )
-    add_cache_arguments(parser)
-    family_flags = parser.add_argument_group(
-        "model family options", "refused (exit 2) by a model whose family does not take them"
-    )
-    for option in all_options().values():
-        takers = ", ".join(name for name, f in FAMILIES.items() if f.option(option.name))
-        extra = f" [{takers}]"
-        if option.kind is bool:
-            family_flags.add_argument(
-                option.flag,
-                dest=option.name,
-                action="store_const",
-                const=True,
-                help=option.help + extra,
-            )
-        else:
-            family_flags.add_argument(
-                option.flag,
-                dest=option.name,
-                type=option.kind,
-                choices=option.choices or None,
-                help=option.help + extra,
-            )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -106,11 +84,11 @@ def build_parser() -> argparse.ArgumentParser:
     streaming.add_argument("--holdback-frames", type=int, help="frames held for right context")
     streaming.add_argument("--crossfade-samples", type=int, help="crossfade between windows")
     synth.add_argument("-v", "--verbose", action="store_true", help="timings on stderr")
-    _add_model_arguments(synth)
+    add_engine_flags(synth)
 
     info = commands.add_parser("info", help="describe a model: graphs, I/O, KV layout")
     info.add_argument("--json", action="store_true", help="machine-readable output")
-    _add_model_arguments(info)
+    add_engine_flags(info)
 
     bench = commands.add_parser("bench", help="benchmarks (run from a source checkout)")
     bench.add_argument("suite", choices=("kv", "refcache", "streaming", "batch", "serve", "cache"))
@@ -138,116 +116,15 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("reference", "result", "prefix"),
         help="clear only this cache (prefix: memory of each serving process, nothing on disk)",
     )
-    cache.add_argument("--cache-dir", help="reference cache directory")
-    cache.add_argument("--result-cache-dir", help="result cache directory")
-    cache.add_argument("--redis", help="redis://host:port/db")
+    add_flags(cache, CacheConfig, exclude=CACHE_SIZE_FIELDS)
     return parser
 
 
-def add_cache_arguments(parser: argparse.ArgumentParser) -> None:
-    """The cache flags of synth and serve (see `cache_load_options`)."""
-    from onnx_tts.pipeline import DEFAULT_REFERENCE_DISK_BYTES, DEFAULT_RESULT_DISK_BYTES
-
-    group = parser.add_argument_group("caches")
-    group.add_argument("--cache-dir", help="reference cache directory ('none' disables)")
-    group.add_argument(
-        "--redis", help="redis://host:port/db shared by the reference and result caches"
-    )
-    group.add_argument(
-        "--result-cache-mb",
-        type=int,
-        help="cache finished audio of greedy/seeded requests, this many MiB in memory "
-        "(0 = disk/Redis tiers only; default: no result cache)",
-    )
-    group.add_argument("--result-cache-dir", help="result cache directory ('none' disables)")
-    group.add_argument(
-        "--prefix-cache-mb",
-        type=int,
-        default=DEFAULT_PREFIX_CACHE_BYTES >> 20,
-        help="voice-prefix KV cache per model, MiB in memory (0 = off; default: %(default)s)",
-    )
-    group.add_argument(
-        "--cache-disk-mb",
-        type=int,
-        default=DEFAULT_REFERENCE_DISK_BYTES >> 20,
-        help="bound of the reference cache's disk tier, MiB (default: %(default)s)",
-    )
-    group.add_argument(
-        "--result-cache-disk-mb",
-        type=int,
-        default=DEFAULT_RESULT_DISK_BYTES >> 20,
-        help="bound of the result cache's disk tier, MiB (default: %(default)s)",
-    )
-    group.add_argument(
-        "--redis-ttl",
-        type=int,
-        help="seconds before Redis entries expire (default: kept until Redis evicts them)",
-    )
-
-
-def cache_load_options(args: argparse.Namespace) -> dict[str, Any]:
-    """`onnx_tts.load` keywords from the flags of `add_cache_arguments`."""
-    from onnx_tts.pipeline import MAX_REDIS_TTL_SECONDS
-
-    for flag in ("cache_disk_mb", "result_cache_disk_mb"):
-        if getattr(args, flag) < 1:
-            raise InputError(f"--{flag.replace('_', '-')} must be at least 1")
-    if args.redis_ttl is not None and not 1 <= args.redis_ttl <= MAX_REDIS_TTL_SECONDS:
-        raise InputError(
-            f"--redis-ttl must be in [1, {MAX_REDIS_TTL_SECONDS}] seconds, got {args.redis_ttl}"
-        )
-    return {
-        "cache_dir": cache_dir_option(args.cache_dir),
-        "redis_url": args.redis,
-        "result_cache_bytes": mebibytes_option(args.result_cache_mb, "--result-cache-mb"),
-        "result_cache_dir": cache_dir_option(args.result_cache_dir),
-        "prefix_cache_bytes": mebibytes_option(args.prefix_cache_mb, "--prefix-cache-mb"),
-        "cache_disk_bytes": mebibytes_option(args.cache_disk_mb, "--cache-disk-mb"),
-        "result_cache_disk_bytes": mebibytes_option(
-            args.result_cache_disk_mb, "--result-cache-disk-mb"
-        ),
-        "redis_ttl_seconds": args.redis_ttl,
-    }
-
-
-def cache_dir_option(value: str | None) -> str | None:
-    """A --cache-dir style flag: absent = the default location, 'none' = no disk tier."""
-    if value is None:
-        return "default"
-    return None if value.lower() == "none" else value
-
-
-def mebibytes_option(value: int | None, flag: str) -> int | None:
-    """A --*-mb flag in bytes (None stays None), refused in one line naming the flag when
-    outside [0, the cache memory bound]."""
-    from onnx_tts.pipeline import MAX_CACHE_MEMORY_BYTES
-
-    if value is None:
-        return None
-    if not 0 <= value <= MAX_CACHE_MEMORY_BYTES >> 20:
-        raise InputError(f"{flag} must be in [0, {MAX_CACHE_MEMORY_BYTES >> 20}] MiB, got {value}")
-    return value << 20
-
-
-def _family_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The family flags given on the command line (the model's family checks them)."""
-    from onnx_tts.families import all_options
-
-    return {
-        name: getattr(args, name) for name in all_options() if getattr(args, name, None) is not None
-    }
-
-
 def _load_engine(args: argparse.Namespace) -> Any:
-    import onnx_tts
+    from onnx_tts.pipeline import build_engine
 
-    return onnx_tts.load(
-        model=args.model,
-        kv=args.kv,
-        threads=args.threads,
-        **cache_load_options(args),
-        **_family_options(args),
-    )
+    config, caches = engine_configs(args)
+    return build_engine(config, caches, family_options=family_options(args))
 
 
 def _read_text(arg: str) -> str:
@@ -384,7 +261,8 @@ def cmd_cache(args: argparse.Namespace) -> int:
     from onnx_tts.refcache import format_stats
     from onnx_tts.resultcache import all_cache_stats, clear_caches
 
-    dirs = (cache_dir_option(args.cache_dir), cache_dir_option(args.result_cache_dir), args.redis)
+    caches = from_flags(CacheConfig, args)
+    dirs = (caches.cache_dir, caches.result_cache_dir, caches.redis_url)
     # Hit/miss counters live per process; a CLI process only sees the shared tiers' contents.
     if args.action == "clear":
         removed = clear_caches(args.tier, *dirs)

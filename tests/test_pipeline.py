@@ -555,10 +555,12 @@ def test_allocation_failures_are_one_plain_line(raw: str, kept: str) -> None:
 def test_cli_memory_error_is_exit_2_with_one_line(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, tmp_path: Path
 ) -> None:
-    def no_memory(**_: object) -> None:
+    def no_memory(*_: object, **__: object) -> None:
         raise MemoryError
 
-    monkeypatch.setattr(onnx_tts, "load", no_memory)
+    import onnx_tts.pipeline
+
+    monkeypatch.setattr(onnx_tts.pipeline, "build_engine", no_memory)
     assert main(["synth", "Hi.", "-o", str(tmp_path / "x.wav")]) == 2
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith("onnx-tts: error: out of memory")

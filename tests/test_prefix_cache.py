@@ -249,8 +249,14 @@ def test_chatterbox_with_guidance_reuses_the_prefix(tmp_path, voice_wav):
             "99999999999",
             "--result-cache-mb must be in [0, 1048576] MiB, got 99999999999",
         ),
-        ("--cache-disk-mb", "0", "--cache-disk-mb must be at least 1"),
-        ("--result-cache-disk-mb", "-4", "--result-cache-disk-mb must be at least 1"),
+        ("--cache-disk-mb", "0", "--cache-disk-mb must be in [1, 16777216] MiB, got 0"),
+        (
+            "--result-cache-disk-mb",
+            "-4",
+            "--result-cache-disk-mb must be in [1, 16777216] MiB, got -4",
+        ),
+        ("--max-batch", "0", "--max-batch must be in [1, 256], got 0"),
+        ("--threads", "x", "--threads must be an integer, got 'x'"),
         ("--redis-ttl", "0", "--redis-ttl must be in [1, 315360000] seconds, got 0"),
     ],
 )

@@ -13,9 +13,10 @@ import pytest
 
 import onnx_tts
 from onnx_tts.bundle import CODEC_LM_MODEL_DIR
-from onnx_tts.decoding import CapacityPolicy, Request
-from onnx_tts.decoding.scheduler import DecodeScheduler
+from onnx_tts.decoding.kv_rows import MIN_SLOT_CAPACITY
+from onnx_tts.decoding.scheduler import DecodeScheduler, QueueFull
 from onnx_tts.errors import InputError
+from onnx_tts.request import CancelToken, PlaybackClock, Request
 
 TEXTS = [
     "Hi.",
@@ -57,7 +58,7 @@ def batched_voice():
 def test_concurrent_requests_equal_the_solo_path(model):
     """Batch invariance: 16 requests, solo and then 8 at a time as rows of one batch."""
     solo, batched = _load(model, max_batch=1), _load(model, max_batch=8)
-    assert solo.scheduler is None and batched.scheduler is not None
+    assert solo.scheduler.max_batch == 1 and batched.scheduler.max_batch == 8
     jobs = [(TEXTS[i % len(TEXTS)], i) for i in range(16)]
     expected = [solo.synthesize(text, seed=seed).samples for text, seed in jobs]
     with ThreadPoolExecutor(8) as pool:
@@ -117,13 +118,47 @@ def test_cancelled_stream_frees_its_row(batched_voice):
 
 
 def test_rows_join_and_leave_without_moving_the_kv(batched_voice):
-    """Slot buffers are allocated once: every row's address is the same before and after
-    requests came and went."""
-    slots = batched_voice.scheduler.slots
-    before = slots.past_data_ptrs(0, slots.rows)
+    """Once the slot buffers have grown to the load, requests come and go without any row
+    moving or the buffers growing again."""
+
+    def burst() -> None:
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(lambda i: batched_voice.synthesize(TEXTS[i], seed=i), range(8)))
+
+    burst()  # sizes the buffers for 8 concurrent rows of these texts
+    scheduler = batched_voice.scheduler
+    slots = scheduler.slots.slots
+    before = (slots.past_data_ptrs(0, slots.rows), scheduler.stats()["slot_grows"])
+    burst()
+    assert (slots.past_data_ptrs(0, slots.rows), scheduler.stats()["slot_grows"]) == before
+    assert scheduler.slots.slots is slots
+
+
+def test_a_row_keeps_its_address_while_it_decodes(batched_voice):
+    backend = batched_voice.backend
+    chunk = backend.text_chunks(TEXTS[3], {})[0]
+    request = Request(chunk, batched_voice.voice(), backend.sampling_defaults(), {})
+    stream = batched_voice.scheduler.submit(request)
+    next(stream)
+    first = batched_voice.scheduler.row_ptrs(request)
+    addresses = {tuple(batched_voice.scheduler.row_ptrs(request)) for _ in stream}
+    assert first and addresses <= {tuple(first), ()}  # () once the row has been freed
+
+
+def test_one_sentence_allocates_only_what_it_needs():
+    """Slot buffers grow on demand: one short request on a max_batch=8 engine holds one
+    row of the smallest capacity, not 8 rows of the model's limit."""
+    engine = _load(CODEC_LM_MODEL_DIR, max_batch=8)
+    engine.synthesize("Hi.", seed=1)
+    stats = engine.stats()
+    layout = engine.backend.pool.layout
+    policy = engine.backend.pool.capacity  # this bundle fixes its capacity in bundle.json
+    assert stats["slot_rows"] == 1
+    assert stats["slot_capacity"] == (policy.fixed or MIN_SLOT_CAPACITY)
+    assert stats["slot_bytes"] == stats["slot_capacity"] * layout.bytes_per_token
     with ThreadPoolExecutor(8) as pool:
-        list(pool.map(lambda i: batched_voice.synthesize(TEXTS[i], seed=i), range(8)))
-    assert slots.past_data_ptrs(0, slots.rows) == before
+        list(pool.map(lambda i: engine.synthesize(TEXTS[i], seed=i), range(8)))
+    assert engine.stats()["slot_rows"] == 8  # grown for eight at once
 
 
 def test_bad_request_fails_alone(solo_voice, batched_voice):
@@ -149,21 +184,78 @@ def test_bad_request_fails_alone(solo_voice, batched_voice):
         assert all(np.array_equal(a, b) for a, b in zip(frames, expected, strict=True))
 
 
-def test_request_longer_than_a_row_runs_solo(solo_voice):
-    """A request needing more KV than a slot row holds falls back to its own cache."""
+def test_request_longer_than_the_slot_budget_gets_a_cache_of_its_own(solo_voice):
+    """A request needing more KV than the slot budget allows decodes in the same loop on an
+    in-place cache sized to it (counted), with the same frames as in a slot row."""
     backend = solo_voice.backend
-    pool = backend.pool
-    scheduler = DecodeScheduler(
-        backend.program, pool.layout, CapacityPolicy(fixed=8, limit=8), max_batch=2
+    layout = backend.pool.layout
+    tight = DecodeScheduler(
+        backend.program,
+        backend.pool,
+        max_batch=2,
+        slot_bytes=(MIN_SLOT_CAPACITY - 1) * layout.bytes_per_token,
     )
-    assert scheduler.capacity == 8
-    chunk = backend.text_chunks("This sentence needs far more than eight positions.", {})[0]
-    request = Request(chunk, solo_voice.voice(), backend.sampling_defaults(), {})
-    from onnx_tts.decoding.scheduler import RunSolo
+    roomy = DecodeScheduler(backend.program, backend.pool, max_batch=2)
+    chunk = backend.text_chunks("This sentence needs its own capacity.", {})[0]
+    sampling = backend.sampling_defaults().with_overrides({"seed": 3})
+    voice = solo_voice.voice()
+    own = list(tight.submit(Request(chunk, voice, sampling, {})))
+    slotted = list(roomy.submit(Request(chunk, voice, sampling, {})))
+    assert tight.stats()["own_kv"] == 1 and roomy.stats()["own_kv"] == 0
+    assert len(own) == len(slotted) and all(map(np.array_equal, own, slotted))
+    tight.close()
+    roomy.close()
 
-    with pytest.raises(RunSolo):
-        next(scheduler.submit(request))
-    assert scheduler.stats()["solo"] == 1
+
+def test_admission_goes_by_priority_then_deadline_then_arrival(solo_voice):
+    """With every row busy, the waiting request due first is admitted first: a stream whose
+    player runs dry soonest, then the earliest first-audio deadline, then arrival."""
+    backend = solo_voice.backend
+    scheduler = DecodeScheduler(backend.program, backend.pool, max_batch=1)
+    voice, sampling = solo_voice.voice(), backend.sampling_defaults()
+    now = time.monotonic()
+
+    def request(name: str, **timing) -> Request:
+        return Request(name, voice, sampling, {}, **timing)
+
+    playing = PlaybackClock()
+    playing.chunk(now - 5.0, 1.0)  # its player ran dry 4 s ago
+    queued = [
+        request("batch"),  # no deadline: arrival + slack
+        request("late", deadline=now + 60),
+        request("soon", deadline=now + 1),
+        request("dry", deadline=now + 30, clock=playing),
+        request("first", deadline=now + 90, priority=-1),
+    ]
+    order = []
+    for _ in queued:
+        scheduler.waiting = [r for r in queued if r.chunk not in order]
+        scheduler.requests = [None]
+        (row,) = scheduler._take_waiting()
+        order.append(scheduler.requests[row].chunk)
+    assert order == ["first", "dry", "soon", "batch", "late"]
+
+
+def test_cancelled_waiting_request_never_starts(solo_voice):
+    backend = solo_voice.backend
+    scheduler = DecodeScheduler(backend.program, backend.pool, max_batch=1)
+    cancel = CancelToken()
+    chunk = backend.text_chunks("Never spoken.", {})[0]
+    stream = scheduler.submit(
+        Request(chunk, solo_voice.voice(), backend.sampling_defaults(), {}, cancel=cancel)
+    )
+    cancel.cancel()
+    assert list(stream) == []
+    assert scheduler.stats()["prefills"] == 0
+    scheduler.close()
+
+
+def test_a_full_queue_is_refused_not_grown(solo_voice):
+    backend = solo_voice.backend
+    scheduler = DecodeScheduler(backend.program, backend.pool, max_batch=1, max_waiting=0)
+    chunk = backend.text_chunks("Too many.", {})[0]
+    with pytest.raises(QueueFull, match="waiting"):
+        scheduler.submit(Request(chunk, solo_voice.voice(), backend.sampling_defaults(), {}))
     scheduler.close()
 
 
@@ -192,7 +284,7 @@ def test_info_says_whether_a_model_batches():
     assert batched.info()["batching"] == {
         "batched": True,
         "max_batch": 8,
-        "slot_capacity": batched.scheduler.capacity,
+        "slot_capacity": "grows on demand",
     }
     assert _load(max_batch=1).info()["batching"]["batched"] is False
 

@@ -22,8 +22,8 @@ import pytest
 import soundfile
 
 from benchmarks.live_server import LiveServer, free_port
+from onnx_tts.request import PlaybackClock
 from onnx_tts.server.encoding import StreamEncoder, wav_stream_header
-from onnx_tts.server.metrics import PlaybackClock
 from onnx_tts.server.timestretch import TimeStretcher, stretch
 from tests.conftest import speechlike
 
@@ -477,7 +477,7 @@ def test_bad_arguments_exit_2() -> None:
         env={**os.environ},
     )
     assert done.returncode == 2
-    assert done.stderr.strip().splitlines() == ["onnx-tts serve: --workers must be 1-256"]
+    assert done.stderr.strip().splitlines() == ["onnx-tts serve: --workers must be in [1, 256], got 0"]
 
 
 def test_unloadable_model_exits_2(tmp_path: Path) -> None:
@@ -568,10 +568,11 @@ def test_replicas_share_voice_encodes_through_redis(tmp_path: Path) -> None:
 def test_health_is_503_until_the_model_is_loaded(tmp_path: Path) -> None:
     from starlette.testclient import TestClient
 
+    from onnx_tts.config import CacheConfig
     from onnx_tts.server import ServerConfig, create_app
     from onnx_tts.server.engines import ModelRegistry
 
-    registry = ModelRegistry([None], {"cache_dir": None})
+    registry = ModelRegistry([None], caches=CacheConfig(cache_dir=None))
     app = create_app(ServerConfig(voices_dir=str(tmp_path / "voices")), registry)
     client = TestClient(app)  # no lifespan: nothing loads until we say so
     assert client.get("/health").status_code == 503

@@ -9,6 +9,7 @@ Two vocoders are used:
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -319,7 +320,7 @@ def test_bad_window_options_are_rejected_before_any_work(
     def no_generation(*args: Any, **kwargs: Any) -> Iterator[np.ndarray]:
         raise AssertionError("generation must not start with bad options")
 
-    monkeypatch.setattr(codec_lm_engine, "generate", no_generation)
+    monkeypatch.setattr(codec_lm_engine.executor, "frames", no_generation)
     with pytest.raises(InputError, match=message):
         codec_lm_engine.stream(ONE_SENTENCE, seed=1, **overrides)  # not even iterated
 
@@ -367,7 +368,7 @@ def test_stream_equals_synthesize_exactly_with_enough_overlap(codec_lm_engine) -
     assert len(streamed) == len(one_shot)
     np.testing.assert_allclose(streamed, one_shot, rtol=0, atol=1e-6)
     # The sentence pauses are in the stream, as chunks of their own.
-    pause = len(codec_lm_engine._sentence_pause())
+    pause = len(codec_lm_engine.executor.pause())
     assert sum(1 for c in chunks if len(c) == pause and not c.any()) == 2
 
 
@@ -395,31 +396,34 @@ def test_short_overlap_is_close_and_click_free(
 
 
 class FrameCounter:
-    """Wraps engine.generate (the LM stage): counts frames produced and LM steps taken."""
+    """Wraps the executor's frames (the LM stage's output): counts frames produced and LM
+    steps taken."""
 
     def __init__(self, engine: Any, monkeypatch: pytest.MonkeyPatch) -> None:
         self.produced: list[np.ndarray] = []
         self.frames = 0
         self.steps = 0
         self.closed = 0
-        original_generate = engine.generate
+        original_frames = engine.executor.frames
         program = engine.backend.program
         original_consume = program.consume
 
-        def generate(*args: Any, **kwargs: Any) -> Iterator[np.ndarray]:
+        def frames(*args: Any, **kwargs: Any) -> Iterator[np.ndarray]:
+            stream = original_frames(*args, **kwargs)
             try:
-                for frame in original_generate(*args, **kwargs):
+                for frame in stream:
                     self.frames += 1
                     self.produced.append(frame.copy())
                     yield frame
             finally:
+                stream.close()
                 self.closed += 1
 
         def consume(*args: Any, **kwargs: Any) -> Any:
             self.steps += 1
             return original_consume(*args, **kwargs)
 
-        monkeypatch.setattr(engine, "generate", generate)
+        monkeypatch.setattr(engine.executor, "frames", frames)
         monkeypatch.setattr(program, "consume", consume)
 
 
@@ -476,39 +480,56 @@ def test_text_shorter_than_one_window(codec_lm_engine, monkeypatch) -> None:
     np.testing.assert_allclose(chunks[0], one_shot, rtol=0, atol=1e-6)
 
 
-def test_cancelled_stream_stops_generation_and_frees_the_kv_cache(monkeypatch) -> None:
-    """On the solo path (max_batch=1) the stream owns a pooled cache; the batched path's rows
-    are checked in tests/test_scheduler.py."""
+@pytest.mark.parametrize("max_batch", [1, 8])
+def test_cancelled_stream_stops_generation_and_frees_its_row(monkeypatch, max_batch) -> None:
+    """Closing a stream cancels its request: the scheduler frees the row before its next
+    step. The worker is held inside a step while the consumer closes, so what happens after
+    the close is deterministic."""
+    import threading
+
     import onnx_tts
     from onnx_tts.bundle import CODEC_LM_MODEL_DIR
 
-    codec_lm_engine = onnx_tts.load(CODEC_LM_MODEL_DIR, kv="inplace", cache_dir=None, max_batch=1)
-    pool = codec_lm_engine.backend.pool
-    counter = FrameCounter(codec_lm_engine, monkeypatch)
-    list(codec_lm_engine.stream(ONE_SENTENCE, seed=6))
-    full_steps = counter.steps
-    idle_before = pool.idle_count()
-    assert idle_before >= 1  # the finished stream gave its cache back
+    engine = onnx_tts.load(CODEC_LM_MODEL_DIR, kv="inplace", cache_dir=None, max_batch=max_batch)
+    program = engine.backend.program
+    original_consume = program.consume
+    steps, hold_at, release = 0, 0, threading.Event()
 
-    counter.steps = counter.frames = 0
-    stream = codec_lm_engine.stream(ONE_SENTENCE, seed=6)
-    next(stream)
-    next(stream)
-    assert pool.idle_count() == idle_before - 1  # the running stream holds a cache
-    steps_at_cancel = counter.steps
-    stream.close()
-    assert counter.closed >= 1
-    assert pool.idle_count() == idle_before  # returned at close, not at garbage collection
+    def consume(*args: Any, **kwargs: Any) -> Any:
+        nonlocal steps
+        steps += 1
+        if steps == hold_at:
+            release.wait(30)  # a bound on the hold, not a timing assertion
+        return original_consume(*args, **kwargs)
+
+    monkeypatch.setattr(program, "consume", consume)
+    list(engine.stream(ONE_SENTENCE, seed=6))
+    full_steps, steps, hold_at = steps, 0, 20
+    assert full_steps > 2 * hold_at
+
+    stream = engine.stream(ONE_SENTENCE, seed=6)
+    next(stream)  # the first window needs fewer than hold_at steps
+    stream.close()  # the worker cannot have passed step hold_at
+    release.set()
+    deadline = time.monotonic() + 30
+    while engine.stats()["active_rows"] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert engine.stats()["active_rows"] == 0
+    assert steps <= hold_at  # the worker stopped at the step in flight (or before the hold)
     with pytest.raises(StopIteration):
         next(stream)
-    assert counter.steps == steps_at_cancel < full_steps / 2
 
     # Abandoning a for loop with `break` behaves the same once the iterator is closed.
-    stream = codec_lm_engine.stream(TEXT, seed=6)
+    steps, hold_at = 0, 0
+    stream = engine.stream(TEXT, seed=6)
     for _ in stream:
         break
     stream.close()
-    assert pool.idle_count() == idle_before
+    deadline = time.monotonic() + 30
+    while engine.stats()["active_rows"] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert engine.stats()["active_rows"] == 0
+    engine.close()
 
 
 def test_bad_text_is_rejected_by_stream(codec_lm_engine) -> None:

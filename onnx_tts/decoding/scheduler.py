@@ -1,42 +1,46 @@
-"""Continuous batching: one LM step for every active request.
+"""The one decode loop: every request, alone or among others, is a row of one scheduler.
 
-Requests (from any thread) queue FIFO; a worker thread admits each into a free row of a
-`KVSlots` buffer ([rows, Hkv, capacity, D], allocated once), prefills it at batch 1 in that
-row, and from then on runs one LM step over the contiguous range of rows that covers every
-active sequence. A request leaves when its program says it is done, when its consumer closes
-its stream (cancellation), or on an error, and its row is reused by the next one. Nothing is
-copied when rows join or leave: each row's KV stays where it was written.
+Requests (from any thread) wait in a bounded queue and are admitted, most urgent first
+(`Request.urgency()`: priority, then the earliest due time: a stream whose player would run
+dry, a first-audio deadline, or a no-deadline request's arrival plus slack), into free rows.
+A worker thread prefills each admitted request and then runs one decode step for every
+active row: rows kept in the shared in-place slot buffer in one LM run, rows with a cache of
+their own one run each (`kv_rows.py`), then the family's program consumes all rows'
+outputs at once. `max_batch=1` is a solo engine; a graph that cannot batch gets caches of its
+own inside the same loop; classifier-free guidance is two LM rows of one request.
+
+A request leaves when its program says it is done, when it is cancelled (its consumer closed
+the stream, its cancel token fired, a server client went away: the row is freed at the next
+step), or on an error, which fails that request alone. Nothing is copied when rows join or
+leave.
 
 Batch invariance: every row has its own sampler and RNG stream and its own KV row, and the
 LM's kernels compute rows independently, so a request's frames do not depend on which
-requests shared its steps (tests/test_scheduler.py checks this against the solo path).
+requests shared its steps (tests/test_scheduler.py checks this against max_batch=1).
 """
 
 from __future__ import annotations
 
 import atexit
-import collections
 import queue
 import threading
 import weakref
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
-from onnx_tts.decoding.kv_pool import CapacityPolicy
+from onnx_tts.decoding.kv_pool import KVPool
+from onnx_tts.decoding.kv_rows import DEFAULT_SLOT_BYTES, OwnCaches, RowHome, SlotRows
 from onnx_tts.decoding.prefix_cache import PrefixCache
-from onnx_tts.decoding.program import LOGITS, DecodeProgram, Request
+from onnx_tts.decoding.program import DecodeProgram
 from onnx_tts.errors import InputError, OnnxTTSError
-from onnx_tts.graph_io import KVLayout
-from onnx_tts.session import KVSlots
+from onnx_tts.request import Request
 
 MAX_BATCH_LIMIT = 256
-# The slot buffers of one scheduler hold at most this many bytes; capacity per row shrinks
-# to fit (a request that needs more runs on the solo path).
-DEFAULT_SLOT_BYTES = 2 << 30
-MIN_SLOT_CAPACITY = 256
+# Requests waiting for a row beyond this many are refused (QueueFull) instead of queued.
+DEFAULT_MAX_WAITING = 1024
+MAX_WAITING_LIMIT = 1 << 20
 _DONE = object()
 # Schedulers whose worker may be inside an ONNX Runtime run. At interpreter exit a daemon
 # worker still in a run aborts the process ("terminate called without an active exception",
@@ -50,37 +54,34 @@ def _close_live_schedulers() -> None:
         scheduler.close()
 
 
-class RunSolo(Exception):
-    """Raised to a request that cannot run as a row (it needs more KV than a slot holds)."""
-
-
-@dataclass
-class _Ticket:
-    request: Request
-    should_stop: Callable[[], bool] | None
-    frames: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
-    cancelled: bool = False
-    row: int = -1
-
-    def stopped(self) -> bool:
-        return self.cancelled or (self.should_stop is not None and bool(self.should_stop()))
+class QueueFull(OnnxTTSError):
+    """More requests wait for a row than the scheduler's queue holds; retry later."""
 
 
 class FrameStream:
-    """The frames of one scheduled request, as the worker produces them. Closing it (or
-    dropping it) cancels the request: its row is freed at the next step."""
+    """The frames of one scheduled request, as the worker produces them (the default sink).
+    Closing it (or dropping it) cancels the request: its row is freed at the next step."""
 
-    def __init__(self, ticket: _Ticket, scheduler: DecodeScheduler) -> None:
-        self._ticket, self._scheduler = ticket, scheduler
+    def __init__(self, request: Request, scheduler: DecodeScheduler) -> None:
+        self._request, self._scheduler = request, scheduler
+        self._items: queue.SimpleQueue = queue.SimpleQueue()
         self._finished = False
 
+    # -- producer side (the worker) ------------------------------------------------------------
+    def put(self, frame: np.ndarray) -> None:
+        self._items.put(frame)
+
+    def end(self, error: BaseException | None = None) -> None:
+        self._items.put(_DONE if error is None else error)
+
+    # -- consumer side -------------------------------------------------------------------------
     def __iter__(self) -> Iterator[np.ndarray]:
         return self
 
     def __next__(self) -> np.ndarray:
         if self._finished:
             raise StopIteration
-        item = self._ticket.frames.get()
+        item = self._items.get()
         if item is _DONE:
             self._finished = True
             raise StopIteration
@@ -92,56 +93,62 @@ class FrameStream:
     def close(self) -> None:
         if not self._finished:
             self._finished = True
-            self._scheduler.cancel(self._ticket)
+            self._request.cancel.cancel()
+            self._scheduler.wake()
 
     def __del__(self) -> None:
         self.close()
 
 
 class DecodeScheduler:
-    """Runs a family's DecodeProgram for many requests as rows of one LM batch."""
+    """Runs a family's DecodeProgram for every request of one model (module docstring)."""
 
     def __init__(
         self,
         program: DecodeProgram,
-        layout: KVLayout,
-        capacity: CapacityPolicy,
+        pool: KVPool,
         max_batch: int,
-        slot_bytes: int = DEFAULT_SLOT_BYTES,
         prefix_cache: PrefixCache | None = None,
+        slot_bytes: int = DEFAULT_SLOT_BYTES,
+        max_waiting: int = DEFAULT_MAX_WAITING,
     ) -> None:
         if isinstance(max_batch, bool) or not isinstance(max_batch, int):
             raise InputError(f"max_batch must be an integer, got {max_batch!r}")
         if not 1 <= max_batch <= MAX_BATCH_LIMIT:
             raise InputError(f"max_batch must be in [1, {MAX_BATCH_LIMIT}], got {max_batch}")
-        self.program, self.layout, self.max_batch = program, layout, max_batch
+        self.program, self.pool, self.max_batch = program, pool, max_batch
+        self.layout = pool.layout
         self.prefix_cache = prefix_cache
-        fitting = slot_bytes // max(1, max_batch * layout.bytes_per_token)
-        ceiling = capacity.fixed if capacity.fixed is not None else capacity.limit
-        self.capacity = int(min(ceiling, max(MIN_SLOT_CAPACITY, fitting)))
-        self.slots = KVSlots(program.lm, max_batch, self.capacity, dict(layout.pairs))
+        self.max_waiting = max_waiting
+        self.batching_unavailable = batching_support(pool)
+        self.slots: SlotRows | None = None
+        if self.batching_unavailable is None:
+            self.slots = SlotRows(program, self.layout, pool.capacity, max_batch, slot_bytes)
+        self.own = OwnCaches(program, pool, self.layout)
         self.state = program.new_state(max_batch)
-        self.lengths = np.zeros(max_batch, np.int64)  # cached tokens per row
-        self.tickets: list[_Ticket | None] = [None] * max_batch
-        self.waiting: collections.deque[_Ticket] = collections.deque()
+        self.requests: list[Request | None] = [None] * max_batch
+        self.homes: list[RowHome | None] = [None] * max_batch
+        self.waiting: list[Request] = []
         self._cv = threading.Condition()
         self._closed = False
         self._thread: threading.Thread | None = None
-        self._embeds_dtype = np.dtype(program.lm.spec.inputs["inputs_embeds"].dtype)
-        self._inputs = set(program.lm.input_names)
-        self._pairs = len(layout.pairs)
-        self._stats = {"requests": 0, "steps": 0, "row_steps": 0, "prefills": 0, "solo": 0}
+        self._stats = {"requests": 0, "steps": 0, "row_steps": 0, "prefills": 0, "own_kv": 0}
 
     # -- public ------------------------------------------------------------------------------
-    def submit(
-        self, request: Request, should_stop: Callable[[], bool] | None = None
-    ) -> FrameStream:
-        """Queue `request`; its frames arrive on the returned stream as they are made."""
-        ticket = _Ticket(request, should_stop)
+    def submit(self, request: Request) -> FrameStream:
+        """Queue `request`; its frames arrive on the returned stream as they are made (also
+        set as `request.sink`). Raises QueueFull when the queue is at its bound."""
+        stream = FrameStream(request, self)
+        request.sink = stream
         with self._cv:
             if self._closed:
                 raise OnnxTTSError("the engine's decode scheduler is closed")
-            self.waiting.append(ticket)
+            if len(self.waiting) >= self.max_waiting:
+                raise QueueFull(
+                    f"{len(self.waiting)} requests are waiting for a decode row (the limit); "
+                    "retry shortly"
+                )
+            self.waiting.append(request)
             self._stats["requests"] += 1
             if self._thread is None:
                 self._thread = threading.Thread(
@@ -150,26 +157,37 @@ class DecodeScheduler:
                 self._thread.start()
                 _LIVE.add(self)
             self._cv.notify()
-        return FrameStream(ticket, self)
+        return stream
 
-    def cancel(self, ticket: _Ticket) -> None:
+    def wake(self) -> None:
+        """Have the worker look at cancellations now (a consumer went away)."""
         with self._cv:
-            ticket.cancelled = True
-            if ticket in self.waiting:
-                self.waiting.remove(ticket)
             self._cv.notify()
 
     def stats(self) -> dict[str, Any]:
         with self._cv:
             steps = self._stats["steps"]
+            slots = self.slots
             return {
                 "max_batch": self.max_batch,
-                "slot_capacity": self.capacity,
+                "slot_capacity": slots.capacity if slots is not None else 0,
+                "slot_rows": slots.rows if slots is not None else 0,
+                "slot_bytes": slots.allocated_bytes() if slots is not None else 0,
+                "slot_grows": slots.grown if slots is not None else 0,
                 "queued": len(self.waiting),
-                "active_rows": sum(t is not None for t in self.tickets),
+                "active_rows": sum(r is not None for r in self.requests),
                 "mean_batch": self._stats["row_steps"] / steps if steps else 0.0,
                 **self._stats,
             }
+
+    def row_ptrs(self, request: Request) -> list[int]:
+        """Where `request`'s KV lives now (for tests: rows never move while they decode)."""
+        with self._cv:
+            for row, active in enumerate(self.requests):
+                home = self.homes[row]
+                if active is request and home is not None:
+                    return home.row_ptrs(row)
+        return []
 
     def close(self) -> None:
         with self._cv:
@@ -185,160 +203,170 @@ class DecodeScheduler:
                 while not self._closed and not self.waiting and not self._active_rows().size:
                     self._cv.wait()
                 if self._closed:
-                    for ticket in [*self.waiting, *filter(None, self.tickets)]:
-                        ticket.frames.put(OnnxTTSError("the engine was closed"))
+                    closed = OnnxTTSError("the engine was closed")
+                    for request in [*self.waiting, *filter(None, self.requests)]:
+                        request.sink.end(closed)
+                    self.waiting.clear()
                     return
                 admitted = self._take_waiting()
-            for ticket in admitted:
-                self._prefill(ticket)
-            self._drop_stopped()
+            for row in admitted:
+                self._prefill(row)
+            self._drop_cancelled()
             rows = self._active_rows()
             if rows.size:
                 self._step(rows)
 
     def _active_rows(self) -> np.ndarray:
-        return np.array([i for i, t in enumerate(self.tickets) if t is not None], np.int64)
+        return np.array([i for i, r in enumerate(self.requests) if r is not None], np.int64)
 
-    def _take_waiting(self) -> list[_Ticket]:
+    def _take_waiting(self) -> list[int]:
+        """Admit the most urgent waiting requests into the free rows, lowest row first."""
+        self.waiting = [r for r in self.waiting if not self._cancelled(r)]
         admitted = []
-        for row, ticket in enumerate(self.tickets):
-            if ticket is None and self.waiting:
-                waiting = self.waiting.popleft()
-                waiting.row = row
-                self.tickets[row] = waiting
-                admitted.append(waiting)
+        for row, active in enumerate(self.requests):
+            if active is None and self.waiting:
+                best = min(self.waiting, key=Request.urgency)
+                self.waiting.remove(best)
+                self.requests[row] = best
+                admitted.append(row)
         return admitted
 
-    def _free(self, ticket: _Ticket, final: object = _DONE) -> None:
-        ticket.frames.put(final)
-        if ticket.row >= 0 and self.tickets[ticket.row] is ticket:
-            self.tickets[ticket.row] = None
-            self.lengths[ticket.row] = 0
+    @staticmethod
+    def _cancelled(request: Request) -> bool:
+        if request.cancel.cancelled:
+            request.sink.end()
+            return True
+        return False
 
-    def _drop_stopped(self) -> None:
-        for ticket in self.tickets:
-            if ticket is not None and ticket.stopped():
-                self._free(ticket)
+    def _free(self, row: int, error: BaseException | None = None) -> None:
+        request = self.requests[row]
+        if request is not None:
+            request.sink.end(error)
+        home = self.homes[row]
+        if home is not None:
+            home.release(row)
+        self.requests[row] = None
+        self.homes[row] = None
 
-    def _prefill(self, ticket: _Ticket) -> None:
-        row = ticket.row
+    def _drop_cancelled(self) -> None:
+        for row, request in enumerate(self.requests):
+            if request is not None and request.cancel.cancelled:
+                self._free(row)
+
+    def _prefill(self, row: int) -> None:
+        request = self.requests[row]
+        assert request is not None
         try:
-            if ticket.stopped():
-                self._free(ticket)
+            if request.cancel.cancelled:
+                self._free(row)
                 return
-            admission = self.program.admit(self.state, row, ticket.request)
-            if admission.embeds.shape[0] != 1:
-                raise InputError("a batched request must prefill one LM row")
-            if admission.max_tokens > self.capacity:
-                self._free(ticket, RunSolo())
-                with self._cv:
-                    self._stats["solo"] += 1
-                return
-            embeds = admission.embeds.astype(self._embeds_dtype, copy=False)
-
-            def run(part: np.ndarray, cached: int) -> np.ndarray:
-                lengths = np.array([cached], np.int64)
-                outputs = self.slots.step(
-                    self._feeds(part, lengths), row, lengths, output_names=[LOGITS]
+            admission = self.program.admit(self.state, row, request)
+            if admission.inputs.shape[0] != self.program.lm_rows:
+                raise InputError(
+                    f"a request must prefill {self.program.lm_rows} LM row(s), got "
+                    f"{admission.inputs.shape[0]}"
                 )
-                return outputs[LOGITS][:, -1]
-
-            if self.prefix_cache is None:
-                logits = run(embeds, 0)
-            else:
-                logits = self.prefix_cache.prefill(
-                    embeds,
-                    admission.prefix,
-                    run,
-                    lambda length: [self.slots.read(i, row, length) for i in range(self._pairs)],
-                    lambda values: self.slots.load_prefix(row, values),
-                )
-            self.lengths[row] = embeds.shape[1]
+            home: RowHome = self.own
+            if self.slots is not None:
+                if self.slots.reserve(row, admission.max_tokens):
+                    home = self.slots
+                else:  # longer than the slot budget: an in-place cache sized to it
+                    with self._cv:
+                        self._stats["own_kv"] += 1
+            self.homes[row] = home
+            outputs = home.prefill(row, admission, self.prefix_cache)
             with self._cv:
                 self._stats["prefills"] += 1
-            self._deliver(np.array([row], np.int64), logits)
+            self._deliver(np.array([row], np.int64), outputs)
         except Exception as error:  # that request fails alone
-            self._free(ticket, error)
+            self._free(row, error)
+
+    def _lm_positions(self, selected: np.ndarray) -> np.ndarray:
+        """LM-row indices (into a step's inputs/outputs) of the selected request indices."""
+        lm = self.program.lm_rows
+        return (selected[:, None] * lm + np.arange(lm)[None, :]).reshape(-1)
 
     def _step(self, rows: np.ndarray) -> None:
-        fits = self.lengths[rows] < self.capacity
-        for row in rows[~fits]:  # the program should have ended it; never write past the buffer
-            self._free(
-                self.tickets[row],  # type: ignore[arg-type]
-                InputError(f"generation reached the KV capacity ({self.capacity} tokens)"),
-            )
-        rows = rows[fits]
+        in_slots = np.array([self.homes[row] is self.slots for row in rows], bool)
+        fits = np.ones(len(rows), bool)
+        if in_slots.any():
+            fits[in_slots] = self.slots.fits_next_step(rows[in_slots])  # type: ignore[union-attr]
+        if (~in_slots).any():
+            fits[~in_slots] = self.own.fits_next_step(rows[~in_slots])
+        for row in rows[~fits]:  # the program should have ended it; never write past a buffer
+            self._free(int(row), InputError("generation reached the KV capacity of its row"))
+        rows, in_slots = rows[fits], in_slots[fits]
         if not rows.size:
             return
-        first, span = int(rows[0]), int(rows[-1] - rows[0]) + 1
         try:
-            active = self.program.step_embeds(self.state, rows).astype(
-                self._embeds_dtype, copy=False
-            )
-            # A free row's length is 0 (see _free): inside the span it computes a throwaway
-            # token at position 0 of its own buffer.
-            lengths = self.lengths[first : first + span].copy()
-            if span == rows.size:  # contiguous rows: the usual case, nothing to scatter
-                embeds = active
-            else:
-                embeds = np.zeros((span, *active.shape[1:]), self._embeds_dtype)
-                embeds[rows - first] = active
-            outputs = self.slots.step(
-                self._feeds(embeds, lengths), first, lengths, output_names=[LOGITS]
-            )
-            self.lengths[rows] += 1
-            with self._cv:
-                self._stats["steps"] += 1
-                self._stats["row_steps"] += int(rows.size)
-            self._deliver(rows, outputs[LOGITS][rows - first, -1])
-        except Exception as error:  # a failed batch step fails the requests in it
+            inputs = self.program.step_inputs(self.state, rows)
+        except Exception as error:  # the program failed: every row of the step fails
             for row in rows:
-                ticket = self.tickets[row]
-                if ticket is not None:
-                    self._free(ticket, error)
+                self._free(int(row), error)
+            return
+        parts: list[tuple[np.ndarray, np.ndarray]] = []  # (request indices, their outputs)
+        if in_slots.any():
+            chosen = np.flatnonzero(in_slots)
+            try:
+                outputs = self.slots.step(rows[chosen], inputs[self._lm_positions(chosen)])  # type: ignore[union-attr]
+                parts.append((chosen, outputs))
+            except Exception as error:  # a failed batched run fails the rows in it
+                for row in rows[chosen]:
+                    self._free(int(row), error)
+        for index in np.flatnonzero(~in_slots):
+            chosen = np.array([index])
+            try:
+                outputs = self.own.step(rows[chosen], inputs[self._lm_positions(chosen)])
+                parts.append((chosen, outputs))
+            except Exception as error:
+                self._free(int(rows[index]), error)
+        if not parts:
+            return
+        order = np.concatenate([chosen for chosen, _ in parts])
+        outputs = np.concatenate([out for _, out in parts], axis=0)
+        ran = np.argsort(order, kind="stable")
+        order = order[ran]
+        outputs = outputs[self._lm_positions(ran)]
+        with self._cv:
+            self._stats["steps"] += 1
+            self._stats["row_steps"] += int(order.size)
+        self._deliver(rows[order], outputs)
 
-    def _deliver(self, rows: np.ndarray, logits: np.ndarray) -> None:
-        result = self.program.consume(self.state, rows, logits)
+    def _deliver(self, rows: np.ndarray, outputs: np.ndarray) -> None:
+        try:
+            result = self.program.consume(self.state, rows, outputs)
+        except Exception as error:
+            for row in rows:
+                self._free(int(row), error)
+            return
         for index, row in enumerate(rows):
-            ticket = self.tickets[row]
-            if ticket is None:
+            request = self.requests[int(row)]
+            if request is None:
                 continue
             for frame in result.frames[index]:
-                ticket.frames.put(frame)
+                request.sink.put(frame)
             if result.done[index]:
-                self._free(ticket)
-
-    def _feeds(self, embeds: np.ndarray, lengths: np.ndarray) -> dict[str, np.ndarray]:
-        """LM inputs beside the KV cache for rows with `lengths` cached tokens each."""
-        new = embeds.shape[1]
-        feeds: dict[str, np.ndarray] = {"inputs_embeds": embeds}
-        if "attention_mask" in self._inputs:
-            width = int(lengths.max()) + new
-            feeds["attention_mask"] = (np.arange(width)[None, :] < (lengths + new)[:, None]).astype(
-                np.int64
-            )
-        if "position_ids" in self._inputs:
-            feeds["position_ids"] = (lengths[:, None] + np.arange(new)[None, :]).astype(np.int64)
-        return feeds
+                self._free(int(row))
 
     def __repr__(self) -> str:
-        return f"DecodeScheduler(max_batch={self.max_batch}, capacity={self.capacity})"
+        return f"DecodeScheduler(max_batch={self.max_batch}, slots={self.slots is not None})"
 
 
-def batching_support(program: DecodeProgram, layout: KVLayout, kv_mode: str) -> str | None:
-    """None when this model can decode requests as rows of one batch, else why not."""
-    if kv_mode != "inplace":
-        return f"KV mode {kv_mode!r} (batched rows need the in-place cache: --kv inplace)"
-    if not layout.in_place:
+def batching_support(pool: KVPool) -> str | None:
+    """None when this model's requests can share one batched LM run, else why not (they then
+    run in the same loop on KV caches of their own)."""
+    if pool.mode != "inplace":
+        return f"KV mode {pool.mode!r} (batched rows need the in-place cache: --kv inplace)"
+    if not pool.layout.in_place:
         return "the LM grows its cache by Concat (convert it with `onnx-tts convert --inplace-kv`)"
     return None
 
 
 __all__ = [
-    "DEFAULT_SLOT_BYTES",
+    "DEFAULT_MAX_WAITING",
     "MAX_BATCH_LIMIT",
     "DecodeScheduler",
     "FrameStream",
-    "RunSolo",
+    "QueueFull",
     "batching_support",
 ]

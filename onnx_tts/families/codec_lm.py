@@ -17,7 +17,6 @@ from onnx_tts.decoding import (
     CapacityPolicy,
     DecodeProgram,
     KVPool,
-    Request,
     RowSampler,
     SamplingOptions,
     StepOutput,
@@ -28,6 +27,7 @@ from onnx_tts.errors import AudioError, InputError, ModelError
 from onnx_tts.families.base import Detection, Family, LoadSettings, Option
 from onnx_tts.frontend import TextTokenizer, normalize_text, split_sentences
 from onnx_tts.graph_io import check_graph_io, kv_layout
+from onnx_tts.request import Request
 from onnx_tts.session import Session, describe_graphs
 
 FAMILY = "codec-lm"
@@ -223,7 +223,7 @@ class CodecLMProgram(DecodeProgram):
         prefix = parts["speaker_embeds"].shape[1] + audio.shape[1] - 1
         return Admission(embeds, embeds.shape[1] + max_frames + self.codebooks + 1, prefix)
 
-    def step_embeds(self, state: _CodecState, rows: np.ndarray) -> np.ndarray:
+    def step_inputs(self, state: _CodecState, rows: np.ndarray) -> np.ndarray:
         last = state.pattern.history[rows, (state.pattern.step[rows] - 1) % self.codebooks]
         empty = np.zeros((len(rows), 0), np.int64)
         return self._embed(empty, last[:, None, :], state.speaker[rows])["audio_embeds"]

@@ -22,7 +22,6 @@ from onnx_tts.decoding import (
     CapacityPolicy,
     DecodeProgram,
     KVPool,
-    Request,
     RowSampler,
     SamplingOptions,
     StepOutput,
@@ -33,6 +32,7 @@ from onnx_tts.errors import InputError, ModelError
 from onnx_tts.families.base import Detection, Family, LoadSettings
 from onnx_tts.frontend import PhonemeTable, Phonemizer, normalize_text, split_sentences
 from onnx_tts.graph_io import check_graph_io, kv_layout
+from onnx_tts.request import Request
 from onnx_tts.session import Session, describe_graphs
 
 FAMILY = "phoneme-mel"
@@ -126,9 +126,9 @@ class PhonemeMelProgram(DecodeProgram):
         state.speaker[row] = np.asarray(request.voice["speaker_embedding"], np.float32).reshape(-1)
         state.sampler.assign(row, request.sampling)
         rows = np.array([row])
-        return Admission(self.step_embeds(state, rows), int(state.max_steps[row]))
+        return Admission(self.step_inputs(state, rows), int(state.max_steps[row]))
 
-    def step_embeds(self, state: _PointerState, rows: np.ndarray) -> np.ndarray:
+    def step_inputs(self, state: _PointerState, rows: np.ndarray) -> np.ndarray:
         windows = phoneme_windows(
             state.ids[rows], state.pointer[rows], self.model.context, state.lengths[rows]
         )

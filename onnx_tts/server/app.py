@@ -19,7 +19,6 @@ import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +32,9 @@ from starlette.formparsers import MultiPartException, MultiPartParser
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from onnx_tts.config import ServerConfig
 from onnx_tts.errors import AudioError, InputError, OnnxTTSError
+from onnx_tts.request import PlaybackClock
 from onnx_tts.server.dispatcher import (
     AUDIO,
     END,
@@ -46,7 +47,7 @@ from onnx_tts.server.dispatcher import (
 from onnx_tts.server.encoding import CONTENT_TYPES, StreamEncoder, encode_file, encoded_rate
 from onnx_tts.server.engines import ModelRegistry, SpeechModel
 from onnx_tts.server.errors import APIError, error_body, one_line
-from onnx_tts.server.metrics import PlaybackClock, ServerMetrics
+from onnx_tts.server.metrics import ServerMetrics
 from onnx_tts.server.schemas import OPENAI_VOICES, SpeechRequest, parse_speech_request
 from onnx_tts.server.voices import MAX_NAME_CHARS, VoiceStore
 
@@ -55,19 +56,6 @@ log = logging.getLogger("onnx_tts.server")
 DEFAULT_MAX_UPLOAD_BYTES = 10 << 20
 MAX_JSON_BODY_BYTES = 1 << 20  # a 4096-character input plus options fits many times over
 DEFAULT_VOICE_NAMES = ("default",)
-
-
-@dataclass
-class ServerConfig:
-    models: list[str | None] = field(default_factory=lambda: [None])
-    workers: int = 4
-    max_queue: int = 64
-    compute_slots: int = field(default_factory=lambda: os.cpu_count() or 1)
-    max_batch: int = 1  # rows of one batched LM step (passed to onnx_tts.load)
-    api_key: str | None = None
-    voices_dir: str | None = None
-    max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES
-    load_options: dict[str, Any] = field(default_factory=dict)
 
 
 def default_voices_dir() -> Path:
@@ -83,7 +71,7 @@ class _State:
         self.config = config
         self.registry = registry
         self.dispatcher = Dispatcher(config.workers, config.max_queue)
-        self.gate = DeadlineGate(config.compute_slots)
+        self.gate = DeadlineGate(config.compute_slots or os.cpu_count() or 1)
         self.voices = VoiceStore(config.voices_dir or default_voices_dir())
         self.metrics = ServerMetrics(
             queue_depth=lambda: self.dispatcher.waiting,
@@ -172,7 +160,7 @@ def _route_label(path: str) -> str:
 
 def create_app(config: ServerConfig, registry: ModelRegistry | None = None) -> FastAPI:
     """The app; models load in the background when it starts (GET /health is 503 until then)."""
-    registry = registry or ModelRegistry(config.models, config.load_options)
+    registry = registry or ModelRegistry(config.models or [None])
     state = _State(config, registry)
 
     @contextlib.asynccontextmanager

@@ -17,6 +17,8 @@ import numpy as np
 
 import onnx_tts
 from onnx_tts.audio import load_audio
+from onnx_tts.config import CacheConfig, EngineConfig
+from onnx_tts.pipeline import build_engine
 
 # Names OpenAI clients send for "the server's default model".
 DEFAULT_MODEL_ALIASES = ("tts-1", "tts-1-hd", "onnx-tts", "default")
@@ -105,10 +107,16 @@ class ModelRegistry:
     /health can say 503 until every model is ready."""
 
     def __init__(
-        self, model_dirs: Sequence[str | None], load_options: dict[str, Any] | None = None
+        self,
+        model_dirs: Sequence[str | None],
+        engine: EngineConfig | None = None,
+        caches: CacheConfig | None = None,
+        family_options: dict[str, Any] | None = None,
     ) -> None:
         self.model_dirs = list(model_dirs) or [None]
-        self.load_options = dict(load_options or {})
+        self.engine_config = engine or EngineConfig()
+        self.caches = caches or CacheConfig()
+        self.family_options = dict(family_options or {})
         self.models: dict[str, SpeechModel] = {}
         self.default: SpeechModel | None = None
         self.error: str | None = None
@@ -119,7 +127,8 @@ class ModelRegistry:
 
         try:
             for model_dir in self.model_dirs:
-                engine = onnx_tts.load(model_dir, **self.load_options)
+                config = dataclasses.replace(self.engine_config, model=model_dir)
+                engine = build_engine(config, self.caches, family_options=self.family_options)
                 name = str(engine.info().get("name") or Path(str(model_dir)).name)
                 if name in self.models:  # two bundles with one name: keep both reachable
                     name = f"{name}-{len(self.models)}"

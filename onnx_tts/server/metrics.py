@@ -1,4 +1,5 @@
-"""Prometheus metrics of the server, and the playback clock that defines an underrun."""
+"""Prometheus metrics of the server (the playback clock that defines an underrun is
+onnx_tts.request.PlaybackClock)."""
 
 from __future__ import annotations
 
@@ -11,32 +12,6 @@ from prometheus_client.registry import Collector
 
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.15, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 _RTF_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2, 5)
-
-
-class PlaybackClock:
-    """A player that starts playing the first chunk on arrival and stalls when its buffer
-    runs dry. An underrun is a chunk that arrives after the audio before it has finished
-    playing; its length is the time the player sat silent."""
-
-    def __init__(self) -> None:
-        self.start: float | None = None
-        self.received = 0.0  # seconds of audio received
-        self.stalled = 0.0  # seconds spent waiting with an empty buffer
-        self.underruns = 0
-
-    def chunk(self, now: float, seconds: float) -> float:
-        """Record a chunk of `seconds` arriving at `now`; returns the stall it caused."""
-        stall = 0.0
-        if self.start is None:
-            self.start = now
-        else:
-            played_until = self.start + self.stalled + self.received
-            if now > played_until:
-                stall = now - played_until
-                self.stalled += stall
-                self.underruns += 1
-        self.received += seconds
-        return stall
 
 
 class _CacheCollector(Collector):

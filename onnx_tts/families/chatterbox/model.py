@@ -22,7 +22,6 @@ from onnx_tts.decoding import (
     CapacityPolicy,
     DecodeProgram,
     KVPool,
-    Request,
     RowSampler,
     SamplingOptions,
     StepOutput,
@@ -41,6 +40,7 @@ from onnx_tts.families.chatterbox.layout import (
 )
 from onnx_tts.families.chatterbox.text import CangjieConverter, multilingual_normalize, punctuate
 from onnx_tts.frontend import normalize_text, split_sentences
+from onnx_tts.request import Request
 from onnx_tts.session import Session, describe_graphs
 
 START_SPEECH_TOKEN = 6561
@@ -84,9 +84,6 @@ class ChatterboxProgram(DecodeProgram):
         self.lm = model.sessions["language_model"]
         self.lm_rows = 2 if model.cfg_weight > 0 else 1
 
-    def batchable(self, request: Request) -> bool:
-        return self.lm_rows == 1
-
     def new_state(self, rows: int) -> _TokenState:
         return _TokenState(
             sampler=RowSampler(rows),
@@ -114,7 +111,7 @@ class ChatterboxProgram(DecodeProgram):
             prefix=len(arrays["audio_features"]),  # the voice's conditioning comes first
         )
 
-    def step_embeds(self, state: _TokenState, rows: np.ndarray) -> np.ndarray:
+    def step_inputs(self, state: _TokenState, rows: np.ndarray) -> np.ndarray:
         embeds = self.model.embed(state.tokens[rows][:, None], state.steps[rows][:, None])
         if self.lm_rows == 2:
             embeds = np.repeat(embeds, 2, axis=0)

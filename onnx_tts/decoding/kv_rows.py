@@ -1,0 +1,250 @@
+"""Where each request row of the scheduler keeps its KV cache.
+
+Two homes, one interface (`prefill`, `step`, `release`):
+
+* `SlotRows`: rows of one shared in-place buffer per KV tensor ([rows, Hkv, capacity, D],
+  `KVSlots`), so one LM run steps every slot row at once. The buffer starts at the size the
+  first request needs and grows on demand (rows and capacity double) up to a byte budget;
+  growing copies the live rows once, steps never copy.
+* `OwnCaches`: a KV cache of its own per request (`KVCache` from the `KVPool`), stepped one
+  request per LM run: graphs that grow their cache by Concat, `--kv chain|copy`, and a request
+  longer than the slot budget allows (an in-place cache sized to it).
+
+A request of `lm_rows` LM rows (classifier-free guidance: 2) takes that many consecutive slot
+rows, or one cache of batch `lm_rows`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from onnx_tts.decoding.kv_pool import CapacityPolicy, KVPool
+from onnx_tts.decoding.prefix_cache import PrefixCache
+from onnx_tts.decoding.program import Admission, DecodeProgram, length_feeds
+from onnx_tts.graph_io import KVLayout
+from onnx_tts.session import KVCache, KVSlots
+
+# Slot buffers never hold less than this many tokens per row (a short sentence fits at once).
+MIN_SLOT_CAPACITY = 256
+# The slot buffers of one scheduler hold at most this many bytes by default.
+DEFAULT_SLOT_BYTES = 2 << 30
+
+
+def _power_of_two_at_least(value: int) -> int:
+    return 1 << max(0, int(value) - 1).bit_length()
+
+
+def _last(outputs: dict[str, np.ndarray], name: str) -> np.ndarray:
+    return outputs[name][:, -1]
+
+
+class SlotRows:
+    """Request rows of a growable in-place slot buffer (see the module docstring)."""
+
+    def __init__(
+        self,
+        program: DecodeProgram,
+        layout: KVLayout,
+        capacity: CapacityPolicy,
+        max_rows: int,
+        budget_bytes: int = DEFAULT_SLOT_BYTES,
+    ) -> None:
+        self.program, self.layout, self.policy = program, layout, capacity
+        self.max_rows = max_rows  # request rows
+        self.budget_bytes = budget_bytes
+        self.lm_rows = program.lm_rows
+        self.slots: KVSlots | None = None
+        self.rows = 0  # request rows the buffer holds now
+        self.capacity = 0
+        self.lengths = np.zeros(max_rows, np.int64)  # cached tokens per request row
+        self.live = np.zeros(max_rows, bool)
+        self.grown = 0  # reallocations so far (stats)
+        self._dtype = np.dtype(program.lm.spec.inputs[program.input_name].dtype)
+
+    # -- sizing ----------------------------------------------------------------------------------
+    def _bytes(self, rows: int, capacity: int) -> int:
+        return rows * self.lm_rows * capacity * self.layout.bytes_per_token
+
+    def allocated_bytes(self) -> int:
+        return self._bytes(self.rows, self.capacity) if self.slots is not None else 0
+
+    def reserve(self, row: int, needed: int) -> bool:
+        """Make room for request row `row` needing `needed` KV positions; False when the
+        budget (or the model's position limit) cannot hold it: the request then gets a cache
+        of its own."""
+        ceiling = self.policy.fixed if self.policy.fixed is not None else self.policy.limit
+        if needed > ceiling:
+            return False
+        rows = max(self.rows, min(self.max_rows, _power_of_two_at_least(row + 1)))
+        capacity = self.capacity
+        if needed > capacity:
+            capacity = min(ceiling, max(MIN_SLOT_CAPACITY, _power_of_two_at_least(needed)))
+        if self.policy.fixed is not None:
+            capacity = self.policy.fixed
+        if self._bytes(rows, capacity) > self.budget_bytes:
+            return False
+        if rows != self.rows or capacity != self.capacity or self.slots is None:
+            self._regrow(rows, capacity)
+        return True
+
+    def _regrow(self, rows: int, capacity: int) -> None:
+        """New buffers of `rows` x `capacity`; the live rows' cached tokens are copied once."""
+        old, old_lengths = self.slots, self.lengths.copy()
+        self.slots = None  # the old buffers are freed before the new ones fill up, if unused
+        fresh = KVSlots(self.program.lm, rows * self.lm_rows, capacity, dict(self.layout.pairs))
+        if old is not None:
+            pairs = len(self.layout.pairs)
+            for row in np.flatnonzero(self.live & (old_lengths > 0)):
+                for lm_row in self._lm_rows(int(row)):
+                    values = [old.read(i, lm_row, int(old_lengths[row])) for i in range(pairs)]
+                    fresh.load_prefix(lm_row, values)
+            self.grown += 1
+        self.slots, self.rows, self.capacity = fresh, rows, capacity
+
+    def _lm_rows(self, row: int) -> range:
+        return range(row * self.lm_rows, (row + 1) * self.lm_rows)
+
+    # -- decoding --------------------------------------------------------------------------------
+    def prefill(
+        self, row: int, admission: Admission, prefix_cache: PrefixCache | None
+    ) -> np.ndarray:
+        """Prefill each LM row of request row `row` at batch 1 in its slot row (so the prefix
+        cache serves guided requests too); returns the last outputs [lm_rows, ...]."""
+        assert self.slots is not None
+        slots, pairs = self.slots, len(self.layout.pairs)
+        inputs = admission.inputs.astype(self._dtype, copy=False)
+        outputs = []
+        for index, lm_row in enumerate(self._lm_rows(row)):
+
+            def run(part: np.ndarray, cached: int, lm_row: int = lm_row) -> np.ndarray:
+                lengths = np.array([cached], np.int64)
+                feeds = {self.program.input_name: part}
+                feeds.update(length_feeds(self.program.lm, lengths, part.shape[1]))
+                result = slots.step(feeds, lm_row, lengths, [self.program.output_name])
+                return _last(result, self.program.output_name)
+
+            row_inputs = inputs[index : index + 1]
+            if prefix_cache is None:
+                outputs.append(run(row_inputs, 0))
+            else:
+                outputs.append(
+                    prefix_cache.prefill(
+                        row_inputs,
+                        admission.prefix,
+                        run,
+                        lambda length, lm_row=lm_row: [
+                            slots.read(i, lm_row, length) for i in range(pairs)
+                        ],
+                        lambda values, lm_row=lm_row: slots.load_prefix(lm_row, values),
+                    )
+                )
+        self.lengths[row] = inputs.shape[1]
+        self.live[row] = True
+        return np.concatenate(outputs, axis=0)
+
+    def fits_next_step(self, rows: np.ndarray) -> np.ndarray:
+        return self.lengths[rows] < self.capacity
+
+    def step(self, rows: np.ndarray, inputs: np.ndarray) -> np.ndarray:
+        """One LM run over the slot span covering request `rows` (sorted); `inputs` holds
+        lm_rows entries per row. A free row inside the span computes a throwaway token at
+        position 0 of its own buffer. Returns the last outputs in `inputs` order."""
+        assert self.slots is not None
+        lm = self.lm_rows
+        first, last = int(rows[0]), int(rows[-1])
+        span = (last - first + 1) * lm
+        inputs = inputs.astype(self._dtype, copy=False)
+        positions = ((rows - first)[:, None] * lm + np.arange(lm)[None, :]).reshape(-1)
+        if span == len(positions):  # contiguous rows: the usual case, nothing to scatter
+            batch = inputs
+        else:
+            batch = np.zeros((span, *inputs.shape[1:]), self._dtype)
+            batch[positions] = inputs
+        lengths = np.repeat(self.lengths[first : last + 1], lm)
+        feeds = {self.program.input_name: batch}
+        feeds.update(length_feeds(self.program.lm, lengths, batch.shape[1]))
+        result = self.slots.step(feeds, first * lm, lengths, [self.program.output_name])
+        self.lengths[rows] += 1
+        return _last(result, self.program.output_name)[positions]
+
+    def release(self, row: int) -> None:
+        self.lengths[row] = 0
+        self.live[row] = False
+
+    def row_ptrs(self, row: int) -> list[int]:
+        """Where row `row`'s KV lives (tests check rows do not move while they decode)."""
+        assert self.slots is not None
+        return self.slots.past_data_ptrs(row * self.lm_rows, self.lm_rows)
+
+
+class OwnCaches:
+    """A KV cache of its own per request row, from the model's pool (see module docstring)."""
+
+    def __init__(self, program: DecodeProgram, pool: KVPool, layout: KVLayout) -> None:
+        self.program, self.pool, self.layout = program, pool, layout
+        self.caches: dict[int, KVCache] = {}
+        self._dtype = np.dtype(program.lm.spec.inputs[program.input_name].dtype)
+
+    def _run(self, cache: KVCache, inputs: np.ndarray) -> np.ndarray:
+        lengths = np.full(inputs.shape[0], cache.length, np.int64)
+        feeds = {self.program.input_name: inputs.astype(self._dtype, copy=False)}
+        feeds.update(length_feeds(self.program.lm, lengths, inputs.shape[1]))
+        outputs = cache.step(feeds, output_names=[self.program.output_name])
+        return _last(outputs, self.program.output_name)
+
+    def prefill(
+        self, row: int, admission: Admission, prefix_cache: PrefixCache | None
+    ) -> np.ndarray:
+        inputs = admission.inputs
+        cache = self.pool.acquire(admission.max_tokens, batch=inputs.shape[0])
+        self.caches[row] = cache
+        # GroupQueryAttention refuses several new tokens after a past at batch > 1, so a
+        # guided (two-row) request on such a graph prefills in one run, whatever the KV mode.
+        one_run = inputs.shape[0] > 1 and self.layout.attention != "concat"
+        if prefix_cache is None or one_run:
+            return self._run(cache, inputs)
+
+        def run(part: np.ndarray, cached: int) -> np.ndarray:
+            return self._run(cache, part)
+
+        return prefix_cache.prefill(
+            inputs,
+            admission.prefix,
+            run,
+            lambda length: [cache.read(i) for i in range(len(cache.pairs))],
+            cache.load_prefix,
+        )
+
+    def fits_next_step(self, rows: np.ndarray) -> np.ndarray:
+        return np.array(
+            [
+                (cache := self.caches[int(row)]).capacity is None or cache.length < cache.capacity
+                for row in rows
+            ],
+            bool,
+        )
+
+    def step(self, rows: np.ndarray, inputs: np.ndarray) -> np.ndarray:
+        """One LM run per request row (each on its own cache)."""
+        lm = self.program.lm_rows
+        outputs = [
+            self._run(self.caches[int(row)], inputs[index * lm : (index + 1) * lm])
+            for index, row in enumerate(rows)
+        ]
+        return np.concatenate(outputs, axis=0)
+
+    def release(self, row: int) -> None:
+        cache = self.caches.pop(row, None)
+        if cache is not None:
+            self.pool.release(cache)
+
+    def row_ptrs(self, row: int) -> list[int]:
+        return self.caches[row].past_data_ptrs()
+
+
+RowHome = SlotRows | OwnCaches
+Reserve = Callable[[int, int], bool]
+
+__all__ = ["DEFAULT_SLOT_BYTES", "MIN_SLOT_CAPACITY", "OwnCaches", "RowHome", "SlotRows"]

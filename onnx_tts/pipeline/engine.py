@@ -1,0 +1,275 @@
+"""The engine: one loaded model behind a small facade (synthesize, stream, voice, stats).
+
+The work is done by named parts: `Planner` (text and options checked, split into chunks),
+`Voices` (references encoded once through the reference cache), `ResultCaching` (finished audio
+of deterministic requests), `Executor` (chunks as requests of the model's one `DecodeScheduler`,
+vocoded one-shot or window by window).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from onnx_tts.audio import save_audio
+from onnx_tts.decoding import SamplingOptions
+from onnx_tts.decoding.kv_rows import DEFAULT_SLOT_BYTES
+from onnx_tts.decoding.prefix_cache import PrefixCache
+from onnx_tts.decoding.scheduler import DEFAULT_MAX_WAITING, DecodeScheduler, FrameStream
+from onnx_tts.families import FAMILIES
+from onnx_tts.families.base import Backend, Family
+from onnx_tts.pipeline.caching import ResultCaching
+from onnx_tts.pipeline.execution import Executor, Progress
+from onnx_tts.pipeline.planner import Planner, Timing
+from onnx_tts.pipeline.voices import VoiceLike, Voices
+from onnx_tts.refcache import ReferenceCache, TieredCache
+from onnx_tts.request import CancelToken, PlaybackClock, Request
+from onnx_tts.resultcache import ResultCache, replay_chunks
+from onnx_tts.vocoder import StreamingOptions
+
+
+@dataclass
+class Audio:
+    """Synthesised speech: float32 mono samples at `sample_rate`."""
+
+    samples: np.ndarray
+    sample_rate: int
+
+    @property
+    def duration(self) -> float:
+        return len(self.samples) / self.sample_rate
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write WAV/FLAC/OGG by extension, atomically (no partial file on failure)."""
+        return save_audio(path, self.samples, self.sample_rate)
+
+    def as_value(self) -> dict[str, np.ndarray]:
+        """The result-cache value of this audio (samples and rate)."""
+        return {"samples": self.samples, "sample_rate": np.asarray(self.sample_rate, np.int64)}
+
+
+class Engine:
+    """A loaded model plus its caches. Thread-safe: concurrent synthesize()/stream() calls
+    (and the sentences of one text) decode as rows of the model's one scheduler."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        cache: ReferenceCache | None,
+        family: Family | None = None,
+        max_batch: int = 1,
+        results: ResultCache | None = None,
+        prefixes: PrefixCache | None = None,
+        slot_bytes: int = DEFAULT_SLOT_BYTES,
+        max_waiting: int = DEFAULT_MAX_WAITING,
+    ) -> None:
+        self.backend = backend
+        self.cache = cache
+        self.results = results  # finished audio of deterministic requests (resultcache.py)
+        self.prefixes = prefixes  # KV of voice prefixes (decoding/prefix_cache.py)
+        self.family = family or FAMILIES[backend.family]
+        # A bundle whose streaming defaults are invalid fails at load (ModelError), not at the
+        # first stream after it passed every non-streaming test.
+        self.streaming_options()
+        self.scheduler = DecodeScheduler(
+            backend.program, backend.pool, max_batch, prefixes, slot_bytes, max_waiting
+        )
+        self.planner = Planner(backend, self.family)
+        self.voices = Voices(backend, cache)
+        self.caching = ResultCaching(backend, results)
+        self.executor = Executor(backend, self.scheduler)
+
+    @property
+    def sample_rate(self) -> int:
+        return self.backend.sample_rate
+
+    @property
+    def sentence_entries(self) -> bool:
+        """Whether texts of several sentences also store and reuse each sentence."""
+        return self.caching.sentence_entries
+
+    @sentence_entries.setter
+    def sentence_entries(self, value: bool) -> None:
+        self.caching.sentence_entries = bool(value)
+
+    def info(self) -> dict[str, Any]:
+        info = self.backend.info()
+        scheduler = self.scheduler
+        batched = scheduler.slots is not None and scheduler.max_batch > 1
+        info["batching"] = {"batched": batched, "max_batch": scheduler.max_batch}
+        if batched:
+            info["batching"]["slot_capacity"] = "grows on demand"
+        else:
+            info["batching"]["why"] = scheduler.batching_unavailable or "max_batch is 1"
+        return info
+
+    def stats(self) -> dict[str, Any]:
+        """Decode scheduler counters: queue length, active rows, steps, mean batch size, slot
+        buffer size."""
+        return self.scheduler.stats()
+
+    def close(self) -> None:
+        """Stop the decode scheduler's worker (requests still queued fail)."""
+        self.scheduler.close()
+
+    # -- voices and caches ---------------------------------------------------------------------
+    def voice(self, voice: VoiceLike = None) -> dict[str, np.ndarray]:
+        """Encoder outputs for a reference: a file path, mono samples at the encoder's rate, or
+        an already-encoded dict. Goes through the reference cache."""
+        return self.voices.resolve(voice)
+
+    def _caches(self) -> dict[str, TieredCache | None]:
+        return {"reference": self.cache, "result": self.results, "prefix": self.prefixes}
+
+    def cache_stats(self) -> dict[str, Any]:
+        """{"reference": ..., "result": ..., "prefix": ...}: each cache's stats ({} when off)."""
+        return {name: c.stats() if c is not None else {} for name, c in self._caches().items()}
+
+    def clear_cache(self) -> dict[str, dict[str, int]]:
+        return {name: c.clear() if c is not None else {} for name, c in self._caches().items()}
+
+    # -- synthesis -----------------------------------------------------------------------------
+    def generate(
+        self,
+        chunk: Any,
+        voice: Mapping[str, np.ndarray],
+        sampling: SamplingOptions | None = None,
+        options: Mapping[str, Any] | None = None,
+        should_stop: Callable[[], bool] | None = None,
+    ) -> FrameStream:
+        """The LM stage alone: complete frames of one text chunk (an item of the model's
+        `backend.text_chunks()`), for an encoded voice (`voice()`), as they are generated.
+        Closing the iterator stops generation and frees its row."""
+        cancel = CancelToken()
+        if should_stop is not None:
+            cancel.watch(should_stop)
+        request = Request(
+            chunk,
+            voice,
+            sampling or self.backend.sampling_defaults(),
+            self.backend.request_options(options or {}),
+            cancel=cancel,
+        )
+        return self.executor.frames(request)
+
+    def synthesize(
+        self,
+        text: str | bytes,
+        voice: VoiceLike = None,
+        seed: int | None = None,
+        progress: Progress | None = None,
+        cache: bool | None = None,
+        *,
+        deadline: float | None = None,
+        priority: int = 0,
+        cancel: CancelToken | None = None,
+        **options: Any,
+    ) -> Audio:
+        """Speak `text` (in the voice of `voice` when given). Same seed -> same samples.
+
+        `options`: sampling (temperature, top_k, top_p, repetition_penalty) and the model
+        family's request options (e.g. language). `cache` (with a result cache): None stores
+        and reuses deterministic requests only, True also a sampled one (made once, then
+        replayed), False neither looks up nor stores. `deadline` (time.monotonic() seconds),
+        `priority` (lower first) and `cancel` (a CancelToken the caller may fire) order and
+        stop the work in the scheduler."""
+        timing = Timing(deadline=deadline, priority=priority, cancel=cancel)
+        digest, value = self.caching.recall(text, voice, seed, options, cache)
+        if value is None:
+            plan = self.planner.plan(text, seed, options)
+            prompt = self.voice(voice)
+            key = self.caching.key(plan, prompt, digest, cache)
+            if key is None:
+                samples = self.executor.synthesize(plan, prompt, timing, progress)
+                return Audio(samples, self.sample_rate)
+            sentences = self.caching.sentence_keys(plan, prompt)
+
+            def compute() -> dict[str, np.ndarray]:
+                samples = self.executor.synthesize(
+                    plan,
+                    prompt,
+                    timing,
+                    progress,
+                    known=self.caching.known_sentences(sentences),
+                    made=lambda index, made: self.caching.store_sentence(sentences[index], made),
+                )
+                return Audio(samples, self.sample_rate).as_value()
+
+            # Single flight: concurrent identical requests synthesise once.
+            value = self.caching.results.get_or_compute(key, compute)  # type: ignore[union-attr]
+        elif progress is not None:
+            progress(1, 1)
+        return Audio(np.array(value["samples"]), int(value["sample_rate"]))
+
+    # -- streaming -----------------------------------------------------------------------------
+    def streaming_options(self, **overrides: int | None) -> StreamingOptions:
+        """The model's streaming window defaults (bundle.json "streaming") with overrides
+        (None = default), checked: e.g. a stride smaller than the overlap is an InputError."""
+        return StreamingOptions.resolve(
+            self.backend.streaming_defaults, int(self.backend.hop_length), **overrides
+        )
+
+    def stream(
+        self,
+        text: str | bytes,
+        voice: VoiceLike = None,
+        seed: int | None = None,
+        *,
+        first_chunk_frames: int | None = None,
+        stride_frames: int | None = None,
+        overlap_frames: int | None = None,
+        holdback_frames: int | None = None,
+        crossfade_samples: int | None = None,
+        cache: bool | None = None,
+        deadline: float | None = None,
+        clock: PlaybackClock | None = None,
+        priority: int = 0,
+        cancel: CancelToken | None = None,
+        **options: Any,
+    ) -> Iterator[np.ndarray]:
+        """Speak `text` as float32 chunks at `sample_rate`, yielded as frames are generated.
+
+        The chunks concatenate to the length of synthesize()'s output for the same text, voice
+        and seed (and to the same samples when the windows are wide enough for the vocoder;
+        see onnx_tts.vocoder). Options and text are checked here, before the first chunk.
+        Closing the iterator early (or breaking out of the loop) stops generation and frees
+        its rows. `cache`: as in synthesize(). `deadline` (first audio, time.monotonic()
+        seconds; default now), `clock` (the listener's player: once audio flows, the stream is
+        due when it would run dry), `priority` and `cancel` order and stop the work.
+        """
+        window = self.streaming_options(
+            first_chunk_frames=first_chunk_frames,
+            stride_frames=stride_frames,
+            overlap_frames=overlap_frames,
+            holdback_frames=holdback_frames,
+            crossfade_samples=crossfade_samples,
+        )
+        timing = Timing(
+            deadline=Timing.now() if deadline is None else deadline,
+            clock=clock,
+            priority=priority,
+            cancel=cancel,
+        )
+        digest, hit = self.caching.recall(text, voice, seed, options, cache)
+        stream_key = None
+        if hit is None:
+            plan = self.planner.plan(text, seed, options)
+            prompt = self.voice(voice)
+            key = self.caching.key(plan, prompt, digest, cache)
+            if key is not None:
+                stream_key = self.caching.stream_key(key, window)
+                hit = self.caching.stream_hit(key, window)
+        if hit is not None:  # the cached audio at once, in the stream's chunk sizes
+            hop = int(self.backend.hop_length)
+            sizes = window.first_chunk_frames * hop, window.stride_frames * hop
+            return replay_chunks(hit["samples"], *sizes)
+        chunks = self.executor.stream(plan, prompt, window, timing)
+        return chunks if stream_key is None else self.caching.storing(chunks, stream_key)
+
+
+__all__ = ["Audio", "Engine"]

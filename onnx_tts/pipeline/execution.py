@@ -1,0 +1,123 @@
+"""Request execution: a planned text's chunks go to the model's scheduler as requests (all at
+once, so the sentences of one text decode as parallel rows); their frames come back and are
+vocoded one-shot per sentence (`synthesize`) or window by window (`stream`), the sentences
+joined by a short pause."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+
+import numpy as np
+
+from onnx_tts.audio import check_finite
+from onnx_tts.decoding.scheduler import DecodeScheduler, FrameStream
+from onnx_tts.families.base import Backend
+from onnx_tts.pipeline.planner import Plan, Timing
+from onnx_tts.request import Request
+from onnx_tts.vocoder import StreamingOptions, stream_decode
+
+# Pause inserted between sentences that were generated separately.
+SENTENCE_PAUSE_SECONDS = 0.15
+
+Progress = Callable[[int, int], None]
+
+
+class Executor:
+    """Runs the plans of one model through its scheduler and vocoder."""
+
+    def __init__(self, backend: Backend, scheduler: DecodeScheduler) -> None:
+        self.backend, self.scheduler = backend, scheduler
+
+    @property
+    def sample_rate(self) -> int:
+        return self.backend.sample_rate
+
+    def pause(self) -> np.ndarray:
+        """The silence between separately generated sentences (same in synthesize and stream)."""
+        return np.zeros(int(SENTENCE_PAUSE_SECONDS * self.sample_rate), np.float32)
+
+    def frames(self, request: Request) -> FrameStream:
+        """Complete frames of one request as they are generated (closing stops it)."""
+        return self.scheduler.submit(request)
+
+    def vocode(self, frames: np.ndarray, voice: Mapping[str, np.ndarray]) -> np.ndarray:
+        # A model that yields NaN/inf must never reach a speaker, a file or a cache.
+        samples = self.backend.vocode(frames, voice)
+        check_finite(samples, "the model's audio")
+        return samples
+
+    def synthesize(
+        self,
+        plan: Plan,
+        voice: Mapping[str, np.ndarray],
+        timing: Timing | None = None,
+        progress: Progress | None = None,
+        known: Mapping[int, np.ndarray] | None = None,
+        made: Callable[[int, np.ndarray], None] | None = None,
+    ) -> np.ndarray:
+        """The whole text's samples. `known` sentences (from the result cache) are not
+        generated; `made(index, samples)` is told each sentence that was."""
+        known = known or {}
+        requests = plan.requests(voice, timing)
+        # Every sentence is submitted at once and decodes as its own row.
+        streams = {
+            index: self.frames(request)
+            for index, request in enumerate(requests)
+            if index not in known
+        }
+        pieces: list[np.ndarray] = []
+        try:
+            for index in range(len(requests)):
+                if index in known:
+                    samples = known[index]
+                else:
+                    frames = list(streams[index])
+                    samples = (
+                        self.vocode(np.stack(frames), voice) if frames else np.zeros(0, np.float32)
+                    )
+                    if made is not None:
+                        made(index, samples)
+                if index:
+                    pieces.append(self.pause())
+                if samples.size:
+                    pieces.append(samples)
+                if progress is not None:
+                    progress(index + 1, len(requests))
+        finally:
+            for stream in streams.values():  # on an error, the others stop at once
+                stream.close()
+        samples = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
+        return samples.astype(np.float32, copy=False)
+
+    def stream(
+        self,
+        plan: Plan,
+        voice: Mapping[str, np.ndarray],
+        window: StreamingOptions,
+        timing: Timing | None = None,
+    ) -> Iterator[np.ndarray]:
+        """Chunks of the text's audio as windows of frames are vocoded; closing the iterator
+        cancels every sentence still to come."""
+        hop_length = int(self.backend.hop_length)
+        requests = plan.requests(voice, timing)
+
+        def vocode(codes: np.ndarray) -> np.ndarray:
+            return self.vocode(codes, voice)
+
+        try:
+            for index, request in enumerate(requests):
+                if index:
+                    yield self.pause()
+                # stream_decode closes the frames when it is closed: an abandoned stream stops
+                # the LM at once and frees its row.
+                pieces = stream_decode(self.frames(request), vocode, window, hop_length)
+                try:
+                    yield from pieces
+                finally:
+                    pieces.close()
+        finally:
+            if requests:
+                requests[0].cancel.cancel()  # shared by all: the rest never start
+
+
+__all__ = ["SENTENCE_PAUSE_SECONDS", "Executor", "Progress"]

@@ -1,0 +1,131 @@
+"""What every interface submits to the engine: a `Request`, with its timing and its cancel token.
+
+The CLI, the Python API, the HTTP server and the Wyoming server all describe work the same way:
+a piece of text (a family's chunk), the voice's conditioning, sampling options (with the
+chunk's seed), the family's options, when its first audio is due, the player it feeds (a
+stream's playback clock), a priority, a cancel token, and where its frames go. The scheduler
+orders admission by urgency (`Request.due()`), so a stream whose player is about to run dry
+goes before a request that can wait.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from onnx_tts.decoding.sampling import SamplingOptions
+
+# A request without a deadline waits this long behind requests that have one (a batch job
+# yields to a live stream, but is never starved: its urgency still grows with its age).
+NO_DEADLINE_SLACK_SECONDS = 10.0
+_arrivals = itertools.count()
+
+
+class CancelToken:
+    """Set once when the request's consumer is gone (a closed stream, a disconnected client,
+    a failed sibling); every stage checks it before doing more work. `watch` adds a condition
+    polled on each check (e.g. a server's "client disconnected")."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self._watches: list[Callable[[], bool]] = []
+
+    def cancel(self) -> None:
+        self._event.set()
+
+    def watch(self, condition: Callable[[], bool]) -> None:
+        self._watches.append(condition)
+
+    @property
+    def cancelled(self) -> bool:
+        if self._event.is_set():
+            return True
+        if any(condition() for condition in self._watches):
+            self._event.set()
+            return True
+        return False
+
+    def __bool__(self) -> bool:  # a token is an object, never falsy by accident
+        return True
+
+
+class PlaybackClock:
+    """A player that starts `buffer_seconds` after the first chunk arrives and stalls when its
+    buffer runs dry. An underrun is a chunk that arrives after the audio before it has
+    finished playing; its length is the time the player sat silent. `runs_dry_at()` is the
+    moment the player needs more audio: the request's deadline once audio flows."""
+
+    def __init__(self, buffer_seconds: float = 0.0) -> None:
+        self.buffer_seconds = float(buffer_seconds)
+        self.start: float | None = None
+        self.received = 0.0  # seconds of audio received
+        self.stalled = 0.0  # seconds spent waiting with an empty buffer
+        self.underruns = 0
+
+    def chunk(self, now: float, seconds: float) -> float:
+        """Record a chunk of `seconds` arriving at `now`; returns the stall it caused."""
+        stall = 0.0
+        if self.start is None:
+            self.start = now + self.buffer_seconds
+        else:
+            played_until = self.start + self.stalled + self.received
+            if now > played_until:
+                stall = now - played_until
+                self.stalled += stall
+                self.underruns += 1
+        self.received += seconds
+        return stall
+
+    def runs_dry_at(self) -> float | None:
+        """When the audio received so far has played out (None before the first chunk)."""
+        if self.start is None:
+            return None
+        return self.start + self.stalled + self.received
+
+
+@dataclass(eq=False)
+class Request:
+    """One text chunk to generate and everything the stages need to serve it.
+
+    chunk: an item of the family's `text_chunks()`; voice: encoder outputs; sampling: with
+    this chunk's seed; options: the family's request options (checked). deadline: monotonic
+    time its first audio is due (None: no deadline, a batch request); clock: the player of a
+    streamed request; priority: lower goes first among equally urgent requests; cancel: the
+    token every stage checks; sink: where its frames go (set by the scheduler when None)."""
+
+    chunk: Any
+    voice: Mapping[str, np.ndarray]
+    sampling: SamplingOptions
+    options: Mapping[str, Any] = field(default_factory=dict)
+    deadline: float | None = None
+    clock: PlaybackClock | None = None
+    priority: int = 0
+    cancel: CancelToken = field(default_factory=CancelToken)
+    sink: Any = None
+    arrival: float = field(default_factory=time.monotonic)
+    order: int = field(default_factory=lambda: next(_arrivals))
+
+    def due(self) -> float:
+        """When this request next needs compute: its player running dry once audio flows,
+        else its first-audio deadline, else its arrival plus the no-deadline slack."""
+        if self.clock is not None:
+            dry = self.clock.runs_dry_at()
+            if dry is not None:
+                return dry
+        if self.deadline is not None and math.isfinite(self.deadline):
+            return self.deadline
+        return self.arrival + NO_DEADLINE_SLACK_SECONDS
+
+    def urgency(self) -> tuple[int, float, int]:
+        """Sort key: priority, then earliest due time, then arrival order."""
+        return (self.priority, self.due(), self.order)
+
+
+__all__ = ["NO_DEADLINE_SLACK_SECONDS", "CancelToken", "PlaybackClock", "Request"]

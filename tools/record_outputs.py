@@ -1,0 +1,156 @@
+"""Record the audio of a fixed matrix of requests, or compare against a recording.
+
+    python tools/record_outputs.py record OUT.npz [--work DIR]
+    python tools/record_outputs.py compare OLD.npz NEW.npz
+
+Used to prove that a restructuring changed no output: every family (the default voice, the
+codec-lm bundle, synthetic Chatterbox Turbo / original with guidance / converted in place),
+every KV mode, cloned voices, streamed, batched and result-cached requests. The models are
+built into `--work` (deterministic builders), so two recordings made on one machine compare
+bit for bit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+TEXTS = ["Hello there.", "How are you today? Fine, thanks.", "The year 1999 cost $5.20."]
+
+
+def _models(work: Path) -> dict[str, tuple[Path | None, dict]]:
+    """name -> (model dir, load options)."""
+    from export import synthetic_chatterbox as synth
+    from export.build_codec_lm import build_codec_lm
+    from onnx_tts.tools.convert import convert_bundle_inplace_kv
+
+    codec = work / "codec-lm"
+    if not (codec / "bundle.json").is_file():
+        build_codec_lm(codec, seed=0)
+    turbo, original = work / "turbo", work / "original"
+    if not turbo.is_dir():
+        synth.export(synth.SyntheticConfig(variant="turbo", precisions=("fp32",)), turbo)
+    if not original.is_dir():
+        synth.export(synth.SyntheticConfig(variant="original", precisions=("fp32",)), original)
+    converted = work / "turbo-inplace"
+    if not converted.is_dir():
+        convert_bundle_inplace_kv(turbo, converted, check=False)
+    original_inplace = work / "original-inplace"
+    if not original_inplace.is_dir():
+        convert_bundle_inplace_kv(original, original_inplace, check=False)
+    models: dict[str, tuple[Path | None, dict]] = {}
+    for kv in ("inplace", "chain", "copy"):
+        models[f"voice-{kv}"] = (None, {"kv": kv})
+        models[f"codec-{kv}"] = (codec, {"kv": kv})
+    for kv in ("chain", "copy"):
+        models[f"codec-concat-{kv}"] = (codec, {"kv": kv, "lm_graph": "lm_concat"})
+        models[f"turbo-{kv}"] = (turbo, {"kv": kv})
+        models[f"original-{kv}"] = (original, {"kv": kv})
+        models[f"original-cfg-{kv}"] = (original, {"kv": kv, "cfg_weight": 0.5})
+    models["turbo-inplace"] = (converted, {"kv": "inplace"})
+    models["original-inplace"] = (original_inplace, {"kv": "inplace"})
+    models["original-cfg-inplace"] = (original_inplace, {"kv": "inplace", "cfg_weight": 0.5})
+    return models
+
+
+def _record_model(name: str, model_dir, options: dict, voice_wav: Path, out: dict) -> None:
+    import onnx_tts
+
+    def run(label: str, make: Callable[[], np.ndarray]) -> None:
+        try:
+            out[f"{name}/{label}"] = np.asarray(make(), np.float32)
+        except Exception as error:  # recorded: a failure must stay the same failure
+            out[f"{name}/{label}"] = np.frombuffer(
+                f"{type(error).__name__}: {error}".encode()[:200], np.uint8
+            )
+
+    # Turbo exports carry no default voice: every request of theirs is cloned.
+    voice = str(voice_wav) if name.startswith("turbo") else None
+    solo = onnx_tts.load(model_dir, cache_dir=None, max_batch=1, **options)
+    for i, text in enumerate(TEXTS):
+        run(f"solo/{i}", lambda t=text, i=i: solo.synthesize(t, voice=voice, seed=i + 1).samples)
+    run("clone", lambda: solo.synthesize(TEXTS[1], voice=str(voice_wav), seed=7).samples)
+    run("greedy", lambda: solo.synthesize(TEXTS[0], voice=voice, temperature=0.0).samples)
+    run("stream", lambda: np.concatenate(list(solo.stream(TEXTS[1], voice=voice, seed=3))))
+    solo.close()
+    batched = onnx_tts.load(model_dir, cache_dir=None, max_batch=4, **options)
+
+    def together() -> np.ndarray:
+        with ThreadPoolExecutor(4) as pool:
+            audios = pool.map(
+                lambda i: batched.synthesize(TEXTS[i % 3], voice=voice, seed=i + 1), range(4)
+            )
+            return np.concatenate([a.samples for a in audios])
+
+    run("batched", together)
+    batched.close()
+    cached = onnx_tts.load(model_dir, cache_dir=None, result_cache_bytes=16 << 20, **options)
+    run("cached/first", lambda: cached.synthesize(TEXTS[1], voice=voice, seed=5).samples)
+    run("cached/hit", lambda: cached.synthesize(TEXTS[1], voice=voice, seed=5).samples)
+    run(
+        "cached/stream",
+        lambda: np.concatenate(list(cached.stream(TEXTS[1], voice=voice, seed=5))),
+    )
+    cached.close()
+
+
+def record(path: Path, work: Path) -> None:
+    import soundfile
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from tests.conftest import speechlike
+
+    work.mkdir(parents=True, exist_ok=True)
+    voice_wav = work / "voice.wav"
+    soundfile.write(str(voice_wav), speechlike(3.0), 24000, subtype="FLOAT")
+    out: dict[str, np.ndarray] = {}
+    for name, (model_dir, options) in _models(work).items():
+        print(f"recording {name}", file=sys.stderr)
+        _record_model(name, model_dir, options, voice_wav, out)
+    np.savez(path, **out)
+    print(f"{len(out)} outputs -> {path}")
+
+
+def compare(old_path: Path, new_path: Path) -> int:
+    old, new = np.load(old_path), np.load(new_path)
+    differ = 0
+    for key in sorted(set(old.files) | set(new.files)):
+        if key not in old.files or key not in new.files:
+            print(f"only in one: {key}")
+            differ += 1
+        elif old[key].dtype != new[key].dtype or not np.array_equal(old[key], new[key]):
+            a, b = old[key], new[key]
+            what = (
+                (bytes(a).decode(errors="replace") if a.dtype == np.uint8 else f"{a.shape}")
+                + " vs "
+                + (bytes(b).decode(errors="replace") if b.dtype == np.uint8 else f"{b.shape}")
+            )
+            print(f"DIFFERS: {key}: {what}")
+            differ += 1
+    print(f"{len(old.files)} recorded, {differ} differ")
+    return 1 if differ else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    rec = commands.add_parser("record")
+    rec.add_argument("out", type=Path)
+    rec.add_argument("--work", type=Path, default=Path("/tmp/onnx-tts-record"))
+    cmp_ = commands.add_parser("compare")
+    cmp_.add_argument("old", type=Path)
+    cmp_.add_argument("new", type=Path)
+    args = parser.parse_args(argv)
+    if args.command == "record":
+        record(args.out, args.work)
+        return 0
+    return compare(args.old, args.new)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
