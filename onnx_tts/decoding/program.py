@@ -82,10 +82,14 @@ def length_feeds(
 ) -> dict[str, np.ndarray]:
     """Inputs beside the KV cache and the main input that LM graphs derive from how many
     tokens each row holds (`lengths`, before this step's `new` tokens): a right-padded
-    `attention_mask` (`width` columns, default the longest total), `position_ids`. Dtypes
-    follow the graph's declared inputs."""
+    `attention_mask` (`width` columns, default the longest total), `position_ids`, and
+    `past_valid_lengths` (the cached tokens per row, as MOSS-TTS-Nano's step graph takes them).
+    Dtypes follow the graph's declared inputs."""
     lengths = np.asarray(lengths, np.int64)
     feeds: dict[str, np.ndarray] = {}
+    if "past_valid_lengths" in session.spec.inputs:
+        dtype = session.spec.inputs["past_valid_lengths"].dtype
+        feeds["past_valid_lengths"] = lengths.astype(dtype)
     if "attention_mask" in session.spec.inputs:
         totals = lengths + new
         columns = int(totals.max()) if width is None else width
