@@ -108,6 +108,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_serve_parser(commands)  # light: the server's heavy imports happen when it runs
 
+    config = commands.add_parser(
+        "config", help="every setting: flag, ONNX_TTS_* environment variable, default"
+    )
+    config.add_argument("--markdown", action="store_true", help="as a Markdown table")
+
     cache = commands.add_parser("cache", help="cache statistics and maintenance")
     cache.add_argument("action", choices=("stats", "clear"))
     cache.add_argument("--json", action="store_true")
@@ -282,6 +287,20 @@ def cmd_cache(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_config(args: argparse.Namespace) -> int:
+    from onnx_tts.config import CacheConfig, EngineConfig, ServerConfig, env_table
+
+    rows = env_table(ServerConfig, EngineConfig, CacheConfig)
+    if args.markdown:
+        print("| variable | flag | default | meaning |\n|---|---|---|---|")
+        for variable, flag, default, meaning in rows:
+            print(f"| `{variable}` | `{flag}` | {default} | {meaning} |")
+        return 0
+    for variable, flag, default, meaning in rows:
+        print(f"{variable:34} {flag:26} {default:12} {meaning}")
+    return 0
+
+
 def _find_benchmarks() -> Path:
     """benchmarks/ of a source checkout: $ONNX_TTS_REPO, the current directory or its parents."""
     starts = [Path(os.environ["ONNX_TTS_REPO"])] if os.environ.get("ONNX_TTS_REPO") else []
@@ -321,6 +340,7 @@ COMMANDS = {
     "synth": cmd_synth,
     "info": cmd_info,
     "cache": cmd_cache,
+    "config": cmd_config,
     "bench": cmd_bench,
     "convert": cmd_convert,
     "serve": cmd_serve,

@@ -233,8 +233,9 @@ def flag_of(item: dataclasses.Field, spec: Setting) -> str:
     return spec.flag or "--" + item.name.replace("_", "-")
 
 
-def env_of(item: dataclasses.Field) -> str:
-    return ENV_PREFIX + item.name.upper()
+def env_of(item: dataclasses.Field, spec: Setting) -> str:
+    """The field's environment variable, named after its flag (values in the flag's unit)."""
+    return ENV_PREFIX + flag_of(item, spec).lstrip("-").replace("-", "_").upper()
 
 
 def check_value(
@@ -264,7 +265,8 @@ def check_value(
             raise InputError(f"{label} must be true or false, got {value!r}")
         return value
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InputError(f"{label} must be a number, got {value!r}")
+        what = "an integer" if kind is int else "a number"
+        raise InputError(f"{label} must be {what}, got {value!r}")
     if kind is int and not isinstance(value, int):
         raise InputError(f"{label} must be an integer, got {value!r}")
     if not math.isfinite(value) or (
@@ -336,7 +338,7 @@ def add_flags(
         if item.name in exclude:
             continue
         flag = flag_of(item, spec)
-        env = env_of(item)
+        env = env_of(item, spec)
         default = getattr(defaults, item.name)
         shown = _in_unit(default, spec.unit) if isinstance(default, int) and default else default
         help_text = f"{spec.help} (default: {shown if shown not in (None, []) else 'none'}; ${env})"
@@ -371,7 +373,7 @@ def from_flags(
             else:
                 values[item.name] = _parse_text(str(given), annotation, spec, flag)
             continue
-        env = env_of(item)
+        env = env_of(item, spec)
         if spec.env and environ.get(env):
             text = environ[env]
             if spec.repeat:
@@ -384,7 +386,7 @@ def from_flags(
 
 def env_table(*classes: type) -> list[tuple[str, str, str, str]]:
     """(variable, flag, default, help) of every field, for the README's table."""
-    rows = []
+    rows: list[tuple[str, str, str, str]] = []
     for cls in classes:
         defaults = cls()
         for item, spec, _ in _settings(cls):
@@ -394,7 +396,10 @@ def env_table(*classes: type) -> list[tuple[str, str, str, str]]:
             shown = (
                 _in_unit(default, spec.unit) if isinstance(default, int) and default else default
             )
-            rows.append((env_of(item), flag_of(item, spec), str(shown), spec.help))
+            shown = "none" if shown in (None, []) else shown
+            variable = env_of(item, spec)
+            if all(row[0] != variable for row in rows):  # serve's --model is the engine's
+                rows.append((variable, flag_of(item, spec), str(shown), spec.help))
     return rows
 
 
