@@ -8,6 +8,7 @@ import dataclasses
 import inspect
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -94,8 +95,7 @@ def test_none_clears_an_optional_setting():
 
 
 def test_every_serve_option_has_a_documented_environment_variable():
-    readme = (inspect.getfile(onnx_tts)).rsplit("/onnx_tts/", 1)[0] + "/README.md"
-    text = open(readme).read()
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     rows = env_table(ServerConfig, EngineConfig, CacheConfig)
     assert len(rows) >= 25
     missing = [variable for variable, *_ in rows if variable not in text]

@@ -477,7 +477,9 @@ def test_bad_arguments_exit_2() -> None:
         env={**os.environ},
     )
     assert done.returncode == 2
-    assert done.stderr.strip().splitlines() == ["onnx-tts serve: --workers must be in [1, 256], got 0"]
+    assert done.stderr.strip().splitlines() == [
+        "onnx-tts serve: --workers must be in [1, 256], got 0"
+    ]
 
 
 def test_unloadable_model_exits_2(tmp_path: Path) -> None:
