@@ -7,10 +7,14 @@ import logging
 import os
 import sys
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from onnx_tts.cli import add_cache_arguments, cache_load_options
+from onnx_tts.deploy.options import add_ray_arguments
 from onnx_tts.pipeline import DEFAULT_MAX_BATCH
+
+if TYPE_CHECKING:
+    from onnx_tts.server.app import ServerConfig
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8880
@@ -64,6 +68,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="on SIGTERM, wait this long for in-flight requests (30)",
     )
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning"))
+    add_ray_arguments(parser)
     return parser
 
 
@@ -88,22 +93,11 @@ def _check(args: argparse.Namespace) -> str | None:
     return next((message for ok, message in checks if not ok), None)
 
 
-def run(args: argparse.Namespace) -> int:
-    """Serve until SIGINT/SIGTERM; returns the exit status (2 for bad arguments or models)."""
-    problem = _check(args)
-    if problem:
-        print(f"onnx-tts serve: {problem}", file=sys.stderr)
-        return 2
-    import uvicorn
+def server_config(args: argparse.Namespace) -> ServerConfig:
+    """The app's configuration from `serve`'s parsed flags (also the Ray replicas')."""
+    from onnx_tts.server.app import ServerConfig
 
-    from onnx_tts.server.app import ServerConfig, create_app
-    from onnx_tts.server.engines import ModelRegistry
-
-    logging.basicConfig(
-        level=getattr(logging, args.log_level.upper()),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    config = ServerConfig(
+    return ServerConfig(
         models=list(args.models or [None]),
         workers=args.workers,
         compute_slots=args.compute_slots,
@@ -119,6 +113,28 @@ def run(args: argparse.Namespace) -> int:
             **cache_load_options(args),
         },
     )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Serve until SIGINT/SIGTERM; returns the exit status (2 for bad arguments or models)."""
+    problem = _check(args)
+    if problem:
+        print(f"onnx-tts serve: {problem}", file=sys.stderr)
+        return 2
+    import uvicorn
+
+    from onnx_tts.server.app import create_app
+    from onnx_tts.server.engines import ModelRegistry
+
+    logging.basicConfig(
+        level=getattr(logging, args.log_level.upper()),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    config = server_config(args)
+    if args.ray:
+        from onnx_tts.deploy.ray import serve_on_ray
+
+        return serve_on_ray(args, config)
     registry = ModelRegistry(config.models, config.load_options)
     app = create_app(config, registry)
     state = app.state.server
