@@ -16,6 +16,7 @@ Three ways in, one configuration (the `onnx-tts serve` flags):
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import logging
 import os
 import signal
@@ -167,12 +168,13 @@ def serve_on_ray(args: argparse.Namespace, config: ServerConfig) -> int:
     # Every proxy of a cluster started here wraps requests in the failover middleware; a
     # cluster started elsewhere sets the variable on its own nodes (README, deployment).
     os.environ.setdefault(PROXY_CALLBACK_VARIABLE, PROXY_CALLBACK)
+    # One proxy spreads requests over all replicas instead of filling its own node's first.
+    os.environ.setdefault("RAY_SERVE_PROXY_PREFER_LOCAL_NODE_ROUTING", "0")
     ray.init(
         address=args.ray_address,
+        _node_ip_address=_loopback_node(args.ray_address),
         include_dashboard=False if local else None,
         object_store_memory=LOCAL_OBJECT_STORE_BYTES if local else None,
-        # A cluster started here talks over loopback only.
-        _node_ip_address="127.0.0.1" if local else None,
         logging_level=logging.WARNING,
         log_to_driver=args.log_level == "debug",
     )
@@ -215,3 +217,13 @@ def _cause(error: BaseException) -> str:
         if "Error" in line and not line.startswith("File "):
             return line
     return lines[-1] if lines else type(error).__name__
+
+
+def _loopback_node(address: str | None) -> str | None:
+    """The node this driver joins when the cluster's address is on loopback (127.x.y.z, one
+    machine): that node itself, since Ray would otherwise look for one at 127.0.0.1."""
+    host = (address or "").rpartition(":")[0] or (address or "")
+    try:
+        return host if ipaddress.ip_address(host).is_loopback and host != "127.0.0.1" else None
+    except ValueError:
+        return None

@@ -132,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
     )
     config = server_config(args)
     if args.ray:
-        from onnx_tts.deploy.ray import serve_on_ray
+        from onnx_tts.deploy import serve_on_ray
 
         return serve_on_ray(args, config)
     registry = ModelRegistry(config.models, config.load_options)
