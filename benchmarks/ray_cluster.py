@@ -137,18 +137,14 @@ class RayCluster:
 
         descendants = []
         for process in self.processes:
-            try:
+            with contextlib.suppress(psutil.NoSuchProcess):
                 descendants += psutil.Process(process.pid).children(recursive=True)
-            except psutil.NoSuchProcess:
-                pass
         for process in reversed(self.processes):
             _signal_group(process, signal.SIGTERM)
         deadline = time.monotonic() + STOP_SECONDS
         for process in reversed(self.processes):
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 process.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
         for process in self.processes:
             _signal_group(process, signal.SIGKILL)
             if process.poll() is None:
@@ -163,7 +159,5 @@ class RayCluster:
 
 
 def _signal_group(process: subprocess.Popen, sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(process.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
