@@ -46,10 +46,16 @@ CACHE_TEXTS = 6
 MAX_TRIES = 30
 
 
-def start(setup: str, work: Path, redis_url: str | None, stack: ExitStack) -> LiveServer:
-    common = ["--log-level", "warning", "--result-cache-mb", "0", "--result-cache-dir", "none"]
+def start(
+    setup: str, work: Path, redis_url: str | None, stack: ExitStack, result_cache: bool = False
+) -> LiveServer:
+    """The setup's server; the load runs with no result cache (every request synthesised, as
+    in `bench serve`), the cache probe with one only in Redis (shared, nothing per replica)."""
+    common = ["--log-level", "warning"]
     if redis_url and setup != "single":
         common += ["--redis", redis_url]
+    if result_cache:
+        common += ["--result-cache-mb", "0", "--result-cache-dir", "none"]
     if setup == "single":
         server = LiveServer(work / setup, *common)
     elif setup == "ray-1":
@@ -95,28 +101,34 @@ def replica_metric(url: str, name: str, **labels: str) -> dict[str, float]:
 
 
 def cross_replica_hits(url: str) -> dict[str, Any]:
-    """Seeded texts through one replica, then again through another: the share served by the
-    shared Redis tier of the result cache."""
-    labels = {"model": "onnx-tts-voice", "tier": "redis"}
-    before = replica_metric(url, "onnx_tts_result_cache_lookups_total", **labels)
-    crossed = 0
+    """Seeded texts through one replica (A), then the same request until another replica (B)
+    answers: the share of B's answers that came from the shared Redis tier."""
+    name, labels = "onnx_tts_result_cache_lookups_total", {"model": "onnx-tts-voice"}
+    crossed = hits = 0
+    seconds = {"first": [], "other_replica": []}
     with httpx.Client(timeout=120) as client:
         for index in range(CACHE_TEXTS):
             body = {"input": f"Cache probe number {index}, said once.", "seed": 1000 + index}
+            began = time.perf_counter()
             first = client.post(url + "/v1/audio/speech", json=body).headers.get(REPLICA_HEADER)
+            seconds["first"].append(time.perf_counter() - began)
+            before = replica_metric(url, name, tier="redis", **labels)
             for _ in range(MAX_TRIES):
+                began = time.perf_counter()
                 again = client.post(url + "/v1/audio/speech", json=body)
-                if again.headers.get(REPLICA_HEADER) != first:
+                other = again.headers.get(REPLICA_HEADER)
+                if other != first:
+                    seconds["other_replica"].append(time.perf_counter() - began)
                     crossed += 1
+                    after = replica_metric(url, name, tier="redis", **labels)
+                    hits += after.get(other, 0.0) > before.get(other, 0.0)
                     break
-    after = replica_metric(url, "onnx_tts_result_cache_lookups_total", **labels)
-    hits = sum(after.values()) - sum(before.get(k, 0.0) for k in after)
     return {
         "texts": CACHE_TEXTS,
         "crossed_replicas": crossed,
-        "redis_hits": hits,
+        "hits_on_other_replica": hits,
         "hit_rate": hits / crossed if crossed else None,
-        "replicas_seen": len(after),
+        "mean_s": {k: sum(v) / len(v) for k, v in seconds.items() if v},
     }
 
 
@@ -153,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="1 and 4 clients, 1 request each")
     parser.add_argument("--clients", default="1,4,8", help="client counts (1,4,8)")
-    parser.add_argument("--requests", type=int, default=2, help="requests per client (2)")
+    parser.add_argument("--requests", type=int, default=1, help="requests per client (1)")
     parser.add_argument("--setups", default=",".join(SETUPS), help=f"of {', '.join(SETUPS)}")
     parser.add_argument("--redis-url", help="a Redis to share (default: a throwaway one)")
     parser.add_argument("--json", type=Path, default=RESULTS_DIR / "scale.json")
@@ -197,9 +209,11 @@ def main(argv: list[str] | None = None) -> int:
                         f"{level['underruns']}  errors {level['errors']}",
                         flush=True,
                     )
-                if setup != "single" and redis_url:
+            if setup in ("ray-2", "ray-2-nodes") and redis_url:
+                with ExitStack() as stack:
+                    server = start(setup, work / "cache", redis_url, stack, result_cache=True)
                     entry["cross_replica_cache"] = cross_replica_hits(server.url)
-                    print(f"{setup:12s} cross-replica cache: {entry['cross_replica_cache']}")
+                print(f"{setup:12s} cross-replica cache: {entry['cross_replica_cache']}")
             results["setups"][setup] = entry
     single = results["setups"].get("single")
     for name, entry in results["setups"].items():
