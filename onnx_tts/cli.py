@@ -91,7 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_engine_flags(info)
 
     bench = commands.add_parser("bench", help="benchmarks (run from a source checkout)")
-    bench.add_argument("suite", choices=("kv", "refcache", "streaming", "batch", "serve", "cache"))
+    bench.add_argument(
+        "suite", choices=("kv", "refcache", "streaming", "batch", "serve", "cache", "scale")
+    )
     bench.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the benchmark")
 
     # The converter is an offline tool (onnx_tts.tools): its own parser reads the raw
@@ -288,9 +290,9 @@ def cmd_cache(args: argparse.Namespace) -> int:
 
 
 def cmd_config(args: argparse.Namespace) -> int:
-    from onnx_tts.config import CacheConfig, EngineConfig, ServerConfig, env_table
+    from onnx_tts.config import CacheConfig, EngineConfig, RayConfig, ServerConfig, env_table
 
-    rows = env_table(ServerConfig, EngineConfig, CacheConfig)
+    rows = env_table(ServerConfig, EngineConfig, CacheConfig, RayConfig)
     if args.markdown:
         print("| variable | flag | default | meaning |\n|---|---|---|---|")
         for variable, flag, default, meaning in rows:

@@ -209,6 +209,49 @@ class ServerConfig:
     log_level: str = setting("info", "log level", choices=("debug", "info", "warning"))
 
 
+PROXY_LOCATIONS = ("HeadOnly", "EveryNode")
+MAX_REPLICAS = 1024
+
+
+@dataclass(frozen=True)
+class RayConfig:
+    """`onnx-tts serve --ray`: the same server as replicas on Ray Serve (onnx_tts.deploy)."""
+
+    ray: bool = setting(
+        False,
+        "serve on Ray Serve: each replica a batched engine, the same routes (pip install "
+        "'onnx-tts[ray]')",
+    )
+    ray_address: str | None = setting(
+        None,
+        "the Ray cluster to deploy to (e.g. 'auto' or 127.0.0.1:6379; default: start a local "
+        "one that stops with this command)",
+        metavar="ADDRESS",
+    )
+    replicas: int = setting(1, "replicas when not autoscaling", low=1, high=MAX_REPLICAS)
+    min_replicas: int | None = setting(
+        None, "autoscale from this many replicas (with --max-replicas)", low=0, high=MAX_REPLICAS
+    )
+    max_replicas: int | None = setting(
+        None, "autoscale up to this many replicas", low=1, high=MAX_REPLICAS
+    )
+    target_ongoing_requests: float = setting(
+        4.0, "autoscaling target: requests in flight per replica", low=0.001, high=10_000
+    )
+    replica_cpus: float = setting(
+        1.0,
+        "CPUs Ray reserves for each replica; also caps its --compute-slots",
+        low=0.001,
+        high=1024,
+    )
+    proxy_location: str = setting(
+        "HeadOnly",
+        "where Serve runs HTTP proxies: the head node, or every node with a replica (nodes "
+        "that share an IP, as on one machine, need HeadOnly)",
+        choices=PROXY_LOCATIONS,
+    )
+
+
 # -- checking ----------------------------------------------------------------------------------
 
 
@@ -334,6 +377,7 @@ def add_flags(
     `from_flags`, so a bad value is one line naming the flag."""
     environ = os.environ if environ is None else environ
     defaults = cls()
+    hints = typing.get_type_hints(cls)
     for item, spec, _ in _settings(cls):
         if item.name in exclude:
             continue
@@ -349,6 +393,9 @@ def add_flags(
             kwargs["choices"] = spec.choices
         if spec.repeat:
             kwargs["action"] = "append"
+        if _base_type(hints[item.name])[0] is bool:  # a switch: present = true
+            kwargs.update(action="store_const", const="true")
+            kwargs.pop("metavar", None)
         parser.add_argument(flag, **kwargs)
 
 
@@ -417,8 +464,10 @@ __all__ = [
     "MAX_REDIS_TTL_SECONDS",
     "MAX_THREADS",
     "MIB",
+    "PROXY_LOCATIONS",
     "CacheConfig",
     "EngineConfig",
+    "RayConfig",
     "ServerConfig",
     "Setting",
     "add_flags",

@@ -16,6 +16,7 @@ import onnx_tts
 from onnx_tts.config import (
     CacheConfig,
     EngineConfig,
+    RayConfig,
     ServerConfig,
     add_flags,
     env_of,
@@ -32,7 +33,7 @@ def _parse(cls: type, argv: list[str], environ: dict[str, str] | None = None):
     return from_flags(cls, parser.parse_args(argv), environ=environ or {})
 
 
-@pytest.mark.parametrize("cls", [EngineConfig, CacheConfig, ServerConfig])
+@pytest.mark.parametrize("cls", [EngineConfig, CacheConfig, ServerConfig, RayConfig])
 def test_defaults_pass_their_own_bounds_and_flags_default_to_them(cls):
     assert _parse(cls, []) == cls()
 
@@ -96,8 +97,8 @@ def test_none_clears_an_optional_setting():
 
 def test_every_serve_option_has_a_documented_environment_variable():
     text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    rows = env_table(ServerConfig, EngineConfig, CacheConfig)
-    assert len(rows) >= 25
+    rows = env_table(ServerConfig, EngineConfig, CacheConfig, RayConfig)
+    assert len(rows) >= 30
     missing = [variable for variable, *_ in rows if variable not in text]
     assert missing == []
 

@@ -48,8 +48,9 @@ from onnx_tts.server.encoding import CONTENT_TYPES, StreamEncoder, encode_file, 
 from onnx_tts.server.engines import ModelRegistry, SpeechModel
 from onnx_tts.server.errors import APIError, error_body, one_line
 from onnx_tts.server.metrics import ServerMetrics
+from onnx_tts.server.redis_voices import open_voice_store
 from onnx_tts.server.schemas import OPENAI_VOICES, SpeechRequest, parse_speech_request
-from onnx_tts.server.voices import MAX_NAME_CHARS, VoiceStore
+from onnx_tts.server.voices import MAX_NAME_CHARS
 
 log = logging.getLogger("onnx_tts.server")
 
@@ -72,7 +73,10 @@ class _State:
         self.registry = registry
         self.dispatcher = Dispatcher(config.workers, config.max_queue)
         self.gate = DeadlineGate(config.compute_slots or os.cpu_count() or 1)
-        self.voices = VoiceStore(config.voices_dir or default_voices_dir())
+        # Redis when the server shares one, so every replica sees every upload.
+        self.voices = open_voice_store(
+            config.voices_dir or default_voices_dir(), registry.caches.redis_url
+        )
         self.metrics = ServerMetrics(
             queue_depth=lambda: self.dispatcher.waiting,
             active=lambda: self.dispatcher.active,

