@@ -65,8 +65,8 @@ class RayCluster:
             raise
 
     def _start_node(self, head: bool, cpus: float) -> None:
-        ray = str(Path(sys.executable).with_name("ray"))
-        command = [ray, "start", "--block"]
+        # Ray's own CLI module, run by this interpreter (no console script on PATH needed).
+        command = [sys.executable, "-m", "ray.scripts.scripts", "start", "--block"]
         command += ["--num-cpus", str(cpus), "--object-store-memory", str(OBJECT_STORE_BYTES)]
         command += ["--disable-usage-stats"]
         ports = {

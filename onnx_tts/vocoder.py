@@ -181,18 +181,26 @@ class StreamingDecoder:
     def _next_boundary(self) -> int:
         return self.options.first_chunk_frames + self._windows * self.options.stride_frames
 
+    def window_due(self) -> bool:
+        """Whether next_window() has a window now (cheap: no frames are copied)."""
+        if self._done:
+            return False
+        return self._finished or self.frames_received >= self._next_boundary()
+
     def next_window(self) -> Window | None:
         """The window due now, or None until more frames arrive (or finish() is called)."""
         if self._done:
             return None
         received = self.frames_received
-        if self._finished:
+        end = self._next_boundary()
+        # Windows sit at fixed frame counts whenever the frames arrive: a boundary already
+        # reached is decoded before the final window, even after finish().
+        if received >= end:
+            emit_end, final = end - self.options.holdback_frames, False
+        elif self._finished:
             end, emit_end, final = received, received, True
         else:
-            end = self._next_boundary()
-            if received < end:
-                return None
-            emit_end, final = end - self.options.holdback_frames, False
+            return None
         emit_start = self._emitted_frames
         start = max(0, emit_start - self.options.overlap_frames)
         if end == emit_start:  # final window with no new frames: only the tail to flush

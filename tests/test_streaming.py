@@ -396,35 +396,36 @@ def test_short_overlap_is_close_and_click_free(
 
 
 class FrameCounter:
-    """Wraps the executor's frames (the LM stage's output): counts frames produced and LM
-    steps taken."""
+    """Counts the frames the LM stage hands to the vocoder stage (and keeps them), the LM
+    steps taken, and the length of every window the vocoder decodes."""
 
     def __init__(self, engine: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+        from onnx_tts.pipeline.stages import VocoderStream
+
         self.produced: list[np.ndarray] = []
         self.frames = 0
         self.steps = 0
-        self.closed = 0
-        original_frames = engine.executor.frames
-        program = engine.backend.program
-        original_consume = program.consume
+        self.windows: list[int] = []
+        program, backend = engine.backend.program, engine.backend
+        original_consume, original_put = program.consume, VocoderStream.put
+        original_vocode = backend.vocode
 
-        def frames(*args: Any, **kwargs: Any) -> Iterator[np.ndarray]:
-            stream = original_frames(*args, **kwargs)
-            try:
-                for frame in stream:
-                    self.frames += 1
-                    self.produced.append(frame.copy())
-                    yield frame
-            finally:
-                stream.close()
-                self.closed += 1
+        def put(stream: VocoderStream, frame: np.ndarray) -> None:
+            self.frames += 1
+            self.produced.append(np.array(frame))
+            original_put(stream, frame)
 
         def consume(*args: Any, **kwargs: Any) -> Any:
             self.steps += 1
             return original_consume(*args, **kwargs)
 
-        monkeypatch.setattr(engine.executor, "frames", frames)
+        def vocode(codes: np.ndarray, voice: Any) -> np.ndarray:
+            self.windows.append(len(codes))
+            return original_vocode(codes, voice)
+
+        monkeypatch.setattr(VocoderStream, "put", put)
         monkeypatch.setattr(program, "consume", consume)
+        monkeypatch.setattr(backend, "vocode", vocode)
 
 
 @pytest.mark.parametrize("first_chunk_frames", [4, 8, 15])
@@ -434,7 +435,7 @@ def test_first_chunk_comes_after_first_chunk_frames(
     counter = FrameCounter(codec_lm_engine, monkeypatch)
     stream = codec_lm_engine.stream(ONE_SENTENCE, seed=2, first_chunk_frames=first_chunk_frames)
     first = next(stream)
-    assert counter.frames == first_chunk_frames
+    assert counter.windows[0] == first_chunk_frames  # the first window: the first N frames
     hop = codec_lm_engine.backend.hop_length
     defaults = codec_lm_engine.backend.streaming_defaults
     expected = (first_chunk_frames - defaults["holdback_frames"]) * hop - defaults[
@@ -448,15 +449,15 @@ def test_first_chunk_comes_after_first_chunk_frames(
 
 def test_only_complete_generated_frames_reach_the_vocoder(codec_lm_engine, monkeypatch) -> None:
     backend = codec_lm_engine.backend
-    counter = FrameCounter(codec_lm_engine, monkeypatch)
     original_vocode = backend.vocode
+    counter = FrameCounter(codec_lm_engine, monkeypatch)
     windows: list[tuple[np.ndarray, int]] = []
 
     def vocode(codes: np.ndarray, voice: Any) -> np.ndarray:
         windows.append((np.array(codes), counter.frames))
         return original_vocode(codes, voice)
 
-    monkeypatch.setattr(backend, "vocode", vocode)
+    monkeypatch.setattr(backend, "vocode", vocode)  # records what the vocoder receives
     list(codec_lm_engine.stream(ONE_SENTENCE, seed=8))
     produced = np.stack(counter.produced)
     assert len(windows) > 3

@@ -135,11 +135,14 @@ class DecodeScheduler:
         self._stats = {"requests": 0, "steps": 0, "row_steps": 0, "prefills": 0, "own_kv": 0}
 
     # -- public ------------------------------------------------------------------------------
-    def submit(self, request: Request) -> FrameStream:
-        """Queue `request`; its frames arrive on the returned stream as they are made (also
-        set as `request.sink`). Raises QueueFull when the queue is at its bound."""
-        stream = FrameStream(request, self)
-        request.sink = stream
+    def submit(self, request: Request) -> Any:
+        """Queue `request`; its frames go to `request.sink` (`put(frame)`, then `end(error)`)
+        as they are made. Without a sink the request gets a FrameStream, returned (and set as
+        its sink) for the caller to iterate. Raises QueueFull when the queue is at its
+        bound."""
+        if request.sink is None:
+            request.sink = FrameStream(request, self)
+        stream = request.sink
         with self._cv:
             if self._closed:
                 raise OnnxTTSError("the engine's decode scheduler is closed")

@@ -109,13 +109,15 @@ class Engine:
         return info
 
     def stats(self) -> dict[str, Any]:
-        """Decode scheduler counters: queue length, active rows, steps, mean batch size, slot
-        buffer size."""
-        return self.scheduler.stats()
+        """Decode scheduler counters (queue length, active rows, steps, mean batch size, slot
+        buffer size) and the vocoder stage's (under "vocoder")."""
+        return {**self.scheduler.stats(), "vocoder": self.executor.vocoder.stats()}
 
     def close(self) -> None:
-        """Stop the decode scheduler's worker (requests still queued fail)."""
+        """Stop the decode scheduler's and the vocoder stage's workers (requests still queued
+        fail)."""
         self.scheduler.close()
+        self.executor.close()
 
     # -- voices and caches ---------------------------------------------------------------------
     def voice(self, voice: VoiceLike = None) -> dict[str, np.ndarray]:

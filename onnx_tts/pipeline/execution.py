@@ -1,7 +1,7 @@
-"""Request execution: a planned text's chunks go to the model's scheduler as requests (all at
-once, so the sentences of one text decode as parallel rows); their frames come back and are
-vocoded one-shot per sentence (`synthesize`) or window by window (`stream`), the sentences
-joined by a short pause."""
+"""Request execution: a planned text's chunks go to the model's scheduler as requests (for
+`synthesize` all at once, so the sentences of one text decode as parallel rows); their frames go
+to the vocoder stage, which decodes them one-shot per sentence (`synthesize`) or window by
+window (`stream`); the sentences are joined by a short pause."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ from onnx_tts.audio import check_finite
 from onnx_tts.decoding.scheduler import DecodeScheduler, FrameStream
 from onnx_tts.families.base import Backend
 from onnx_tts.pipeline.planner import Plan, Timing
+from onnx_tts.pipeline.stages import VocoderStage, VocoderStream
 from onnx_tts.request import Request
-from onnx_tts.vocoder import StreamingOptions, stream_decode
+from onnx_tts.vocoder import StreamingOptions
 
 # Pause inserted between sentences that were generated separately.
 SENTENCE_PAUSE_SECONDS = 0.15
@@ -23,10 +24,16 @@ Progress = Callable[[int, int], None]
 
 
 class Executor:
-    """Runs the plans of one model through its scheduler and vocoder."""
+    """Runs the plans of one model through its scheduler and its vocoder stage."""
 
     def __init__(self, backend: Backend, scheduler: DecodeScheduler) -> None:
         self.backend, self.scheduler = backend, scheduler
+        batched = getattr(backend, "vocode_windows", None) is not None
+        self.vocoder = VocoderStage(
+            lambda frames, voice: backend.vocode(frames, voice),
+            (lambda frames, voices: backend.vocode_windows(frames, voices)) if batched else None,
+            scheduler_wake=scheduler.wake,
+        )
 
     @property
     def sample_rate(self) -> int:
@@ -37,8 +44,19 @@ class Executor:
         return np.zeros(int(SENTENCE_PAUSE_SECONDS * self.sample_rate), np.float32)
 
     def frames(self, request: Request) -> FrameStream:
-        """Complete frames of one request as they are generated (closing stops it)."""
+        """Complete frames of one request as they are generated (closing stops it): the LM
+        stage alone."""
         return self.scheduler.submit(request)
+
+    def audio(self, request: Request, window: StreamingOptions | None) -> VocoderStream:
+        """The samples of one request through both stages: windowed, or one-shot (`window`
+        None: one chunk, every frame vocoded at once). Closing stops it."""
+        stream = self.vocoder.open(request, window, int(self.backend.hop_length))
+        self.scheduler.submit(request)
+        return stream
+
+    def close(self) -> None:
+        self.vocoder.close()
 
     def vocode(self, frames: np.ndarray, voice: Mapping[str, np.ndarray]) -> np.ndarray:
         # A model that yields NaN/inf must never reach a speaker, a file or a cache.
@@ -61,7 +79,7 @@ class Executor:
         requests = plan.requests(voice, timing)
         # Every sentence is submitted at once and decodes as its own row.
         streams = {
-            index: self.frames(request)
+            index: self.audio(request, None)
             for index, request in enumerate(requests)
             if index not in known
         }
@@ -71,10 +89,7 @@ class Executor:
                 if index in known:
                     samples = known[index]
                 else:
-                    frames = list(streams[index])
-                    samples = (
-                        self.vocode(np.stack(frames), voice) if frames else np.zeros(0, np.float32)
-                    )
+                    samples = np.concatenate([np.zeros(0, np.float32), *streams[index]])
                     if made is not None:
                         made(index, samples)
                 if index:
@@ -98,19 +113,13 @@ class Executor:
     ) -> Iterator[np.ndarray]:
         """Chunks of the text's audio as windows of frames are vocoded; closing the iterator
         cancels every sentence still to come."""
-        hop_length = int(self.backend.hop_length)
         requests = plan.requests(voice, timing)
-
-        def vocode(codes: np.ndarray) -> np.ndarray:
-            return self.vocode(codes, voice)
-
         try:
             for index, request in enumerate(requests):
                 if index:
                     yield self.pause()
-                # stream_decode closes the frames when it is closed: an abandoned stream stops
-                # the LM at once and frees its row.
-                pieces = stream_decode(self.frames(request), vocode, window, hop_length)
+                # Closing the audio stream cancels its request: the LM frees its row at once.
+                pieces = self.audio(request, window)
                 try:
                     yield from pieces
                 finally:

@@ -1,0 +1,322 @@
+"""The vocoder stage: every stream's windows of one model, on one worker thread.
+
+The decode scheduler hands each request's frames to its `VocoderStream` (the request's sink);
+the stage's worker decodes whatever windows are due, most urgent stream first (a stream whose
+player is about to run dry before one that has audio buffered; a one-shot request with no
+deadline last), and hands the samples to the stream's consumer. Windows that become due
+within `gather_seconds` of each other are decoded together: one vocoder call for a batch when
+the model's vocoder can batch them exactly (`Backend.vocode_windows`), otherwise one call each
+in deadline order. So the vocoder runs beside the LM (its own thread, its own cores) instead of
+inside every caller's thread, and a slow consumer never holds either stage up: its samples
+wait in its own queue.
+
+A one-shot request (`synthesize`) is a stream with a single window: all its frames, decoded
+when its LM is done.
+"""
+
+from __future__ import annotations
+
+import atexit
+import queue
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from onnx_tts.audio import check_finite
+from onnx_tts.errors import OnnxTTSError
+from onnx_tts.request import Request
+from onnx_tts.vocoder import StreamingDecoder, StreamingOptions, Window
+
+# Windows due within this long of the first one are decoded in the same round.
+DEFAULT_GATHER_SECONDS = 0.002
+# Most windows of one vocoder call.
+MAX_VOCODER_BATCH = 16
+_END = object()
+_LIVE: weakref.WeakSet[VocoderStage] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_live_stages() -> None:
+    for stage in list(_LIVE):
+        stage.close()
+
+
+Vocode = Callable[[np.ndarray, Mapping[str, np.ndarray]], np.ndarray]
+VocodeWindows = Callable[[Sequence[np.ndarray], Sequence[Mapping[str, np.ndarray]]], list]
+
+
+class VocoderStream:
+    """One request's frames in, its samples out. The scheduler calls `put`/`end` (it is the
+    request's sink); the consumer iterates the samples; closing cancels the request."""
+
+    def __init__(
+        self,
+        stage: VocoderStage,
+        request: Request,
+        window: StreamingOptions | None,
+        hop_length: int,
+    ) -> None:
+        self.stage, self.request = stage, request
+        # None: one-shot, a single window of every frame once the LM is done.
+        self.decoder = StreamingDecoder(window, hop_length) if window is not None else None
+        self.frames: list[np.ndarray] = []  # one-shot frames
+        self.finished = False  # the LM is done (no more frames)
+        self.failed: BaseException | None = None
+        self.done = False  # every sample was handed out
+        self.samples: queue.SimpleQueue = queue.SimpleQueue()
+        self._closed = False
+
+    # -- producer side (the decode scheduler) -------------------------------------------------
+    def put(self, frame: np.ndarray) -> None:
+        with self.stage.lock:
+            if self.decoder is not None:
+                self.decoder.push(frame)
+            else:
+                self.frames.append(np.asarray(frame))
+        self.stage.notify_if_due(self)
+
+    def end(self, error: BaseException | None = None) -> None:
+        with self.stage.lock:
+            self.finished = True
+            if error is not None:
+                self.failed = error
+            elif self.decoder is not None:
+                self.decoder.finish()
+        self.stage.notify_if_due(self, force=True)
+
+    # -- the stage ---------------------------------------------------------------------------
+    def is_due(self) -> bool:
+        """(under the stage lock) whether a window (or a failure) is ready, without building
+        the window."""
+        if self.done:
+            return False
+        if self.failed is not None:
+            return True
+        return self.decoder.window_due() if self.decoder is not None else self.finished
+
+    def due_window(self) -> Window | np.ndarray | None:
+        """(under the stage lock) the window to decode now, if any."""
+        if self.done or self.failed is not None:
+            return None
+        if self.decoder is not None:
+            return self.decoder.next_window()
+        if self.finished:
+            return np.stack(self.frames) if self.frames else np.zeros((0, 1), np.float32)
+        return None
+
+    def accept(self, window: Window | np.ndarray, waveform: np.ndarray) -> None:
+        """(under the stage lock) the decoded waveform of `window`."""
+        if self.decoder is not None:
+            assert isinstance(window, Window)
+            chunk = self.decoder.accept(window, waveform)
+            if len(chunk):
+                self.samples.put(chunk)
+            if self.decoder.done:
+                self.done = True
+                self.samples.put(_END)
+        else:
+            self.samples.put(np.asarray(waveform, np.float32))
+            self.done = True
+            self.samples.put(_END)
+
+    def fail(self, error: BaseException) -> None:
+        self.failed = error
+        self.done = True
+        self.samples.put(error)
+
+    # -- consumer side -----------------------------------------------------------------------
+    def __iter__(self) -> Iterator[np.ndarray]:
+        return self
+
+    def __next__(self) -> np.ndarray:
+        if self._closed:
+            raise StopIteration
+        item = self.samples.get()
+        if item is _END:
+            self._closed = True
+            raise StopIteration
+        if isinstance(item, BaseException):
+            self._closed = True
+            raise item
+        return item
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self.request.cancel.cancel()
+            self.stage.forget(self)
+            self.stage.scheduler_wake()
+
+    def __del__(self) -> None:
+        self.close()
+
+
+class VocoderStage:
+    """Decodes the due windows of every open stream of one model (module docstring)."""
+
+    def __init__(
+        self,
+        vocode: Vocode,
+        vocode_windows: VocodeWindows | None = None,
+        scheduler_wake: Callable[[], None] = lambda: None,
+        gather_seconds: float = DEFAULT_GATHER_SECONDS,
+        max_batch: int = MAX_VOCODER_BATCH,
+    ) -> None:
+        self.vocode, self.vocode_windows = vocode, vocode_windows
+        self.scheduler_wake = scheduler_wake
+        self.gather_seconds, self.max_batch = gather_seconds, max_batch
+        self.lock = threading.Lock()
+        self._cv = threading.Condition(self.lock)
+        self.streams: set[VocoderStream] = set()
+        self._due: set[VocoderStream] = set()
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        self._stats = {"rounds": 0, "calls": 0, "windows": 0, "busy_seconds": 0.0}
+
+    def open(
+        self, request: Request, window: StreamingOptions | None, hop_length: int
+    ) -> VocoderStream:
+        """A stream for `request` (windowed, or one-shot when `window` is None); set it as the
+        request's sink before submitting the request to the scheduler."""
+        stream = VocoderStream(self, request, window, hop_length)
+        request.sink = stream
+        with self._cv:
+            if self._closed:
+                raise OnnxTTSError("the engine's vocoder stage is closed")
+            self.streams.add(stream)
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="onnx-tts-vocoder", daemon=True
+                )
+                self._thread.start()
+                _LIVE.add(self)
+        return stream
+
+    def forget(self, stream: VocoderStream) -> None:
+        with self._cv:
+            self.streams.discard(stream)
+            self._due.discard(stream)
+
+    def notify_if_due(self, stream: VocoderStream, force: bool = False) -> None:
+        with self._cv:
+            if stream in self.streams and (force or stream.is_due()):
+                self._due.add(stream)
+                self._cv.notify()
+
+    def stats(self) -> dict[str, Any]:
+        with self._cv:
+            calls = self._stats["calls"]
+            return {
+                "open_streams": len(self.streams),
+                "mean_vocoder_batch": self._stats["windows"] / calls if calls else 0.0,
+                **self._stats,
+            }
+
+    def close(self) -> None:
+        with self._cv:
+            self._closed = True
+            self._cv.notify()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()
+
+    # -- worker ------------------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._closed and not self._due:
+                    self._cv.wait()
+                if self._closed:
+                    closed = OnnxTTSError("the engine was closed")
+                    for stream in self.streams:
+                        stream.fail(closed)
+                    return
+            if self.gather_seconds > 0:
+                time.sleep(self.gather_seconds)  # let windows due at about the same time join
+            with self._cv:
+                work = self._take_due()
+            started = time.perf_counter()
+            for batch in self._batches(work):
+                self._decode(batch)
+            with self._cv:
+                self._stats["rounds"] += 1
+                self._stats["busy_seconds"] += time.perf_counter() - started
+
+    def _take_due(self) -> list[tuple[VocoderStream, Any]]:
+        """(under the lock) every due (stream, window), most urgent first; failed streams
+        get their error now."""
+        work = []
+        for stream in sorted(self._due, key=lambda s: s.request.urgency()):
+            if stream.failed is not None and not stream.done:
+                stream.fail(stream.failed)
+                self.streams.discard(stream)
+                continue
+            window = stream.due_window()
+            if window is not None:
+                work.append((stream, window))
+        self._due.clear()
+        return work
+
+    def _batches(self, work: list[tuple[VocoderStream, Any]]) -> list[list[tuple]]:
+        """Windows decoded in one call: equal lengths when the vocoder batches, else one each;
+        in the order of each batch's most urgent window."""
+        if self.vocode_windows is None:
+            return [[item] for item in work]
+        groups: dict[int, list[tuple]] = {}
+        order: list[list[tuple]] = []
+        for item in work:
+            codes = item[1].codes if isinstance(item[1], Window) else item[1]
+            group = groups.get(len(codes))
+            if group is None or len(group) >= self.max_batch:
+                group = groups[len(codes)] = []
+                order.append(group)
+            group.append(item)
+        return order
+
+    def _decode(self, batch: list[tuple[VocoderStream, Any]]) -> None:
+        codes = [w.codes if isinstance(w, Window) else w for _, w in batch]
+        voices = [stream.request.voice for stream, _ in batch]
+        try:
+            if len(batch) > 1 and self.vocode_windows is not None:
+                waveforms = self.vocode_windows(codes, voices)
+            else:
+                waveforms = [
+                    self.vocode(c, v) if len(c) else np.zeros(0, np.float32)
+                    for c, v in zip(codes, voices, strict=True)
+                ]
+            for waveform in waveforms:
+                # A model that yields NaN/inf must never reach a speaker, a file or a cache.
+                check_finite(np.asarray(waveform), "the model's audio")
+        except Exception as error:  # the streams of this call fail, the others go on
+            with self._cv:
+                for stream, _ in batch:
+                    stream.fail(error)
+                    stream.request.cancel.cancel()
+                    self.streams.discard(stream)
+            self.scheduler_wake()
+            return
+        with self._cv:
+            self._stats["calls"] += 1
+            self._stats["windows"] += len(batch)
+            for (stream, window), waveform in zip(batch, waveforms, strict=True):
+                if stream not in self.streams:
+                    continue  # closed meanwhile
+                try:
+                    stream.accept(window, waveform)
+                except Exception as error:
+                    stream.fail(error)
+                if stream.done:
+                    self.streams.discard(stream)
+                elif stream.is_due():
+                    self._due.add(stream)  # more was due than one window
+
+
+__all__ = [
+    "DEFAULT_GATHER_SECONDS",
+    "MAX_VOCODER_BATCH",
+    "VocoderStage",
+    "VocoderStream",
+]
