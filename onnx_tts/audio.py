@@ -27,7 +27,13 @@ import numpy as np
 import soundfile
 import soxr
 
-from onnx_tts.errors import AudioError, NonFiniteAudioError, OutputClosedError, OutputError
+from onnx_tts.errors import (
+    AudioError,
+    NonFiniteAudioError,
+    OnnxTTSError,
+    OutputClosedError,
+    OutputError,
+)
 
 # Below this peak a reference clip carries no voice to clone.
 SILENCE_PEAK = 1e-4
@@ -418,6 +424,8 @@ def encode_for(target: object, samples: np.ndarray, sample_rate: int, fmt: str) 
     """:func:`encode_audio`, with encoder failures as OutputError naming `target`."""
     try:
         return encode_audio(samples, sample_rate, fmt)
+    except OnnxTTSError:
+        raise  # already says what is wrong (NaN samples, a missing encoder)
     except OSError as error:
         raise OutputError(f"cannot encode {target}: {error.strerror or error}") from None
     except (soundfile.LibsndfileError, RuntimeError, ValueError) as error:

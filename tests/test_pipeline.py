@@ -402,7 +402,7 @@ def test_cli_bad_inputs_fail_cleanly(tmp_path: Path, capsys: pytest.CaptureFixtu
             "model directory not found",
         ),
         (["synth", "Hi.", "-o", str(tmp_path / "missing-dir" / "x.wav")], "does not exist"),
-        (["synth", "Hi.", "-o", str(tmp_path / "x.mp3")], "unknown extension"),
+        (["synth", "Hi.", "-o", str(tmp_path / "x.xyz")], "unknown extension"),
         (["synth", "Hi.", "-o", str(out), "--temperature", "-2"], "temperature"),
     ]
     for _name, (path, message) in _bad_reference_files(tmp_path).items():
