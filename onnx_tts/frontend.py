@@ -222,7 +222,9 @@ _DECADE_RE = re.compile(r"(?<![\w.,$])(1[1-9]\d0|20\d0)'?s\b")
 _SHORT_DECADE_RE = re.compile(
     rf"(?:(?<![\w'])'|\b(?P<cue>(?:{_DECADE_CUES})[\s-]))(?P<tens>\d0)'?s\b", re.IGNORECASE
 )
-_YEAR_RE = re.compile(r"(?<![\w.,$£€¥])(1[1-9]\d\d|20\d\d)(?![\w]|[.,]\d)")
+_YEAR_RE = re.compile(r"(?<![\w.,$£€¥])(1\d\d\d|20\d\d)(?![\w]|[.,]\d)")
+# A number someone dials is read digit by digit: "Dial 911", "call 411".
+_DIALED_RE = re.compile(r"\b((?:dial|call|phone|fax|text)\s+)(\d{3,})\b(?![.,]\d)", re.IGNORECASE)
 _MIXED_FRACTION_RE = re.compile(r"(?<![\w./])(\d+)\s(\d{1,2})/(\d{1,3})(?![\w/]|[.,]\d)")
 _SLASH_RE = re.compile(r"(?<![\w./])(\d{1,3})/(\d{1,3})(?![\w/]|[.,]\d)")
 _NUMBER_RE = re.compile(rf"(?<!\d){_NUMBER}")
@@ -240,7 +242,7 @@ _WORD_ABBREVIATION_RE = re.compile(
 _INITIAL_RE = re.compile(r"(?<![\w.'])([A-Z])\.(?=\s+[A-Z])")
 # Characters the English frontend speaks; other letters (CJK, Arabic, Hebrew, ...) and emoji
 # would be read by espeak as "Chinese letter" or dropped by a tokenizer without a word.
-_SPEAKABLE_SYMBOLS = frozenset("$£€¥°%&+=@#*/\\<>|~^_`'\"()[]{}")
+_SPEAKABLE_SYMBOLS = frozenset("$£€¥¢°%&+=@#*/\\<>|~^_`'\"()[]{}")
 
 
 def number_to_words(number: int) -> str:
@@ -289,7 +291,7 @@ def year_to_words(year: int) -> str:
         return number_to_words(year)
     head, tail = divmod(year, 100)
     if tail == 0:
-        return f"{number_to_words(head)} hundred"
+        return number_to_words(year) if head % 10 == 0 else f"{number_to_words(head)} hundred"
     tail_words = number_to_words(tail) if tail >= 10 else f"oh {_ONES[tail]}"
     return f"{number_to_words(head)} {tail_words}"
 
@@ -416,16 +418,15 @@ def _year(match: re.Match[str]) -> str:
     """A 4-digit number as a year ("in 1984", "1999 was", "2005.") or as a count when a word
     follows mid-sentence with no year cue before it ("2024 people")."""
     text, start, end = match.string, match.start(), match.end()
+    year = int(match.group(1))
     before = re.search(r"([A-Za-z]+)[\s-]*$", text[max(0, start - 40) : start])
-    if before and before.group(1).lower() in _YEAR_CUES:
-        return year_to_words(int(match.group(1)))
-    after = text[end : end + 40]
-    if re.match(r"\s*(?:AD|BC|BCE|CE)\b", after):
-        return year_to_words(int(match.group(1)))
-    initial = not text[:start].strip() or text[:start].rstrip()[-1] in ".!?"
-    if not initial and re.match(r"\s+[a-z]", after):
-        return number_to_words(int(match.group(1)))
-    return year_to_words(int(match.group(1)))
+    cued = bool(before) and before.group(1).lower() in _YEAR_CUES
+    if cued or re.match(r"\s*(?:AD|BC|BCE|CE)\b", text[end : end + 40]):
+        return year_to_words(year)
+    # 1000-1099 are years only when something says so ("in 1066", "1066 AD").
+    if year < 1100 or (not _sentence_initial(text, start) and _LOWER_WORD_NEXT.match(text, end)):
+        return number_to_words(year)
+    return year_to_words(year)
 
 
 def _scientific(match: re.Match[str]) -> str:
@@ -499,21 +500,36 @@ def _plural_number(words: str) -> str:
 
 
 # -- abbreviations ------------------------------------------------------------------------------
+_LOWER_WORD_NEXT = re.compile(r"\s+[a-z]")
+_CAPITAL_NEXT = re.compile(r"\s+([A-Z])")
+_NEXT_WORD = re.compile(r"\s+[\"'(]*([A-Za-z]+)")
+
+
+_TEXT_END = re.compile(r"\s*\Z")
+_TEXT_END_AFTER_CLOSERS = re.compile(r"[\s\"')\]]*\Z")
+
+
+def _text_ends_at(text: str, end: int, closers: bool = False) -> bool:
+    """Whether only whitespace (and closing quotes/brackets with `closers`) follows `end`;
+    matched in place, so a long text with many abbreviations stays linear."""
+    return bool((_TEXT_END_AFTER_CLOSERS if closers else _TEXT_END).match(text, end))
+
+
 def _ends_sentence(text: str, end: int) -> bool:
     """Whether the period just before `end` (of an abbreviation, "p.m.") also ends its
     sentence: the text ends there, or a capitalised common sentence opener follows."""
-    rest = text[end:]
-    if not rest.strip(" \"')]"):
+    if _text_ends_at(text, end, closers=True):
         return True
-    if not rest[:1].isspace():
+    if not text[end : end + 1].isspace():
         return False  # "U.S.-based", "etc.," "p.m.)"
-    word = re.match(r"\s+[\"'(]*([A-Za-z]+)", rest)
+    word = _NEXT_WORD.match(text, end)
     return bool(word) and word.group(1)[0].isupper() and word.group(1).lower() in _SENTENCE_OPENERS
 
 
 def _sentence_initial(text: str, start: int) -> bool:
-    head = text[:start].rstrip()
-    return not head or head[-1] in ".!?"
+    while start > 0 and text[start - 1].isspace():
+        start -= 1
+    return start == 0 or text[start - 1] in ".!?"
 
 
 def _title_or_place(match: re.Match[str], title: str, place: str) -> str:
@@ -523,10 +539,10 @@ def _title_or_place(match: re.Match[str], title: str, place: str) -> str:
     previous = re.search(r"(\S+)\s+$", text[max(0, start - 60) : start])
     word = previous.group(1) if previous else ""
     named = bool(re.fullmatch(r"[A-Z][A-Za-z'-]*|\d+(?:st|nd|rd|th)?", word))
-    following = re.match(r"\s+([A-Z])", text[end:])
+    following = _CAPITAL_NEXT.match(text, end)
     if named and (not following or not _sentence_initial(text, start - len(previous.group(0)))):
         return place + ("." if _ends_sentence(text, end) else "")
-    return title + ("." if not text[end:].strip() else "")
+    return title + ("." if _text_ends_at(text, end) else "")
 
 
 def _word_abbreviation(match: re.Match[str]) -> str:
@@ -536,7 +552,7 @@ def _word_abbreviation(match: re.Match[str]) -> str:
     if key in _TITLE_OR_PLACE:
         return _title_or_place(match, *_TITLE_OR_PLACE[key])
     if key in _TITLES:
-        return _TITLES[key] + ("." if not match.string[match.end() :].strip() else "")
+        return _TITLES[key] + ("." if _text_ends_at(match.string, match.end()) else "")
     return _ABBREVIATIONS[key] + ("." if _ends_sentence(match.string, match.end()) else "")
 
 
@@ -545,7 +561,7 @@ def _dotted_abbreviation(match: re.Match[str]) -> str:
     words = _DOTTED_WORDS.get(letters.lower()) or letters.upper()
     never_ends = words in ("for example", "that is", "also known as")
     if never_ends:
-        return words + ("." if not match.string[match.end() :].strip() else "")
+        return words + ("." if _text_ends_at(match.string, match.end()) else "")
     return words + ("." if _ends_sentence(match.string, match.end()) else "")
 
 
@@ -653,10 +669,11 @@ def expand_numbers(text: str) -> str:
     text = _rewrite(_SHORT_DECADE_RE, _short_decade, text)
     text = _rewrite(_MIXED_FRACTION_RE, _mixed_fraction, text)
     text = _rewrite(_SLASH_RE, _slash, text)
+    text = _NEGATIVE_RE.sub("minus ", text)
     text = _rewrite(_UNIT_RE, _unit, text)
     text = _rewrite(_RANGE_RE, _range, text)
+    text = _DIALED_RE.sub(lambda m: m.group(1) + digits_to_words(m.group(2)), text)
     text = _rewrite(_YEAR_RE, _year, text)
-    text = _NEGATIVE_RE.sub("minus ", text)
     return _rewrite(_NUMBER_RE, lambda m: number_text_to_words(m.group(0)), text)
 
 
@@ -680,8 +697,9 @@ def normalize_text(text: str) -> str:
     for symbol, word in _SYMBOLS.items():
         text = text.replace(symbol, word)
     text = re.sub(r"\s+", " ", text).strip()
-    # A space before punctuation comes from a replacement above, never from the writer.
-    return re.sub(r" (?=[,.;:!?])", "", text)
+    # A space before punctuation, or before the hyphen of "5-year-old", comes from a
+    # replacement above, never from the writer.
+    return re.sub(r" (?=[,.;:!?]|-[A-Za-z])", "", text)
 
 
 def split_sentences(text: str, max_chars: int = 200) -> list[str]:
