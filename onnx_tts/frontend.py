@@ -9,7 +9,7 @@ import re
 import threading
 import unicodedata
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 
 from tokenizers import Tokenizer
@@ -147,6 +147,9 @@ _UNITS = {
     "ms": ("millisecond", "milliseconds"),
     "s": ("second", "seconds"),
     "min": ("minute", "minutes"),
+    "sec": ("second", "seconds"),
+    "hr": ("hour", "hours"),
+    "hrs": ("hour", "hours"),
     "h": ("hour", "hours"),
     "hz": ("hertz", "hertz"),
     "khz": ("kilohertz", "kilohertz"),
@@ -214,7 +217,7 @@ _ORDINAL_RE = re.compile(r"(?<![\w.,])(\d{1,9})(st|nd|rd|th)\b", re.IGNORECASE)
 _UNIT_RE = re.compile(
     rf"(?<![\w.,])({_NUMBER})\s?("
     + "|".join(re.escape(u) for u in sorted(_UNITS, key=len, reverse=True))
-    + r")(?![\w/])",
+    + r")(?!\w)",
     re.IGNORECASE,
 )
 _DECADE_RE = re.compile(r"(?<![\w.,$])(1[1-9]\d0|20\d0)'?s\b")
@@ -228,17 +231,36 @@ _DIALED_RE = re.compile(r"\b((?:dial|call|phone|fax|text)\s+)(\d{3,})\b(?![.,]\d
 _MIXED_FRACTION_RE = re.compile(r"(?<![\w./])(\d+)\s(\d{1,2})/(\d{1,3})(?![\w/]|[.,]\d)")
 _SLASH_RE = re.compile(r"(?<![\w./])(\d{1,3})/(\d{1,3})(?![\w/]|[.,]\d)")
 _NUMBER_RE = re.compile(rf"(?<!\d){_NUMBER}")
+# "$5/month", "20 km/day": a slash before a unit of time or count is "per".
+_PER_RE = re.compile(
+    r"(?<=\w) ?/ ?(?=(?:second|sec|minute|min|hour|hr|day|night|week|month|mo|year|yr|person|"
+    r"head|unit|item|kg|lb|gallon|liter|litre|mile|km)\b)",
+    re.IGNORECASE,
+)
 _NEGATIVE_RE = re.compile(r"(?<![\w.,])-(?=\d)")
 _NUMBER_SIGN_RE = re.compile(r"(?:(?<![\w.])No\.|#)\s?(?=\d)")
 # Abbreviations: letter-dot runs (U.S., e.g., p.m.), then words with a period (Dr., etc.),
 # then single capital initials before a name (John F. Kennedy).
 _DOTTED_ABBREVIATION_RE = re.compile(r"(?<![\w.])((?:[A-Za-z]\.){2,})")
+# Written in lower case too ("dr. smith", "etc."); the others only capitalised, since "rev.",
+# "gen." or "co." in lower case are more often words that end a sentence.
+_LOWER_CASE_ABBREVIATIONS = ("mr", "mrs", "ms", "dr", "st", "vs", "etc", "approx")
+
+
+def _spellings(keys: Collection[str]) -> list[str]:
+    forms = {form for key in keys for form in (key.capitalize(), key.upper())}
+    forms |= {key for key in keys if key in _LOWER_CASE_ABBREVIATIONS}
+    return sorted(forms, key=len, reverse=True)
+
+
 _WORD_ABBREVIATION_RE = re.compile(
     r"(?<![\w.])("
-    + "|".join(sorted([*_TITLES, *_TITLE_OR_PLACE, *_ABBREVIATIONS], key=len, reverse=True))
-    + r")\.|(?<![\w.])(vs)\b",
-    re.IGNORECASE,
+    + "|".join(_spellings([*_TITLES, *_TITLE_OR_PLACE, *_ABBREVIATIONS]))
+    + r")\.|(?<![\w.])(vs|Vs)\b"
 )
+# A unit abbreviated with a period after a number ("6 ft. tall"): the unit rule reads it, and
+# the period stays only where the sentence ends.
+_UNIT_PERIOD_RE = re.compile(r"(?<=\d)(\s?(?:ft|in|lbs?|oz|mi|yd|min|sec|hrs?))\.", re.IGNORECASE)
 _INITIAL_RE = re.compile(r"(?<![\w.'])([A-Z])\.(?=\s+[A-Z])")
 # Characters the English frontend speaks; other letters (CJK, Arabic, Hebrew, ...) and emoji
 # would be read by espeak as "Chinese letter" or dropped by a tokenizer without a word.
@@ -576,6 +598,9 @@ def expand_abbreviations(text: str) -> str:
     text = _rewrite(_TIME_RE, _time, text)  # "3:30 p.m.": the meridiem's period is the time's
     text = _rewrite(_HOUR_RE, _time, text)
     text = _NUMBER_SIGN_RE.sub("number ", text)
+    text = _UNIT_PERIOD_RE.sub(
+        lambda m: m.group(1) + ("." if _ends_sentence(m.string, m.end()) else ""), text
+    )
     text = _DOTTED_ABBREVIATION_RE.sub(_dotted_abbreviation, text)
     text = _WORD_ABBREVIATION_RE.sub(_word_abbreviation, text)
     return _INITIAL_RE.sub(_initial, text)
@@ -674,6 +699,7 @@ def expand_numbers(text: str) -> str:
     text = _rewrite(_RANGE_RE, _range, text)
     text = _DIALED_RE.sub(lambda m: m.group(1) + digits_to_words(m.group(2)), text)
     text = _rewrite(_YEAR_RE, _year, text)
+    text = _PER_RE.sub(" per ", text)
     return _rewrite(_NUMBER_RE, lambda m: number_text_to_words(m.group(0)), text)
 
 

@@ -126,6 +126,10 @@ ABBREVIATIONS = [
     ("John F. Kennedy", "John F Kennedy"),
     ("J. R. R. Tolkien wrote it.", "J R R Tolkien wrote it."),
     ("No. I won't.", "No. I won't."),
+    # Lower-case words that are also abbreviations when capitalised stay words.
+    ("I ate a fig.", "I ate a fig."),
+    ("Next gen.", "Next gen."),
+    ("VS Code", "VS Code"),
 ]
 
 # (text, the chunks split_sentences gives after normalisation)
@@ -181,6 +185,10 @@ SENTENCES = [
     (
         "The U.S. Navy sailed. The U.K. Navy followed.",
         ["The US Navy sailed.", "The UK Navy followed."],
+    ),
+    (
+        "It took 5 min. Then we left.",
+        ["It took five minutes.", "Then we left."],
     ),
     (
         "Is it 3.5 or 4? Nobody knows!",
@@ -304,6 +312,10 @@ UNITS = [
     ("15 cm", "fifteen centimeters"),
     ("3 mm", "three millimeters"),
     ("100 m", "one hundred meters"),
+    ("He is 6 ft. tall", "He is six feet tall"),
+    ("5 min. later", "five minutes later"),
+    ("$5/month", "five dollars per month"),
+    ("20 km/day", "twenty kilometers per day"),
 ]
 
 YEARS_AND_NUMBERS = [
