@@ -789,7 +789,9 @@ def build_world(root: Path, need_redis: bool, stack: contextlib.ExitStack) -> Wo
     voice = _write_wav(root / "voice.wav", good, rate)
     r_copy = root / "R"
     if not r_copy.exists():
-        shutil.copytree(MODELS / "codec-lm", r_copy)
+        from export.build_codec_lm import codec_lm_bundle
+
+        shutil.copytree(codec_lm_bundle(), r_copy)
     env = {**os.environ, "HOME": str(home), "XDG_CACHE_HOME": str(home / ".cache")}
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     env.pop("PYTHONWARNINGS", None)

@@ -14,9 +14,9 @@ Each case is a dict:
             "signal"  exit 128+N, no *.part file left in the output directory
   match     optional substring the error line must contain
 Placeholders in argv: {out} output file in a fresh temp dir, {dir} that dir, {voice} a good
-3 s reference WAV, {R} a copy of onnx_tts/models/codec-lm, {V} onnx_tts/models/voice,
-{bad_voice} the file made by `setup`, {bundle} a tampered copy of {R} made by `setup`,
-{cache} a cache dir seeded by `setup`.
+3 s reference WAV, {R} a copy of the codec-lm bundle (export/build_codec_lm.py),
+{V} onnx_tts/models/voice, {bad_voice} the file made by `setup`, {bundle} a tampered copy of
+{R} made by `setup`, {cache} a cache dir seeded by `setup`.
 """
 
 from __future__ import annotations
@@ -393,7 +393,9 @@ for out, expect in [
     ("{dir}/x.wav", "ok"),
     ("{dir}/x.flac", "ok"),
     ("{dir}/x.ogg", "ok"),
-    ("{dir}/x.mp3", "error"),
+    ("{dir}/x.mp3", "ok"),
+    ("{dir}/x.opus", "ok"),
+    ("{dir}/x.xyz", "error"),
     ("{dir}/x", "error"),
     ("{dir}/missing/x.wav", "error"),
     ("{dir}", "error"),

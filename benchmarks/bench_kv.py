@@ -54,7 +54,6 @@ from benchmarks import lm_graphs
 from onnx_tts.errors import InputError, ModelError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-CODEC_LM_DIR = REPO_ROOT / "onnx_tts" / "models" / "codec-lm"
 BASELINE_MODE = "ort-run"
 ALL_MODES = (
     "ort-run",
@@ -146,17 +145,28 @@ def describe_graphs(name: str, concat_path: Path, gqa_path: Path, method: str) -
     )
 
 
+def codec_lm_dir() -> Path | None:
+    """The codec-lm bundle (built on first use into the build cache), or None without the
+    export extra (torch) to build it."""
+    try:
+        from export.build_codec_lm import codec_lm_bundle
+    except ImportError:
+        return None
+    return codec_lm_bundle()
+
+
 def resolve_shapes(names: list[str], log: Callable[[str], None]) -> list[LMUnderTest]:
     """Build (or load from cache) every requested shape's graph pair."""
     result = []
     for name in names:
         if name == "codec-lm":
-            lm, concat = CODEC_LM_DIR / "lm.onnx", CODEC_LM_DIR / "lm_concat.onnx"
-            if not (lm.is_file() and concat.is_file()):
+            bundle = codec_lm_dir()
+            if bundle is None:
                 raise ModelError(
-                    f"codec-lm LM graphs not found ({lm}, {concat}); build the bundle first "
-                    "(python -m export.build_codec_lm) or leave 'codec-lm' out of --shapes"
+                    "the codec-lm bundle is built with torch: pip install -e '.[export]' or "
+                    "leave 'codec-lm' out of --shapes"
                 )
+            lm, concat = bundle / "lm.onnx", bundle / "lm_concat.onnx"
             result.append(describe_graphs("codec-lm", concat, lm, "generation"))
             continue
         shape = lm_graphs.shape_by_name(name)
@@ -1054,7 +1064,7 @@ def main(argv: list[str] | None = None) -> int:
         shapes = ["turbo-small", "chatterbox-small"]
     else:
         shapes = ["turbo", "chatterbox"]
-    if not args.shapes and (CODEC_LM_DIR / "lm.onnx").is_file():
+    if not args.shapes and codec_lm_dir() is not None:
         shapes = ["codec-lm", *shapes]
     for name in shapes:
         if name != "codec-lm":

@@ -43,7 +43,6 @@ from onnx_tts.refcache import ReferenceCache
 from onnx_tts.session import Session, SessionOptions, ort_version
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_MODEL_DIR = REPO_ROOT / "onnx_tts" / "models" / "codec-lm"
 RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
 # Voice files are written at a common recording rate, so each request also resamples.
 FILE_RATE = 44100
@@ -295,7 +294,11 @@ def _atomic_write(path: Path, write: Callable[[str], object]) -> None:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", type=Path, default=DEFAULT_MODEL_DIR, help="bundle directory")
+    parser.add_argument(
+        "--model",
+        type=Path,
+        help="bundle directory (default: the codec-lm bundle, built on first use)",
+    )
     parser.add_argument("--requests", type=int, default=100)
     parser.add_argument("--voices", type=int, default=5)
     parser.add_argument("--seconds", type=float, default=6.0, help="length of voice 0")
@@ -317,6 +320,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.model is None:
+        from export.build_codec_lm import codec_lm_bundle
+
+        args.model = codec_lm_bundle()
     encoder = load_encoder(args.model, args.intra_op_threads)
     audio = synthetic_voice(0, args.seconds, encoder.sample_rate)
     print(f"encoder: {encoder.bundle_identity}, {args.seconds:g} s reference", flush=True)

@@ -1,15 +1,22 @@
-"""Builds the codec-lm bundle (random weights) into onnx_tts/models/codec-lm/.
+"""Builds the codec-lm bundle (random weights) for tests and benchmarks.
 
-    python -m export.build_codec_lm [OUT_DIR] [--seed 0]
+    python -m export.build_codec_lm [OUT_DIR] [--seed 0]   # no OUT_DIR: the build cache
 
 All graphs are written by hand with onnx.helper from the torch modules' weights, so the files
-are byte-identical from build to build (checked by tests/test_codec_lm_export.py).
+are byte-identical from build to build (checked by tests/test_codec_lm_export.py). The bundle
+is not shipped in the wheel: `codec_lm_bundle()` builds it once into a content-addressed cache
+directory (keyed by this recipe's sources, the seed and the torch/onnx/numpy versions) and
+returns it from there afterwards.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import importlib.metadata
+import shutil
 import string
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +25,7 @@ import numpy as np
 import onnx
 import torch
 
+from export.build_cache import build_cache_root
 from export.codec_lm_model import (
     LEAKY_SLOPE,
     CodecLMConfig,
@@ -34,7 +42,15 @@ from export.onnx_graphs import (
 )
 from onnx_tts.tools.graph_builder import FLOAT, INT64, GraphBuilder, linear, reduce_op
 
-DEFAULT_OUT_DIR = Path(__file__).resolve().parent.parent / "onnx_tts" / "models" / "codec-lm"
+REPO_ROOT = Path(__file__).resolve().parent.parent
+# The sources whose bytes decide the bundle's bytes (with the seed and library versions).
+RECIPE_SOURCES = (
+    "export/build_codec_lm.py",
+    "export/codec_lm_model.py",
+    "export/onnx_graphs.py",
+    "onnx_tts/tools/graph_builder.py",
+)
+RECIPE_LIBRARIES = ("torch", "onnx", "numpy", "tokenizers")
 GRAPH_FILES = {
     "encoder": "encoder.onnx",
     "embed": "embed.onnx",
@@ -293,7 +309,7 @@ class BuildResult:
     sizes: dict[str, int]
 
 
-def build_codec_lm(out_dir: str | Path = DEFAULT_OUT_DIR, seed: int = 0) -> BuildResult:
+def build_codec_lm(out_dir: str | Path, seed: int = 0) -> BuildResult:
     """Builds every file of the bundle into out_dir (atomically, file by file)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -325,12 +341,50 @@ def build_codec_lm(out_dir: str | Path = DEFAULT_OUT_DIR, seed: int = 0) -> Buil
     return BuildResult(out, model, sha256, sizes)
 
 
+def recipe_key(seed: int = 0) -> str:
+    """A digest of everything the bundle's bytes depend on: a new key means a new build."""
+    digest = hashlib.sha256(f"codec-lm seed={seed}\n".encode())
+    for name in RECIPE_LIBRARIES:
+        digest.update(f"{name}=={importlib.metadata.version(name)}\n".encode())
+    for source in RECIPE_SOURCES:
+        digest.update(source.encode() + b"\0" + (REPO_ROOT / source).read_bytes())
+    return digest.hexdigest()[:24]
+
+
+def codec_lm_bundle(seed: int = 0, cache_root: str | Path | None = None) -> Path:
+    """The codec-lm bundle directory for `seed`, built on first use.
+
+    The build goes into a fresh temporary directory beside its final place and is renamed
+    there when complete, so a reader never sees half a bundle; when two processes build at
+    once, the first rename wins and the other build is dropped (the bytes are the same)."""
+    root = Path(cache_root) if cache_root is not None else build_cache_root()
+    target = root / "codec-lm" / recipe_key(seed)
+    if (target / "bundle.json").is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    staging.chmod(0o755)  # mkdtemp makes it private; the files inside are world-readable
+    try:
+        build_codec_lm(staging, seed)
+        try:
+            staging.rename(target)
+        except OSError:
+            if not (target / "bundle.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("out_dir", nargs="?", default=str(DEFAULT_OUT_DIR))
+    parser.add_argument("out_dir", nargs="?", help="directory to build into (default: cache)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     start = time.perf_counter()
+    if args.out_dir is None:
+        print(codec_lm_bundle(args.seed))
+        return
     result = build_codec_lm(args.out_dir, args.seed)
     elapsed = time.perf_counter() - start
     for name, size in sorted(result.sizes.items()):

@@ -3,6 +3,10 @@
 Every writer (a whole file, a WAV streamed as it is generated, raw PCM to a pipe) turns float
 samples into 16-bit integers with the one function :func:`pcm16`, so `-o x.wav` and `--stream`
 give the same samples. Non-finite samples are refused before anything is written.
+
+Output formats (:data:`OUTPUT_FORMATS`): libsndfile inside the soundfile wheel writes WAV,
+FLAC, MP3, Ogg Vorbis and Ogg Opus with no ffmpeg; AAC (ADTS) needs PyAV, the optional
+`aac` extra. Codecs with a fixed set of sample rates get the audio resampled with soxr.
 """
 
 from __future__ import annotations
@@ -23,7 +27,13 @@ import numpy as np
 import soundfile
 import soxr
 
-from onnx_tts.errors import AudioError, NonFiniteAudioError, OutputClosedError, OutputError
+from onnx_tts.errors import (
+    AudioError,
+    NonFiniteAudioError,
+    OnnxTTSError,
+    OutputClosedError,
+    OutputError,
+)
 
 # Below this peak a reference clip carries no voice to clone.
 SILENCE_PEAK = 1e-4
@@ -39,7 +49,33 @@ MAX_DECODE_CHANNELS = 64
 # A RIFF/WAV file counts its bytes in 32 bits.
 MAX_WAV_DATA_BYTES = 0xFFFFFFFF - 36
 
-OUTPUT_FORMATS = {".wav": "WAV", ".flac": "FLAC", ".ogg": "OGG"}
+# The formats `save_audio` writes; `.ogg` is Vorbis, `.opus` is Opus in an Ogg container.
+OUTPUT_FORMATS = ("wav", "flac", "mp3", "ogg", "opus", "aac")
+FORMAT_EXTENSIONS = {
+    ".wav": "wav",
+    ".flac": "flac",
+    ".mp3": "mp3",
+    ".ogg": "ogg",
+    ".oga": "ogg",
+    ".opus": "opus",
+    ".aac": "aac",
+}
+# libsndfile (format, subtype) per format it writes.
+_SNDFILE_FORMATS = {
+    "wav": ("WAV", "PCM_16"),
+    "flac": ("FLAC", "PCM_16"),
+    "mp3": ("MP3", "MPEG_LAYER_III"),
+    "ogg": ("OGG", "VORBIS"),
+    "opus": ("OGG", "OPUS"),
+}
+# Sample rates a codec takes; audio at another rate is resampled to the nearest one above.
+# Opus always runs at 48 kHz inside: that is the rate players expect of an .opus file.
+_CODEC_RATES = {
+    "mp3": (8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000),
+    "opus": (48000,),
+    "aac": (8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000, 64000, 88200, 96000),
+}
+AAC_EXTRA_HINT = "AAC output needs PyAV: pip install 'onnx-tts[aac]' (or use mp3/opus)"
 PCM16_SCALE = 32767.0
 
 
@@ -202,14 +238,48 @@ def load_audio(
 
 
 # -- writing ------------------------------------------------------------------------------------
-def check_output_path(path: str | os.PathLike[str]) -> Path:
-    """Fail early, before any synthesis work, when `path` cannot be written."""
-    path = Path(path)
-    if path.suffix.lower() not in OUTPUT_FORMATS:
+def output_format(path: str | os.PathLike[str] | None, forced: str | None = None) -> str:
+    """The format to write: `forced` (e.g. from ``--format``) when given, else the one
+    `path`'s extension names; OutputError listing the choices for anything else."""
+    if forced is not None:
+        name = forced.lower().lstrip(".")
+        if name not in OUTPUT_FORMATS:
+            raise OutputError(
+                f"unknown audio format {forced!r}; use one of {', '.join(OUTPUT_FORMATS)}"
+            )
+        return name
+    suffix = Path(path).suffix.lower() if path is not None else ""
+    if suffix not in FORMAT_EXTENSIONS:
         raise OutputError(
-            f"cannot write {path}: unknown extension {path.suffix or '(none)'}; "
-            f"use one of {', '.join(OUTPUT_FORMATS)}"
+            f"cannot write {path}: unknown extension {suffix or '(none)'}; use one of "
+            f"{', '.join(FORMAT_EXTENSIONS)} (or name the format with --format)"
         )
+    return FORMAT_EXTENSIONS[suffix]
+
+
+def encoded_rate(fmt: str, sample_rate: int) -> int:
+    """The sample rate a file of format `fmt` gets for audio at `sample_rate`."""
+    rates = _CODEC_RATES.get(fmt)
+    if rates is None or sample_rate in rates:
+        return sample_rate
+    return next((rate for rate in rates if rate >= sample_rate), rates[-1])
+
+
+def check_encoder(fmt: str) -> None:
+    """OutputError naming the extra to install when the encoder of `fmt` is missing."""
+    if fmt == "aac":
+        try:
+            import av  # noqa: F401
+        except ImportError:
+            raise OutputError(AAC_EXTRA_HINT) from None
+
+
+def check_output_path(path: str | os.PathLike[str], fmt: str | None = None) -> Path:
+    """Fail early, before any synthesis work, when `path` cannot be written (an unknown
+    extension when no format is forced, a missing encoder, a directory that is not there or
+    not writable)."""
+    path = Path(path)
+    check_encoder(output_format(path, fmt))
     parent = path.parent if str(path.parent) else Path(".")
     try:
         if not parent.is_dir():
@@ -273,31 +343,50 @@ def _write_error(path: Path, error: OSError) -> OutputError:
     return OutputError(f"cannot write {path}: {reason}; nothing was written")
 
 
-def encode_audio(samples: np.ndarray, sample_rate: int, fmt: str) -> bytes:
-    """The bytes of a WAV/FLAC (16-bit, via :func:`pcm16`) or OGG Vorbis file."""
+def _encode_aac(samples: np.ndarray, sample_rate: int) -> bytes:
+    """AAC-LC in an ADTS stream (what a `.aac` file is) with PyAV's bundled ffmpeg."""
+    try:
+        import av
+    except ImportError:
+        raise OutputError(AAC_EXTRA_HINT) from None
     buffer = io.BytesIO()
-    if fmt in ("WAV", "FLAC"):
-        soundfile.write(buffer, pcm16(samples), sample_rate, format=fmt, subtype="PCM_16")
-    else:
-        array = np.asarray(samples, dtype=np.float32)
-        check_finite(array)
-        soundfile.write(buffer, np.clip(array, -1.0, 1.0), sample_rate, format=fmt)
+    with av.open(buffer, "w", format="adts") as container:
+        stream = container.add_stream("aac", rate=sample_rate)
+        stream.layout = "mono"
+        frame = av.AudioFrame.from_ndarray(samples[None, :], format="flt", layout="mono")
+        frame.sample_rate = sample_rate
+        for packet in (*stream.encode(frame), *stream.encode(None)):
+            container.mux(packet)
     return buffer.getvalue()
 
 
-def save_audio(path: str | os.PathLike[str], samples: np.ndarray, sample_rate: int) -> Path:
-    """Write audio atomically: encoded in memory, written to a unique temporary file in the
-    target directory, fsynced, given the permissions of the file it replaces (or the umask's),
-    then renamed over `path`. On any failure `path` is untouched and no temp file remains."""
-    path = check_output_path(path)
-    if not isinstance(sample_rate, int) or not MIN_SAMPLE_RATE // 8 <= sample_rate <= 10**6:
-        raise OutputError(f"cannot write {path}: bad sample rate {sample_rate!r}")
-    try:
-        data = encode_audio(samples, sample_rate, OUTPUT_FORMATS[path.suffix.lower()])
-    except OSError as error:
-        raise _write_error(path, error) from None
-    except (soundfile.LibsndfileError, RuntimeError) as error:
-        raise OutputError(f"cannot encode {path}: {error}") from None
+def encode_audio(samples: np.ndarray, sample_rate: int, fmt: str) -> bytes:
+    """The bytes of a complete file of format `fmt` (one of OUTPUT_FORMATS, or the
+    libsndfile names "WAV", "FLAC", "OGG"). WAV and FLAC are 16-bit (:func:`pcm16`); the lossy
+    codecs take float samples clipped to [-1, 1], resampled first when the codec needs another
+    rate (:func:`encoded_rate`). NonFiniteAudioError for NaN/inf samples."""
+    fmt = fmt.lower()
+    if fmt not in OUTPUT_FORMATS:
+        raise OutputError(f"unknown audio format {fmt!r}; use one of {', '.join(OUTPUT_FORMATS)}")
+    rate = encoded_rate(fmt, sample_rate)
+    if fmt in ("wav", "flac"):
+        data: np.ndarray = pcm16(samples)
+    else:
+        array = np.asarray(samples, dtype=np.float32)
+        check_finite(array)
+        data = np.clip(resample(array, sample_rate, rate), -1.0, 1.0)
+    if fmt == "aac":
+        return _encode_aac(np.ascontiguousarray(data, dtype=np.float32), rate)
+    buffer = io.BytesIO()
+    container, subtype = _SNDFILE_FORMATS[fmt]
+    soundfile.write(buffer, data, rate, format=container, subtype=subtype)
+    return buffer.getvalue()
+
+
+def write_atomically(path: Path, data: bytes) -> Path:
+    """Write `data` to a unique temporary file beside `path`, fsync it, give it the
+    permissions of the file it replaces (or the umask's), then rename it over `path`. On any
+    failure `path` is untouched and no temp file remains."""
     fd, tmp = _temp_beside(path)
     try:
         try:
@@ -316,6 +405,46 @@ def save_audio(path: str | os.PathLike[str], samples: np.ndarray, sample_rate: i
         raise
     _fsync_directory(path.parent if str(path.parent) else Path("."))
     return path
+
+
+def save_audio(
+    path: str | os.PathLike[str], samples: np.ndarray, sample_rate: int, fmt: str | None = None
+) -> Path:
+    """Write audio atomically (see :func:`write_atomically`) in format `fmt`, by default the
+    one the extension names: encoded in memory first, so an encoder error leaves `path` as
+    it was."""
+    path = check_output_path(path, fmt)
+    if not isinstance(sample_rate, int) or not MIN_SAMPLE_RATE // 8 <= sample_rate <= 10**6:
+        raise OutputError(f"cannot write {path}: bad sample rate {sample_rate!r}")
+    data = encode_for(path, samples, sample_rate, output_format(path, fmt))
+    return write_atomically(path, data)
+
+
+def encode_for(target: object, samples: np.ndarray, sample_rate: int, fmt: str) -> bytes:
+    """:func:`encode_audio`, with encoder failures as OutputError naming `target`."""
+    try:
+        return encode_audio(samples, sample_rate, fmt)
+    except OnnxTTSError:
+        raise  # already says what is wrong (NaN samples, a missing encoder)
+    except OSError as error:
+        raise OutputError(f"cannot encode {target}: {error.strerror or error}") from None
+    except (soundfile.LibsndfileError, RuntimeError, ValueError) as error:
+        raise OutputError(f"cannot encode {target} as {fmt}: {error}") from None
+
+
+def wav_header(sample_rate: int, data_bytes: int | None) -> bytes:
+    """The 44-byte header of a 16-bit mono PCM WAV holding `data_bytes` of samples; None =
+    a stream of unknown length (both sizes 0xFFFFFFFF, which ffmpeg, sox and browsers read to
+    the end)."""
+    riff, data = (0xFFFFFFFF, 0xFFFFFFFF) if data_bytes is None else (36 + data_bytes, data_bytes)
+    return (
+        b"RIFF"
+        + struct.pack("<I", riff)
+        + b"WAVEfmt "
+        + struct.pack("<IHHIIHH", 16, 1, 1, sample_rate, sample_rate * 2, 2, 16)
+        + b"data"
+        + struct.pack("<I", data)
+    )
 
 
 class ProgressiveWavWriter:
@@ -343,15 +472,7 @@ class ProgressiveWavWriter:
             raise _write_error(self.path, error) from None
 
     def _header(self, data_bytes: int) -> bytes:
-        rate = self.sample_rate
-        return (
-            b"RIFF"
-            + struct.pack("<I", 36 + data_bytes)
-            + b"WAVEfmt "
-            + struct.pack("<IHHIIHH", 16, 1, 1, rate, rate * 2, 2, 16)
-            + b"data"
-            + struct.pack("<I", data_bytes)
-        )
+        return wav_header(self.sample_rate, data_bytes)
 
     @property
     def samples_written(self) -> int:
@@ -417,7 +538,8 @@ class ProgressiveWavWriter:
 
 
 class RawPcmWriter:
-    """Raw s16le PCM to a byte stream (stdout for ``-o -``), flushed per chunk.
+    """Raw s16le PCM (or any bytes, :meth:`write_bytes`) to a byte stream (stdout for
+    ``-o -``), flushed per chunk.
 
     A reader that went away (EPIPE) raises OutputClosedError, a full or failing device
     (ENOSPC, EIO, ``> /dev/full``) OutputError: one clear line instead of a traceback. When the
@@ -430,6 +552,11 @@ class RawPcmWriter:
 
     def write(self, samples: np.ndarray) -> None:
         data = to_pcm16(samples)
+        self.write_bytes(data)
+        self.samples_written += len(data) // 2
+
+    def write_bytes(self, data: bytes) -> None:
+        """Write and flush bytes as they are (a header, a whole encoded file)."""
         try:
             self.stream.write(data)
             self.stream.flush()
@@ -442,7 +569,6 @@ class RawPcmWriter:
             self._silence()
             reason = error.strerror or errno.errorcode.get(error.errno or 0, str(error))
             raise OutputError(f"cannot write the audio stream: {reason}") from None
-        self.samples_written += len(data) // 2
 
     def _silence(self) -> None:
         with contextlib.suppress(AttributeError, OSError, ValueError):

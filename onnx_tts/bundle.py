@@ -21,7 +21,6 @@ MANIFEST = "bundle.json"
 MAX_MANIFEST_BYTES = 16 << 20
 MODELS_DIR = Path(__file__).resolve().parent / "models"
 VOICE_MODEL_DIR = MODELS_DIR / "voice"  # the trained voice (export/train_voice.py)
-CODEC_LM_MODEL_DIR = MODELS_DIR / "codec-lm"  # random weights, for tests and benchmarks
 DEFAULT_MODEL_DIR = VOICE_MODEL_DIR
 DEFAULT_FAMILY = "codec-lm"  # manifests written before "family" existed
 

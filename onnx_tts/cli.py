@@ -15,7 +15,8 @@ from typing import Any, NoReturn
 
 import numpy as np
 
-from onnx_tts.audio import ProgressiveWavWriter, RawPcmWriter
+from onnx_tts.audio import OUTPUT_FORMATS, ProgressiveWavWriter, RawPcmWriter
+from onnx_tts.completion import SHELLS
 from onnx_tts.config import CacheConfig, add_flags, from_flags
 from onnx_tts.errors import InputError, OnnxTTSError, OutputClosedError
 from onnx_tts.flags import add_engine_flags, engine_configs, family_options
@@ -55,17 +56,44 @@ STREAM_FLAGS = (
 )
 
 
+def version_line() -> str:
+    """`onnx-tts --version`: ours, and the ONNX Runtime and Python it runs on."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    import onnx_tts
+
+    try:
+        runtime = f"onnxruntime {version('onnxruntime')}"
+    except PackageNotFoundError:
+        runtime = "onnxruntime not installed"
+    python = ".".join(map(str, sys.version_info[:3]))
+    return f"onnx-tts {onnx_tts.__version__} ({runtime}, Python {python})"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="onnx-tts", description="Text-to-speech on ONNX Runtime with a zero-copy KV core."
     )
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    parser.add_argument("--version", action="version", version=version_line())
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     synth = commands.add_parser("synth", help="synthesize speech from text")
     synth.add_argument("text", help="text to speak, or - to read it from stdin")
     synth.add_argument(
-        "-o", "--output", default="out.wav", help="WAV/FLAC/OGG file, or - (raw s16le)"
+        "-o",
+        "--output",
+        default="out.wav",
+        help="output file, its extension picks the format (.wav .flac .mp3 .ogg .opus .aac; "
+        "AAC needs the 'aac' extra), or - for stdout (raw s16le PCM with --stream)",
+    )
+    synth.add_argument(
+        "--format",
+        choices=(*OUTPUT_FORMATS, "pcm"),
+        help="write this format whatever the extension (pcm = raw s16le, stdout only)",
+    )
+    synth.add_argument(
+        "-q", "--quiet", action="store_true", help="no progress bar and no summary line"
     )
     synth.add_argument("--voice", help="reference audio to clone (WAV, FLAC, OGG)")
     synth.add_argument("--seed", type=int, help="random seed (same seed -> same audio)")
@@ -115,6 +143,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     config.add_argument("--markdown", action="store_true", help="as a Markdown table")
 
+    completion = commands.add_parser(
+        "completion",
+        help="print a shell completion script",
+        description='Print a completion script: eval "$(onnx-tts completion bash)" in '
+        "~/.bashrc (or save it as ~/.local/share/bash-completion/completions/onnx-tts); for "
+        'zsh, eval "$(onnx-tts completion zsh)" in ~/.zshrc.',
+    )
+    completion.add_argument("shell", choices=SHELLS)
+
     cache = commands.add_parser("cache", help="cache statistics and maintenance")
     cache.add_argument("action", choices=("stats", "clear"))
     cache.add_argument("--json", action="store_true")
@@ -143,14 +180,15 @@ def _read_text(arg: str) -> str:
 
 
 class _Progress:
-    """A tqdm bar of sentences on stderr, shown only when stderr is a terminal and the text
-    has more than one sentence."""
+    """A tqdm bar of sentences on stderr, shown only when stderr is a terminal, the text has
+    more than one sentence and --quiet was not given."""
 
-    def __init__(self) -> None:
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = enabled
         self.bar: Any = None
 
     def __call__(self, done: int, total: int) -> None:
-        if total < 2 or not sys.stderr.isatty():
+        if not self.enabled or total < 2 or not sys.stderr.isatty():
             return
         if self.bar is None:
             from tqdm import tqdm
@@ -173,9 +211,7 @@ def _sampling_options(args: argparse.Namespace) -> dict[str, Any]:
     return {name: getattr(args, name) for name in SAMPLING_HELP if getattr(args, name) is not None}
 
 
-def _write_stream(
-    chunks: Iterable[np.ndarray], sink: ProgressiveWavWriter | RawPcmWriter
-) -> tuple[int, float | None]:
+def _write_stream(chunks: Iterable[np.ndarray], sink: Any) -> tuple[int, float | None]:
     """Write chunks as they come (each writer converts with audio.pcm16 and checks they are
     finite); returns the samples written and the time to the first audio."""
     start = time.perf_counter()
@@ -189,15 +225,72 @@ def _write_stream(
     return samples, first
 
 
+def _output_format(args: argparse.Namespace) -> str:
+    """The format synth writes, checked before any work: from --format or the extension;
+    "pcm" (raw s16le) only to stdout."""
+    from onnx_tts.audio import check_encoder, check_output_path, output_format
+
+    if args.output != "-":
+        if args.format == "pcm":
+            raise InputError("--format pcm writes raw samples to stdout only: add -o -")
+        check_output_path(args.output, args.format)  # fail before any work
+        return output_format(args.output, args.format)
+    if args.format is None and not args.stream:
+        raise InputError(
+            "-o - writes raw PCM as it streams; add --stream (or --format wav|mp3|... for a "
+            "whole file on stdout)"
+        )
+    fmt = args.format or "pcm"
+    if args.stream and fmt not in ("pcm", "wav"):
+        raise InputError(
+            f"--stream to stdout writes pcm or wav; drop --stream to get the whole {fmt} file "
+            "on stdout"
+        )
+    check_encoder(fmt)
+    return fmt
+
+
+def _synth_stream(
+    args: argparse.Namespace, engine: Any, fmt: str, chunks: Any
+) -> tuple[int, float | None]:
+    """Write the chunks of engine.stream as they come; (samples, time to first audio)."""
+    from onnx_tts.audio import save_audio, wav_header
+
+    if args.output == "-":
+        sink = RawPcmWriter()
+        if fmt == "wav":
+            sink.write_bytes(wav_header(engine.sample_rate, None))
+        return _write_stream(chunks, sink)
+    if fmt == "wav":
+        with ProgressiveWavWriter(args.output, engine.sample_rate) as writer:
+            return _write_stream(chunks, writer)
+    # Compressed formats are encoded whole at the end (the file appears only complete).
+    kept: list[np.ndarray] = []
+    samples, first = _write_stream(chunks, _Collector(kept))
+    audio = np.concatenate(kept) if kept else np.zeros(0, np.float32)
+    save_audio(args.output, audio, engine.sample_rate, fmt)
+    return samples, first
+
+
+class _Collector:
+    """A stream sink that keeps the chunks (checked finite) for one encode at the end."""
+
+    def __init__(self, chunks: list[np.ndarray]) -> None:
+        self.chunks = chunks
+
+    def write(self, samples: np.ndarray) -> None:
+        from onnx_tts.audio import check_finite
+
+        check_finite(samples)
+        self.chunks.append(np.asarray(samples, np.float32))
+
+
 def cmd_synth(args: argparse.Namespace) -> int:
-    from onnx_tts.audio import check_output_path
+    from onnx_tts.audio import encode_for, encoded_rate
 
     text = _read_text(args.text)
+    fmt = _output_format(args)
     to_stdout = args.output == "-"
-    if to_stdout and not args.stream:
-        raise InputError("-o - writes raw PCM as it streams; add --stream")
-    if not to_stdout:
-        check_output_path(args.output)  # fail before any work
     window = _stream_options(args)
     started = time.perf_counter()
     engine = _load_engine(args)
@@ -205,17 +298,23 @@ def cmd_synth(args: argparse.Namespace) -> int:
     sampling = _sampling_options(args)
     if args.stream:
         chunks = engine.stream(text, voice=args.voice, seed=args.seed, **window, **sampling)
-        if to_stdout:
-            samples, first = _write_stream(chunks, RawPcmWriter())
-        else:
-            with ProgressiveWavWriter(args.output, engine.sample_rate) as sink:
-                samples, first = _write_stream(chunks, sink)
+        samples, first = _synth_stream(args, engine, fmt, chunks)
         duration = samples / engine.sample_rate
     else:
         audio = engine.synthesize(
-            text, voice=args.voice, seed=args.seed, progress=_Progress(), **sampling
+            text,
+            voice=args.voice,
+            seed=args.seed,
+            progress=_Progress(enabled=not args.quiet),
+            **sampling,
         )
-        audio.save(args.output)
+        if not to_stdout:
+            audio.save(args.output, fmt)
+        elif fmt == "pcm":
+            RawPcmWriter().write(audio.samples)
+        else:
+            data = encode_for("stdout", audio.samples, audio.sample_rate, fmt)
+            RawPcmWriter().write_bytes(data)
         duration, first = audio.duration, None
     elapsed = time.perf_counter() - loaded
     if args.verbose:
@@ -228,8 +327,9 @@ def cmd_synth(args: argparse.Namespace) -> int:
         if first is not None:
             parts.insert(2, f"time to first audio {first * 1000:.0f} ms")
         print("onnx-tts: " + ", ".join(parts), file=sys.stderr)
-    if not to_stdout:
-        print(f"wrote {args.output} ({duration:.2f} s at {engine.sample_rate} Hz)", file=sys.stderr)
+    if not to_stdout and not args.quiet:
+        rate = encoded_rate(fmt, engine.sample_rate)
+        print(f"wrote {args.output} ({fmt}, {duration:.2f} s at {rate} Hz)", file=sys.stderr)
     return 0
 
 
@@ -332,6 +432,13 @@ def cmd_convert(args: argparse.Namespace) -> int:
     return int(run_convert(parse_args(args.args)) or 0)
 
 
+def cmd_completion(args: argparse.Namespace) -> int:
+    from onnx_tts.completion import script
+
+    sys.stdout.write(script(args.shell, build_parser()))
+    return 0
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from onnx_tts.server.cli import run
 
@@ -346,6 +453,7 @@ COMMANDS = {
     "bench": cmd_bench,
     "convert": cmd_convert,
     "serve": cmd_serve,
+    "completion": cmd_completion,
 }
 
 

@@ -1,18 +1,25 @@
-"""Shared fixtures. Every test run gets its own cache directory, never the user's."""
+"""Shared fixtures. Every test run gets its own cache directory, never the user's; bundles
+built for tests (codec-lm) are kept in the content-addressed build cache across runs."""
 
 from __future__ import annotations
 
+import functools
+import os
 from pathlib import Path
 
 import numpy as np
 import pytest
 import soundfile
 
+from export.build_cache import build_cache_root
+
+# Pinned before the XDG cache is redirected per session (below), so built bundles outlive it;
+# subprocesses (CLI, servers, benchmarks) inherit it.
+os.environ["ONNX_TTS_BUILD_CACHE"] = str(build_cache_root())
+
 
 @pytest.fixture(autouse=True, scope="session")
 def _isolated_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> None:
-    import os
-
     os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("xdg-cache"))
 
 
@@ -35,9 +42,17 @@ def voice_wav(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+@functools.cache
+def codec_lm_dir() -> Path:
+    """The random-weight codec-lm bundle: built on first use (~5 s), then read from the build
+    cache (see export/build_codec_lm.py). Not shipped in the wheel."""
+    from export.build_codec_lm import codec_lm_bundle
+
+    return codec_lm_bundle()
+
+
 @pytest.fixture(scope="session")
 def codec_lm_engine():
     import onnx_tts
-    from onnx_tts.bundle import CODEC_LM_MODEL_DIR
 
-    return onnx_tts.load(CODEC_LM_MODEL_DIR, kv="inplace", cache_dir=None)
+    return onnx_tts.load(codec_lm_dir(), kv="inplace", cache_dir=None)

@@ -364,9 +364,9 @@ def test_detect_flat_directory_and_reference_bundle(small_turbo, tmp_path):
     shutil.copy(small_turbo / "tokenizer.json", flat / "tokenizer.json")
     assert detect(flat).family == FAMILY_TURBO
 
-    from onnx_tts.bundle import CODEC_LM_MODEL_DIR
+    from tests.conftest import codec_lm_dir
 
-    assert detect(CODEC_LM_MODEL_DIR).family == "codec-lm"
+    assert detect(codec_lm_dir()).family == "codec-lm"
 
 
 def test_default_precision_when_only_quantized_files_exist(tmp_path):

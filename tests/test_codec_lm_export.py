@@ -15,12 +15,14 @@ import pytest
 # torch comes with the test extra ([export]): these tests always run.
 import torch
 
+import export.build_codec_lm as build_codec_lm_module
 from export.build_codec_lm import (
-    DEFAULT_OUT_DIR,
     GRAPH_FILES,
     TOKENIZER_FILE,
     BuildResult,
     build_codec_lm,
+    codec_lm_bundle,
+    recipe_key,
 )
 from export.codec_lm_model import synthetic_audio
 from export.onnx_graphs import (
@@ -340,18 +342,30 @@ def _file_hashes(directory: Path) -> dict[str, str]:
     return {name: hashlib.sha256((directory / name).read_bytes()).hexdigest() for name in names}
 
 
-def test_build_is_deterministic_and_checked_in_bundle_is_fresh(built: BuildResult, tmp_path: Path):
+def test_build_is_deterministic(built: BuildResult, tmp_path: Path):
     second = build_codec_lm(tmp_path / "codec_lm_b", seed=0)
-    fresh = _file_hashes(built.out_dir)
-    assert _file_hashes(second.out_dir) == fresh
-    missing = [name for name in fresh if not (DEFAULT_OUT_DIR / name).exists()]
-    assert not missing, f"{missing} missing: run `python -m export.build_codec_lm`"
-    stale = [
-        name for name, digest in _file_hashes(DEFAULT_OUT_DIR).items() if digest != fresh[name]
-    ]
-    assert not stale, (
-        f"checked-in {stale} differ from a fresh build: run `python -m export.build_codec_lm`"
+    assert _file_hashes(second.out_dir) == _file_hashes(built.out_dir)
+
+
+def test_cached_bundle_is_built_once_and_keyed_by_the_recipe(
+    built: BuildResult, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    first = codec_lm_bundle(cache_root=tmp_path)
+    assert first.parent == tmp_path / "codec-lm" and first.name == recipe_key(0)
+    assert _file_hashes(first) == _file_hashes(built.out_dir)
+    assert [p.name for p in first.parent.iterdir()] == [first.name]  # no staging left over
+    calls = []
+    monkeypatch.setattr(build_codec_lm_module, "build_codec_lm", lambda *a: calls.append(a))
+    assert codec_lm_bundle(cache_root=tmp_path) == first and calls == []  # a hit: no build
+    assert recipe_key(1) != recipe_key(0)
+    # Another recipe (here: another library version) is another directory.
+    real_version = build_codec_lm_module.importlib.metadata.version
+    monkeypatch.setattr(
+        build_codec_lm_module.importlib.metadata,
+        "version",
+        lambda name: "0.0-other" if name == "onnx" else real_version(name),
     )
+    assert recipe_key(0) != first.name
 
 
 def test_manifest_describes_the_files(built: BuildResult):

@@ -25,8 +25,9 @@ from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
 import onnx_tts
-from onnx_tts.bundle import CODEC_LM_MODEL_DIR, VOICE_MODEL_DIR
+from onnx_tts.bundle import VOICE_MODEL_DIR
 from onnx_tts.errors import OnnxTTSError, OnnxTTSWarning
+from tests.conftest import codec_lm_dir
 
 REPO = Path(__file__).resolve().parents[1]
 CLI_SETTINGS = settings(
@@ -91,7 +92,7 @@ OPTIONS = {
 @st.composite
 def cli_arguments(draw: st.DrawFn) -> list[str]:
     argv = ["synth", draw(TEXTS)]
-    model = draw(st.sampled_from([None, CODEC_LM_MODEL_DIR]))
+    model = draw(st.sampled_from([None, codec_lm_dir()]))
     if model is not None:
         argv += ["--model", str(model)]
     for name in draw(st.lists(st.sampled_from(sorted(OPTIONS)), max_size=4, unique=True)):
@@ -147,7 +148,7 @@ def test_cli_exits_0_with_finite_audio_or_2_with_one_line(tmp_path_factory) -> N
 def engines() -> dict[str, onnx_tts.Engine]:
     return {
         "voice": onnx_tts.load(VOICE_MODEL_DIR, cache_dir=None),
-        "codec-lm": onnx_tts.load(CODEC_LM_MODEL_DIR, kv="inplace", cache_dir=None),
+        "codec-lm": onnx_tts.load(codec_lm_dir(), kv="inplace", cache_dir=None),
     }
 
 

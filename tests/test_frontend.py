@@ -42,7 +42,7 @@ from onnx_tts.frontend import (
             "doctor Smith paid one thousand two hundred fifty dollars and left.",
         ),
         ("at 10:30", "at ten thirty"),
-        ("10:05 pm", "ten oh five P M"),
+        ("10:05 pm", "ten oh five PM"),  # "P M" made espeak say "a m" for "A M"
         ("9:00", "nine o'clock"),
         ("in 1984", "in nineteen eighty four"),
         ("2005 and 1905", "two thousand five and nineteen oh five"),

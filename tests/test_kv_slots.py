@@ -19,6 +19,7 @@ import onnx_tts
 from onnx_tts.errors import SessionError
 from onnx_tts.session import KVCache, KVSlots, Session
 from tests import graphs
+from tests.conftest import codec_lm_dir
 
 MODELS = Path(onnx_tts.__file__).parent / "models"
 
@@ -95,7 +96,7 @@ def lm_paths() -> dict[str, Path | str]:
         "gqa": "gqa_path",
         "gqa-mask": "mask_path",
         "voice": MODELS / "voice" / "lm.onnx",
-        "codec-lm": MODELS / "codec-lm" / "lm.onnx",
+        "codec-lm": "codec-lm",  # built on first use: see tests.conftest.codec_lm_dir
         "chatterbox-turbo-converted": "turbo",
         "chatterbox-original-converted": "original",
     }
@@ -106,6 +107,8 @@ def lm(request: pytest.FixtureRequest) -> Session:
     where = lm_paths()[request.param]
     if isinstance(where, Path):
         return Session(where)
+    if where == "codec-lm":
+        return Session(codec_lm_dir() / "lm.onnx")
     if where in ("turbo", "original"):
         return Session(request.getfixturevalue("converted_paths")[where])
     return Session(request.getfixturevalue(where))

@@ -15,13 +15,12 @@ import soundfile
 
 import onnx_tts
 from onnx_tts.audio import check_output_path
-from onnx_tts.bundle import CODEC_LM_MODEL_DIR
 from onnx_tts.cli import main
 from onnx_tts.decoding import RowSampler, SamplingOptions
 from onnx_tts.errors import InputError, ModelError, OutputError
 from onnx_tts.families.codec_lm import DelayPattern
 from onnx_tts.frontend import normalize_text, split_sentences
-from tests.conftest import speechlike
+from tests.conftest import codec_lm_dir, speechlike
 
 TEXT = "Hello there. The quick brown fox jumps over the lazy dog."
 
@@ -29,7 +28,7 @@ TEXT = "Hello there. The quick brown fox jumps over the lazy dog."
 @pytest.fixture(scope="module")
 def engines() -> dict[str, onnx_tts.Engine]:
     return {
-        mode: onnx_tts.load(CODEC_LM_MODEL_DIR, kv=mode, cache_dir=None)
+        mode: onnx_tts.load(codec_lm_dir(), kv=mode, cache_dir=None)
         for mode in ("copy", "chain", "inplace")
     }
 
@@ -98,13 +97,13 @@ def test_voice_at_another_rate_is_resampled(codec_lm_engine: onnx_tts.Engine, tm
 
 
 def test_concat_lm_runs_in_copy_and_chain_and_refuses_inplace() -> None:
-    copy = onnx_tts.load(CODEC_LM_MODEL_DIR, kv="copy", lm_graph="lm_concat", cache_dir=None)
-    chain = onnx_tts.load(CODEC_LM_MODEL_DIR, kv="chain", lm_graph="lm_concat", cache_dir=None)
+    copy = onnx_tts.load(codec_lm_dir(), kv="copy", lm_graph="lm_concat", cache_dir=None)
+    chain = onnx_tts.load(codec_lm_dir(), kv="chain", lm_graph="lm_concat", cache_dir=None)
     a = copy.synthesize("Concat graphs too.", seed=2)
     b = chain.synthesize("Concat graphs too.", seed=2)
     np.testing.assert_array_equal(a.samples, b.samples)
     with pytest.raises(InputError, match="GroupQueryAttention"):
-        onnx_tts.load(CODEC_LM_MODEL_DIR, kv="inplace", lm_graph="lm_concat", cache_dir=None)
+        onnx_tts.load(codec_lm_dir(), kv="inplace", lm_graph="lm_concat", cache_dir=None)
 
 
 def test_audio_save_is_atomic(
@@ -264,7 +263,7 @@ def test_delay_pattern_assembles_whole_frames_only() -> None:
 @pytest.fixture
 def bundle_copy(tmp_path: Path) -> Path:
     target = tmp_path / "bundle"
-    shutil.copytree(CODEC_LM_MODEL_DIR, target)
+    shutil.copytree(codec_lm_dir(), target)
     return target
 
 
@@ -325,7 +324,7 @@ def test_cli_synth_writes_a_wav(tmp_path: Path, capsys: pytest.CaptureFixture[st
             "chain",
             "-v",
             "--model",
-            str(CODEC_LM_MODEL_DIR),
+            str(codec_lm_dir()),
         ],
         capsys,
     )
@@ -345,7 +344,7 @@ def test_cli_synth_writes_a_wav(tmp_path: Path, capsys: pytest.CaptureFixture[st
             "--cache-dir",
             "none",
             "--model",
-            str(CODEC_LM_MODEL_DIR),
+            str(codec_lm_dir()),
         ],
         capsys,
     )
@@ -365,7 +364,7 @@ def test_cli_reads_text_from_stdin(tmp_path: Path) -> None:
 
 def test_cli_info_json(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run_cli(
-        ["info", "--json", "--cache-dir", "none", "--model", str(CODEC_LM_MODEL_DIR)], capsys
+        ["info", "--json", "--cache-dir", "none", "--model", str(codec_lm_dir())], capsys
     )
     info = json.loads(out)
     assert code == 0
@@ -402,7 +401,7 @@ def test_cli_bad_inputs_fail_cleanly(tmp_path: Path, capsys: pytest.CaptureFixtu
             "model directory not found",
         ),
         (["synth", "Hi.", "-o", str(tmp_path / "missing-dir" / "x.wav")], "does not exist"),
-        (["synth", "Hi.", "-o", str(tmp_path / "x.mp3")], "unknown extension"),
+        (["synth", "Hi.", "-o", str(tmp_path / "x.xyz")], "unknown extension"),
         (["synth", "Hi.", "-o", str(out), "--temperature", "-2"], "temperature"),
     ]
     for _name, (path, message) in _bad_reference_files(tmp_path).items():
@@ -445,7 +444,7 @@ def test_cli_undecodable_stdin_and_unwritable_dir(tmp_path: Path) -> None:
 
 def test_cli_stream_outputs_match_one_shot(tmp_path: Path) -> None:
     base = [sys.executable, "-m", "onnx_tts.cli", "synth", "Stream it. Twice.", "--seed", "4"]
-    base += ["--cache-dir", "none", "--model", str(CODEC_LM_MODEL_DIR)]
+    base += ["--cache-dir", "none", "--model", str(codec_lm_dir())]
     one_shot = tmp_path / "one.wav"
     streamed = tmp_path / "streamed.wav"
     subprocess.run([*base, "-o", str(one_shot)], check=True, capture_output=True)

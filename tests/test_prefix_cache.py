@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 
 import onnx_tts
-from onnx_tts.bundle import CODEC_LM_MODEL_DIR
 from onnx_tts.decoding.prefix_cache import PrefixCache
 from onnx_tts.errors import InputError, SessionError
 from onnx_tts.session import KVCache, KVSlots, Session
 from tests import graphs
+from tests.conftest import codec_lm_dir
 
 PREFIX, REST = 23, 5
 
@@ -188,8 +188,8 @@ def test_split_prefill_equals_one_run(gqa, rest):
 def test_engine_reuses_a_voice_prefix_with_identical_audio(voice_wav, voice_wav_b, max_batch):
     """codec-lm conditions its LM on the speaker embedding and reference codes: the second
     request with a voice loads that prefix, and audio equals an engine without the cache."""
-    plain = onnx_tts.load(CODEC_LM_MODEL_DIR, cache_dir=None, prefix_cache_bytes=0, max_batch=1)
-    cached = onnx_tts.load(CODEC_LM_MODEL_DIR, cache_dir=None, max_batch=max_batch)
+    plain = onnx_tts.load(codec_lm_dir(), cache_dir=None, prefix_cache_bytes=0, max_batch=1)
+    cached = onnx_tts.load(codec_lm_dir(), cache_dir=None, max_batch=max_batch)
     assert plain.cache_stats()["prefix"] == {}
     texts = ["One short line.", "Another line here.", "A third one."]
     expected = [plain.synthesize(t, voice=voice_wav, seed=3).samples for t in texts]
@@ -222,7 +222,7 @@ def voice_wav_b(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.parametrize("bad", [-1, 2.5, "8", True, 1 << 60])
 def test_prefix_cache_size_is_bounded(bad):
     with pytest.raises(InputError, match="prefix_cache_bytes"):
-        onnx_tts.load(CODEC_LM_MODEL_DIR, cache_dir=None, prefix_cache_bytes=bad)
+        onnx_tts.load(codec_lm_dir(), cache_dir=None, prefix_cache_bytes=bad)
 
 
 def test_chatterbox_with_guidance_reuses_the_prefix(tmp_path, voice_wav):

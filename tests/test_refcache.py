@@ -35,9 +35,9 @@ from onnx_tts.refcache import (
     make_key,
 )
 from onnx_tts.session import Session, SessionOptions
+from tests.conftest import codec_lm_dir
 from tests.redis_server import find_redis_server, redis_server
 
-REFERENCE_BUNDLE = Path(onnx_tts.__file__).parent / "models" / "codec-lm"
 SAMPLE_RATE = 16000
 HOP = 160
 CODEBOOKS = 4
@@ -297,9 +297,9 @@ def test_cache_value_is_the_solo_encode_whatever_the_arrival_order(encoder_graph
 
 
 def test_reference_bundle_cache_value_is_its_solo_encode(tmp_path):
-    manifest = json.loads((REFERENCE_BUNDLE / "bundle.json").read_text())
+    manifest = json.loads((codec_lm_dir() / "bundle.json").read_text())
     rate = manifest["sample_rate"]
-    graph = REFERENCE_BUNDLE / manifest["graphs"]["encoder"]
+    graph = codec_lm_dir() / manifest["graphs"]["encoder"]
 
     def bundle_encoder() -> VoiceEncoder:
         return VoiceEncoder(
@@ -349,7 +349,7 @@ def test_hit_returns_the_same_value_as_the_miss(tmp_path, encoder):
 
 def test_synthesis_with_a_cache_hit_equals_synthesis_with_a_miss(tmp_path):
     cache_dir = tmp_path / "cache"
-    engine = onnx_tts.load(REFERENCE_BUNDLE, cache_dir=cache_dir, threads=1)
+    engine = onnx_tts.load(codec_lm_dir(), cache_dir=cache_dir, threads=1)
     rate = engine.sample_rate
     path = tmp_path / "voice.wav"
     sf.write(path, voice(3, 2.0, rate), rate, subtype="PCM_16")
@@ -361,7 +361,7 @@ def test_synthesis_with_a_cache_hit_equals_synthesis_with_a_miss(tmp_path):
         engine.cache_stats()["reference"]["misses"],
         engine.cache_stats()["reference"]["memory"]["hits"],
     ) == (1, 1)
-    disk_engine = onnx_tts.load(REFERENCE_BUNDLE, cache_dir=cache_dir, threads=1)
+    disk_engine = onnx_tts.load(codec_lm_dir(), cache_dir=cache_dir, threads=1)
     hit_disk = disk_engine.synthesize(text, voice=path, seed=11)
     assert disk_engine.cache_stats()["reference"]["disk"]["hits"] == 1
     uncached = Engine(engine.backend, None).synthesize(text, voice=path, seed=11)

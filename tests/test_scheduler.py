@@ -12,11 +12,11 @@ import psutil
 import pytest
 
 import onnx_tts
-from onnx_tts.bundle import CODEC_LM_MODEL_DIR
 from onnx_tts.decoding.kv_rows import MIN_SLOT_CAPACITY
 from onnx_tts.decoding.scheduler import DecodeScheduler, QueueFull
 from onnx_tts.errors import InputError
 from onnx_tts.request import CancelToken, PlaybackClock, Request
+from tests.conftest import codec_lm_dir
 
 TEXTS = [
     "Hi.",
@@ -54,9 +54,10 @@ def batched_voice():
     return _load(max_batch=8)
 
 
-@pytest.mark.parametrize("model", [None, CODEC_LM_MODEL_DIR], ids=["voice", "codec-lm"])
+@pytest.mark.parametrize("model", ["voice", "codec-lm"])
 def test_concurrent_requests_equal_the_solo_path(model):
     """Batch invariance: 16 requests, solo and then 8 at a time as rows of one batch."""
+    model = codec_lm_dir() if model == "codec-lm" else None
     solo, batched = _load(model, max_batch=1), _load(model, max_batch=8)
     assert solo.scheduler.max_batch == 1 and batched.scheduler.max_batch == 8
     jobs = [(TEXTS[i % len(TEXTS)], i) for i in range(16)]
@@ -148,7 +149,7 @@ def test_a_row_keeps_its_address_while_it_decodes(batched_voice):
 def test_one_sentence_allocates_only_what_it_needs():
     """Slot buffers grow on demand: one short request on a max_batch=8 engine holds one
     row of the smallest capacity, not 8 rows of the model's limit."""
-    engine = _load(CODEC_LM_MODEL_DIR, max_batch=8)
+    engine = _load(codec_lm_dir(), max_batch=8)
     engine.synthesize("Hi.", seed=1)
     stats = engine.stats()
     layout = engine.backend.pool.layout
@@ -277,10 +278,10 @@ def test_churn_of_ten_thousand_steps_does_not_grow_memory(batched_voice):
 
 
 def test_info_says_whether_a_model_batches():
-    concat = _load(CODEC_LM_MODEL_DIR, lm_graph="lm_concat", kv="chain")
+    concat = _load(codec_lm_dir(), lm_graph="lm_concat", kv="chain")
     assert concat.info()["batching"]["batched"] is False
     assert "chain" in concat.info()["batching"]["why"]
-    batched = _load(CODEC_LM_MODEL_DIR)
+    batched = _load(codec_lm_dir())
     assert batched.info()["batching"] == {
         "batched": True,
         "max_batch": 8,

@@ -337,9 +337,9 @@ def test_result_cache_hits_are_served_and_counted(tmp_path: Path) -> None:
 def test_prefix_cache_is_counted_in_metrics(tmp_path: Path) -> None:
     """codec-lm's voice prefix is prefilled once: the second request with the voice is a
     prefix hit, and /metrics shows lookups, entries and bytes per cache."""
-    from onnx_tts.bundle import CODEC_LM_MODEL_DIR
+    from tests.conftest import codec_lm_dir
 
-    live = LiveServer(tmp_path, "--model", str(CODEC_LM_MODEL_DIR), "--max-batch", "1")
+    live = LiveServer(tmp_path, "--model", str(codec_lm_dir()), "--max-batch", "1")
     try:
         for text in ("First line.", "Second line."):
             assert speech(live, input=text, response_format="pcm", seed=1).status_code == 200

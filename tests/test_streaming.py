@@ -489,9 +489,9 @@ def test_cancelled_stream_stops_generation_and_frees_its_row(monkeypatch, max_ba
     import threading
 
     import onnx_tts
-    from onnx_tts.bundle import CODEC_LM_MODEL_DIR
+    from tests.conftest import codec_lm_dir
 
-    engine = onnx_tts.load(CODEC_LM_MODEL_DIR, kv="inplace", cache_dir=None, max_batch=max_batch)
+    engine = onnx_tts.load(codec_lm_dir(), kv="inplace", cache_dir=None, max_batch=max_batch)
     program = engine.backend.program
     original_consume = program.consume
     steps, hold_at, release = 0, 0, threading.Event()
@@ -552,9 +552,9 @@ def test_streaming_benchmark_writes_its_results(tmp_path) -> None:
     bench.TEXT, bench.FIRST_CHUNK_SWEEP, bench.OVERLAP_SWEEP = TEXT, (4,), (4, 5, 6, 8)
     # The bit-exactness checked below is the causal reference vocoder's (the default voice
     # streams within 30 dB of its one-shot output, see test_default_voice.py).
-    from onnx_tts.bundle import CODEC_LM_MODEL_DIR
+    from tests.conftest import codec_lm_dir
 
-    args = ["--repeats", "1", "--out", str(tmp_path), "--model", str(CODEC_LM_MODEL_DIR)]
+    args = ["--repeats", "1", "--out", str(tmp_path), "--model", str(codec_lm_dir())]
     assert bench.main(args) == 0
     results = json.loads((tmp_path / "streaming.json").read_text())
     assert (tmp_path / "streaming.png").stat().st_size > 0
@@ -620,10 +620,10 @@ def test_a_bundle_with_invalid_streaming_defaults_fails_at_load(tmp_path) -> Non
     import shutil
 
     import onnx_tts
-    from onnx_tts.bundle import CODEC_LM_MODEL_DIR
+    from tests.conftest import codec_lm_dir
 
     bundle = tmp_path / "bundle"
-    shutil.copytree(CODEC_LM_MODEL_DIR, bundle)
+    shutil.copytree(codec_lm_dir(), bundle)
     manifest = json.loads((bundle / "bundle.json").read_text())
     manifest["streaming"]["stride_frames"] = 0
     (bundle / "bundle.json").write_text(json.dumps(manifest))

@@ -1,7 +1,8 @@
 """The "codec-lm" family (`bundle.json` with "family": "codec-lm"): a text + audio-code LM over
 K codebooks in a delay pattern, an encoder giving prompt codes and a speaker embedding, and a
-causal codes -> waveform vocoder. The project's random-weight bundle in onnx_tts/models/codec-lm
-is one; docs/ARCHITECTURE.md pins its graph I/O."""
+causal codes -> waveform vocoder. The project's random-weight bundle for tests and benchmarks
+(built by export/build_codec_lm.py, not shipped) is one; docs/ARCHITECTURE.md pins its graph
+I/O."""
 
 from __future__ import annotations
 

@@ -44,9 +44,11 @@ class Audio:
     def duration(self) -> float:
         return len(self.samples) / self.sample_rate
 
-    def save(self, path: str | os.PathLike[str]) -> Path:
-        """Write WAV/FLAC/OGG by extension, atomically (no partial file on failure)."""
-        return save_audio(path, self.samples, self.sample_rate)
+    def save(self, path: str | os.PathLike[str], format: str | None = None) -> Path:
+        """Write the file atomically (no partial file on failure), in `format` (one of
+        onnx_tts.audio.OUTPUT_FORMATS: wav flac mp3 ogg opus aac) or else the one the
+        extension names."""
+        return save_audio(path, self.samples, self.sample_rate, format)
 
     def as_value(self) -> dict[str, np.ndarray]:
         """The result-cache value of this audio (samples and rate)."""
