@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import logging
 import os
+import signal
+import socket
 import sys
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 from onnx_tts.cli import add_cache_arguments, cache_load_options
 from onnx_tts.pipeline import DEFAULT_MAX_BATCH
+from onnx_tts.server.timeouts import Timeouts
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8880
@@ -63,8 +69,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         default=30.0,
         help="on SIGTERM, wait this long for in-flight requests (30)",
     )
-    parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning"))
+    parser.add_argument(
+        "--header-timeout",
+        type=float,
+        default=Timeouts.header,
+        help=f"seconds a client has to send a request's headers ({Timeouts.header:g})",
+    )
+    parser.add_argument(
+        "--body-timeout",
+        type=float,
+        default=Timeouts.body,
+        help=f"seconds for a whole request body ({Timeouts.body:g}; "
+        f"{Timeouts.body_idle:g} at most between its chunks)",
+    )
+    parser.add_argument(
+        "--keep-alive",
+        type=float,
+        default=Timeouts.keep_alive,
+        help=f"seconds an idle connection stays open between requests ({Timeouts.keep_alive:g})",
+    )
+    add_logging_arguments(parser)
     return parser
+
+
+def add_logging_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--log-level", default="info", choices=("debug", "info", "warning", "error")
+    )
+    parser.add_argument(
+        "--log-json", action="store_true", help="log one JSON object per line (for collectors)"
+    )
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -83,6 +117,9 @@ def _check(args: argparse.Namespace) -> str | None:
         (args.max_upload_bytes >= 1024, "--max-upload-bytes must be at least 1024"),
         (args.threads >= 0, "--threads must be >= 0"),
         (args.drain_seconds >= 0, "--drain-seconds must be >= 0"),
+        (0 < args.header_timeout <= 3600, "--header-timeout must be in (0, 3600]"),
+        (0 < args.body_timeout <= 3600, "--body-timeout must be in (0, 3600]"),
+        (0 < args.keep_alive <= 3600, "--keep-alive must be in (0, 3600]"),
         (args.api_key is None or args.api_key.strip() != "", "--api-key must not be empty"),
     ]
     return next((message for ok, message in checks if not ok), None)
@@ -98,10 +135,19 @@ def run(args: argparse.Namespace) -> int:
 
     from onnx_tts.server.app import ServerConfig, create_app
     from onnx_tts.server.engines import ModelRegistry
+    from onnx_tts.server.protocol import protocol_with
 
-    logging.basicConfig(
-        level=getattr(logging, args.log_level.upper()),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    configure_logging(args.log_level, args.log_json)
+    try:
+        sock = listen(args.host, args.port)
+    except OSError as error:
+        print(f"onnx-tts serve: cannot listen on {args.host}:{args.port}: {error}", file=sys.stderr)
+        return 2
+    timeouts = Timeouts(
+        header=args.header_timeout,
+        body_idle=min(Timeouts.body_idle, args.body_timeout),
+        body=args.body_timeout,
+        keep_alive=args.keep_alive,
     )
     config = ServerConfig(
         models=list(args.models or [None]),
@@ -118,24 +164,45 @@ def run(args: argparse.Namespace) -> int:
             "max_batch": args.max_batch,
             **cache_load_options(args),
         },
+        timeouts=timeouts,
     )
     registry = ModelRegistry(config.models, config.load_options)
     app = create_app(config, registry)
     state = app.state.server
 
     class DrainingServer(uvicorn.Server):
-        # uvicorn stops accepting and waits for in-flight requests; /health says so meanwhile.
+        """First SIGTERM/SIGINT: stop accepting, finish in-flight requests (/health says
+        draining), exit 0. A second one during the drain: stop every generation and exit."""
+
         def handle_exit(self, sig: int, frame: Any) -> None:
+            if self.should_exit:
+                self.force_exit = True
+                stopped = state.cancel_all()
+                logging.getLogger("onnx_tts.server").info(
+                    "second signal: stopping %d generation(s) now", stopped
+                )
+                return
             state.draining = True
             super().handle_exit(sig, frame)
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            # uvicorn re-raises the signal after a drain (exit 143); a clean drain is exit 0.
+            previous = {s: signal.signal(s, self.handle_exit) for s in _STOP_SIGNALS}
+            try:
+                yield
+            finally:
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
 
     server = DrainingServer(
         uvicorn.Config(
             app,
-            host=args.host,
-            port=args.port,
+            http=protocol_with(timeouts.header),
+            log_config=None,  # our handlers (configure_logging) format uvicorn's records too
             log_level=args.log_level,
             access_log=False,  # the app logs one line per request itself
+            timeout_keep_alive=max(1, round(timeouts.keep_alive)),
             timeout_graceful_shutdown=args.drain_seconds or None,
         )
     )
@@ -146,11 +213,85 @@ def run(args: argparse.Namespace) -> int:
             server.should_exit = True
 
     threading.Thread(target=stop_if_load_fails, daemon=True).start()
-    server.run()
+    logging.getLogger("onnx_tts.server").info("listening on http://%s:%d", *sock.getsockname()[:2])
+    server.run(sockets=[sock])
     if registry.error is not None:
         print(f"onnx-tts serve: cannot load the model: {registry.error}", file=sys.stderr)
         return 2
     return 0
+
+
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A listening socket on host:port (OSError with the system's reason if it cannot be)."""
+    family, kind, proto, _, address = socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(2048)
+        sock.set_inheritable(True)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record: time, level, logger, message, and the record's own fields
+    (a synthesis line carries model, voice, characters, audio seconds, ...)."""
+
+    _STANDARD = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        for key, value in record.__dict__.items():
+            if key not in self._STANDARD and not key.startswith("_") and key != "color_message":
+                entry[key] = value
+        if record.exc_info and record.exc_info[0] is not None:
+            entry["error"] = one_line_error(record.exc_info[1])
+        return json.dumps(entry, default=str)
+
+
+def one_line_error(error: BaseException | None) -> str:
+    return f"{type(error).__name__}: {' '.join(str(error).split())}"
+
+
+class _ExpectedFailures(logging.Filter):
+    """A stream aborted after its first byte was already logged in one line by the app;
+    uvicorn's 'Exception in ASGI application' for it would add a traceback. Keep one line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from onnx_tts.server.app import StreamAborted
+
+        return not (record.exc_info and isinstance(record.exc_info[1], StreamAborted))
+
+
+def configure_logging(level: str, as_json: bool) -> None:
+    """Root handler for the server's and uvicorn's loggers: text lines or JSON lines."""
+    handler = logging.StreamHandler()
+    if as_json:
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.addFilter(_ExpectedFailures())
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(getattr(logging, level.upper()))
+    # The CLI's one-line warning handler would print every server warning twice.
+    logging.getLogger("onnx_tts").handlers.clear()
+    logging.getLogger("onnx_tts").setLevel(logging.NOTSET)
 
 
 def main(argv: list[str] | None = None) -> int:
