@@ -59,6 +59,7 @@ from onnx_tts.server.metrics import PlaybackClock, ServerMetrics
 from onnx_tts.server.schemas import OPENAI_VOICES, SpeechRequest, parse_speech_request
 from onnx_tts.server.timeouts import Timeouts
 from onnx_tts.server.voices import MAX_NAME_CHARS, VoiceExists, VoiceStore
+from onnx_tts.server.web import add_routes
 
 log = logging.getLogger("onnx_tts.server")
 
@@ -187,7 +188,16 @@ class RequestLog:
         )
 
 
-_KNOWN_PATHS = {"/v1/audio/speech", "/v1/audio/voices", "/v1/models", "/health", "/metrics"}
+_KNOWN_PATHS = {
+    "/",
+    "/docs",
+    "/openapi.json",
+    "/v1/audio/speech",
+    "/v1/audio/voices",
+    "/v1/models",
+    "/health",
+    "/metrics",
+}
 
 
 def _route_label(path: str) -> str:
@@ -196,6 +206,8 @@ def _route_label(path: str) -> str:
         return "/v1/audio/voices/{id}"
     if path.startswith("/v1/models/"):
         return "/v1/models/{id}"
+    if path.startswith("/static/"):
+        return "/static/{name}"
     return "other"
 
 
@@ -215,10 +227,15 @@ def create_app(config: ServerConfig, registry: ModelRegistry | None = None) -> F
             await loading  # a stop during loading lets the load finish, then exits cleanly
         await run_in_threadpool(state.dispatcher.shutdown)
 
-    app = FastAPI(title="onnx-tts", version=_version(), lifespan=lifespan, docs_url="/docs")
+    # FastAPI's /docs and /redoc load their assets from a CDN (blank offline): web.py serves
+    # a page of ours at /docs instead, beside the web page at /.
+    app = FastAPI(
+        title="onnx-tts", version=_version(), lifespan=lifespan, docs_url=None, redoc_url=None
+    )
     app.state.server = state
     app.add_middleware(RequestLog, state=state)
     _install_error_handlers(app)
+    add_routes(app)
 
     @app.get("/health")
     async def health() -> JSONResponse:
