@@ -127,8 +127,10 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("args", nargs=argparse.REMAINDER)
 
     from onnx_tts.server.cli import add_parser as add_serve_parser
+    from onnx_tts.server.cli import add_wyoming_parser
 
     add_serve_parser(commands)  # light: the server's heavy imports happen when it runs
+    add_wyoming_parser(commands)
 
     cache = commands.add_parser("cache", help="cache statistics and maintenance")
     cache.add_argument("action", choices=("stats", "clear"))
@@ -439,6 +441,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def cmd_wyoming(args: argparse.Namespace) -> int:
+    from onnx_tts.server.wyoming import run
+
+    return run(args)
+
+
 COMMANDS = {
     "synth": cmd_synth,
     "info": cmd_info,
@@ -446,6 +454,7 @@ COMMANDS = {
     "bench": cmd_bench,
     "convert": cmd_convert,
     "serve": cmd_serve,
+    "wyoming": cmd_wyoming,
 }
 
 

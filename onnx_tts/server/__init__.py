@@ -1,5 +1,18 @@
-"""`onnx-tts serve`: an OpenAI-compatible speech server (POST /v1/audio/speech and friends)."""
+"""`onnx-tts serve`: an OpenAI-compatible speech server (POST /v1/audio/speech and friends),
+and `onnx-tts wyoming` (Home Assistant's Wyoming protocol)."""
 
-from onnx_tts.server.app import ServerConfig, create_app
+from __future__ import annotations
+
+from typing import Any
 
 __all__ = ["ServerConfig", "create_app"]
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy: the CLI imports onnx_tts.server.cli to build its parser; FastAPI and the engine
+    # load only when a server runs.
+    if name in __all__:
+        from onnx_tts.server import app
+
+        return getattr(app, name)
+    raise AttributeError(name)

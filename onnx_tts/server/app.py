@@ -55,8 +55,13 @@ from onnx_tts.server.encoding import (
 from onnx_tts.server.engines import DEFAULT_MODEL_ALIASES, ModelRegistry, SpeechModel
 from onnx_tts.server.errors import APIError, error_body, one_line
 from onnx_tts.server.instructions import Styling, interpret
-from onnx_tts.server.metrics import PlaybackClock, ServerMetrics
-from onnx_tts.server.schemas import OPENAI_VOICES, SpeechRequest, parse_speech_request
+from onnx_tts.server.metrics import PlaybackClock, ServerMetrics, SynthesisRecord
+from onnx_tts.server.schemas import (
+    OPENAI_VOICES,
+    SpeechRequest,
+    nests_deeper_than,
+    parse_speech_request,
+)
 from onnx_tts.server.timeouts import Timeouts
 from onnx_tts.server.voices import MAX_NAME_CHARS, VoiceExists, VoiceStore
 from onnx_tts.server.web import add_routes
@@ -320,7 +325,7 @@ def create_app(config: ServerConfig, registry: ModelRegistry | None = None) -> F
             raise APIError(
                 400, str(error), param="response_format", code="unsupported_format"
             ) from None
-        record = _SynthesisRecord(
+        record = SynthesisRecord(
             request_id=request.state.request_id,
             model=job.model.name,
             voice=speech_request.voice_id,
@@ -503,7 +508,7 @@ def _respond(
     job: Generation,
     encoder: StreamEncoder,
     first: _Event,
-    record: _SynthesisRecord,
+    record: SynthesisRecord,
     headers: dict[str, str],
 ) -> Response:
     """Every response streams as the audio is made (OpenAI does the same for every format):
@@ -577,49 +582,6 @@ class _JobStream(StreamingResponse):
             self._state.untrack(self._job)
 
 
-@dataclass
-class _SynthesisRecord:
-    """What the one log line per synthesis says (filled in as the stream goes)."""
-
-    request_id: str
-    model: str
-    voice: str
-    characters: int
-    response_format: str
-    audio_seconds: float = 0.0
-    first_audio: float | None = None
-    outcome: str = "cancelled"
-
-    def log(self, cache_hit: bool | None) -> None:
-        first = "-" if self.first_audio is None else f"{self.first_audio:.3f}s"
-        hit = {None: "-", True: "hit", False: "miss"}[cache_hit]
-        log.info(
-            "synthesis id=%s model=%s voice=%s chars=%d format=%s audio=%.2fs "
-            "first_audio=%s cache=%s outcome=%s",
-            self.request_id,
-            self.model,
-            self.voice,
-            self.characters,
-            self.response_format,
-            self.audio_seconds,
-            first,
-            hit,
-            self.outcome,
-            extra={
-                "event": "synthesis",
-                "request_id": self.request_id,
-                "model": self.model,
-                "voice": self.voice,
-                "characters": self.characters,
-                "format": self.response_format,
-                "audio_seconds": round(self.audio_seconds, 3),
-                "time_to_first_audio": self.first_audio,
-                "cache_hit": cache_hit,
-                "outcome": self.outcome,
-            },
-        )
-
-
 # (kind, payload, arrival time) as the handler saw it.
 _Event = tuple[str, Any, float]
 
@@ -643,7 +605,7 @@ async def _audio_events(
     request: Request,
     job: Generation,
     first: _Event,
-    record: _SynthesisRecord,
+    record: SynthesisRecord,
 ) -> AsyncIterator[np.ndarray]:
     """The job's audio as it comes, starting with `first`; metrics, the synthesis log line
     and cancellation in one place."""
@@ -774,19 +736,6 @@ def _too_large(what: str, limit: int) -> APIError:
     )
 
 
-def _json_depth_exceeds(value: Any, limit: int) -> bool:
-    """Whether `value` nests deeper than `limit` arrays/objects (iterative: no recursion)."""
-    stack = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, (dict, list)):
-            if depth > limit:
-                return True
-            children = item.values() if isinstance(item, dict) else item
-            stack.extend((child, depth + 1) for child in children)
-    return False
-
-
 async def _read_json(request: Request) -> Any:
     data = b"".join([c async for c in _read_limited(request, MAX_JSON_BODY_BYTES, "the body")])
     try:
@@ -797,7 +746,7 @@ async def _read_json(request: Request) -> Any:
     except (ValueError, UnicodeDecodeError):
         raise APIError(400, "the request body is not valid JSON", code="invalid_json") from None
     else:
-        deep = _json_depth_exceeds(value, MAX_JSON_DEPTH)
+        deep = nests_deeper_than(value, MAX_JSON_DEPTH)
     if deep:
         raise APIError(
             400,

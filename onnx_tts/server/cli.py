@@ -107,6 +107,34 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return add_arguments(parser)
 
 
+WYOMING_URI = "tcp://127.0.0.1:10200"
+
+
+def add_wyoming_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """`onnx-tts wyoming` (onnx_tts.server.wyoming): Home Assistant's protocol."""
+    parser.add_argument(
+        "--uri", default=WYOMING_URI, help=f"where to listen: tcp://HOST:PORT ({WYOMING_URI})"
+    )
+    parser.add_argument("--model", metavar="DIR", help="model directory (default: bundled voice)")
+    parser.add_argument("--voices-dir", help="uploaded voices (the HTTP server's, by default)")
+    parser.add_argument("--workers", type=int, default=4, help="texts generating at once (4)")
+    parser.add_argument("--kv", choices=("copy", "chain", "inplace"), help="KV cache handling")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="ONNX Runtime threads per session (1; 0 = all)"
+    )
+    add_cache_arguments(parser)
+    add_logging_arguments(parser)
+    return parser
+
+
+def add_wyoming_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register `wyoming` on the main CLI's subparsers."""
+    parser = subparsers.add_parser(
+        "wyoming", help="Wyoming protocol server (Home Assistant voice services)"
+    )
+    return add_wyoming_arguments(parser)
+
+
 def _check(args: argparse.Namespace) -> str | None:
     checks = [
         (1 <= args.port <= 65535, "--port must be 1-65535"),
