@@ -118,11 +118,21 @@ class _State:
         self._jobs.pop(id(job), None)
 
     def cancel_all(self) -> int:
-        """Stop every generation (a forced stop); returns how many were running."""
+        """Stop every generation now (a second stop signal) and end their responses: a
+        response still waiting for audio gets 503, a streaming one is cut off. Callable from
+        a signal handler; returns how many there were."""
         jobs = list(self._jobs.values())
         for job in jobs:
             job.cancel()
+            with contextlib.suppress(RuntimeError):  # the loop is already closed
+                job.loop.call_soon_threadsafe(
+                    job.events.put_nowait, (ERROR, ServerStopping("the server is stopping"))
+                )
         return len(jobs)
+
+
+class ServerStopping(Exception):
+    """A generation stopped because the server was told to stop at once."""
 
 
 class RequestLog:
@@ -687,6 +697,8 @@ async def _sse_errors(events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
 def _client_error(error: BaseException) -> APIError:
     if isinstance(error, APIError):
         return error
+    if isinstance(error, ServerStopping):
+        return APIError(503, "the server is stopping; retry on another replica", code="stopping")
     if isinstance(error, (InputError, AudioError)):
         return APIError(400, one_line(error), code="invalid_value")
     if isinstance(error, OnnxTTSError):

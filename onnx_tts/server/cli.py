@@ -202,9 +202,14 @@ def run(args: argparse.Namespace) -> int:
         """First SIGTERM/SIGINT: stop accepting, finish in-flight requests (/health says
         draining), exit 0. A second one during the drain: stop every generation and exit."""
 
+        forced = False
+
         def handle_exit(self, sig: int, frame: Any) -> None:
             if self.should_exit:
-                self.force_exit = True
+                # Not uvicorn's force_exit, which abandons tasks mid-flight (tracebacks at
+                # exit): the generations stop and their responses end, so the drain that is
+                # under way finishes at once and the shutdown stays clean.
+                self.forced = True
                 stopped = state.cancel_all()
                 logging.getLogger("onnx_tts.server").info(
                     "second signal: stopping %d generation(s) now", stopped
@@ -246,6 +251,9 @@ def run(args: argparse.Namespace) -> int:
     if registry.error is not None:
         print(f"onnx-tts serve: cannot load the model: {registry.error}", file=sys.stderr)
         return 2
+    if server.forced:
+        print("onnx-tts serve: stopped by a second signal before the drain ended", file=sys.stderr)
+        return 1
     return 0
 
 
