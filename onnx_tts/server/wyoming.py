@@ -219,6 +219,7 @@ class WyomingHandler(AsyncEventHandler):
                 except BadEvent as error:
                     log.info("wyoming client refused: %s", error)
                     await self._send(Error(text=str(error), code="bad_event").event())
+                    await self._linger()
                     break
                 except asyncio.IncompleteReadError:
                     break
@@ -229,6 +230,21 @@ class WyomingHandler(AsyncEventHandler):
         finally:
             with contextlib.suppress(Exception):
                 self.writer.close()
+
+    async def _linger(self) -> None:
+        """Close our side first and discard what the client is still sending (bounded), so
+        the error event is read before the connection goes: closing with unread input would
+        reset it and could drop the error on the client's side."""
+        with contextlib.suppress(Exception):
+            if self.writer.can_write_eof():
+                self.writer.write_eof()
+
+            async def discard() -> None:
+                for _ in range(64):  # at most 64 x 64 KiB
+                    if not await self.reader.read(65536):
+                        return
+
+            await asyncio.wait_for(discard(), timeout=2.0)
 
     async def _send(self, event: Event) -> None:
         await async_write_event(event, self.writer)
