@@ -63,3 +63,47 @@ class LiveServer:
                 self.process.kill()
                 self.process.wait()
         self._log.close()
+
+
+class LiveWyoming:
+    """`onnx-tts wyoming` on a free loopback port, ready once it answers `describe`; stopped
+    with SIGTERM. `extra` arguments come last."""
+
+    def __init__(self, workdir: Path, *extra: str) -> None:
+        self.port = free_port()
+        self.uri = f"tcp://127.0.0.1:{self.port}"
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.log_path = workdir / f"wyoming-{self.port}.log"
+        command = [sys.executable, "-m", "onnx_tts.server.wyoming", "--uri", self.uri]
+        command += ["--voices-dir", str(workdir / "voices"), "--cache-dir", str(workdir / "cache")]
+        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self.process = subprocess.Popen([*command, *extra], stdout=self._log, stderr=self._log)
+        deadline = time.monotonic() + STARTUP_SECONDS
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                self.stop()
+                raise ServerFailed(f"wyoming exited with {self.process.returncode}:\n{self.log()}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=2) as sock:
+                    sock.sendall(b'{"type": "describe"}\n')
+                    if sock.recv(64).startswith(b"{"):
+                        return
+            except OSError:
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise ServerFailed(f"wyoming did not answer in {STARTUP_SECONDS} s:\n{self.log()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> int:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self._log.close()
+        return self.process.returncode

@@ -135,8 +135,10 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("args", nargs=argparse.REMAINDER)
 
     from onnx_tts.server.cli import add_parser as add_serve_parser
+    from onnx_tts.server.cli import add_wyoming_parser
 
     add_serve_parser(commands)  # light: the server's heavy imports happen when it runs
+    add_wyoming_parser(commands)
 
     config = commands.add_parser(
         "config", help="every setting: flag, ONNX_TTS_* environment variable, default"
@@ -445,6 +447,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def cmd_wyoming(args: argparse.Namespace) -> int:
+    from onnx_tts.server.wyoming import run
+
+    return run(args)
+
+
 COMMANDS = {
     "synth": cmd_synth,
     "info": cmd_info,
@@ -454,6 +462,7 @@ COMMANDS = {
     "convert": cmd_convert,
     "serve": cmd_serve,
     "completion": cmd_completion,
+    "wyoming": cmd_wyoming,
 }
 
 

@@ -176,6 +176,9 @@ class CacheConfig:
 DEFAULT_RESULT_MEMORY_BYTES = 64 * MIB
 
 
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
 @dataclass(frozen=True)
 class ServerConfig:
     """`onnx-tts serve`: the HTTP server around one or more engines."""
@@ -206,7 +209,36 @@ class ServerConfig:
     drain_seconds: float = setting(
         30.0, "on SIGTERM, wait this long for in-flight requests", low=0, high=3600, units="seconds"
     )
-    log_level: str = setting("info", "log level", choices=("debug", "info", "warning"))
+    # Connection limits, so no client holds a connection by sending slowly: a real client sends
+    # its headers in one packet (10 s leaves room for a slow mobile link and bounds slowloris);
+    # a 10 MiB voice upload at 1 Mbit/s takes 84 s; 5 s idle keep-alive is uvicorn's default.
+    header_timeout: float = setting(
+        10.0, "seconds a client has to send a request's headers", low=0.1, high=3600
+    )
+    body_timeout: float = setting(
+        120.0, "seconds for a whole request body", low=0.1, high=3600, units="seconds"
+    )
+    body_idle_timeout: float = setting(
+        10.0, "seconds at most between two chunks of a request body", low=0.1, high=3600
+    )
+    keep_alive: float = setting(
+        5.0, "seconds an idle connection stays open between requests", low=0.1, high=3600
+    )
+    log_level: str = setting("info", "log level", choices=LOG_LEVELS)
+    log_json: bool = setting(False, "log one JSON object per line (for collectors)")
+
+
+@dataclass(frozen=True)
+class WyomingConfig:
+    """`onnx-tts wyoming`: Home Assistant's Wyoming protocol around one engine."""
+
+    uri: str = setting("tcp://127.0.0.1:10200", "where to listen: tcp://HOST:PORT", metavar="URI")
+    voices_dir: str | None = setting(
+        None, "uploaded voices (the HTTP server's, by default)", metavar="DIR"
+    )
+    workers: int = setting(4, "texts generating at once", low=1, high=256)
+    log_level: str = setting("info", "log level", choices=LOG_LEVELS)
+    log_json: bool = setting(False, "log one JSON object per line (for collectors)")
 
 
 PROXY_LOCATIONS = ("HeadOnly", "EveryNode")
@@ -470,6 +502,7 @@ __all__ = [
     "RayConfig",
     "ServerConfig",
     "Setting",
+    "WyomingConfig",
     "add_flags",
     "check_value",
     "checked",

@@ -39,23 +39,39 @@ from onnx_tts.server.dispatcher import (
     AUDIO,
     END,
     ERROR,
+    START,
     DeadlineGate,
     Dispatcher,
     Generation,
     QueueFull,
 )
-from onnx_tts.server.encoding import CONTENT_TYPES, StreamEncoder, encode_file, encoded_rate
-from onnx_tts.server.engines import ModelRegistry, SpeechModel
+from onnx_tts.server.encoding import (
+    CONTENT_TYPES,
+    REQUESTABLE_RATES,
+    FormatUnavailable,
+    StreamEncoder,
+    codec_rates,
+    encoded_rate,
+)
+from onnx_tts.server.engines import DEFAULT_MODEL_ALIASES, ModelRegistry, SpeechModel
 from onnx_tts.server.errors import APIError, error_body, one_line
-from onnx_tts.server.metrics import ServerMetrics
+from onnx_tts.server.instructions import Styling, interpret
+from onnx_tts.server.metrics import ServerMetrics, SynthesisRecord
 from onnx_tts.server.redis_voices import open_voice_store
-from onnx_tts.server.schemas import OPENAI_VOICES, SpeechRequest, parse_speech_request
-from onnx_tts.server.voices import MAX_NAME_CHARS
+from onnx_tts.server.schemas import (
+    OPENAI_VOICES,
+    SpeechRequest,
+    nests_deeper_than,
+    parse_speech_request,
+)
+from onnx_tts.server.voices import MAX_NAME_CHARS, VoiceExists
+from onnx_tts.server.web import add_routes
 
 log = logging.getLogger("onnx_tts.server")
 
 DEFAULT_MAX_UPLOAD_BYTES = 10 << 20
 MAX_JSON_BODY_BYTES = 1 << 20  # a 4096-character input plus options fits many times over
+MAX_JSON_DEPTH = 16  # a speech request nests two levels; deeper bodies are refused, not parsed on
 DEFAULT_VOICE_NAMES = ("default",)
 
 
@@ -83,6 +99,30 @@ class _State:
             cache_stats=registry.cache_stats,
         )
         self.draining = False
+        self._jobs: dict[int, Generation] = {}  # generations whose response is not over
+
+    def track(self, job: Generation) -> None:
+        self._jobs[id(job)] = job
+
+    def untrack(self, job: Generation) -> None:
+        self._jobs.pop(id(job), None)
+
+    def cancel_all(self) -> int:
+        """Stop every generation now (a second stop signal) and end their responses: a
+        response still waiting for audio gets 503, a streaming one is cut off. Callable from
+        a signal handler; returns how many there were."""
+        jobs = list(self._jobs.values())
+        for job in jobs:
+            job.cancel()
+            with contextlib.suppress(RuntimeError):  # the loop is already closed
+                job.loop.call_soon_threadsafe(
+                    job.events.put_nowait, (ERROR, ServerStopping("the server is stopping"))
+                )
+        return len(jobs)
+
+
+class ServerStopping(Exception):
+    """A generation stopped because the server was told to stop at once."""
 
 
 class RequestLog:
@@ -145,12 +185,24 @@ class RequestLog:
         if not key or not (path.startswith("/v1/") or path == "/metrics"):
             return False
         headers = dict(scope.get("headers", []))
-        given = headers.get(b"authorization", b"").decode("latin-1")
-        scheme, _, token = given.partition(" ")
-        return not (scheme.lower() == "bearer" and hmac.compare_digest(token.strip(), key))
+        # Bytes on both sides: a header may hold any octet (non-ASCII ones too), and
+        # hmac.compare_digest refuses str with non-ASCII characters.
+        scheme, _, token = headers.get(b"authorization", b"").partition(b" ")
+        return not (
+            scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), key.encode())
+        )
 
 
-_KNOWN_PATHS = {"/v1/audio/speech", "/v1/audio/voices", "/v1/models", "/health", "/metrics"}
+_KNOWN_PATHS = {
+    "/",
+    "/docs",
+    "/openapi.json",
+    "/v1/audio/speech",
+    "/v1/audio/voices",
+    "/v1/models",
+    "/health",
+    "/metrics",
+}
 
 
 def _route_label(path: str) -> str:
@@ -159,6 +211,8 @@ def _route_label(path: str) -> str:
         return "/v1/audio/voices/{id}"
     if path.startswith("/v1/models/"):
         return "/v1/models/{id}"
+    if path.startswith("/static/"):
+        return "/static/{name}"
     return "other"
 
 
@@ -178,10 +232,15 @@ def create_app(config: ServerConfig, registry: ModelRegistry | None = None) -> F
             await loading  # a stop during loading lets the load finish, then exits cleanly
         await run_in_threadpool(state.dispatcher.shutdown)
 
-    app = FastAPI(title="onnx-tts", version=_version(), lifespan=lifespan, docs_url="/docs")
+    # FastAPI's /docs and /redoc load their assets from a CDN (blank offline): web.py serves
+    # a page of ours at /docs instead, beside the web page at /.
+    app = FastAPI(
+        title="onnx-tts", version=_version(), lifespan=lifespan, docs_url=None, redoc_url=None
+    )
     app.state.server = state
     app.add_middleware(RequestLog, state=state)
     _install_error_handlers(app)
+    add_routes(app)
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -201,7 +260,15 @@ def create_app(config: ServerConfig, registry: ModelRegistry | None = None) -> F
     @app.get("/v1/models")
     async def list_models() -> dict[str, Any]:
         _require_ready(state)
-        return {"object": "list", "data": [_model_card(m) for m in registry.models.values()]}
+        cards = [_model_card(m) for m in registry.models.values()]
+        default = registry.default
+        assert default is not None
+        aliases = [
+            {**_model_card(default), "id": alias, "alias_of": default.name}
+            for alias in DEFAULT_MODEL_ALIASES
+            if alias not in registry.models
+        ]
+        return {"object": "list", "data": cards + aliases}
 
     @app.get("/v1/models/{model_id}")
     async def get_model(model_id: str) -> dict[str, Any]:
@@ -226,10 +293,12 @@ def create_app(config: ServerConfig, registry: ModelRegistry | None = None) -> F
         try:
             # Encode once now: a clip the encoder rejects fails here, not on first use.
             await run_in_threadpool(model.encode_voice, audio)
-            voice = state.voices.add(name, audio, model.voice_rate)
+            voice, created = state.voices.add(name, audio, model.voice_rate)
         except OverflowError as error:
             raise APIError(400, str(error), code="too_many_voices") from None
-        return JSONResponse(voice.public(), status_code=201)
+        except VoiceExists as error:
+            raise APIError(409, str(error), param="name", code="voice_exists") from None
+        return JSONResponse(voice.public(), status_code=201 if created else 200)
 
     @app.delete("/v1/audio/voices/{voice_id}")
     async def delete_voice(voice_id: str) -> dict[str, Any]:
@@ -247,9 +316,30 @@ def create_app(config: ServerConfig, registry: ModelRegistry | None = None) -> F
             raise APIError(503, "the server is shutting down; retry on another replica")
         body = await _read_json(request)
         speech_request = parse_speech_request(body)
-        job = _plan(state, speech_request, received)
+        job, styling = _plan(state, speech_request, received)
         try:
-            future = state.dispatcher.submit(job.run)
+            encoder = await run_in_threadpool(
+                StreamEncoder, speech_request.response_format, job.output_rate
+            )
+        except FormatUnavailable as error:
+            raise APIError(
+                400, str(error), param="response_format", code="unsupported_format"
+            ) from None
+        record = SynthesisRecord(
+            request_id=request.state.request_id,
+            model=job.model.name,
+            voice=speech_request.voice_id,
+            characters=len(speech_request.input),
+            response_format=speech_request.response_format,
+        )
+        if styling.ignored:
+            log.warning(
+                "instructions ignored id=%s: %s",
+                record.request_id,
+                styling.headers()["X-Instructions-Ignored"],
+            )
+        try:
+            state.dispatcher.submit(job.run)  # the job reports through its event queue
         except QueueFull:
             raise APIError(
                 429,
@@ -257,15 +347,24 @@ def create_app(config: ServerConfig, registry: ModelRegistry | None = None) -> F
                 code="queue_full",
                 headers={"Retry-After": "1"},
             ) from None
-        del future  # the job reports through its event queue
+        state.track(job)
         try:
-            kind, payload = await job.events.get()
-        except asyncio.CancelledError:
+            first = await _next_event(job, request)
+        except BaseException:
             job.cancel()
+            state.untrack(job)
             raise
-        if kind == ERROR:
-            raise _client_error(payload)
-        return _respond(state, request, speech_request, job, received)
+        if first is None or first[0] == ERROR:
+            job.cancel()
+            state.untrack(job)
+            if first is None:  # the client left before the first audio
+                state.metrics.cancelled.inc()
+                record.log(job.cache_hit)
+                return Response(status_code=499)
+            raise _client_error(first[1])
+        return _respond(
+            state, request, speech_request, job, encoder, first, record, styling.headers()
+        )
 
     return app
 
@@ -303,7 +402,7 @@ def _model_card(model: SpeechModel) -> dict[str, Any]:
 
 
 def _unknown_model(name: str, registry: ModelRegistry) -> APIError:
-    choices = ", ".join([*registry.names(), "tts-1", "tts-1-hd", "onnx-tts"])
+    choices = ", ".join(dict.fromkeys([*registry.names(), *DEFAULT_MODEL_ALIASES]))
     return APIError(
         404,
         f"model {name!r} is not loaded; use one of: {choices}",
@@ -315,46 +414,67 @@ def _unknown_model(name: str, registry: ModelRegistry) -> APIError:
 # -- speech -------------------------------------------------------------------------------------
 
 
-def _plan(state: _State, request: SpeechRequest, received: float) -> Generation:
+def _plan(state: _State, request: SpeechRequest, received: float) -> tuple[Generation, Styling]:
     model = state.registry.get(request.model)
     if model is None:
         raise _unknown_model(request.model, state.registry)
     options = {k: v for k, v in request.extensions().items() if v is not None}
+    sample_rate = _requested_rate(options.pop("sample_rate", None), request.response_format)
     unknown = sorted(set(options) - set(model.options))
     if unknown:
         raise APIError(
             400,
             f"unknown field {unknown[0]!r} for model {model.name!r}; it takes: "
-            f"{', '.join(('seed', *model.options))}",
+            f"{', '.join(('seed', 'sample_rate', *model.options))}",
             param=unknown[0],
             code="unknown_parameter",
         )
     for key, value in options.items():
         _check_option(key, value, model.options[key])
+    styling = interpret(request.instructions, model.options)
+    for key, value in styling.options.items():
+        options.setdefault(key, value)  # a field in the request wins over the instructions
     voice_audio = None
     name = request.voice_id
     if name not in DEFAULT_VOICE_NAMES and name not in OPENAI_VOICES:
         voice = state.voices.find(name)
         if voice is None:
             raise APIError(
-                400,
+                404,
                 f"unknown voice {name!r}; use 'default' or an id from GET /v1/audio/voices",
                 param="voice",
                 code="voice_not_found",
             )
         voice_audio = state.voices.audio(voice, model.voice_rate)
-    return Generation(
+    job = Generation(
         model=model,
         text=request.input,
         voice_audio=voice_audio,
         seed=request.seed,
         options=options,
-        speed=request.speed,
-        output_rate=encoded_rate(request.response_format, model.sample_rate),
+        speed=styling.speed(request.speed),
+        output_rate=encoded_rate(request.response_format, model.sample_rate, sample_rate),
         loop=asyncio.get_running_loop(),
         gate=state.gate,
         received_at=received,
     )
+    return job, styling
+
+
+def _requested_rate(value: Any, response_format: str) -> int | None:
+    """The `sample_rate` extension field: a rate the format can carry, or None (default)."""
+    if value is None:
+        return None
+    rates = codec_rates(response_format) or REQUESTABLE_RATES
+    if isinstance(value, bool) or not isinstance(value, int) or value not in rates:
+        raise APIError(
+            400,
+            f"sample_rate for {response_format} must be one of "
+            f"{', '.join(map(str, rates))}, got {value!r:.40}",
+            param="sample_rate",
+            code="invalid_value",
+        )
+    return value
 
 
 def _check_option(name: str, value: Any, kind: type) -> None:
@@ -382,18 +502,29 @@ def _check_option(name: str, value: Any, kind: type) -> None:
 
 
 def _respond(
-    state: _State, request: Request, speech: SpeechRequest, job: Generation, received: float
+    state: _State,
+    request: Request,
+    speech: SpeechRequest,
+    job: Generation,
+    encoder: StreamEncoder,
+    first: _Event,
+    record: SynthesisRecord,
+    headers: dict[str, str],
 ) -> Response:
+    """Every response streams as the audio is made (OpenAI does the same for every format):
+    raw bytes of `response_format`, or SSE events with base64 audio."""
     fmt = speech.response_format
     rate = job.output_rate
-    audio_headers = {"X-Sample-Rate": str(rate), "X-Channels": "1", "X-Bit-Depth": "16"}
-    if speech.stream_format is None:
-        return _WholeFile(state, request, speech, job, received, audio_headers)
+    headers = {
+        "X-Sample-Rate": str(rate),
+        "X-Channels": "1",
+        "X-Bit-Depth": "16",
+        **headers,
+    }
 
     async def body() -> AsyncIterator[bytes]:
-        encoder = StreamEncoder(fmt, rate)
-        async for samples in _audio_events(state, request, job, received):
-            # libsndfile codecs cost real CPU: off the event loop; raw PCM is a copy.
+        async for samples in _audio_events(state, request, job, first, record):
+            # Codecs cost real CPU: off the event loop; raw PCM is a copy.
             if fmt in ("pcm", "wav"):
                 data = encoder.feed(samples)
             else:
@@ -403,7 +534,7 @@ def _respond(
                     yield _sse({"type": "speech.audio.delta", "audio": _b64(data)})
             elif data:
                 yield data
-        tail = encoder.close()
+        tail = await run_in_threadpool(encoder.close)
         if speech.stream_format == "sse":
             if tail:
                 yield _sse({"type": "speech.audio.delta", "audio": _b64(tail)})
@@ -413,112 +544,115 @@ def _respond(
 
     if speech.stream_format == "sse":
         return _JobStream(
+            state,
             job,
             _sse_errors(body()),
             media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache", **audio_headers},
+            headers={"Cache-Control": "no-cache", **headers},
         )
-    return _JobStream(job, body(), media_type=CONTENT_TYPES[fmt], headers=audio_headers)
+    return _JobStream(state, job, body(), media_type=CONTENT_TYPES[fmt], headers=headers)
+
+
+class StreamAborted(Exception):
+    """A response whose status was already sent failed mid-body: the connection is closed
+    without the final chunk, so the client sees a truncated transfer, not a short file."""
 
 
 class _JobStream(StreamingResponse):
     """A streamed body whose generation stops however the response ends, even when the
     client leaves before the first byte (the body generator then never starts)."""
 
-    def __init__(self, job: Generation, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, state: _State, job: Generation, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self._state = state
         self._job = job
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await super().__call__(scope, receive, send)
+        except APIError as error:
+            # Headers are gone: one log line, then end the connection without a last chunk.
+            log.error("stream failed after the first byte: %s", error.message)
+            raise StreamAborted(error.message) from None
+        except OSError:
+            # The client went away while we wrote (ASGI 2.4 servers raise this): expected.
+            pass
         finally:
             self._job.cancel()  # a no-op once the job has finished
+            self._state.untrack(self._job)
 
 
-class _WholeFile(Response):
-    """Waits for the whole audio (watching for a disconnect), then sends one file."""
+# (kind, payload, arrival time) as the handler saw it.
+_Event = tuple[str, Any, float]
 
-    def __init__(
-        self,
-        state: _State,
-        request: Request,
-        speech: SpeechRequest,
-        job: Generation,
-        received: float,
-        headers: dict[str, str],
-    ) -> None:
-        super().__init__(media_type=CONTENT_TYPES[speech.response_format])
-        self._headers = headers
-        self._args = (state, request, speech, job, received)
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        state, request, speech, job, received = self._args
-        pieces = []
+async def _next_event(job: Generation, request: Request) -> _Event | None:
+    """The job's next event other than START; None when the client left meanwhile (nobody
+    reads a body yet, so the request is polled for a disconnect)."""
+    while True:
         try:
-            async for samples in _audio_events(state, request, job, received, whole=True):
-                pieces.append(samples)
-        except APIError as error:
-            await error.response()(scope, receive, send)
-            return
-        samples = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
-        data = await run_in_threadpool(
-            encode_file, samples, job.output_rate, speech.response_format
-        )
-        response = Response(data, media_type=self.media_type, headers=self._headers)
-        await response(scope, receive, send)
+            kind, payload = await asyncio.wait_for(job.events.get(), timeout=0.25)
+        except asyncio.TimeoutError:
+            if await request.is_disconnected():
+                return None
+            continue
+        if kind != START:
+            return kind, payload, time.perf_counter()
 
 
 async def _audio_events(
-    state: _State, request: Request, job: Generation, received: float, whole: bool = False
+    state: _State,
+    request: Request,
+    job: Generation,
+    first: _Event,
+    record: SynthesisRecord,
 ) -> AsyncIterator[np.ndarray]:
-    """The job's audio as it comes; metrics and cancellation in one place."""
+    """The job's audio as it comes, starting with `first`; metrics, the synthesis log line
+    and cancellation in one place."""
     metrics = state.metrics
     clock = PlaybackClock()
-    audio_seconds = 0.0
-    first = True
+    received = job.received_at
+    pending: _Event | None = first
     finished = False
     try:
         while True:
-            if whole:
-                # Nobody reads a body yet: poll for a disconnect while waiting.
-                try:
-                    kind, payload = await asyncio.wait_for(job.events.get(), timeout=0.25)
-                except asyncio.TimeoutError:
-                    if await request.is_disconnected():
-                        return
-                    continue
+            if pending is not None:
+                kind, payload, now = pending
+                pending = None
             else:
                 kind, payload = await job.events.get()
-            now = time.perf_counter()
+                now = time.perf_counter()
             if kind == AUDIO:
                 seconds = len(payload) / job.output_rate
-                if first:
+                if record.first_audio is None:
+                    record.first_audio = now - received
                     metrics.time_to_first_audio.observe(now - received)
                     metrics.batch_size.observe(job.model.batch_rows())
-                    first = False
-                if not whole:
-                    stall = clock.chunk(now, seconds)
-                    if stall > 0:
-                        metrics.underruns.inc()
-                        metrics.underrun_seconds.inc(stall)
-                audio_seconds += seconds
-                request.state.audio_seconds = audio_seconds
+                stall = clock.chunk(now, seconds)
+                if stall > 0:
+                    metrics.underruns.inc()
+                    metrics.underrun_seconds.inc(stall)
+                record.audio_seconds += seconds
+                request.state.audio_seconds = record.audio_seconds
                 yield payload
             elif kind == END:
                 finished = True
+                record.outcome = "done"
                 metrics.latency.observe(now - received)
-                metrics.audio_seconds.inc(audio_seconds)
-                if audio_seconds > 0:
-                    metrics.rtf.observe((now - job.started_at) / audio_seconds)
+                metrics.audio_seconds.inc(record.audio_seconds)
+                if record.audio_seconds > 0:
+                    metrics.rtf.observe((now - job.started_at) / record.audio_seconds)
                 return
             elif kind == ERROR:
                 finished = True
+                record.outcome = "error"
                 raise _client_error(payload)
     finally:
         if not finished:
             job.cancel()
             metrics.cancelled.inc()
+            log.info("client went away; generation %s stopped", record.request_id)
+        record.log(job.cache_hit)
 
 
 def _usage(speech: SpeechRequest, job: Generation) -> dict[str, int]:
@@ -553,6 +687,8 @@ async def _sse_errors(events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
 def _client_error(error: BaseException) -> APIError:
     if isinstance(error, APIError):
         return error
+    if isinstance(error, ServerStopping):
+        return APIError(503, "the server is stopping; retry on another replica", code="stopping")
     if isinstance(error, (InputError, AudioError)):
         return APIError(400, one_line(error), code="invalid_value")
     if isinstance(error, OnnxTTSError):
@@ -566,11 +702,30 @@ def _client_error(error: BaseException) -> APIError:
 
 
 async def _read_limited(request: Request, limit: int, what: str) -> AsyncIterator[bytes]:
+    """The body in chunks: at most `limit` bytes (413), each chunk within the body idle
+    timeout and the whole within the body timeout (408), so a client that stops sending
+    holds a worker-free connection for a bounded time only."""
+    config: ServerConfig = request.app.state.server.config
     length = request.headers.get("content-length")
-    if length is not None and length.isdigit() and int(length) > limit:
+    if length is not None and length.isascii() and length.isdigit() and int(length) > limit:
         raise _too_large(what, limit)
     total = 0
-    async for chunk in request.stream():
+    deadline = time.monotonic() + config.body_timeout
+    chunks = request.stream().__aiter__()
+    while True:
+        wait = min(config.body_idle_timeout, deadline - time.monotonic())
+        try:
+            chunk = await asyncio.wait_for(chunks.__anext__(), timeout=max(wait, 0.001))
+        except StopAsyncIteration:
+            return
+        except asyncio.TimeoutError:
+            raise APIError(
+                408,
+                f"{what} did not arrive in time (at most {config.body_idle_timeout:g} s between "
+                f"chunks and {config.body_timeout:g} s in all); send the whole body at once",
+                code="request_timeout",
+                headers={"Connection": "close"},
+            ) from None
         total += len(chunk)
         if total > limit:
             raise _too_large(what, limit)
@@ -586,9 +741,22 @@ def _too_large(what: str, limit: int) -> APIError:
 async def _read_json(request: Request) -> Any:
     data = b"".join([c async for c in _read_limited(request, MAX_JSON_BODY_BYTES, "the body")])
     try:
-        return json.loads(data)
+        value = json.loads(data)
+    except RecursionError:
+        value = None
+        deep = True
     except (ValueError, UnicodeDecodeError):
         raise APIError(400, "the request body is not valid JSON", code="invalid_json") from None
+    else:
+        deep = nests_deeper_than(value, MAX_JSON_DEPTH)
+    if deep:
+        raise APIError(
+            400,
+            f"the request body nests deeper than {MAX_JSON_DEPTH} levels; a speech request "
+            "needs two (an object and an optional voice object)",
+            code="invalid_json",
+        )
+    return value
 
 
 async def _read_voice_upload(request: Request, limit: int) -> tuple[str, bytes]:

@@ -125,6 +125,7 @@ class Generation:
     cancelled: threading.Event = field(default_factory=threading.Event)
     generated_samples: int = 0  # at the model's rate, before speed (for usage tokens)
     started_at: float = 0.0
+    cache_hit: bool | None = None  # the result cache replayed this audio (None: not started)
 
     def _post(self, kind: str, payload: Any = None) -> None:
         try:
@@ -142,6 +143,7 @@ class Generation:
         try:
             voice = self.model.encode_voice(self.voice_audio)
             stream = self.model.stream(self.text, voice, self.seed, self.options)
+            self.cache_hit = self.model.replayed(stream)
         except Exception as error:
             self._post(ERROR, error)
             return

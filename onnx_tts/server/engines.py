@@ -19,9 +19,10 @@ import onnx_tts
 from onnx_tts.audio import load_audio
 from onnx_tts.config import CacheConfig, EngineConfig
 from onnx_tts.pipeline import build_engine
+from onnx_tts.resultcache import replay_chunks
 
 # Names OpenAI clients send for "the server's default model".
-DEFAULT_MODEL_ALIASES = ("tts-1", "tts-1-hd", "onnx-tts", "default")
+DEFAULT_MODEL_ALIASES = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts", "onnx-tts", "default")
 # Streaming window options every model takes (see Engine.stream).
 WINDOW_OPTIONS = (
     "first_chunk_frames",
@@ -81,6 +82,11 @@ class SpeechModel:
         """float32 chunks as the windowed vocoder yields them; text and options are checked
         before this returns (InputError). Closing the iterator stops generation."""
         return self.engine.stream(text, voice=voice, seed=seed, **options)
+
+    @staticmethod
+    def replayed(stream: Iterator[np.ndarray]) -> bool:
+        """Whether `stream` (from stream()) replays a result-cache hit instead of generating."""
+        return getattr(stream, "gi_code", None) is replay_chunks.__code__
 
     def cache_stats(self) -> dict[str, Any]:
         return self.engine.cache_stats()

@@ -3,12 +3,16 @@ onnx_tts.request.PlaybackClock)."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+log = logging.getLogger("onnx_tts.server")
 
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.15, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 _RTF_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2, 5)
@@ -114,3 +118,46 @@ class ServerMetrics:
             active
         )
         r.register(_CacheCollector(cache_stats))
+
+
+@dataclass
+class SynthesisRecord:
+    """The one log line per synthesis (HTTP and Wyoming), filled in as the audio streams."""
+
+    request_id: str
+    model: str
+    voice: str
+    characters: int
+    response_format: str
+    audio_seconds: float = 0.0
+    first_audio: float | None = None
+    outcome: str = "cancelled"
+
+    def log(self, cache_hit: bool | None) -> None:
+        first = "-" if self.first_audio is None else f"{self.first_audio:.3f}s"
+        hit = {None: "-", True: "hit", False: "miss"}[cache_hit]
+        log.info(
+            "synthesis id=%s model=%s voice=%s chars=%d format=%s audio=%.2fs "
+            "first_audio=%s cache=%s outcome=%s",
+            self.request_id,
+            self.model,
+            self.voice,
+            self.characters,
+            self.response_format,
+            self.audio_seconds,
+            first,
+            hit,
+            self.outcome,
+            extra={
+                "event": "synthesis",
+                "request_id": self.request_id,
+                "model": self.model,
+                "voice": self.voice,
+                "characters": self.characters,
+                "format": self.response_format,
+                "audio_seconds": round(self.audio_seconds, 3),
+                "time_to_first_audio": self.first_audio,
+                "cache_hit": cache_hit,
+                "outcome": self.outcome,
+            },
+        )

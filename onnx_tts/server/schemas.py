@@ -71,6 +71,20 @@ def validation_error(error: ValidationError) -> APIError:
     return APIError(400, message, param=param, code="invalid_value")
 
 
+def nests_deeper_than(value: Any, limit: int) -> bool:
+    """Whether parsed JSON `value` nests arrays/objects deeper than `limit` (iterative, so a
+    hostile depth cannot exhaust the stack here)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list)):
+            if depth > limit:
+                return True
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children)
+    return False
+
+
 def parse_speech_request(body: Any) -> SpeechRequest:
     if not isinstance(body, dict):
         raise APIError(400, "the request body must be a JSON object", code="invalid_json")

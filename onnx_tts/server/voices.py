@@ -45,6 +45,17 @@ class Voice:
         }
 
 
+class VoiceExists(Exception):
+    """The uploaded clip is already stored under another name."""
+
+    def __init__(self, voice: Voice) -> None:
+        super().__init__(
+            f"this clip is already the voice {voice.name!r} ({voice.id}); use that id, or "
+            f"delete it first to store it under a new name"
+        )
+        self.voice = voice
+
+
 def voice_id(audio: np.ndarray, sample_rate: int) -> str:
     digest = hashlib.sha256(f"onnx-tts/voice/v1|{sample_rate}|".encode())
     digest.update(np.ascontiguousarray(audio, "<f4").tobytes())
@@ -75,14 +86,19 @@ class VoiceStore:
     def _audio_path(self, voice_id: str) -> Path:
         return self.root / f"{voice_id}.wav"
 
-    def add(self, name: str, audio: np.ndarray, sample_rate: int) -> Voice:
-        """Store `audio` (already decoded and checked) under its content id."""
+    def add(self, name: str, audio: np.ndarray, sample_rate: int) -> tuple[Voice, bool]:
+        """Store `audio` (already decoded and checked) under its content id; returns the voice
+        and whether it is new. The same clip under the same name is the stored voice; under
+        another name it is VoiceExists: one content has one id and one name, and renaming it
+        would break clients that address it by its name."""
         ident = voice_id(audio, sample_rate)
         with self._lock:
             existing = self.get(ident)
-            if existing is not None and existing.name == name:
-                return existing
-            if existing is None and len(self.list()) >= MAX_VOICES:
+            if existing is not None:
+                if existing.name != name:
+                    raise VoiceExists(existing)
+                return existing, False
+            if len(self.list()) >= MAX_VOICES:
                 raise OverflowError(
                     f"the server stores at most {MAX_VOICES} voices; delete some first"
                 )
@@ -96,7 +112,7 @@ class VoiceStore:
 
             _atomic_write(self._audio_path(ident), write_audio)
             _atomic_write(self._meta_path(ident), write_meta)
-            return voice
+            return voice, True
 
     def get(self, ident: str) -> Voice | None:
         if not _ID_PATTERN.match(ident):

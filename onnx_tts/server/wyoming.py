@@ -1,0 +1,419 @@
+"""`onnx-tts wyoming`: the Wyoming protocol (Home Assistant's voice services) over onnx-tts.
+
+Home Assistant's Wyoming integration connects to `tcp://HOST:10200`, sends `describe` and
+reads `info` (a TTS program and its voices), then `synthesize` (one text) or a streamed text:
+`synthesize-start`, `synthesize-chunk`..., `synthesize-stop`. Audio goes back as
+`audio-start`, `audio-chunk` (16-bit mono PCM at the model's rate) as it is generated, and
+`audio-stop`; a streamed text is spoken sentence by sentence as the sentences complete, and
+ends with `synthesize-stopped` (the order wyoming-piper uses, which Home Assistant expects).
+
+Voices: `default` and the voices uploaded to the HTTP server (the same --voices-dir), by id,
+with their names as descriptions. Generation runs through the HTTP server's worker pool and
+engine calls (one code path for both front ends).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+import sys
+import time
+import uuid
+from typing import Any
+
+import numpy as np
+from wyoming.audio import AudioChunk, AudioStart, AudioStop
+from wyoming.error import Error
+from wyoming.event import Event, async_write_event
+from wyoming.info import Attribution, Describe, Info, TtsProgram, TtsVoice
+from wyoming.server import AsyncEventHandler, AsyncServer, AsyncTcpServer
+from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop
+
+from onnx_tts.audio import to_pcm16
+from onnx_tts.frontend import split_sentences
+from onnx_tts.server.dispatcher import (
+    AUDIO,
+    END,
+    ERROR,
+    DeadlineGate,
+    Dispatcher,
+    Generation,
+    QueueFull,
+)
+from onnx_tts.server.engines import ModelRegistry, SpeechModel
+from onnx_tts.server.errors import one_line
+from onnx_tts.server.metrics import SynthesisRecord
+from onnx_tts.server.schemas import MAX_INPUT_CHARS, nests_deeper_than
+from onnx_tts.server.voices import VoiceStore
+
+log = logging.getLogger("onnx_tts.server.wyoming")
+
+# Bounds on what a client sends: one event header line (asyncio's default stream limit),
+# its JSON data and payload, and the text of one streamed synthesis.
+MAX_DATA_BYTES = 64 << 10
+MAX_PAYLOAD_BYTES = 1 << 20
+MAX_JSON_DEPTH = 16
+MAX_STREAM_CHARS = 64 * MAX_INPUT_CHARS
+ATTRIBUTION = Attribution(name="onnx-tts", url="")
+
+
+class BadEvent(Exception):
+    """A client sent an event this server refuses to read (message says why)."""
+
+
+def _json(data: bytes, what: str) -> Any:
+    try:
+        value = json.loads(data)
+    except RecursionError:
+        raise BadEvent(f"{what} nests deeper than {MAX_JSON_DEPTH} levels") from None
+    except (ValueError, UnicodeDecodeError):
+        raise BadEvent(f"{what} is not JSON") from None
+    if nests_deeper_than(value, MAX_JSON_DEPTH):
+        raise BadEvent(f"{what} nests deeper than {MAX_JSON_DEPTH} levels")
+    return value
+
+
+def _length(header: dict[str, Any], key: str, limit: int) -> int:
+    value = header.get(key) or 0
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= limit:
+        raise BadEvent(f"{key} must be an integer from 0 to {limit}, got {value!r:.40}")
+    return value
+
+
+async def read_event(reader: asyncio.StreamReader) -> Event | None:
+    """The next event (None at the end of the stream): the library's framing, with every
+    length and nesting depth bounded (BadEvent otherwise)."""
+    try:
+        line = await reader.readline()
+    except (asyncio.LimitOverrunError, ValueError):
+        raise BadEvent("an event header line is longer than 64 KiB") from None
+    if not line:
+        return None
+    header = _json(line, "the event header")
+    if not isinstance(header, dict) or not isinstance(header.get("type"), str):
+        raise BadEvent('an event header must be a JSON object with a string "type"')
+    data = header.get("data") or {}
+    if not isinstance(data, dict):
+        raise BadEvent("event data must be a JSON object")
+    data_length = _length(header, "data_length", MAX_DATA_BYTES)
+    payload_length = _length(header, "payload_length", MAX_PAYLOAD_BYTES)
+    if data_length:
+        extra = _json(await reader.readexactly(data_length), "the event data")
+        if not isinstance(extra, dict):
+            raise BadEvent("event data must be a JSON object")
+        data = {**data, **extra}
+    payload = await reader.readexactly(payload_length) if payload_length else None
+    return Event(type=header["type"], data=data, payload=payload)
+
+
+class WyomingService:
+    """What every connection shares: the models, the voices and the generation workers."""
+
+    def __init__(
+        self,
+        registry: ModelRegistry,
+        voices: VoiceStore,
+        workers: int = 4,
+        compute_slots: int = 1,
+        max_queue: int = 64,
+    ) -> None:
+        self.registry = registry
+        self.voices = voices
+        self.dispatcher = Dispatcher(workers, max_queue)
+        self.gate = DeadlineGate(compute_slots)
+        self.jobs: dict[int, Generation] = {}  # running, to stop them all at shutdown
+
+    def stop(self) -> None:
+        for job in list(self.jobs.values()):
+            job.cancel()
+        self.dispatcher.shutdown()
+
+    @property
+    def model(self) -> SpeechModel:
+        assert self.registry.default is not None
+        return self.registry.default
+
+    def info(self) -> Info:
+        model = self.model
+        language = str(model.engine.info().get("language") or "en")
+        voices = [
+            TtsVoice(
+                name="default",
+                description=f"{model.name} default voice",
+                attribution=ATTRIBUTION,
+                installed=True,
+                version=None,
+                languages=[language],
+            )
+        ]
+        voices += [
+            TtsVoice(
+                name=voice.id,
+                description=voice.name,
+                attribution=ATTRIBUTION,
+                installed=True,
+                version=None,
+                languages=[language],
+            )
+            for voice in self.voices.list()
+        ]
+        return Info(
+            tts=[
+                TtsProgram(
+                    name="onnx-tts",
+                    description=f"onnx-tts: {model.name}",
+                    attribution=ATTRIBUTION,
+                    installed=True,
+                    version=_version(),
+                    voices=voices,
+                    supports_synthesize_streaming=True,
+                )
+            ]
+        )
+
+    def plan(self, text: str, voice_name: str | None) -> Generation:
+        """A generation of `text` in `voice_name` (None or "default": the model's voice);
+        ValueError with a one-line reason for a voice or text it cannot speak."""
+        model = self.model
+        voice_audio = None
+        if voice_name and voice_name != "default":
+            voice = self.voices.find(voice_name)
+            if voice is None:
+                raise ValueError(
+                    f"unknown voice {voice_name!r}; use 'default' or a voice from describe"
+                )
+            voice_audio = self.voices.audio(voice, model.voice_rate)
+        return Generation(
+            model=model,
+            text=text,
+            voice_audio=voice_audio,
+            seed=None,
+            options={},
+            speed=1.0,
+            output_rate=model.sample_rate,
+            loop=asyncio.get_running_loop(),
+            gate=self.gate,
+        )
+
+
+class WyomingHandler(AsyncEventHandler):
+    """One client connection."""
+
+    def __init__(self, service: WyomingService, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.service = service
+        self._stream_voice: str | None = None
+        self._stream_text: str | None = None  # not None while a streamed text is open
+
+    async def run(self) -> None:
+        # The library's loop, reading through the bounded reader above; a client that sends
+        # something unreadable gets an error event and is disconnected (one log line).
+        try:
+            while True:
+                try:
+                    event = await read_event(self.reader)
+                except BadEvent as error:
+                    log.info("wyoming client refused: %s", error)
+                    await self._send(Error(text=str(error), code="bad_event").event())
+                    await self._linger()
+                    break
+                except asyncio.IncompleteReadError:
+                    break
+                if event is None or not await self.handle_event(event):
+                    break
+        except (ConnectionError, BrokenPipeError):
+            log.info("wyoming client went away")
+        finally:
+            with contextlib.suppress(Exception):
+                self.writer.close()
+
+    async def _linger(self) -> None:
+        """Close our side first and discard what the client is still sending (bounded), so
+        the error event is read before the connection goes: closing with unread input would
+        reset it and could drop the error on the client's side."""
+        with contextlib.suppress(Exception):
+            if self.writer.can_write_eof():
+                self.writer.write_eof()
+
+            async def discard() -> None:
+                for _ in range(64):  # at most 64 x 64 KiB
+                    if not await self.reader.read(65536):
+                        return
+
+            await asyncio.wait_for(discard(), timeout=2.0)
+
+    async def _send(self, event: Event) -> None:
+        await async_write_event(event, self.writer)
+
+    async def handle_event(self, event: Event) -> bool:
+        if Describe.is_type(event.type):
+            await self._send(self.service.info().event())
+            return True
+        if SynthesizeStart.is_type(event.type):
+            start = SynthesizeStart.from_event(event)
+            self._stream_voice = start.voice.name if start.voice else None
+            self._stream_text = ""
+            return True
+        if SynthesizeChunk.is_type(event.type):
+            if self._stream_text is None:
+                await self._error("synthesize-chunk before synthesize-start", "bad_order")
+                return True
+            self._stream_text += SynthesizeChunk.from_event(event).text
+            if len(self._stream_text) > MAX_STREAM_CHARS:
+                await self._error(f"a streamed text holds at most {MAX_STREAM_CHARS} characters")
+                self._stream_text = None
+                return True
+            sentences = split_sentences(self._stream_text)
+            if len(sentences) > 1:  # all but the last are complete
+                for sentence in sentences[:-1]:
+                    if not await self._speak(sentence, self._stream_voice):
+                        return False
+                self._stream_text = sentences[-1]
+            return True
+        if SynthesizeStop.is_type(event.type):
+            rest, self._stream_text = (self._stream_text or "").strip(), None
+            if rest and not await self._speak(rest, self._stream_voice):
+                return False
+            await self._send(Event(type="synthesize-stopped"))
+            return True
+        if Synthesize.is_type(event.type):
+            if self._stream_text is not None:
+                return True  # sent beside a stream for older servers; the stream speaks
+            synthesize = Synthesize.from_event(event)
+            voice = synthesize.voice.name if synthesize.voice else None
+            return await self._speak(synthesize.text, voice)
+        return True  # events for other services are not ours
+
+    async def _error(self, text: str, code: str = "invalid_request") -> None:
+        await self._send(Error(text=text, code=code).event())
+
+    async def _speak(self, text: str, voice_name: str | None) -> bool:
+        """Generate `text` and send its audio as it comes; False when the client left."""
+        text = " ".join(text.split())
+        if not text:
+            await self._error("nothing to say: the text is empty", "empty_text")
+            return True
+        if len(text) > MAX_INPUT_CHARS:
+            await self._error(f"a text holds at most {MAX_INPUT_CHARS} characters", "too_long")
+            return True
+        service = self.service
+        try:
+            job = service.plan(text, voice_name)
+        except ValueError as error:
+            await self._error(str(error), "voice_not_found")
+            return True
+        record = SynthesisRecord(
+            request_id=uuid.uuid4().hex[:16],
+            model=job.model.name,
+            voice=voice_name or "default",
+            characters=len(text),
+            response_format="wyoming",
+        )
+        try:
+            service.dispatcher.submit(job.run)
+        except QueueFull:
+            await self._error("the server is busy; retry shortly", "busy")
+            return True
+        service.jobs[id(job)] = job
+        rate = job.output_rate
+        audio = {"rate": rate, "width": 2, "channels": 1}
+        started = False
+        try:
+            while True:
+                kind, payload = await job.events.get()
+                if kind == AUDIO:
+                    if not started:
+                        record.first_audio = time.perf_counter() - job.received_at
+                        await self._send(AudioStart(**audio).event())
+                        started = True
+                    record.audio_seconds += len(payload) / rate
+                    pcm = to_pcm16(np.asarray(payload, np.float32))
+                    await self._send(AudioChunk(audio=pcm, **audio).event())
+                elif kind == END:
+                    if not started:
+                        await self._send(AudioStart(**audio).event())
+                    await self._send(AudioStop().event())
+                    record.outcome = "done"
+                    return True
+                elif kind == ERROR:
+                    record.outcome = "error"
+                    await self._error(one_line(payload), type(payload).__name__)
+                    return True
+        except (ConnectionError, BrokenPipeError):
+            log.info("wyoming client went away; generation %s stopped", record.request_id)
+            return False
+        finally:
+            job.cancel()
+            service.jobs.pop(id(job), None)
+            record.log(job.cache_hit)
+
+
+def _version() -> str:
+    from onnx_tts import __version__
+
+    return __version__
+
+
+def run(args: argparse.Namespace) -> int:
+    """Serve until SIGINT/SIGTERM (exit 0); 2 with one line for bad arguments, a model that
+    cannot load or an address in use."""
+    from onnx_tts.config import WyomingConfig, from_flags
+    from onnx_tts.errors import InputError
+    from onnx_tts.flags import engine_configs, family_options
+    from onnx_tts.server.app import default_voices_dir
+    from onnx_tts.server.cli import configure_logging
+
+    try:
+        config = from_flags(WyomingConfig, args)
+        engine, caches = engine_configs(args)
+        if not config.uri.startswith("tcp://"):
+            raise InputError("--uri must be tcp://HOST:PORT")
+    except InputError as error:
+        print(f"onnx-tts wyoming: {error}", file=sys.stderr)
+        return 2
+    configure_logging(config.log_level, config.log_json)
+    registry = ModelRegistry([engine.model], engine, caches, family_options(args))
+    try:
+        registry.load_all()
+    except Exception as error:
+        print(f"onnx-tts wyoming: cannot load the model: {one_line(error)}", file=sys.stderr)
+        return 2
+    service = WyomingService(
+        registry, VoiceStore(config.voices_dir or default_voices_dir()), workers=config.workers
+    )
+    try:
+        return asyncio.run(_serve(service, config.uri))
+    except OSError as error:
+        print(f"onnx-tts wyoming: cannot listen on {config.uri}: {error}", file=sys.stderr)
+        return 2
+
+
+async def _serve(service: WyomingService, uri: str) -> int:
+    server = AsyncServer.from_uri(uri)
+    assert isinstance(server, AsyncTcpServer)
+    await server.start(lambda reader, writer: WyomingHandler(service, reader, writer))
+    log.info("wyoming: listening on %s (model %s)", uri, service.model.name)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("wyoming: stopping")
+    await server.stop()
+    service.stop()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from onnx_tts.server.cli import add_wyoming_arguments
+
+    parser = add_wyoming_arguments(argparse.ArgumentParser(prog="onnx-tts wyoming"))
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

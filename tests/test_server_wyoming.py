@@ -1,0 +1,239 @@
+"""`onnx-tts wyoming` as Home Assistant uses it: a live process, the `wyoming` library's own
+client, describe/info with voices, synthesize, streamed synthesize, errors and bad events."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from wyoming.audio import AudioChunk, AudioStart, AudioStop
+from wyoming.client import AsyncTcpClient
+from wyoming.error import Error
+from wyoming.event import Event
+from wyoming.info import Describe, Info
+from wyoming.tts import (
+    Synthesize,
+    SynthesizeChunk,
+    SynthesizeStart,
+    SynthesizeStop,
+    SynthesizeStopped,
+    SynthesizeVoice,
+)
+
+from benchmarks.live_server import LiveWyoming, free_port
+from onnx_tts.server.voices import VoiceStore
+from tests.conftest import speechlike
+
+RATE = 16000
+
+
+@pytest.fixture(scope="module")
+def voice_id(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """A voices dir holding one uploaded voice (as the HTTP server stores it)."""
+    workdir = tmp_path_factory.mktemp("wyoming")
+    voice, created = VoiceStore(workdir / "voices").add(
+        "kitchen", speechlike(3.0, RATE, seed=5), RATE
+    )
+    assert created
+    return workdir, voice.id
+
+
+@pytest.fixture(scope="module")
+def wyoming(voice_id: tuple[Path, str]) -> Iterator[LiveWyoming]:
+    live = LiveWyoming(voice_id[0])
+    yield live
+    assert live.stop() == 0  # SIGTERM: a clean stop
+    assert "Traceback" not in live.log()
+
+
+def run(coroutine):  # a test helper
+    return asyncio.run(asyncio.wait_for(coroutine, 120))
+
+
+async def _until(client: AsyncTcpClient, *types: str) -> list[Event]:
+    """Events up to and including the first of `types`."""
+    events = []
+    while True:
+        event = await client.read_event()
+        assert event is not None, "the server closed the connection"
+        events.append(event)
+        if event.type in types:
+            return events
+
+
+def _audio(events: list[Event]) -> tuple[np.ndarray, list[dict]]:
+    starts = [AudioStart.from_event(e) for e in events if AudioStart.is_type(e.type)]
+    chunks = [AudioChunk.from_event(e) for e in events if AudioChunk.is_type(e.type)]
+    for chunk in chunks:
+        assert (chunk.rate, chunk.width, chunk.channels) == (RATE, 2, 1)
+    pcm = b"".join(c.audio for c in chunks)
+    samples = np.frombuffer(pcm, "<i2").astype(np.float32) / 32768
+    return samples, [{"rate": s.rate, "width": s.width, "channels": s.channels} for s in starts]
+
+
+def test_describe_lists_default_and_uploaded_voices(
+    wyoming: LiveWyoming, voice_id: tuple[Path, str]
+) -> None:
+    async def describe() -> Info:
+        async with AsyncTcpClient("127.0.0.1", wyoming.port) as client:
+            await client.write_event(Describe().event())
+            (event,) = await _until(client, "info")
+            return Info.from_event(event)
+
+    info = run(describe())
+    (program,) = info.tts
+    assert program.name == "onnx-tts" and program.installed
+    assert program.supports_synthesize_streaming
+    voices = {v.name: v for v in program.voices}
+    assert set(voices) == {"default", voice_id[1]}
+    assert voices[voice_id[1]].description == "kitchen"
+    assert all(v.languages for v in program.voices)
+
+
+def test_synthesize_streams_audio(wyoming: LiveWyoming, voice_id: tuple[Path, str]) -> None:
+    text = "Turning on the kitchen lights. The front door is locked."
+
+    async def speak(voice: str | None) -> list[Event]:
+        async with AsyncTcpClient("127.0.0.1", wyoming.port) as client:
+            request = Synthesize(text=text, voice=SynthesizeVoice(name=voice) if voice else None)
+            await client.write_event(request.event())
+            return await _until(client, AudioStop().event().type)
+
+    for voice in (None, voice_id[1]):
+        events = run(speak(voice))
+        assert AudioStart.is_type(events[0].type) and AudioStop.is_type(events[-1].type)
+        samples, starts = _audio(events)
+        assert starts == [{"rate": RATE, "width": 2, "channels": 1}]
+        assert sum(AudioChunk.is_type(e.type) for e in events) >= 2  # streamed, not one blob
+        assert 2.0 < len(samples) / RATE < 10.0
+        assert np.abs(samples).max() > 0.05
+    default, _ = _audio(run(speak(None)))
+    cloned, _ = _audio(run(speak(voice_id[1])))
+    assert default.shape != cloned.shape or not np.array_equal(default, cloned)
+
+
+def test_streamed_text_is_spoken_sentence_by_sentence(wyoming: LiveWyoming) -> None:
+    pieces = ["Good mor", "ning. The weather to", "day is sunny. Have a ", "nice day"]
+
+    async def stream() -> tuple[list[Event], list[Event]]:
+        async with AsyncTcpClient("127.0.0.1", wyoming.port) as client:
+            await client.write_event(SynthesizeStart().event())
+            await client.write_event(SynthesizeChunk(text=pieces[0]).event())
+            await client.write_event(SynthesizeChunk(text=pieces[1]).event())
+            # The first sentence is complete: its audio comes before the text ends.
+            early = await _until(client, AudioStop().event().type)
+            for piece in pieces[2:]:
+                await client.write_event(SynthesizeChunk(text=piece).event())
+            # Home Assistant also sends the whole text for servers that cannot stream.
+            await client.write_event(Synthesize(text="".join(pieces)).event())
+            await client.write_event(SynthesizeStop().event())
+            rest = await _until(client, SynthesizeStopped().event().type)
+            return early, rest
+
+    early, rest = run(stream())
+    assert sum(AudioStart.is_type(e.type) for e in early) == 1
+    # "The weather today is sunny." and "Have a nice day": one audio stream each, then the end.
+    assert sum(AudioStart.is_type(e.type) for e in rest) == 2
+    assert sum(AudioStop.is_type(e.type) for e in rest) == 2
+    assert SynthesizeStopped.is_type(rest[-1].type)
+    first, _ = _audio(early)
+    assert 0.3 < len(first) / RATE < 3.0  # "Good morning." alone
+
+
+def test_errors_keep_the_connection(wyoming: LiveWyoming) -> None:
+    async def attempts() -> list[Event]:
+        async with AsyncTcpClient("127.0.0.1", wyoming.port) as client:
+            out = []
+            for request in (
+                Synthesize(text="Hello.", voice=SynthesizeVoice(name="nobody")),
+                Synthesize(text="   "),
+                Synthesize(text="x" * 5000),
+            ):
+                await client.write_event(request.event())
+                out += await _until(client, Error(text="").event().type)
+            await client.write_event(Synthesize(text="Still here.").event())
+            out += await _until(client, AudioStop().event().type)
+            return out
+
+    events = run(attempts())
+    errors = [Error.from_event(e) for e in events if Error.is_type(e.type)]
+    assert [e.code for e in errors] == ["voice_not_found", "empty_text", "too_long"]
+    assert "nobody" in errors[0].text and all("\n" not in e.text for e in errors)
+    assert AudioStop.is_type(events[-1].type)
+
+
+@pytest.mark.parametrize(
+    ("raw", "reason"),
+    [
+        (b"[" * 20_000 + b"]" * 20_000 + b"\n", "nests deeper"),  # past the parser's recursion
+        (b'{"type": "x", "data": ' + b'{"a": ' * 40 + b"1" + b"}" * 40 + b"}\n", "nests deeper"),
+        (b'{"type": "synthesize", "data_length": 1000000000}\n', "data_length"),
+        (b'{"type": "synthesize", "payload_length": -5}\n', "payload_length"),
+        (b"not json at all\n", "not JSON"),
+        (b"x" * 100_000 + b"\n", "longer than 64 KiB"),
+    ],
+    ids=["recursion", "deep-data", "data-length", "payload-length", "not-json", "long-line"],
+)
+def test_bad_events_get_an_error_and_a_closed_connection(
+    wyoming: LiveWyoming, raw: bytes, reason: str
+) -> None:
+    with socket.create_connection(("127.0.0.1", wyoming.port), timeout=60) as sock:
+        sock.sendall(raw)
+        received = b""
+        while True:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            received += chunk
+    header = json.loads(received.split(b"\n", 1)[0])
+    assert header["type"] == "error"
+    data = header.get("data") or json.loads(received.split(b"\n", 1)[1])
+    assert data["code"] == "bad_event" and reason in data["text"]
+
+
+def test_address_in_use_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", free_port()))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            [
+                *(sys.executable, "-m", "onnx_tts.server.wyoming"),
+                *("--uri", f"tcp://127.0.0.1:{port}"),
+                *("--voices-dir", str(tmp_path / "v"), "--cache-dir", "none"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("onnx-tts wyoming: cannot listen on")
+
+
+def test_sigterm_mid_synthesis_exits_0(tmp_path: Path) -> None:
+    live = LiveWyoming(tmp_path)
+    text = " ".join(f"Sentence {i} for the stop test keeps the worker busy." for i in range(40))
+
+    async def start() -> None:
+        async with AsyncTcpClient("127.0.0.1", live.port) as client:
+            await client.write_event(Synthesize(text=text).event())
+            await _until(client, AudioChunk(rate=RATE, width=2, channels=1, audio=b"").event().type)
+            live.process.send_signal(signal.SIGTERM)
+            while await client.read_event() is not None:
+                pass
+
+    try:
+        run(start())
+        assert live.process.wait(60) == 0
+    finally:
+        live.stop()
+    assert "Traceback" not in live.log()
