@@ -17,6 +17,7 @@ import yaml
 
 from onnx_tts.deploy.proxy import ATTEMPTS, ReplicaFailover
 from onnx_tts.server.errors import APIError
+from onnx_tts.server.voices import VoiceExists
 from tests.redis_server import redis_server
 
 REPO = Path(__file__).resolve().parents[1]
@@ -247,13 +248,16 @@ def test_redis_voices_are_shared_between_stores(redis_url: str) -> None:
 
     first = RedisVoiceStore(redis_url, namespace="t1")
     second = RedisVoiceStore(redis_url, namespace="t1")
-    voice = first.add("alice", _clip(1), 16000)
+    voice, created = first.add("alice", _clip(1), 16000)
+    assert created
     assert second.get(voice.id) == voice
     assert second.find("alice") == voice
     assert [v.id for v in second.list()] == [voice.id]
     np.testing.assert_array_equal(second.audio(voice, 16000), _clip(1))
     assert len(second.audio(voice, 24000)) == 24000  # resampled on request
-    assert first.add("alice", _clip(1), 16000) == voice  # same clip, same name: same voice
+    assert first.add("alice", _clip(1), 16000) == (voice, False)  # same clip and name
+    with pytest.raises(VoiceExists, match="alice"):  # the same clip under another name
+        second.add("bob", _clip(1), 16000)
     assert second.delete(voice.id) and not first.delete(voice.id)
     assert first.get(voice.id) is None and first.list() == []
 
@@ -264,7 +268,7 @@ def test_damaged_redis_voices_are_never_used(redis_url: str) -> None:
     from onnx_tts.server.redis_voices import RedisVoiceStore
 
     store = RedisVoiceStore(redis_url, namespace="t2")
-    voice = store.add("bob", _clip(2), 16000)
+    voice, _ = store.add("bob", _clip(2), 16000)
     client = redis.Redis.from_url(redis_url)
     client.setrange(f"t2:voices:audio:{voice.id}", 8, b"\x00\x00\xc0\x7f")  # a NaN inside
     with pytest.raises(APIError) as caught:

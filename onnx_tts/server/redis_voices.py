@@ -27,7 +27,14 @@ import numpy as np
 
 from onnx_tts.audio import resample
 from onnx_tts.server.errors import APIError
-from onnx_tts.server.voices import _ID_PATTERN, MAX_NAME_CHARS, MAX_VOICES, Voice, voice_id
+from onnx_tts.server.voices import (
+    _ID_PATTERN,
+    MAX_NAME_CHARS,
+    MAX_VOICES,
+    Voice,
+    VoiceExists,
+    voice_id,
+)
 
 # A stored clip is a reference voice (seconds), never more than this many samples.
 MAX_STORED_SAMPLES = 10 * 60 * 48_000
@@ -129,8 +136,10 @@ class RedisVoiceStore:
 
     # -- writes ----------------------------------------------------------------------------
 
-    def add(self, name: str, audio: np.ndarray, sample_rate: int) -> Voice:
-        """Store `audio` (already decoded and checked) under its content id."""
+    def add(self, name: str, audio: np.ndarray, sample_rate: int) -> tuple[Voice, bool]:
+        """Store `audio` (already decoded and checked) under its content id; returns the voice
+        and whether it is new, with `VoiceStore.add`'s rule: the same clip under another name
+        is VoiceExists."""
         samples = np.ascontiguousarray(audio, "<f4")
         if samples.ndim != 1 or not 0 < len(samples) <= MAX_STORED_SAMPLES:
             raise ValueError(f"a voice is 1 to {MAX_STORED_SAMPLES} mono samples")
@@ -149,8 +158,10 @@ class RedisVoiceStore:
                     # on another replica restarts this one instead of passing the limit.
                     pipe.watch(self._meta_key)
                     existing = _parse_meta(ident, pipe.hget(self._meta_key, ident))
-                    if existing is not None and existing[0].name == name:
-                        return existing[0]
+                    if existing is not None:
+                        if existing[0].name != name:
+                            raise VoiceExists(existing[0])
+                        return existing[0], False
                     if existing is None and pipe.hlen(self._meta_key) >= MAX_VOICES:
                         raise OverflowError(
                             f"the server stores at most {MAX_VOICES} voices; delete some first"
@@ -161,7 +172,7 @@ class RedisVoiceStore:
                     pipe.set(self._audio_prefix + ident, data)
                     pipe.hset(self._meta_key, ident, json.dumps(meta))
                     pipe.execute()
-                    return voice
+                    return voice, True
             except redis.WatchError:
                 continue
             except self._redis_errors as error:
