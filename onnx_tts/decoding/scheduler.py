@@ -22,8 +22,10 @@ requests shared its steps (tests/test_scheduler.py checks this against max_batch
 from __future__ import annotations
 
 import atexit
+import logging
 import queue
 import threading
+import time
 import weakref
 from collections.abc import Iterator
 from typing import Any
@@ -36,6 +38,8 @@ from onnx_tts.decoding.prefix_cache import PrefixCache
 from onnx_tts.decoding.program import DecodeProgram
 from onnx_tts.errors import InputError, OnnxTTSError
 from onnx_tts.request import Request
+
+log = logging.getLogger("onnx_tts.decoding")
 
 MAX_BATCH_LIMIT = 256
 # Requests waiting for a row beyond this many are refused (QueueFull) instead of queued.
@@ -132,7 +136,14 @@ class DecodeScheduler:
         self._cv = threading.Condition()
         self._closed = False
         self._thread: threading.Thread | None = None
-        self._stats = {"requests": 0, "steps": 0, "row_steps": 0, "prefills": 0, "own_kv": 0}
+        self._stats = {
+            "requests": 0,
+            "steps": 0,
+            "row_steps": 0,
+            "prefills": 0,
+            "own_kv": 0,
+            "busy_seconds": 0.0,
+        }
 
     # -- public ------------------------------------------------------------------------------
     def submit(self, request: Request) -> Any:
@@ -208,16 +219,19 @@ class DecodeScheduler:
                 if self._closed:
                     closed = OnnxTTSError("the engine was closed")
                     for request in [*self.waiting, *filter(None, self.requests)]:
-                        request.sink.end(closed)
+                        _tell(request.sink.end, closed)
                     self.waiting.clear()
                     return
                 admitted = self._take_waiting()
+            started = time.perf_counter()
             for row in admitted:
                 self._prefill(row)
             self._drop_cancelled()
             rows = self._active_rows()
             if rows.size:
                 self._step(rows)
+            with self._cv:  # for admission control: how busy this worker is
+                self._stats["busy_seconds"] += time.perf_counter() - started
 
     def _active_rows(self) -> np.ndarray:
         return np.array([i for i, r in enumerate(self.requests) if r is not None], np.int64)
@@ -237,14 +251,14 @@ class DecodeScheduler:
     @staticmethod
     def _cancelled(request: Request) -> bool:
         if request.cancel.cancelled:
-            request.sink.end()
+            _tell(request.sink.end, None)
             return True
         return False
 
     def _free(self, row: int, error: BaseException | None = None) -> None:
         request = self.requests[row]
         if request is not None:
-            request.sink.end(error)
+            _tell(request.sink.end, error)
         home = self.homes[row]
         if home is not None:
             home.release(row)
@@ -347,12 +361,21 @@ class DecodeScheduler:
             if request is None:
                 continue
             for frame in result.frames[index]:
-                request.sink.put(frame)
+                _tell(request.sink.put, frame)
             if result.done[index]:
                 self._free(int(row))
 
     def __repr__(self) -> str:
         return f"DecodeScheduler(max_batch={self.max_batch}, slots={self.slots is not None})"
+
+
+def _tell(call: Any, argument: Any) -> None:
+    """Hand a frame or the end to a request's sink; a failing consumer is its own problem
+    (it is told through its stream) and never stops the loop that serves the others."""
+    try:
+        call(argument)
+    except Exception:
+        log.warning("a request's consumer failed to take its frames", exc_info=True)
 
 
 def batching_support(pool: KVPool) -> str | None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -98,15 +98,10 @@ class ResultCaching:
         assert self.results is not None
         return self.results.lookup(self.stream_key(key, window)) or self.results.get(key)
 
-    def storing(self, chunks: Iterator[np.ndarray], key: str) -> Iterator[np.ndarray]:
-        """Yield `chunks`; once all of them were yielded (not on a cancelled stream), store
-        their audio in the result cache. A failing cache never fails the stream."""
-        pieces = []
-        for chunk in chunks:
-            pieces.append(chunk)
-            yield chunk
+    def store_stream(self, key: str, samples: np.ndarray) -> None:
+        """Store a completed stream's audio (not a cancelled one's). A failing cache never
+        fails the stream."""
         if self.results is not None:
-            samples = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
             try:
                 self.results.put_audio(key, samples, self.backend.sample_rate)
             except OnnxTTSError as error:

@@ -9,7 +9,7 @@ vocoded one-shot or window by window).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,7 +24,7 @@ from onnx_tts.decoding.scheduler import DEFAULT_MAX_WAITING, DecodeScheduler, Fr
 from onnx_tts.families import FAMILIES
 from onnx_tts.families.base import Backend, Family
 from onnx_tts.pipeline.caching import ResultCaching
-from onnx_tts.pipeline.execution import Executor, Progress
+from onnx_tts.pipeline.execution import AudioStream, Executor, Progress, ReadyChunks
 from onnx_tts.pipeline.planner import Planner, Timing
 from onnx_tts.pipeline.voices import VoiceLike, Voices
 from onnx_tts.refcache import ReferenceCache, TieredCache
@@ -235,16 +235,18 @@ class Engine:
         priority: int = 0,
         cancel: CancelToken | None = None,
         **options: Any,
-    ) -> Iterator[np.ndarray]:
+    ) -> AudioStream | ReadyChunks:
         """Speak `text` as float32 chunks at `sample_rate`, yielded as frames are generated.
 
         The chunks concatenate to the length of synthesize()'s output for the same text, voice
         and seed (and to the same samples when the windows are wide enough for the vocoder;
         see onnx_tts.vocoder). Options and text are checked here, before the first chunk.
         Closing the iterator early (or breaking out of the loop) stops generation and frees
-        its rows. `cache`: as in synthesize(). `deadline` (first audio, time.monotonic()
-        seconds; default now), `clock` (the listener's player: once audio flows, the stream is
-        due when it would run dry), `priority` and `cancel` order and stop the work.
+        its rows. The stream can also be polled (`poll()`, `listen(callback)`: an event loop
+        serving many streams). `cache`: as in synthesize(). `deadline` (first audio,
+        time.monotonic() seconds; default now), `clock` (the listener's player: once audio
+        flows, the stream is due when it would run dry), `priority` and `cancel` order and
+        stop the work.
         """
         window = self.streaming_options(
             first_chunk_frames=first_chunk_frames,
@@ -271,9 +273,11 @@ class Engine:
         if hit is not None:  # the cached audio at once, in the stream's chunk sizes
             hop = int(self.backend.hop_length)
             sizes = window.first_chunk_frames * hop, window.stride_frames * hop
-            return replay_chunks(hit["samples"], *sizes)
-        chunks = self.executor.stream(plan, prompt, window, timing)
-        return chunks if stream_key is None else self.caching.storing(chunks, stream_key)
+            return ReadyChunks(replay_chunks(hit["samples"], *sizes))
+        stream = self.executor.stream(plan, prompt, window, timing)
+        if stream_key is not None:
+            stream.on_complete = lambda samples: self.caching.store_stream(stream_key, samples)
+        return stream
 
 
 __all__ = ["Audio", "Engine"]

@@ -5,12 +5,14 @@ window (`stream`); the sentences are joined by a short pause."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator, Mapping
 
 import numpy as np
 
 from onnx_tts.audio import check_finite
 from onnx_tts.decoding.scheduler import DecodeScheduler, FrameStream
+from onnx_tts.errors import OnnxTTSError
 from onnx_tts.families.base import Backend
 from onnx_tts.pipeline.planner import Plan, Timing
 from onnx_tts.pipeline.stages import VocoderStage, VocoderStream
@@ -110,23 +112,158 @@ class Executor:
         voice: Mapping[str, np.ndarray],
         window: StreamingOptions,
         timing: Timing | None = None,
-    ) -> Iterator[np.ndarray]:
-        """Chunks of the text's audio as windows of frames are vocoded; closing the iterator
-        cancels every sentence still to come."""
-        requests = plan.requests(voice, timing)
+    ) -> AudioStream:
+        """The text's audio as windows of frames are vocoded (see AudioStream)."""
+        return AudioStream(self, plan.requests(voice, timing), window)
+
+
+class AudioStream:
+    """The audio of one text as it is made: each sentence's windows in order, a pause between.
+
+    Sentence 0 is submitted at once; sentence i+1 as soon as the LM has finished sentence i,
+    so its decoding overlaps the vocoding of the one before. Iterate it (blocking), or poll it
+    (`poll()`, with `listen(callback)` to be told from another thread when something is ready:
+    an event loop serves many streams without a thread each). Closing it cancels every
+    sentence still to come and frees their rows. `on_complete(samples)`, when set, receives
+    the whole audio once every chunk was handed out (not for a closed stream)."""
+
+    def __init__(
+        self, executor: Executor, requests: list[Request], window: StreamingOptions
+    ) -> None:
+        self.executor, self.requests, self.window = executor, requests, window
+        self.on_complete: Callable[[np.ndarray], None] | None = None
+        self._listener: Callable[[], None] | None = None
+        self._lock = threading.Lock()
+        self._streams: list[VocoderStream | None] = [None] * len(requests)
+        self._index = 0
+        self._pause_due = False
+        self._pieces: list[np.ndarray] = []
+        self._closed = False
+        self._failure: BaseException | None = None
+        if requests:
+            self._open(0)
+
+    def _open(self, index: int) -> None:
+        """Start sentence `index` (from the consumer, or from the scheduler's thread when the
+        sentence before it finished). A failure to start is the consumer's error."""
+        with self._lock:
+            if self._closed or index >= len(self.requests) or self._streams[index] is not None:
+                return
+            try:
+                stream = self.executor.vocoder.open(
+                    self.requests[index], self.window, int(self.executor.backend.hop_length)
+                )
+            except OnnxTTSError as error:  # the engine is closing
+                self._failure = error
+                return
+            stream.on_ready = self._ready
+            stream.on_lm_done = lambda: self._open(index + 1)
+            self._streams[index] = stream
         try:
-            for index, request in enumerate(requests):
-                if index:
-                    yield self.pause()
-                # Closing the audio stream cancels its request: the LM frees its row at once.
-                pieces = self.audio(request, window)
-                try:
-                    yield from pieces
-                finally:
-                    pieces.close()
-        finally:
-            if requests:
-                requests[0].cancel.cancel()  # shared by all: the rest never start
+            self.executor.scheduler.submit(self.requests[index])
+        except OnnxTTSError as error:
+            stream.fail(error)
+
+    def _ready(self) -> None:
+        listener = self._listener
+        if listener is not None:
+            listener()
+
+    def listen(self, callback: Callable[[], None]) -> None:
+        """Call `callback` (from a worker thread) whenever samples, the end or an error may
+        be ready; it is called once now."""
+        self._listener = callback
+        callback()
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        return self
+
+    def __next__(self) -> np.ndarray:
+        chunk = self._next(block=True)
+        assert chunk is not None
+        return chunk
+
+    def poll(self) -> np.ndarray | None:
+        """The next chunk if one is ready, else None; StopIteration at the end."""
+        return self._next(block=False)
+
+    def _next(self, block: bool) -> np.ndarray | None:
+        while True:
+            if self._closed:
+                raise StopIteration
+            if self._pause_due:
+                self._pause_due = False
+                return self._keep(self.executor.pause())
+            if self._index >= len(self.requests):
+                self._finish()
+                raise StopIteration
+            stream = self._streams[self._index]
+            if stream is None:  # not started yet (the consumer is ahead of the LM)
+                self._open(self._index)
+                stream = self._streams[self._index]
+                if stream is None:
+                    self.close()
+                    raise self._failure or OnnxTTSError("the engine is closed")
+            try:
+                chunk = stream.next_chunk(block)
+            except StopIteration:
+                self._index += 1
+                self._pause_due = self._index < len(self.requests)
+                continue
+            except BaseException:
+                self.close()
+                raise
+            return None if chunk is None else self._keep(chunk)
+
+    def _keep(self, chunk: np.ndarray) -> np.ndarray:
+        if self.on_complete is not None:
+            self._pieces.append(chunk)
+        return chunk
+
+    def _finish(self) -> None:
+        self._closed = True
+        if self.on_complete is not None:
+            samples = np.concatenate(self._pieces) if self._pieces else np.zeros(0, np.float32)
+            self._pieces = []
+            self.on_complete(samples)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        if self.requests:
+            self.requests[0].cancel.cancel()  # shared by all: the rest never start
+        for stream in self._streams:
+            if stream is not None:
+                stream.close()
+
+    def __del__(self) -> None:
+        self.close()
 
 
-__all__ = ["SENTENCE_PAUSE_SECONDS", "Executor", "Progress"]
+class ReadyChunks:
+    """Audio that is all there already (a result-cache hit) with AudioStream's interface."""
+
+    def __init__(self, chunks: Iterator[np.ndarray]) -> None:
+        self._chunks = chunks
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        return self
+
+    def __next__(self) -> np.ndarray:
+        return next(self._chunks)
+
+    def poll(self) -> np.ndarray | None:
+        return next(self._chunks)
+
+    def listen(self, callback: Callable[[], None]) -> None:
+        callback()
+
+    def close(self) -> None:
+        close = getattr(self._chunks, "close", None)
+        if close is not None:
+            close()
+
+
+__all__ = ["SENTENCE_PAUSE_SECONDS", "AudioStream", "Executor", "Progress", "ReadyChunks"]

@@ -69,6 +69,18 @@ class VocoderStream:
         self.done = False  # every sample was handed out
         self.samples: queue.SimpleQueue = queue.SimpleQueue()
         self._closed = False
+        # Called (from the stage's or the scheduler's thread) when samples, the end or an
+        # error were queued, and when the LM finished this request: an async consumer wakes.
+        self.on_ready: Callable[[], None] | None = None
+        self.on_lm_done: Callable[[], None] | None = None
+
+    def _queue(self, item: Any) -> None:
+        self.samples.put(item)
+        if self.on_ready is not None:
+            try:
+                self.on_ready()
+            except Exception:  # a consumer that cannot be woken (its loop closed) is gone
+                self.request.cancel.cancel()
 
     # -- producer side (the decode scheduler) -------------------------------------------------
     def put(self, frame: np.ndarray) -> None:
@@ -87,6 +99,8 @@ class VocoderStream:
             elif self.decoder is not None:
                 self.decoder.finish()
         self.stage.notify_if_due(self, force=True)
+        if error is None and self.on_lm_done is not None:
+            self.on_lm_done()
 
     # -- the stage ---------------------------------------------------------------------------
     def is_due(self) -> bool:
@@ -114,28 +128,38 @@ class VocoderStream:
             assert isinstance(window, Window)
             chunk = self.decoder.accept(window, waveform)
             if len(chunk):
-                self.samples.put(chunk)
+                self._queue(chunk)
             if self.decoder.done:
                 self.done = True
-                self.samples.put(_END)
+                self._queue(_END)
         else:
-            self.samples.put(np.asarray(waveform, np.float32))
+            self._queue(np.asarray(waveform, np.float32))
             self.done = True
-            self.samples.put(_END)
+            self._queue(_END)
 
     def fail(self, error: BaseException) -> None:
         self.failed = error
         self.done = True
-        self.samples.put(error)
+        self._queue(error)
 
     # -- consumer side -----------------------------------------------------------------------
     def __iter__(self) -> Iterator[np.ndarray]:
         return self
 
     def __next__(self) -> np.ndarray:
+        chunk = self.next_chunk(block=True)
+        assert chunk is not None
+        return chunk
+
+    def next_chunk(self, block: bool) -> np.ndarray | None:
+        """The next samples (None when `block` is false and none are ready yet); raises
+        StopIteration at the end and the request's error if it failed."""
         if self._closed:
             raise StopIteration
-        item = self.samples.get()
+        try:
+            item = self.samples.get(block=block)
+        except queue.Empty:
+            return None
         if item is _END:
             self._closed = True
             raise StopIteration
