@@ -193,13 +193,22 @@ class ServerConfig:
         metavar="DIR",
         repeat=True,
     )
-    workers: int = setting(16, "requests generating at once", low=1, high=256)
-    max_queue: int = setting(64, "requests waiting for a worker before 429", low=0, high=100_000)
-    compute_slots: int = setting(
-        0,
-        "engine calls at once, earliest playback deadline first (0 = one per core)",
+    max_streams: int = setting(
+        64,
+        "requests generating at once at most (fewer when the cores cannot keep that many "
+        "listeners playing in real time: admission measures it)",
+        low=1,
+        high=4096,
+    )
+    max_queue: int = setting(
+        64, "requests waiting to start before new ones get 429", low=0, high=100_000
+    )
+    queue_timeout: float = setting(
+        5.0,
+        "seconds a request may wait to start before it gets 429 with Retry-After",
         low=0,
-        high=256,
+        high=600,
+        units="seconds",
     )
     api_key: str | None = setting(
         None, "require 'Authorization: Bearer KEY' on /v1 and /metrics", metavar="KEY"
@@ -236,7 +245,12 @@ class WyomingConfig:
     voices_dir: str | None = setting(
         None, "uploaded voices (the HTTP server's, by default)", metavar="DIR"
     )
-    workers: int = setting(4, "texts generating at once", low=1, high=256)
+    max_streams: int = setting(
+        16,
+        "texts generating at once at most (fewer when admission measures less room)",
+        low=1,
+        high=4096,
+    )
     log_level: str = setting("info", "log level", choices=LOG_LEVELS)
     log_json: bool = setting(False, "log one JSON object per line (for collectors)")
 
@@ -272,7 +286,7 @@ class RayConfig:
     )
     replica_cpus: float = setting(
         1.0,
-        "CPUs Ray reserves for each replica; also caps its --compute-slots",
+        "CPUs Ray reserves for each replica",
         low=0.001,
         high=1024,
     )

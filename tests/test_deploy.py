@@ -38,13 +38,13 @@ def test_serve_args_are_the_serve_flags() -> None:
         4,
     )
     assert parsed.caches.redis_url == "redis://h:1/0"
-    deployment = build_app({"replicas": 3, "replica-cpus": 2, "workers": 8, "max-queue": 4})
+    deployment = build_app({"replicas": 3, "replica-cpus": 2, "max-streams": 8, "max-queue": 4})
     bound = deployment._bound_deployment
     assert bound.num_replicas == 3
     assert bound.ray_actor_options["num_cpus"] == 2
-    assert bound.max_ongoing_requests == 12  # what the replica's own dispatcher admits
+    assert bound.max_ongoing_requests == 12  # what the replica's own admission holds
     settings = bound.init_args[0]
-    assert 1 <= settings.server.compute_slots <= 2  # a replica's engine calls: at most its CPUs
+    assert settings.server.max_streams == 8
     scaled = build_app({"min-replicas": 1, "max-replicas": 5, "target-ongoing-requests": 2})
     autoscaling = scaled._bound_deployment._deployment_config.autoscaling_config
     assert (autoscaling.min_replicas, autoscaling.max_replicas) == (1, 5)
@@ -58,7 +58,7 @@ def test_serve_args_are_the_serve_flags() -> None:
         ({"min-replicas": 1}, "go together"),
         ({"min-replicas": 3, "max-replicas": 2}, "must not exceed --max-replicas"),
         ({"replica-cpus": 0}, "--replica-cpus"),
-        ({"workers": 0}, "--workers must be"),
+        ({"max-streams": 0}, "--max-streams must be"),
         ({"no-such-flag": 1}, "unrecognized arguments: --no-such-flag"),
     ],
 )

@@ -425,7 +425,7 @@ def strict_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServ
         tmp_path_factory.mktemp("strict"),
         "--api-key",
         "sekrit",
-        "--workers",
+        "--max-streams",
         "1",
         "--max-queue",
         "0",
@@ -498,7 +498,7 @@ def test_sigterm_drains_in_flight_streams(tmp_path: Path) -> None:
 
 def test_bad_arguments_exit_2() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "onnx_tts.server", "--workers", "0"],
+        [sys.executable, "-m", "onnx_tts.server", "--max-streams", "0"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -506,7 +506,7 @@ def test_bad_arguments_exit_2() -> None:
     )
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
-        "onnx-tts serve: --workers must be in [1, 256], got 0"
+        "onnx-tts serve: --max-streams must be in [1, 4096], got 0"
     ]
 
 

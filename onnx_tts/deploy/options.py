@@ -7,7 +7,6 @@ the server starts (onnx_tts.deploy.ray).
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from onnx_tts.config import RayConfig
@@ -28,20 +27,14 @@ def check_ray(config: RayConfig) -> RayConfig:
     return config
 
 
-def compute_slots(config: RayConfig, requested: int) -> int:
-    """A replica's engine calls at once: the server's setting, at most its CPUs."""
-    cpus = max(1, math.ceil(config.replica_cpus))
-    return cpus if requested == 0 else max(1, min(requested, cpus))
-
-
 def deployment_options(
-    config: RayConfig, workers: int, max_queue: int, drain_seconds: float
+    config: RayConfig, max_streams: int, max_queue: int, drain_seconds: float
 ) -> dict[str, Any]:
     """Keywords of `Deployment.options` (Serve's names and units)."""
     options: dict[str, Any] = {
         "ray_actor_options": {"num_cpus": config.replica_cpus},
-        # A replica takes what its own dispatcher admits; past that it answers 429 itself.
-        "max_ongoing_requests": workers + max_queue,
+        # A replica takes what its own admission can hold; past that it answers 429 itself.
+        "max_ongoing_requests": max_streams + max_queue,
         "health_check_period_s": 5.0,
         "health_check_timeout_s": 30.0,
         "graceful_shutdown_timeout_s": max(1.0, drain_seconds),
@@ -57,4 +50,4 @@ def deployment_options(
     return options
 
 
-__all__ = ["autoscaling", "check_ray", "compute_slots", "deployment_options"]
+__all__ = ["autoscaling", "check_ray", "deployment_options"]

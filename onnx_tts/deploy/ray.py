@@ -23,14 +23,13 @@ import signal
 import sys
 import threading
 from collections.abc import Mapping
-from dataclasses import replace
 from typing import Any, NoReturn
 
 from ray import serve
 from ray.serve import Application
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from onnx_tts.deploy.options import autoscaling, compute_slots, deployment_options
+from onnx_tts.deploy.options import autoscaling, deployment_options
 from onnx_tts.errors import InputError
 from onnx_tts.server.app import create_app
 from onnx_tts.server.cli import ServeSettings, add_arguments, serve_settings
@@ -75,8 +74,14 @@ class OnnxTTSReplica:
     def __init__(self, settings: ServeSettings) -> None:
         logging.getLogger("onnx_tts").setLevel(logging.INFO)
         self._config = settings.server
+        server = settings.server
         self._registry = ModelRegistry(
-            settings.server.models or [None], settings.engine, settings.caches, settings.family
+            server.models or [None],
+            settings.engine,
+            settings.caches,
+            settings.family,
+            max_streams=server.max_streams,
+            max_waiting=server.max_queue,
         )
         # Loading here (not in the app's background) keeps the replica out of the routing
         # table until it can answer; a model that cannot load fails the deployment.
@@ -95,13 +100,10 @@ class OnnxTTSReplica:
 def build(settings: ServeSettings) -> Application:
     """The Serve application: `settings` on every replica, placed and scaled by its Ray part."""
     server, ray = settings.server, settings.ray
-    replica = replace(
-        settings, server=replace(server, compute_slots=compute_slots(ray, server.compute_slots))
-    )
     deployment = OnnxTTSReplica.options(
-        **deployment_options(ray, server.workers, server.max_queue, server.drain_seconds)
+        **deployment_options(ray, server.max_streams, server.max_queue, server.drain_seconds)
     )
-    return deployment.bind(replica)
+    return deployment.bind(settings)
 
 
 class _ArgsError(ValueError):

@@ -108,6 +108,9 @@ class Backend(Protocol):
     def text_chunks(self, text: str, options: Mapping[str, Any]) -> list[Any]: ...
     def vocode(self, frames: np.ndarray, voice: Mapping[str, np.ndarray]) -> np.ndarray: ...
 
+    # Optional: `vocode_windows(windows, voices) -> list[np.ndarray]`, several streams' windows
+    # in fewer runs, equal to vocoding each alone (the vocoder stage batches with it).
+
 
 Loader = Callable[[Detection, LoadSettings, Mapping[str, Any]], Backend]
 

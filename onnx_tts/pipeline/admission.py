@@ -45,6 +45,7 @@ class Admission:
         self.waiting = 0
         self._tickets = itertools.count()
         self._queue: list[int] = []  # waiting tickets, first come first served
+        self._admitted_at_once: set[int] = set()
         self._lock = threading.Lock()
         self._sample: tuple[float, tuple[float, ...]] | None = None
         self._utilisation = 0.0
@@ -87,12 +88,17 @@ class Admission:
 
     # -- admitting ---------------------------------------------------------------------------
     def enqueue(self) -> int | None:
-        """A ticket to wait for admission, or None when `max_waiting` already wait."""
+        """A ticket to wait for admission (admitted at once when nobody waits and there is
+        room: try_admit then says so), or None when `max_waiting` already wait."""
         with self._lock:
+            ticket = next(self._tickets)
+            if not self._queue and self._room():
+                self._admit()
+                self._admitted_at_once.add(ticket)
+                return ticket
             if len(self._queue) >= self.max_waiting:
                 self._stats["refused_queue_full"] += 1
                 return None
-            ticket = next(self._tickets)
             self._queue.append(ticket)
             self.waiting = len(self._queue)
             return ticket
@@ -100,19 +106,28 @@ class Admission:
     def try_admit(self, ticket: int) -> bool:
         """Start `ticket`'s stream if it is first in line and the machine has room."""
         with self._lock:
-            if not self._queue or self._queue[0] != ticket:
+            if ticket in self._admitted_at_once:
+                self._admitted_at_once.discard(ticket)
+                return True
+            if not self._queue or self._queue[0] != ticket or not self._room():
                 return False
-            self._measure()
-            if self.active >= self._capacity_now():
-                return False
-            lead = self.lead()
-            if self.active and lead is not None and lead < self.min_lead:
-                return False  # a listener is about to run dry: serve it first
             self._queue.pop(0)
             self.waiting = len(self._queue)
-            self.active += 1
-            self._stats["admitted"] += 1
+            self._admit()
             return True
+
+    def _room(self) -> bool:
+        """(under the lock) whether one more stream may start now."""
+        self._measure()
+        if self.active >= self._capacity_now():
+            return False
+        lead = self.lead()
+        # A listener about to run dry is served first.
+        return not (self.active and lead is not None and lead < self.min_lead)
+
+    def _admit(self) -> None:
+        self.active += 1
+        self._stats["admitted"] += 1
 
     def abandon(self, ticket: int, timed_out: bool = False) -> None:
         """`ticket` stops waiting (its client left, or it waited too long)."""
@@ -139,4 +154,12 @@ class Admission:
             }
 
 
-__all__ = ["Admission"]
+def retry_after_seconds(stream_seconds: float, active: int) -> int:
+    """A fair wait before a refused client retries: about when one active stream ends, if
+    streams of `stream_seconds` end evenly (1-30 s)."""
+    if active < 1 or not math.isfinite(stream_seconds):
+        return 1
+    return max(1, min(30, math.ceil(stream_seconds / active)))
+
+
+__all__ = ["Admission", "retry_after_seconds"]

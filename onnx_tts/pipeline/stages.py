@@ -303,14 +303,19 @@ class VocoderStage:
     def _decode(self, batch: list[tuple[VocoderStream, Any]]) -> None:
         codes = [w.codes if isinstance(w, Window) else w for _, w in batch]
         voices = [stream.request.voice for stream, _ in batch]
+        empty = np.zeros(0, np.float32)
+        filled = [i for i, c in enumerate(codes) if len(c)]  # a flush may hold no new frames
         try:
-            if len(batch) > 1 and self.vocode_windows is not None:
-                waveforms = self.vocode_windows(codes, voices)
+            waveforms: list[np.ndarray] = [empty] * len(batch)
+            if len(filled) > 1 and self.vocode_windows is not None:
+                decoded = self.vocode_windows(
+                    [codes[i] for i in filled], [voices[i] for i in filled]
+                )
+                for index, waveform in zip(filled, decoded, strict=True):
+                    waveforms[index] = waveform
             else:
-                waveforms = [
-                    self.vocode(c, v) if len(c) else np.zeros(0, np.float32)
-                    for c, v in zip(codes, voices, strict=True)
-                ]
+                for index in filled:
+                    waveforms[index] = self.vocode(codes[index], voices[index])
             for waveform in waveforms:
                 # A model that yields NaN/inf must never reach a speaker, a file or a cache.
                 check_finite(np.asarray(waveform), "the model's audio")
@@ -323,8 +328,8 @@ class VocoderStage:
             self.scheduler_wake()
             return
         with self._cv:
-            self._stats["calls"] += 1
-            self._stats["windows"] += len(batch)
+            self._stats["calls"] += 1 if filled else 0
+            self._stats["windows"] += len(filled)
             for (stream, window), waveform in zip(batch, waveforms, strict=True):
                 if stream not in self.streams:
                     continue  # closed meanwhile

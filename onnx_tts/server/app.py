@@ -34,17 +34,6 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from onnx_tts.config import ServerConfig
 from onnx_tts.errors import AudioError, InputError, OnnxTTSError
-from onnx_tts.request import PlaybackClock
-from onnx_tts.server.dispatcher import (
-    AUDIO,
-    END,
-    ERROR,
-    START,
-    DeadlineGate,
-    Dispatcher,
-    Generation,
-    QueueFull,
-)
 from onnx_tts.server.encoding import (
     CONTENT_TYPES,
     REQUESTABLE_RATES,
@@ -56,6 +45,7 @@ from onnx_tts.server.encoding import (
 from onnx_tts.server.engines import DEFAULT_MODEL_ALIASES, ModelRegistry, SpeechModel
 from onnx_tts.server.errors import APIError, error_body, one_line
 from onnx_tts.server.instructions import Styling, interpret
+from onnx_tts.server.jobs import AUDIO, END, ERROR, START, Busy, Generation
 from onnx_tts.server.metrics import ServerMetrics, SynthesisRecord
 from onnx_tts.server.redis_voices import open_voice_store
 from onnx_tts.server.schemas import (
@@ -87,37 +77,24 @@ class _State:
     def __init__(self, config: ServerConfig, registry: ModelRegistry) -> None:
         self.config = config
         self.registry = registry
-        self.dispatcher = Dispatcher(config.workers, config.max_queue)
-        self.gate = DeadlineGate(config.compute_slots or os.cpu_count() or 1)
         # Redis when the server shares one, so every replica sees every upload.
         self.voices = open_voice_store(
             config.voices_dir or default_voices_dir(), registry.caches.redis_url
         )
         self.metrics = ServerMetrics(
-            queue_depth=lambda: self.dispatcher.waiting,
-            active=lambda: self.dispatcher.active,
+            queue_depth=lambda: sum(m.admission.waiting for m in registry.models.values()),
+            active=lambda: sum(m.admission.active for m in registry.models.values()),
             cache_stats=registry.cache_stats,
         )
         self.draining = False
-        self._jobs: dict[int, Generation] = {}  # generations whose response is not over
-
-    def track(self, job: Generation) -> None:
-        self._jobs[id(job)] = job
-
-    def untrack(self, job: Generation) -> None:
-        self._jobs.pop(id(job), None)
 
     def cancel_all(self) -> int:
         """Stop every generation now (a second stop signal) and end their responses: a
         response still waiting for audio gets 503, a streaming one is cut off. Callable from
         a signal handler; returns how many there were."""
-        jobs = list(self._jobs.values())
+        jobs = [job for model in self.registry.models.values() for job in model.jobs.values()]
         for job in jobs:
-            job.cancel()
-            with contextlib.suppress(RuntimeError):  # the loop is already closed
-                job.loop.call_soon_threadsafe(
-                    job.events.put_nowait, (ERROR, ServerStopping("the server is stopping"))
-                )
+            job.stop(ServerStopping("the server is stopping"))
         return len(jobs)
 
 
@@ -218,7 +195,9 @@ def _route_label(path: str) -> str:
 
 def create_app(config: ServerConfig, registry: ModelRegistry | None = None) -> FastAPI:
     """The app; models load in the background when it starts (GET /health is 503 until then)."""
-    registry = registry or ModelRegistry(config.models or [None])
+    registry = registry or ModelRegistry(
+        config.models or [None], max_streams=config.max_streams, max_waiting=config.max_queue
+    )
     state = _State(config, registry)
 
     @contextlib.asynccontextmanager
@@ -230,7 +209,8 @@ def create_app(config: ServerConfig, registry: ModelRegistry | None = None) -> F
         state.draining = True
         if loading is not None:
             await loading  # a stop during loading lets the load finish, then exits cleanly
-        await run_in_threadpool(state.dispatcher.shutdown)
+        for model in registry.models.values():  # stop each engine's scheduler and vocoder
+            await run_in_threadpool(model.engine.close)
 
     # FastAPI's /docs and /redoc load their assets from a CDN (blank offline): web.py serves
     # a page of ours at /docs instead, beside the web page at /.
@@ -339,24 +319,20 @@ def create_app(config: ServerConfig, registry: ModelRegistry | None = None) -> F
                 styling.headers()["X-Instructions-Ignored"],
             )
         try:
-            state.dispatcher.submit(job.run)  # the job reports through its event queue
-        except QueueFull:
+            await job.admit(config.queue_timeout)
+        except Busy as error:
+            state.metrics.refused.inc()
             raise APIError(
-                429,
-                f"the server is busy ({config.max_queue} requests waiting); retry shortly",
-                code="queue_full",
-                headers={"Retry-After": "1"},
+                429, str(error), code="busy", headers={"Retry-After": str(error.retry_after)}
             ) from None
-        state.track(job)
+        job.start()
         try:
             first = await _next_event(job, request)
         except BaseException:
             job.cancel()
-            state.untrack(job)
             raise
         if first is None or first[0] == ERROR:
             job.cancel()
-            state.untrack(job)
             if first is None:  # the client left before the first audio
                 state.metrics.cancelled.inc()
                 record.log(job.cache_hit)
@@ -454,8 +430,6 @@ def _plan(state: _State, request: SpeechRequest, received: float) -> tuple[Gener
         options=options,
         speed=styling.speed(request.speed),
         output_rate=encoded_rate(request.response_format, model.sample_rate, sample_rate),
-        loop=asyncio.get_running_loop(),
-        gate=state.gate,
         received_at=received,
     )
     return job, styling
@@ -579,7 +553,6 @@ class _JobStream(StreamingResponse):
             pass
         finally:
             self._job.cancel()  # a no-op once the job has finished
-            self._state.untrack(self._job)
 
 
 # (kind, payload, arrival time) as the handler saw it.
@@ -610,7 +583,7 @@ async def _audio_events(
     """The job's audio as it comes, starting with `first`; metrics, the synthesis log line
     and cancellation in one place."""
     metrics = state.metrics
-    clock = PlaybackClock()
+    clock = job.clock  # the same clock tells the engine when this listener runs dry
     received = job.received_at
     pending: _Event | None = first
     finished = False

@@ -114,7 +114,12 @@ def run(args: argparse.Namespace) -> int:
         )
         return 2
     registry = ModelRegistry(
-        config.models or [None], settings.engine, settings.caches, settings.family
+        config.models or [None],
+        settings.engine,
+        settings.caches,
+        settings.family,
+        max_streams=config.max_streams,
+        max_waiting=config.max_queue,
     )
     app = create_app(config, registry)
     state = app.state.server

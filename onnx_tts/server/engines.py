@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,8 @@ import onnx_tts
 from onnx_tts.audio import load_audio
 from onnx_tts.config import CacheConfig, EngineConfig
 from onnx_tts.pipeline import build_engine
-from onnx_tts.resultcache import replay_chunks
+from onnx_tts.pipeline.admission import Admission, retry_after_seconds
+from onnx_tts.pipeline.execution import ReadyChunks
 
 # Names OpenAI clients send for "the server's default model".
 DEFAULT_MODEL_ALIASES = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts", "onnx-tts", "default")
@@ -33,15 +35,49 @@ WINDOW_OPTIONS = (
 )
 
 
-@dataclass
+@dataclass(eq=False)
 class SpeechModel:
-    """One loaded model, named as clients address it."""
+    """One loaded model, named as clients address it, with its admission control and the
+    requests it is serving."""
 
     name: str
     engine: onnx_tts.Engine
     path: str = ""
     created: int = 0
     options: dict[str, type] = field(default_factory=dict)  # extension field -> JSON type
+    admission: Admission | None = None
+    jobs: dict[int, Any] = field(default_factory=dict)  # active Generations by id
+    _stream_seconds: float = 5.0  # running mean of a request's audio (for Retry-After)
+
+    def admit_streams(self, max_streams: int, max_waiting: int) -> None:
+        """Admission control from the engine's stage utilisation and its listeners' lead."""
+        engine = self.engine
+
+        def busy() -> tuple[float, ...]:
+            stats = engine.stats()
+            return (stats["busy_seconds"], stats["vocoder"]["busy_seconds"])
+
+        self.admission = Admission(busy, max_streams, max_waiting, lead=self.lead)
+
+    def lead(self) -> float | None:
+        """Seconds until the first of this model's listeners runs dry (None: none plays)."""
+        now = time.perf_counter()
+        dry = [job.clock.runs_dry_at() for job in list(self.jobs.values())]
+        times = [t for t in dry if t is not None]
+        return min(times) - now if times else None
+
+    def track(self, job: Any) -> None:
+        self.jobs[id(job)] = job
+
+    def untrack(self, job: Any) -> None:
+        if self.jobs.pop(id(job), None) is not None and self.admission is not None:
+            self.admission.release()
+            seconds = job.generated_samples / self.sample_rate
+            self._stream_seconds += 0.2 * (seconds - self._stream_seconds)
+
+    def retry_after(self) -> int:
+        active = self.admission.active if self.admission is not None else 0
+        return retry_after_seconds(self._stream_seconds, active)
 
     @property
     def sample_rate(self) -> int:
@@ -78,15 +114,17 @@ class SpeechModel:
         voice: dict[str, np.ndarray] | None,
         seed: int | None,
         options: dict[str, Any],
-    ) -> Iterator[np.ndarray]:
-        """float32 chunks as the windowed vocoder yields them; text and options are checked
-        before this returns (InputError). Closing the iterator stops generation."""
-        return self.engine.stream(text, voice=voice, seed=seed, **options)
+        **timing: Any,
+    ) -> Any:
+        """float32 chunks as the windowed vocoder yields them (an AudioStream, pollable);
+        text and options are checked before this returns (InputError); `timing`: deadline,
+        clock, cancel (see Engine.stream). Closing the stream stops generation."""
+        return self.engine.stream(text, voice=voice, seed=seed, **timing, **options)
 
     @staticmethod
-    def replayed(stream: Iterator[np.ndarray]) -> bool:
+    def replayed(stream: Any) -> bool:
         """Whether `stream` (from stream()) replays a result-cache hit instead of generating."""
-        return getattr(stream, "gi_code", None) is replay_chunks.__code__
+        return isinstance(stream, ReadyChunks)
 
     def cache_stats(self) -> dict[str, Any]:
         return self.engine.cache_stats()
@@ -118,8 +156,11 @@ class ModelRegistry:
         engine: EngineConfig | None = None,
         caches: CacheConfig | None = None,
         family_options: dict[str, Any] | None = None,
+        max_streams: int = 64,
+        max_waiting: int = 64,
     ) -> None:
         self.model_dirs = list(model_dirs) or [None]
+        self.max_streams, self.max_waiting = max_streams, max_waiting
         self.engine_config = engine or EngineConfig()
         self.caches = caches or CacheConfig()
         self.family_options = dict(family_options or {})
@@ -129,8 +170,6 @@ class ModelRegistry:
         self.ready = threading.Event()
 
     def load_all(self) -> None:
-        import time
-
         try:
             for model_dir in self.model_dirs:
                 config = dataclasses.replace(self.engine_config, model=model_dir)
@@ -145,6 +184,7 @@ class ModelRegistry:
                     created=int(time.time()),
                     options=model_options(engine),
                 )
+                model.admit_streams(self.max_streams, self.max_waiting)
                 self.models[name] = model
                 if self.default is None:
                     self.default = model

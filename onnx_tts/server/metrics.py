@@ -105,6 +105,12 @@ class ServerMetrics:
             "Generations stopped by a client disconnect",
             registry=r,
         )
+        self.refused = Counter(
+            "onnx_tts_refused_requests",
+            "Requests answered 429: the queue was full, or no stream could start in time "
+            "without stalling the listeners already playing",
+            registry=r,
+        )
         self.batch_size = Histogram(
             "onnx_tts_batch_size",
             "LM rows sharing the decode step when a request got its first audio",

@@ -35,17 +35,9 @@ from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, Synthesize
 
 from onnx_tts.audio import to_pcm16
 from onnx_tts.frontend import split_sentences
-from onnx_tts.server.dispatcher import (
-    AUDIO,
-    END,
-    ERROR,
-    DeadlineGate,
-    Dispatcher,
-    Generation,
-    QueueFull,
-)
 from onnx_tts.server.engines import ModelRegistry, SpeechModel
 from onnx_tts.server.errors import one_line
+from onnx_tts.server.jobs import AUDIO, END, ERROR, Busy, Generation
 from onnx_tts.server.metrics import SynthesisRecord
 from onnx_tts.server.schemas import MAX_INPUT_CHARS, nests_deeper_than
 from onnx_tts.server.voices import VoiceStore
@@ -58,6 +50,8 @@ MAX_DATA_BYTES = 64 << 10
 MAX_PAYLOAD_BYTES = 1 << 20
 MAX_JSON_DEPTH = 16
 MAX_STREAM_CHARS = 64 * MAX_INPUT_CHARS
+# A text waits at most this long to start before the client is told the server is busy.
+QUEUE_TIMEOUT_SECONDS = 10.0
 ATTRIBUTION = Attribution(name="onnx-tts", url="")
 
 
@@ -111,26 +105,15 @@ async def read_event(reader: asyncio.StreamReader) -> Event | None:
 
 
 class WyomingService:
-    """What every connection shares: the models, the voices and the generation workers."""
+    """What every connection shares: the model (with its admission control) and the voices."""
 
-    def __init__(
-        self,
-        registry: ModelRegistry,
-        voices: VoiceStore,
-        workers: int = 4,
-        compute_slots: int = 1,
-        max_queue: int = 64,
-    ) -> None:
+    def __init__(self, registry: ModelRegistry, voices: VoiceStore) -> None:
         self.registry = registry
         self.voices = voices
-        self.dispatcher = Dispatcher(workers, max_queue)
-        self.gate = DeadlineGate(compute_slots)
-        self.jobs: dict[int, Generation] = {}  # running, to stop them all at shutdown
 
     def stop(self) -> None:
-        for job in list(self.jobs.values()):
+        for job in list(self.model.jobs.values()):
             job.cancel()
-        self.dispatcher.shutdown()
 
     @property
     def model(self) -> SpeechModel:
@@ -195,8 +178,6 @@ class WyomingService:
             options={},
             speed=1.0,
             output_rate=model.sample_rate,
-            loop=asyncio.get_running_loop(),
-            gate=self.gate,
         )
 
 
@@ -314,11 +295,11 @@ class WyomingHandler(AsyncEventHandler):
             response_format="wyoming",
         )
         try:
-            service.dispatcher.submit(job.run)
-        except QueueFull:
-            await self._error("the server is busy; retry shortly", "busy")
+            await job.admit(QUEUE_TIMEOUT_SECONDS)
+        except Busy as error:
+            await self._error(str(error), "busy")
             return True
-        service.jobs[id(job)] = job
+        job.start()
         rate = job.output_rate
         audio = {"rate": rate, "width": 2, "channels": 1}
         started = False
@@ -348,7 +329,6 @@ class WyomingHandler(AsyncEventHandler):
             return False
         finally:
             job.cancel()
-            service.jobs.pop(id(job), None)
             record.log(job.cache_hit)
 
 
@@ -376,15 +356,15 @@ def run(args: argparse.Namespace) -> int:
         print(f"onnx-tts wyoming: {error}", file=sys.stderr)
         return 2
     configure_logging(config.log_level, config.log_json)
-    registry = ModelRegistry([engine.model], engine, caches, family_options(args))
+    registry = ModelRegistry(
+        [engine.model], engine, caches, family_options(args), max_streams=config.max_streams
+    )
     try:
         registry.load_all()
     except Exception as error:
         print(f"onnx-tts wyoming: cannot load the model: {one_line(error)}", file=sys.stderr)
         return 2
-    service = WyomingService(
-        registry, VoiceStore(config.voices_dir or default_voices_dir()), workers=config.workers
-    )
+    service = WyomingService(registry, VoiceStore(config.voices_dir or default_voices_dir()))
     try:
         return asyncio.run(_serve(service, config.uri))
     except OSError as error:

@@ -1,0 +1,187 @@
+"""One speech request of the servers (HTTP and Wyoming): admitted by the model's capacity-aware
+`Admission`, then run as an asyncio task that submits the text to the engine (the decode
+scheduler and the vocoder stage do the work, most urgent stream first) and turns its audio into
+events for the response: START, AUDIO (float32 at the output rate, speed applied), END or
+ERROR. No thread waits per request: the engine's stream tells the event loop when audio is
+ready. The request's playback clock goes with it, so the engine knows when its listener would
+run dry; its cancel token stops the work at the next step when the client goes away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import soxr
+
+from onnx_tts.errors import SessionError
+from onnx_tts.request import CancelToken, PlaybackClock
+from onnx_tts.server.engines import SpeechModel
+from onnx_tts.server.timestretch import TimeStretcher
+
+# Events a Generation posts to its queue.
+START, AUDIO, END, ERROR = "start", "audio", "end", "error"
+# A request should hear its first audio within this long of arriving (its deadline).
+FIRST_AUDIO_BUDGET_SECONDS = 0.2
+
+
+class Busy(Exception):
+    """No room for the request now: `retry_after` seconds is a fair wait before retrying."""
+
+    def __init__(self, message: str, retry_after: int) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+@dataclass
+class Generation:
+    """One request's synthesis; its events go to `events` as the audio is made."""
+
+    model: SpeechModel
+    text: str
+    voice_audio: np.ndarray | None
+    seed: int | None
+    options: dict[str, Any]
+    speed: float
+    output_rate: int
+    received_at: float = field(default_factory=time.perf_counter)
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+    cancel_token: CancelToken = field(default_factory=CancelToken)
+    clock: PlaybackClock = field(default_factory=PlaybackClock)
+    generated_samples: int = 0  # at the model's rate, before speed (for usage tokens)
+    started_at: float = 0.0
+    cache_hit: bool | None = None  # the result cache replayed this audio (None: not started)
+    task: asyncio.Task | None = None
+
+    def cancel(self) -> None:
+        self.cancel_token.cancel()
+
+    @property
+    def cancelled(self) -> bool:
+        return self.cancel_token.cancelled
+
+    async def admit(self, timeout: float) -> None:
+        """Wait (first come, first served) until the model's admission lets this stream
+        start; Busy when the queue is full or the wait exceeds `timeout`."""
+        admission = self.model.admission
+        ticket = admission.enqueue()
+        if ticket is None:
+            raise Busy(
+                f"the server is busy ({admission.max_waiting} requests waiting); retry shortly",
+                self.model.retry_after(),
+            )
+        deadline = time.monotonic() + timeout
+        try:
+            while not admission.try_admit(ticket):
+                if self.cancelled:
+                    raise asyncio.CancelledError
+                if time.monotonic() >= deadline:
+                    admission.abandon(ticket, timed_out=True)
+                    raise Busy(
+                        f"the server is at capacity ({admission.active} streams playing in real "
+                        "time); retry shortly",
+                        self.model.retry_after(),
+                    )
+                await asyncio.sleep(0.01)
+        except BaseException:
+            admission.abandon(ticket)
+            raise
+
+    def start(self) -> None:
+        """Run the synthesis as a task of the running loop (after `admit`)."""
+        self.model.track(self)
+        self._loop = asyncio.get_running_loop()
+        self.task = self._loop.create_task(self._run())
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        ready = asyncio.Event()
+        stream = None
+        self.started_at = time.perf_counter()
+        try:
+            voice = await asyncio.to_thread(self.model.encode_voice, self.voice_audio)
+            deadline = time.monotonic() + FIRST_AUDIO_BUDGET_SECONDS
+            stream = await asyncio.to_thread(
+                self.model.stream,
+                self.text,
+                voice,
+                self.seed,
+                self.options,
+                deadline=deadline,
+                clock=self.clock,
+                cancel=self.cancel_token,
+            )
+            self.cache_hit = self.model.replayed(stream)
+            self.events.put_nowait((START, None))
+
+            def wake() -> None:
+                loop.call_soon_threadsafe(ready.set)
+
+            stream.listen(wake)
+            await self._pump(stream, ready)
+        except Exception as error:
+            self.events.put_nowait((ERROR, error))
+        finally:
+            if stream is not None:
+                stream.close()  # stops the LM and frees its rows at once
+            self.model.untrack(self)
+
+    async def _pump(self, stream: Any, ready: asyncio.Event) -> None:
+        model = self.model
+        stretcher = TimeStretcher(self.speed, model.sample_rate) if self.speed != 1.0 else None
+        resampler = (
+            soxr.ResampleStream(model.sample_rate, self.output_rate, 1, dtype="float32")
+            if self.output_rate != model.sample_rate
+            else None
+        )
+
+        def emit(samples: np.ndarray, last: bool = False) -> None:
+            if resampler is not None:
+                samples = resampler.resample_chunk(samples, last=last)
+            if len(samples):
+                self.events.put_nowait((AUDIO, np.asarray(samples, np.float32)))
+
+        while True:
+            if self.cancelled:
+                return
+            try:
+                chunk = stream.poll()
+            except StopIteration:
+                break
+            if chunk is None:
+                await ready.wait()
+                ready.clear()
+                continue
+            chunk = np.asarray(chunk, np.float32)
+            if not np.all(np.isfinite(chunk)):
+                raise SessionError("the model produced non-finite samples; output stopped")
+            self.generated_samples += len(chunk)
+            if stretcher is not None:  # WSOLA costs real CPU: off the event loop
+                chunk = await asyncio.to_thread(stretcher.push, chunk)
+            emit(chunk)
+        emit(stretcher.finish() if stretcher is not None else np.zeros(0, np.float32), last=True)
+        self.events.put_nowait((END, None))
+
+    def stop(self, error: BaseException) -> None:
+        """End the request now with `error` (a server told to stop at once; callable from a
+        signal handler)."""
+        self.cancel()
+        loop = getattr(self, "_loop", None)
+        if loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop is already closed
+                loop.call_soon_threadsafe(self.events.put_nowait, (ERROR, error))
+
+
+__all__ = [
+    "AUDIO",
+    "END",
+    "ERROR",
+    "FIRST_AUDIO_BUDGET_SECONDS",
+    "START",
+    "Busy",
+    "Generation",
+]

@@ -1,0 +1,221 @@
+"""The staged pipeline: the vocoder stage (batched windows equal per-stream ones, most urgent
+first, a failing stream fails alone), admission control, and nothing left behind by many
+clients that come and go."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import pytest
+
+import onnx_tts
+from onnx_tts.errors import InputError
+from onnx_tts.pipeline.admission import Admission, retry_after_seconds
+from onnx_tts.pipeline.stages import VocoderStage
+from onnx_tts.request import CancelToken, PlaybackClock, Request
+from tests.conftest import codec_lm_dir
+
+TEXTS = [
+    "The sun rose slowly over the quiet hills.",
+    "She packed her bag and left before dawn.",
+    "A small dog barked at the passing train.",
+    "Rain is expected later this afternoon.",
+]
+
+
+def _wait(condition, seconds: float = 30.0) -> bool:
+    """Poll `condition` (workers free rows between steps); a bound, not a timing assertion."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.01)
+    return condition()
+
+
+@pytest.fixture(scope="module")
+def codec_engine():
+    engine = onnx_tts.load(codec_lm_dir(), cache_dir=None, max_batch=8)
+    yield engine
+    engine.close()
+
+
+def test_batched_vocoder_windows_equal_each_stream_alone(codec_engine):
+    """Eight concurrent streams: their windows went through shared vocoder calls (mean batch
+    above 1) and every stream's audio equals the same stream decoded alone."""
+    alone = onnx_tts.load(codec_lm_dir(), cache_dir=None, max_batch=1)
+    jobs = [(TEXTS[i % 4], i) for i in range(8)]
+    expected = [np.concatenate(list(alone.stream(t, seed=s))) for t, s in jobs]
+    alone.close()
+    before = codec_engine.stats()["vocoder"]
+    with ThreadPoolExecutor(8) as pool:
+        got = list(
+            pool.map(lambda j: np.concatenate(list(codec_engine.stream(j[0], seed=j[1]))), jobs)
+        )
+    for want, have in zip(expected, got, strict=True):
+        np.testing.assert_array_equal(have, want)
+    after = codec_engine.stats()["vocoder"]
+    calls = after["calls"] - before["calls"]
+    windows = after["windows"] - before["windows"]
+    assert windows > calls, "no vocoder call decoded more than one stream's window"
+
+
+class _RecordingVocoder:
+    """A stand-in vocoder: records the order it decodes streams in, fails for one voice."""
+
+    def __init__(self, hop: int) -> None:
+        self.hop, self.order = hop, []
+        self.gate = threading.Event()
+
+    def vocode(self, frames: np.ndarray, voice: Any) -> np.ndarray:
+        self.gate.wait(10)  # hold the first round until every stream has its window due
+        if voice.get("fail"):
+            raise InputError("this voice breaks the vocoder")
+        self.order.append(voice["name"])
+        return np.zeros(len(frames) * self.hop, np.float32)
+
+
+def _one_shot_request(name: str, **timing: Any) -> Request:
+    return Request(name, {"name": name, **timing.pop("voice", {})}, None, {}, **timing)  # type: ignore[arg-type]
+
+
+def test_stage_decodes_the_most_urgent_stream_first_and_a_failure_stays_alone():
+    vocoder = _RecordingVocoder(hop=4)
+    stage = VocoderStage(vocoder.vocode, gather_seconds=0.05)
+    now = time.monotonic()
+    dry = PlaybackClock()
+    dry.chunk(now - 2.0, 0.5)  # this listener ran dry 1.5 s ago
+    specs = [
+        ("batch", {}),  # no deadline: arrival + slack
+        ("later", {"deadline": now + 5}),
+        ("broken", {"deadline": now + 4, "voice": {"fail": True}}),
+        ("soon", {"deadline": now + 1}),
+        ("starving", {"deadline": now + 9, "clock": dry}),
+    ]
+    streams = {}
+    for name, timing in specs:
+        request = _one_shot_request(name, **timing)
+        streams[name] = stage.open(request, None, hop_length=4)
+    for stream in streams.values():  # one-shot streams: every frame, then the end
+        stream.put(np.zeros((1, 2)))
+        stream.end()
+    vocoder.gate.set()
+    results = {}
+    for name, stream in streams.items():
+        try:
+            results[name] = [len(chunk) for chunk in stream]
+        except InputError as error:
+            results[name] = str(error)
+    assert results["broken"] == "this voice breaks the vocoder"
+    assert all(results[name] == [4] for name in ("batch", "later", "soon", "starving"))
+    # The first round took them in urgency order (the gate held the worker until all were due).
+    assert vocoder.order == ["starving", "soon", "later", "batch"]
+    stage.close()
+
+
+def test_many_clients_coming_and_going_leave_nothing_behind(codec_engine):
+    """64 concurrent streams, a third of them abandoned at a random point: afterwards no row,
+    no stream of the vocoder stage and no extra thread remains."""
+    threads_before = threading.active_count()
+    rng = random.Random(7)
+    plans = [(TEXTS[i % 4], i, rng.random() < 0.35, rng.randint(0, 3)) for i in range(64)]
+    errors: list[BaseException] = []
+
+    def client(plan: tuple[str, int, bool, int]) -> None:
+        text, seed, leave, after = plan
+        try:
+            stream = codec_engine.stream(text, seed=seed)
+            for index, _ in enumerate(stream):
+                if leave and index >= after:
+                    break
+            stream.close()
+        except BaseException as error:  # collected, asserted below
+            errors.append(error)
+
+    with ThreadPoolExecutor(64) as pool:
+        list(pool.map(client, plans))
+    assert errors == []
+    assert _wait(lambda: codec_engine.stats()["active_rows"] == 0)
+    assert _wait(lambda: codec_engine.stats()["vocoder"]["open_streams"] == 0)
+    assert codec_engine.stats()["queued"] == 0
+    assert _wait(lambda: threading.active_count() <= threads_before)
+
+
+def test_a_cancelled_stream_stops_in_both_stages(codec_engine):
+    cancel = CancelToken()
+    stream = codec_engine.stream(" ".join(TEXTS * 3), seed=1, cancel=cancel)
+    next(stream)
+    cancel.cancel()  # e.g. a server whose client went away
+    assert _wait(lambda: codec_engine.stats()["active_rows"] == 0)
+    with pytest.raises(StopIteration):
+        while True:
+            next(stream)
+    stream.close()
+    assert _wait(lambda: codec_engine.stats()["vocoder"]["open_streams"] == 0)
+
+
+# -- admission ---------------------------------------------------------------------------------
+
+
+class _Load:
+    """Busy seconds of two stages, advanced by hand."""
+
+    def __init__(self) -> None:
+        self.busy = [0.0, 0.0]
+
+    def __call__(self) -> tuple[float, ...]:
+        return tuple(self.busy)
+
+
+def test_admission_learns_capacity_from_utilisation(monkeypatch):
+    clock = [1000.0]
+    monkeypatch.setattr("onnx_tts.pipeline.admission.time.monotonic", lambda: clock[0])
+    load = _Load()
+    admission = Admission(load, max_streams=64, max_waiting=8, target_utilisation=0.8)
+    for _ in range(4):  # unmeasured: admitted up to max_streams
+        assert admission.try_admit(admission.enqueue())
+    admission.capacity()  # first sample
+    clock[0] += 1.0
+    load.busy = [0.2, 0.8]  # 4 streams keep the busier stage 80% busy
+    assert admission.capacity() == 4  # 4 * 0.8 / 0.8
+    waiting = admission.enqueue()
+    assert not admission.try_admit(waiting)  # full: it waits
+    admission.release()
+    assert admission.try_admit(waiting)
+
+
+def test_admission_holds_new_streams_while_a_listener_runs_dry():
+    lead = [5.0]
+    admission = Admission(_Load(), max_streams=8, max_waiting=4, lead=lambda: lead[0])
+    assert admission.try_admit(admission.enqueue())
+    lead[0] = 0.05  # the playing listener is about to stall
+    ticket = admission.enqueue()
+    assert not admission.try_admit(ticket)
+    lead[0] = 2.0
+    assert admission.try_admit(ticket)
+
+
+def test_admission_queue_is_bounded_and_first_come_first_served():
+    admission = Admission(_Load(), max_streams=1, max_waiting=2)
+    assert admission.try_admit(admission.enqueue())
+    first, second = admission.enqueue(), admission.enqueue()
+    assert admission.enqueue() is None  # the queue holds two
+    admission.release()
+    assert not admission.try_admit(second)  # not its turn
+    assert admission.try_admit(first)
+    admission.abandon(second, timed_out=True)
+    stats = admission.stats()
+    assert stats["refused_queue_full"] == 1 and stats["refused_timeout"] == 1
+    assert stats["waiting"] == 0 and stats["active"] == 1
+
+
+@pytest.mark.parametrize(
+    ("seconds", "active", "expected"), [(8.0, 4, 2), (8.0, 0, 1), (300.0, 1, 30), (0.5, 9, 1)]
+)
+def test_retry_after_is_about_when_a_stream_ends(seconds, active, expected):
+    assert retry_after_seconds(seconds, active) == expected
