@@ -219,3 +219,23 @@ def test_admission_queue_is_bounded_and_first_come_first_served():
 )
 def test_retry_after_is_about_when_a_stream_ends(seconds, active, expected):
     assert retry_after_seconds(seconds, active) == expected
+
+
+def test_threads_zero_gives_each_stage_its_share_of_the_cores():
+    """--threads 0 (the default): the decode and vocoder stages run at once, so their
+    sessions split the cores instead of each taking all of them; explicit threads are kept."""
+    from onnx_tts.pipeline import available_cores
+    from onnx_tts.pipeline.stages import threads_per_stage
+
+    shares = threads_per_stage(available_cores())
+    assert shares["decode"] + shares["vocoder"] == max(2, available_cores())
+    engine = onnx_tts.load(codec_lm_dir(), cache_dir=None, threads=0)
+    threads = {role: s.options.intra_op_threads for role, s in engine.backend.sessions.items()}
+    assert threads["vocoder"] == shares["vocoder"] and threads["lm"] == shares["decode"]
+    assert threads["encoder"] == shares["encoder"]
+    engine.close()
+    explicit = onnx_tts.load(codec_lm_dir(), cache_dir=None, threads=3)
+    assert {s.options.intra_op_threads for s in explicit.backend.sessions.values()} == {3}
+    explicit.close()
+    assert threads_per_stage(8) == {"decode": 4, "vocoder": 4, "encoder": 4}
+    assert threads_per_stage(1) == {"decode": 1, "vocoder": 1, "encoder": 1}

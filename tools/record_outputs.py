@@ -3,7 +3,8 @@
     python tools/record_outputs.py record OUT.npz [--work DIR]
     python tools/record_outputs.py compare OLD.npz NEW.npz
 
-Used to prove that a restructuring changed no output: every family (the default voice, the
+Used to prove that a restructuring changed no output (one ORT thread per session, so the
+reduction order is the same on every machine): every family (the default voice, the
 codec-lm bundle, synthetic Chatterbox Turbo / original with guidance / converted in place),
 every KV mode, cloned voices, streamed, batched and result-cached requests. The models are
 built into `--work` (deterministic builders), so two recordings made on one machine compare
@@ -71,14 +72,14 @@ def _record_model(name: str, model_dir, options: dict, voice_wav: Path, out: dic
 
     # Turbo exports carry no default voice: every request of theirs is cloned.
     voice = str(voice_wav) if name.startswith("turbo") else None
-    solo = onnx_tts.load(model_dir, cache_dir=None, max_batch=1, **options)
+    solo = onnx_tts.load(model_dir, cache_dir=None, max_batch=1, threads=1, **options)
     for i, text in enumerate(TEXTS):
         run(f"solo/{i}", lambda t=text, i=i: solo.synthesize(t, voice=voice, seed=i + 1).samples)
     run("clone", lambda: solo.synthesize(TEXTS[1], voice=str(voice_wav), seed=7).samples)
     run("greedy", lambda: solo.synthesize(TEXTS[0], voice=voice, temperature=0.0).samples)
     run("stream", lambda: np.concatenate(list(solo.stream(TEXTS[1], voice=voice, seed=3))))
     solo.close()
-    batched = onnx_tts.load(model_dir, cache_dir=None, max_batch=4, **options)
+    batched = onnx_tts.load(model_dir, cache_dir=None, max_batch=4, threads=1, **options)
 
     def together() -> np.ndarray:
         with ThreadPoolExecutor(4) as pool:
@@ -89,7 +90,9 @@ def _record_model(name: str, model_dir, options: dict, voice_wav: Path, out: dic
 
     run("batched", together)
     batched.close()
-    cached = onnx_tts.load(model_dir, cache_dir=None, result_cache_bytes=16 << 20, **options)
+    cached = onnx_tts.load(
+        model_dir, cache_dir=None, result_cache_bytes=16 << 20, threads=1, **options
+    )
     run("cached/first", lambda: cached.synthesize(TEXTS[1], voice=voice, seed=5).samples)
     run("cached/hit", lambda: cached.synthesize(TEXTS[1], voice=voice, seed=5).samples)
     run(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
@@ -78,12 +78,25 @@ class Detection:
     inspected: Any
 
 
+Stage = Literal["decode", "vocoder", "encoder"]
+
+
 @dataclass(frozen=True)
 class LoadSettings:
-    """Settings every family takes from `onnx_tts.load()`."""
+    """Settings every family takes from `onnx_tts.load()`. `stage_threads` (when set) gives
+    each stage's sessions their intra-op threads, so the stages that run at once do not
+    oversubscribe the cores: `options_for(stage)`."""
 
     kv: str | None = None
     session_options: SessionOptions = field(default_factory=SessionOptions)
+    stage_threads: Mapping[str, int] | None = None
+
+    def options_for(self, stage: Stage) -> SessionOptions:
+        """The session options of a graph of `stage` (decode: the LM and what each step
+        runs; vocoder; encoder: reference voices)."""
+        if self.stage_threads is None or stage not in self.stage_threads:
+            return self.session_options
+        return replace(self.session_options, intra_op_threads=self.stage_threads[stage])
 
 
 class Backend(Protocol):

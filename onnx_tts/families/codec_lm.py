@@ -262,7 +262,6 @@ class CodecLMModel:
         if lm_graph not in LM_GRAPHS:
             raise InputError(f"lm_graph must be one of {', '.join(LM_GRAPHS)}, got {lm_graph!r}")
         self.bundle = bundle
-        options = settings.session_options
         self.codebooks = bundle.value("codec", "codebooks", int, 1, 64)
         self.codebook_size = bundle.value("codec", "codebook_size", int, 2, 1 << 20)
         self.pad_id = bundle.value("codec", "pad_id", int, 0, 1 << 21)
@@ -275,8 +274,10 @@ class CodecLMModel:
         self.prompt_frames = bundle.value("encoder", "prompt_frames", int, 0, 1 << 16, 150)
         self.max_chunk_chars = bundle.value("text", "max_tokens_per_chunk", int, 1, 1 << 16, 200)
 
+        stages = {"encoder": "encoder", "vocoder": "vocoder"}  # the rest runs every step
         self.sessions = {
-            role: Session(bundle.graph_path(role), options) for role in (*GRAPH_ROLES, lm_graph)
+            role: Session(bundle.graph_path(role), settings.options_for(stages.get(role, "decode")))
+            for role in (*GRAPH_ROLES, lm_graph)
         }
         lm = self.sessions[lm_graph]
         self.layout = kv_layout(lm.spec)

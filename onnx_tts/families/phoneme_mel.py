@@ -211,13 +211,16 @@ class PhonemeMelModel:
         options = settings.session_options
         # A batch-1 decode step of this small LM is too little work to split across threads:
         # measured 1.26 ms/step on one intra-op thread vs 2.76 ms on two (2 cores). The
-        # encoder and the vocoder, which see whole clips, keep the caller's setting.
+        # encoder and the vocoder, which see whole clips, take their stage's threads.
         step_options = (
             options if options.shared_thread_pool else replace(options, intra_op_threads=1)
         )
         self.sessions = {
             role: Session(
-                bundle.graph_path(role), step_options if role in ("embed", "lm") else options
+                bundle.graph_path(role),
+                step_options
+                if role in ("embed", "lm")
+                else settings.options_for("encoder" if role == "encoder" else "vocoder"),
             )
             for role in GRAPH_ROLES
         }

@@ -20,6 +20,7 @@ from onnx_tts.families.base import LoadSettings
 from onnx_tts.pipeline.engine import Audio, Engine
 from onnx_tts.pipeline.execution import SENTENCE_PAUSE_SECONDS
 from onnx_tts.pipeline.planner import Plan, Planner, Timing
+from onnx_tts.pipeline.stages import threads_per_stage
 from onnx_tts.pipeline.voices import VoiceLike
 from onnx_tts.refcache import ReferenceCache
 from onnx_tts.resultcache import ResultCache
@@ -27,6 +28,14 @@ from onnx_tts.session import SessionOptions
 
 ENGINE_FIELDS = tuple(f.name for f in dataclasses.fields(EngineConfig))
 CACHE_FIELDS = tuple(f.name for f in dataclasses.fields(CacheConfig))
+
+
+def available_cores() -> int:
+    """CPUs this process may run on (its affinity, e.g. a container's share)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def _path_or_none(name: str, value: Any) -> str | None:
@@ -78,7 +87,10 @@ def build_engine(
     root = resolve_model_dir(config.model)
     detection = detect(root, family_options)
     session_options = SessionOptions(providers=tuple(providers), intra_op_threads=config.threads)
-    backend = load_backend(detection, LoadSettings(config.kv, session_options), family_options)
+    # --threads 0: each stage's share of the cores (explicit threads: every session that many).
+    stages = threads_per_stage(available_cores()) if config.threads == 0 else None
+    settings = LoadSettings(config.kv, session_options, stages)
+    backend = load_backend(detection, settings, family_options)
     reference = ReferenceCache(
         memory_bytes=caches.cache_memory_bytes,
         disk_dir=caches.cache_dir,

@@ -45,6 +45,15 @@ def _close_live_stages() -> None:
         stage.close()
 
 
+def threads_per_stage(cores: int) -> dict[str, int]:
+    """Intra-op threads of each stage's sessions for `--threads 0`: the decode scheduler's
+    worker and the vocoder stage's run at the same time, so each gets half the cores (on 2
+    cores: 1 each; ORT's default of all cores per session made them fight: 2.5-3x slower under
+    load). Reference encodes run beside both, rarely (cached): half the cores too."""
+    half = max(1, cores // 2)
+    return {"decode": half, "vocoder": max(1, cores - half), "encoder": half}
+
+
 Vocode = Callable[[np.ndarray, Mapping[str, np.ndarray]], np.ndarray]
 VocodeWindows = Callable[[Sequence[np.ndarray], Sequence[Mapping[str, np.ndarray]]], list]
 

@@ -204,8 +204,11 @@ class ChatterboxModel:
             "crossfade_samples": 480,
         }
 
-        options = settings.session_options
-        self.sessions = {role: Session(spec.path, options) for role, spec in layout.graphs.items()}
+        stages = {"speech_encoder": "encoder", "conditional_decoder": "vocoder"}
+        self.sessions = {
+            role: Session(spec.path, settings.options_for(stages.get(role, "decode")))
+            for role, spec in layout.graphs.items()
+        }
         self._check_runtime_io()
         try:
             self.tokenizer = Tokenizer.from_file(str(layout.tokenizer_path))
