@@ -225,7 +225,7 @@ def _blob(
 
 
 def tampered_blob(tamper: str, blob: bytes, key: str) -> bytes:
-    from onnx_tts.refcache import decode_value, encode_value
+    from onnx_tts.cache.codec import decode_value, encode_value
 
     arrays = {name: np.array(value) for name, value in decode_value(blob, key).items()}
     first = next(name for name, value in arrays.items() if value.dtype.kind == "f")
@@ -672,7 +672,7 @@ def check_then(
         # A directory squatting on the entry's name is left alone (never delete a directory
         # the cache did not make): the runs still succeed, uncached, with a warning.
         if entry is not None and not entry.is_dir():
-            from onnx_tts.refcache import decode_value
+            from onnx_tts.cache.codec import decode_value
 
             try:
                 decode_value(entry.read_bytes(), entry.stem)

@@ -16,7 +16,7 @@ from typing import Any, NoReturn
 import numpy as np
 
 from onnx_tts.audio import ProgressiveWavWriter, RawPcmWriter
-from onnx_tts.decoding.prefix_cache import DEFAULT_PREFIX_CACHE_BYTES
+from onnx_tts.cache.prefix import DEFAULT_PREFIX_CACHE_BYTES
 from onnx_tts.errors import InputError, OnnxTTSError, OutputClosedError
 from onnx_tts.signals import TerminatedBySignal, termination_as_exception
 
@@ -183,6 +183,11 @@ def add_cache_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         help="seconds before Redis entries expire (default: kept until Redis evicts them)",
     )
+    group.add_argument(
+        "--cache-secret",
+        help="sign disk and Redis cache entries with this secret (HMAC-SHA256) and refuse "
+        "unsigned or mis-signed ones (default: $ONNX_TTS_CACHE_SECRET, else unsigned)",
+    )
 
 
 def cache_load_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -207,6 +212,7 @@ def cache_load_options(args: argparse.Namespace) -> dict[str, Any]:
             args.result_cache_disk_mb, "--result-cache-disk-mb"
         ),
         "redis_ttl_seconds": args.redis_ttl,
+        "cache_secret": args.cache_secret,
     }
 
 
@@ -381,8 +387,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def cmd_cache(args: argparse.Namespace) -> int:
-    from onnx_tts.refcache import format_stats
-    from onnx_tts.resultcache import all_cache_stats, clear_caches
+    from onnx_tts.cache.manage import all_cache_stats, clear_caches, format_stats
 
     dirs = (cache_dir_option(args.cache_dir), cache_dir_option(args.result_cache_dir), args.redis)
     # Hit/miss counters live per process; a CLI process only sees the shared tiers' contents.

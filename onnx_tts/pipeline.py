@@ -14,8 +14,18 @@ import numpy as np
 
 from onnx_tts.audio import check_finite, load_audio, save_audio
 from onnx_tts.bundle import resolve_model_dir
+from onnx_tts.cache.codec import resolve_cache_secret
+from onnx_tts.cache.prefix import DEFAULT_PREFIX_CACHE_BYTES, PrefixCache
+from onnx_tts.cache.reference import ReferenceCache
+from onnx_tts.cache.result import (
+    ResultCache,
+    model_identity,
+    replay_chunks,
+    request_digest,
+    result_key,
+)
+from onnx_tts.cache.tiered import TieredCache
 from onnx_tts.decoding import SAMPLING_KEYS, Request, SamplingOptions, check_seed, decode_solo
-from onnx_tts.decoding.prefix_cache import DEFAULT_PREFIX_CACHE_BYTES, PrefixCache
 from onnx_tts.decoding.scheduler import (
     MAX_BATCH_LIMIT,
     DecodeScheduler,
@@ -27,14 +37,6 @@ from onnx_tts.errors import AudioError, InputError, OnnxTTSError, OnnxTTSWarning
 from onnx_tts.families import FAMILIES, detect, family_of, load_backend
 from onnx_tts.families.base import Backend, Family, LoadSettings
 from onnx_tts.frontend import check_text
-from onnx_tts.refcache import ReferenceCache, TieredCache
-from onnx_tts.resultcache import (
-    ResultCache,
-    model_identity,
-    replay_chunks,
-    request_digest,
-    result_key,
-)
 from onnx_tts.session import KV_MODES, SessionOptions
 from onnx_tts.vocoder import StreamingOptions, stream_decode
 
@@ -90,8 +92,8 @@ class Engine:
     ) -> None:
         self.backend = backend
         self.cache = cache
-        self.results = results  # finished audio of deterministic requests (resultcache.py)
-        self.prefixes = prefixes  # KV of voice prefixes (decoding/prefix_cache.py)
+        self.results = results  # finished audio of deterministic requests (cache/result.py)
+        self.prefixes = prefixes  # KV of voice prefixes (cache/prefix.py)
         # Texts of several sentences also store and reuse each sentence (result cache only).
         self.sentence_entries = True
         self._identity: str | None = None
@@ -510,6 +512,7 @@ def load(
     cache_disk_bytes: int = DEFAULT_REFERENCE_DISK_BYTES,
     result_cache_disk_bytes: int = DEFAULT_RESULT_DISK_BYTES,
     redis_ttl_seconds: int | None = None,
+    cache_secret: str | bytes | None = None,
     **family_options: Any,
 ) -> Engine:
     """Load a model directory (default: the bundled trained voice) into an Engine.
@@ -527,6 +530,9 @@ def load(
     cache_disk_bytes, result_cache_disk_bytes: bounds of the two disk tiers (least recently
     used files are removed past them); redis_ttl_seconds: expiry of both caches' Redis entries
     (None: kept until Redis evicts them by its maxmemory policy).
+    cache_secret: sign the disk and Redis entries of both caches (HMAC-SHA256 over key and
+    value) and refuse unsigned or mis-signed ones, for tiers others can write to (default:
+    $ONNX_TTS_CACHE_SECRET, else unsigned).
     family_options: the family's load options (`onnx-tts info` lists them), e.g. precision
     or exaggeration for Chatterbox exports.
     """
@@ -577,6 +583,7 @@ def load(
             f"redis_ttl_seconds must be None or an integer in [1, {MAX_REDIS_TTL_SECONDS}], got "
             f"{redis_ttl_seconds!r}"
         )
+    secret = resolve_cache_secret(cache_secret)
     root = resolve_model_dir(model)
     detection = detect(root, family_options)
     session_options = SessionOptions(providers=tuple(providers), intra_op_threads=threads)
@@ -587,6 +594,7 @@ def load(
         redis_url=redis_url,
         redis_ttl_seconds=redis_ttl_seconds,
         disk_max_bytes=cache_disk_bytes,
+        secret=secret,
     )
     results = None
     if result_cache_bytes is not None:
@@ -596,6 +604,8 @@ def load(
             redis_url=redis_url,
             redis_ttl_seconds=redis_ttl_seconds,
             disk_max_bytes=result_cache_disk_bytes,
+            secret=secret,
+            sample_rate=backend.sample_rate,
         )
     prefixes = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes else None
     return Engine(backend, cache, family_of(detection), max_batch, results, prefixes)

@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from onnx_tts.cache.prefix import PrefixCache
 from onnx_tts.decoding.kv_pool import KVPool
-from onnx_tts.decoding.prefix_cache import PrefixCache
 from onnx_tts.decoding.sampling import SamplingOptions
 from onnx_tts.session import Session
 

@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from onnx_tts.cache.prefix import PrefixCache
 from onnx_tts.decoding.kv_pool import CapacityPolicy
-from onnx_tts.decoding.prefix_cache import PrefixCache
 from onnx_tts.decoding.program import LOGITS, DecodeProgram, Request
 from onnx_tts.errors import InputError, OnnxTTSError
 from onnx_tts.graph_io import KVLayout

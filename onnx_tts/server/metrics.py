@@ -40,8 +40,10 @@ class PlaybackClock:
 
 
 class _CacheCollector(Collector):
-    """Per cache and model: lookups by the tier that answered (miss = computed), and the
-    entries and bytes it holds (its largest tier), from each engine's cache_stats()."""
+    """Per cache and model: lookups by the tier that answered (miss = computed), entries
+    dropped on read per tier (rejected: corrupt, mis-signed or not a valid value for the
+    model, then recomputed), and the entries and bytes it holds (its largest tier), from each
+    engine's cache_stats()."""
 
     HELP: ClassVar[dict[str, str]] = {
         "reference": "Reference (voice) cache lookups by model and tier that answered "
@@ -62,6 +64,12 @@ class _CacheCollector(Collector):
         held = GaugeMetricFamily(
             "onnx_tts_cache_bytes", "Bytes held by each cache", labels=["cache", "model"]
         )
+        rejected = CounterMetricFamily(
+            "onnx_tts_cache_rejected",
+            "Cache entries dropped on read and recomputed (corrupt, mis-signed or not a valid "
+            "value for the model), by cache, model and tier",
+            labels=["cache", "model", "tier"],
+        )
         for cache, help_text in self.HELP.items():
             lookups = CounterMetricFamily(
                 f"onnx_tts_{cache}_cache_lookups", help_text, labels=["model", "tier"]
@@ -72,12 +80,14 @@ class _CacheCollector(Collector):
                     continue
                 for tier in stats["tiers"]:
                     lookups.add_metric([model, tier], int(stats[tier].get("hits", 0)))
+                    rejected.add_metric([cache, model, tier], int(stats[tier].get("rejected", 0)))
                 lookups.add_metric([model, "miss"], int(stats.get("misses", 0)))
                 entries.add_metric([cache, model], int(stats.get("entries", 0)))
                 held.add_metric([cache, model], int(stats.get("bytes", 0)))
             yield lookups
         yield entries
         yield held
+        yield rejected
 
 
 class ServerMetrics:
