@@ -28,6 +28,7 @@ from onnx_tts.cache.reference import MARKER_NAME, ReferenceCache, make_key
 from onnx_tts.encoder import VoiceEncoder
 from onnx_tts.errors import AudioError, CacheError, InputError
 from onnx_tts.session import Session, SessionOptions
+from tests.cache_entries import GARBAGE, REFERENCE_ATTACKS, forge_blob
 from tests.redis_server import find_redis_server, redis_server
 
 REFERENCE_BUNDLE = Path(onnx_tts.__file__).parent / "models" / "codec-lm"
@@ -908,23 +909,34 @@ def test_redis_tests_need_no_system_package(monkeypatch):
     assert "apt-get" not in ci and 'pip install -e ".[test]" && python -m pytest -q' in ci
 
 
-def test_cli_reports_a_recovered_corrupt_entry_as_one_warning_line(tmp_path, voice_wav, capsys):
-    """The log record used to reach stderr raw (logging's last-resort handler), a line that
-    looked like an error after a successful run."""
+@pytest.mark.parametrize("attack", ["garbage", *sorted(REFERENCE_ATTACKS)])
+def test_cli_recomputes_a_bad_entry_with_one_warning_line(tmp_path, voice_wav, capsys, attack):
+    """A corrupt entry's log record used to reach stderr raw (logging's last-resort handler);
+    a checksum-valid mis-shaped entry was a traceback on every run, a 1e30 or big-endian
+    embedding was served. Now: exit 0, one warning line, the same audio as a clean run, and
+    the entry rewritten valid."""
     from onnx_tts.cli import main
 
     cache_dir = tmp_path / "cache"
     argv = ["synth", "Hi.", "--voice", str(voice_wav), "--cache-dir", str(cache_dir)]
     assert main([*argv, "-o", str(tmp_path / "a.wav")]) == 0
     (entry,) = cache_dir.glob("*/*.otc")
-    entry.write_bytes(b"garbage")
+    good = {name: np.array(a) for name, a in decode_value(entry.read_bytes(), entry.stem).items()}
+    bad = (
+        GARBAGE if attack == "garbage" else forge_blob(entry.stem, REFERENCE_ATTACKS[attack](good))
+    )
+    entry.write_bytes(bad)
     capsys.readouterr()
     assert main([*argv, "-o", str(tmp_path / "b.wav")]) == 0
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 2, lines
-    assert lines[0].startswith("onnx-tts: warning: reference cache: corrupt disk entry")
+    kind = "rejected" if attack in ("embedding_1e30", "mis_shaped") else "corrupt"
+    assert lines[0].startswith(f"onnx-tts: warning: reference cache: {kind} disk entry"), lines
     assert lines[1].startswith("wrote ")
-    assert len(entry.read_bytes()) > 100  # rewritten valid
+    first, _ = sf.read(tmp_path / "a.wav")
+    second, _ = sf.read(tmp_path / "b.wav")
+    assert np.array_equal(first, second)
+    assert_same_value(decode_value(entry.read_bytes(), entry.stem), good)
 
 
 @pytest.mark.parametrize("peak", [20.0, 1e30])

@@ -90,7 +90,7 @@ def format_stats(stats: Mapping) -> str:
         f"{'corrupt':>9}{'rejected':>10}{'errors':>8}  location",
     ]
     extra = [name for name in stats.get("tiers", ()) if name not in TIERS]
-    for tier in (*TIERS, *extra):
+    for tier in (*(name for name in TIERS if name in stats), *extra):
         info = stats[tier]
         location = info.get("dir") or info.get("url") or ""
         if info.get("max_bytes") is not None:

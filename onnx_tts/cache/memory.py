@@ -55,9 +55,10 @@ class MemoryTier:
             self._entries.move_to_end(key)
             return entry[0]
 
-    def __contains__(self, key: str) -> bool:
+    def keys(self) -> list[str]:
+        """The keys held, least recently used first."""
         with self._lock:
-            return key in self._entries
+            return list(self._entries)
 
     def put(self, key: str, entry: Entry) -> None:
         size = len(entry.blob)
