@@ -303,6 +303,9 @@ for tamper in [
     "symlink_to_etc_passwd",
     "unreadable_mode_000",
     "huge_header_length",
+    "values_1e30",
+    "mis_shaped",
+    "big_endian",
 ]:
     add(
         "cache",

@@ -9,6 +9,7 @@ recomputes (see :mod:`onnx_tts.cache.tiered`).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -43,6 +44,12 @@ class ArraySpec:
     low: float | None = None
     high: float | None = None
     max_size: int | None = None
+    # Resolved once: this check runs on every cache hit, so it avoids numpy's slow paths
+    # (dtype.name, numpy scalars) and costs a few microseconds plus two reductions.
+    _allowed: tuple[np.dtype, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_allowed", tuple(np.dtype(d) for d in self.dtypes))
 
     def problem(self, name: str, array: object) -> str | None:
         """Why ``array`` cannot be this array, or None."""
@@ -53,7 +60,7 @@ class ArraySpec:
             return f"{name!r} has dtype {dtype}; only bool, integer and real float values"
         if not dtype.isnative:
             return f"{name!r} has non-native byte order ({dtype.str})"
-        if self.dtypes and dtype.name not in self.dtypes:
+        if self._allowed and dtype not in self._allowed:
             return f"{name!r} has dtype {dtype}, expected {' or '.join(self.dtypes)}"
         if self.shape is not None:
             if array.ndim != len(self.shape):
@@ -69,21 +76,24 @@ class ArraySpec:
         return self._range_problem(name, array)
 
     def _range_problem(self, name: str, array: np.ndarray) -> str | None:
-        if array.size == 0 or array.dtype.kind == "b":
+        kind = array.dtype.kind
+        if array.size == 0 or kind == "b":
             return None
-        floating = array.dtype.kind == "f"
+        floating = kind == "f"
         low = self.low if self.low is not None else -MAX_ACTIVATION if floating else -MAX_INDEX
         high = self.high if self.high is not None else MAX_ACTIVATION if floating else MAX_INDEX
-        # Two reductions, no temporary: NaN propagates through min/max.
-        smallest, largest = array.min(), array.max()
-        if floating and not (np.isfinite(smallest) and np.isfinite(largest)):
+        if array.size == 1:
+            smallest = largest = array.item()
+        else:  # two reductions, no temporary; NaN propagates through min/max
+            smallest, largest = array.min().item(), array.max().item()
+        if floating and not (math.isfinite(smallest) and math.isfinite(largest)):
             return f"{name!r} holds NaN or infinite values"
         if not low <= smallest <= largest <= high:
             bound = f"{_number(low)}" if low == high else f"[{_number(low)}, {_number(high)}]"
             actual = (
                 f"{_number(smallest)}"
                 if smallest == largest
-                else (f"[{_number(smallest)}, {_number(largest)}]")
+                else f"[{_number(smallest)}, {_number(largest)}]"
             )
             return f"{name!r} holds {actual}, expected {bound}"
         return None
@@ -136,5 +146,5 @@ def _describe(shape: tuple[Dim, ...]) -> str:
     return "[" + ", ".join("*" if d is None else str(d) for d in shape) + "]"
 
 
-def _number(value: object) -> str:
-    return f"{float(value):g}" if isinstance(value, (float, np.floating)) else str(value)
+def _number(value: float) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)

@@ -258,9 +258,9 @@ class TieredCache:
             "compute_errors": counters.compute_errors,
             "compute_seconds": round(counters.compute_seconds, 6),
         }
-        for tier in self._tiers:
-            result[tier.name] = {**tier.stats(), **vars(per_tier[tier.name])}
-        enabled = [tier.name for tier in self._tiers if result[tier.name]["enabled"]]
+        tiers = self._tier_stats(per_tier)
+        result.update(tiers)
+        enabled = [name for name, info in tiers.items() if info["enabled"]]
         result["tiers"] = enabled
         # Whole-cache size: the largest tier (each lower tier holds what the upper ones hold,
         # give or take evictions), so an operator reads one number per cache.
@@ -268,6 +268,10 @@ class TieredCache:
         result["entries"] = max((t["entries"] for t in sizes), default=0)
         result["bytes"] = max((t["bytes"] for t in sizes), default=0)
         return result
+
+    def _tier_stats(self, counters: Mapping[str, _TierCounters]) -> dict[str, dict[str, Any]]:
+        """Each tier's stats and counters, by name in lookup order."""
+        return {tier.name: {**tier.stats(), **vars(counters[tier.name])} for tier in self._tiers}
 
     def clear(self, tiers: Iterable[str] | None = None) -> dict[str, int]:
         """Remove every entry from the named tiers (default: all); the number removed per tier.

@@ -8,6 +8,7 @@ Redis key segment, marker file, directory name, memory policy) and passes its sc
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -115,26 +116,16 @@ class TypedCache(TieredCache):
         memory = self.tier("memory")
         return memory.max_bytes if isinstance(memory, MemoryTier) else 0
 
-    def stats(self) -> dict[str, Any]:
-        """:meth:`TieredCache.stats`, with every standard tier present (``enabled`` False
-        for the ones this cache does not use)."""
-        result = super().stats()
-        for name, extra in _DISABLED.items():
-            result.setdefault(
-                name,
-                {
-                    "enabled": False,
-                    "hits": 0,
-                    "misses": 0,
-                    "rejected": 0,
-                    "corrupt": 0,
-                    "errors": 0,
-                    "entries": 0,
-                    "bytes": 0,
-                    **extra,
-                },
-            )
-        return result
+    def _tier_stats(self, counters: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+        """Every standard tier, in lookup order (``enabled`` False for the ones this cache does
+        not use), then any other."""
+        used = super()._tier_stats(counters)
+        disabled = {"enabled": False, "hits": 0, "misses": 0, "rejected": 0, "corrupt": 0}
+        disabled.update(errors=0, entries=0, bytes=0)
+        standard = {
+            name: used.get(name, {**disabled, **extra}) for name, extra in _DISABLED.items()
+        }
+        return {**standard, **used}
 
     def _tier_names(self) -> tuple[str, ...]:
         return (*TIERS, *(name for name in super()._tier_names() if name not in TIERS))
