@@ -412,6 +412,9 @@ def test_format_stats_reports_every_tier(tmp_path):
     cache.get_or_compute(key, lambda: sample_value(1))
     table = format_stats(cache.stats())
     assert "hits 1  misses 1" in table
+    assert table.splitlines()[1].split()[:9] == [
+        "tier", "enabled", "hits", "entries", "bytes", "evictions", "corrupt", "rejected", "errors"
+    ]  # fmt: skip
     for tier in ("memory", "disk", "redis"):
         assert tier in table
     assert str(tmp_path) in table
