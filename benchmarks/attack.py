@@ -225,7 +225,7 @@ def _blob(
 
 
 def tampered_blob(tamper: str, blob: bytes, key: str) -> bytes:
-    from onnx_tts.refcache import decode_value, encode_value
+    from onnx_tts.cache.codec import decode_value, encode_value
 
     arrays = {name: np.array(value) for name, value in decode_value(blob, key).items()}
     first = next(name for name, value in arrays.items() if value.dtype.kind == "f")
@@ -234,6 +234,16 @@ def tampered_blob(tamper: str, blob: bytes, key: str) -> bytes:
     if tamper in ("nan_values", "inf_values"):
         arrays[first] = np.full_like(arrays[first], np.nan if tamper == "nan_values" else np.inf)
         return encode_value(key, arrays)
+    # Checksum-valid values that are not this encoder's output (issue 30).
+    if tamper == "values_1e30":
+        return encode_value(key, {**arrays, first: np.full_like(arrays[first], 1e30)})
+    if tamper == "mis_shaped":
+        flat = arrays[first].reshape(-1)
+        return encode_value(key, {**arrays, first: flat[: max(1, flat.size // 2)]})
+    if tamper == "big_endian":
+        value = arrays[first].astype(">f4")
+        spec = {"name": first, "dtype": ">f4", "shape": list(value.shape)}
+        return _blob({"format": 1, "key": key, "arrays": [spec]}, value.tobytes())
     headers = {
         "shape_2^32x2^32": [{**one, "shape": [2**32, 2**32]}],
         "no_arrays": [],
@@ -672,7 +682,7 @@ def check_then(
         # A directory squatting on the entry's name is left alone (never delete a directory
         # the cache did not make): the runs still succeed, uncached, with a warning.
         if entry is not None and not entry.is_dir():
-            from onnx_tts.refcache import decode_value
+            from onnx_tts.cache.codec import decode_value
 
             try:
                 decode_value(entry.read_bytes(), entry.stem)

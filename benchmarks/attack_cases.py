@@ -565,6 +565,25 @@ for kwargs in (
     add("api", "api", "error", call="load", kwargs=kwargs)
 
 
+# -- cache values that are not the encoder's output (issue 30); appended, so that the ids of
+# the cases above (and EXPECTATION_FIXES) stay as they were.
+for tamper in ["values_1e30", "mis_shaped", "big_endian"]:
+    add(
+        "cache",
+        "cli",
+        "ok",
+        argv=synth("Hello.", "--voice", "{voice}", "--cache-dir", "{cache}"),
+        cache_tamper=tamper,
+        then="second run also ok; the entry is rewritten valid",
+    )
+    add(
+        "cache",
+        "cli",
+        "ok",
+        argv=synth("Hello.", "--voice", "{voice}", "--cache-dir", "none", "--redis", "{redis}"),
+        cache_tamper=f"redis:{tamper}",
+    )
+
 # -- expectations corrected by the attack runner's author (each with why) -------------------------
 _NOTHING = {"expect": "error", "match": "nothing speakable"}
 EXPECTATION_FIXES: dict[str, dict] = {

@@ -51,8 +51,8 @@ from benchmarks import bench_prefix
 from benchmarks.bench_batch import percentile
 from benchmarks.bench_refcache import median_seconds
 from benchmarks.bench_streaming import machine_info, write_atomically
+from onnx_tts.cache.result import ResultCache
 from onnx_tts.errors import InputError
-from onnx_tts.resultcache import ResultCache
 from onnx_tts.session import ort_version
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -265,7 +265,7 @@ def policy_hit_rate(
     requests: list[tuple[int, int]], sizes: dict[tuple[int, int], int], budget: int, policy: str
 ) -> float:
     """Hit rate of an in-memory tier of `budget` bytes under "lru" or "lfu" (with aging every
-    1,000 lookups, as onnx_tts.refcache implements it)."""
+    1,000 lookups, as onnx_tts.cache.memory implements it)."""
     memory: OrderedDict[tuple[int, int], int] = OrderedDict()
     frequency: dict[tuple[int, int], int] = {}
     used = hits = 0

@@ -37,9 +37,9 @@ import soundfile as sf
 if __package__ in (None, ""):  # run as a script: make `onnx_tts` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from onnx_tts.cache.reference import ReferenceCache
 from onnx_tts.encoder import VoiceEncoder
 from onnx_tts.errors import InputError, ModelError
-from onnx_tts.refcache import ReferenceCache
 from onnx_tts.session import Session, SessionOptions, ort_version
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

@@ -367,8 +367,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def cmd_cache(args: argparse.Namespace) -> int:
-    from onnx_tts.refcache import format_stats
-    from onnx_tts.resultcache import all_cache_stats, clear_caches
+    from onnx_tts.cache.manage import all_cache_stats, clear_caches, format_stats
 
     caches = from_flags(CacheConfig, args)
     dirs = (caches.cache_dir, caches.result_cache_dir, caches.redis_url)

@@ -162,6 +162,12 @@ class CacheConfig:
         unit=MIB,
         flag="--result-cache-disk-mb",
     )
+    cache_secret: str | None = setting(
+        None,
+        "sign disk and Redis cache entries with this secret (HMAC-SHA256 over key and value, "
+        "16-4096 bytes) and refuse unsigned or mis-signed ones (shared tiers others can write)",
+        metavar="SECRET",
+    )
     prefix_cache_bytes: int = setting(
         256 * MIB,
         "voice-prefix KV cache per model, MiB in memory (0 = off)",

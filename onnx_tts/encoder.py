@@ -25,8 +25,8 @@ import numpy as np
 
 from onnx_tts.audio import MAX_REFERENCE_PEAK, SILENCE_PEAK, as_mono_float32
 from onnx_tts.bundle import file_sha256
+from onnx_tts.cache.reference import ReferenceCache, encoder_schema, make_key
 from onnx_tts.errors import AudioError, InputError, ModelError
-from onnx_tts.refcache import ReferenceCache, make_key
 
 __all__ = ["RunnableSession", "VoiceEncoder", "validate_reference_audio"]
 
@@ -131,6 +131,8 @@ class VoiceEncoder:
         self._session = session
         # The names an encode returns: what an already-encoded voice must carry.
         self.output_names = tuple(getattr(session, "output_names", ()))
+        # What a cached encode must be: these outputs, as the graph declares them.
+        self.schema = encoder_schema(getattr(session, "outputs", ()), self.output_names)
         self._input_name = input_name
         self._frame_outputs = frozenset(frame_outputs)
         self.bundle_identity = bundle_identity
@@ -173,13 +175,14 @@ class VoiceEncoder:
         return {name: np.require(value[0], requirements="C") for name, value in outputs.items()}
 
     def encode_cached(self, audio: np.ndarray, cache: ReferenceCache) -> dict[str, np.ndarray]:
-        """:meth:`encode` through ``cache``: the value a hit returns is the solo encode.
+        """:meth:`encode` through ``cache``: the value a hit returns is the solo encode, and a
+        cached value that is not this encoder's output (:attr:`schema`) is recomputed.
 
         Returned arrays are read-only; copy before writing.
         """
         samples = self.validate(audio)
         key = make_key(self.identity, samples)
-        return cache.get_or_compute(key, lambda: self.encode(samples))
+        return cache.get_or_compute(key, lambda: self.encode(samples), self.schema)
 
     # -- batched path (never cached) -----------------------------------------------------------
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import onnx_tts
-from onnx_tts.decoding.prefix_cache import PrefixCache
+from onnx_tts.cache.prefix import PrefixCache
 from onnx_tts.errors import InputError, SessionError
 from onnx_tts.session import KVCache, KVSlots, Session
 from tests import graphs

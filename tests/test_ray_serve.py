@@ -22,8 +22,8 @@ import pytest
 import redis
 
 from benchmarks.live_server import LiveServer, free_port
+from onnx_tts.cache.codec import decode_value
 from onnx_tts.deploy.ray import REPLICA_HEADER
-from onnx_tts.refcache import decode_value
 from tests.conftest import speechlike
 from tests.redis_server import find_redis_server
 from tests.test_server import _wav_bytes, decode, metric, upload

@@ -22,19 +22,13 @@ from onnx import TensorProto, helper, numpy_helper
 import onnx_tts
 from onnx_tts import Engine
 from onnx_tts.audio import load_audio
+from onnx_tts.cache.codec import decode_value, encode_value
+from onnx_tts.cache.manage import all_cache_stats, clear_caches, format_stats
+from onnx_tts.cache.reference import MARKER_NAME, ReferenceCache, make_key
 from onnx_tts.encoder import VoiceEncoder
 from onnx_tts.errors import AudioError, CacheError, InputError
-from onnx_tts.refcache import (
-    MARKER_NAME,
-    ReferenceCache,
-    cache_stats,
-    clear_cache,
-    decode_value,
-    encode_value,
-    format_stats,
-    make_key,
-)
 from onnx_tts.session import Session, SessionOptions
+from tests.cache_entries import GARBAGE, REFERENCE_ATTACKS, forge_blob
 from tests.conftest import codec_lm_dir
 from tests.redis_server import find_redis_server, redis_server
 
@@ -399,9 +393,8 @@ def test_values_round_trip_and_cannot_be_corrupted_through_returned_arrays(tmp_p
         np.arange(12, dtype=np.int64).reshape(3, 4).T,
         np.zeros((0, 4), np.float32),
         np.array([True, False]),
-        np.array([1 + 2j], np.complex64),
     ],
-    ids=["0-d", "big-endian", "non-contiguous", "empty", "bool", "complex"],
+    ids=["0-d", "big-endian", "non-contiguous", "empty", "bool"],
 )
 def test_serialised_blob_round_trips_dtype_shape_and_values(array):
     key = "c" * 64
@@ -419,6 +412,9 @@ def test_format_stats_reports_every_tier(tmp_path):
     cache.get_or_compute(key, lambda: sample_value(1))
     table = format_stats(cache.stats())
     assert "hits 1  misses 1" in table
+    assert table.splitlines()[1].split()[:9] == [
+        "tier", "enabled", "hits", "entries", "bytes", "evictions", "corrupt", "rejected", "errors"
+    ]  # fmt: skip
     for tier in ("memory", "disk", "redis"):
         assert tier in table
     assert str(tmp_path) in table
@@ -438,6 +434,8 @@ def test_serialised_blob_detects_truncation_tampering_and_wrong_key():
         decode_value(blob, "b" * 64)
     with pytest.raises(CacheError, match="numeric"):
         encode_value(key, {"bad": np.array([object()], dtype=object)})
+    with pytest.raises(CacheError, match="numeric"):
+        encode_value(key, {"bad": np.array([1 + 2j], np.complex64)})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -501,7 +499,7 @@ def test_corrupt_disk_entry_is_detected_logged_removed_and_recomputed(tmp_path, 
 
     reader = ReferenceCache(disk_dir=tmp_path)
     compute = CountingCompute(sample_value(1))
-    with caplog.at_level(logging.WARNING, logger="onnx_tts.refcache"):
+    with caplog.at_level(logging.WARNING, logger="onnx_tts.cache"):
         value = reader.get_or_compute(key, compute)
     assert compute.calls == 1
     assert_same_value(value, sample_value(1))
@@ -717,7 +715,7 @@ def test_corrupt_redis_entry_is_replaced(redis_url, caplog):
     client = redis.Redis.from_url(redis_url)
     client.set(f"ns-corrupt:refcache:{key}", b"OTTSRC1\n garbage")
     compute = CountingCompute(sample_value(2))
-    with caplog.at_level(logging.WARNING, logger="onnx_tts.refcache"):
+    with caplog.at_level(logging.WARNING, logger="onnx_tts.cache"):
         cache.get_or_compute(key, compute)
     assert compute.calls == 1
     assert cache.stats()["redis"]["corrupt"] == 1
@@ -730,7 +728,7 @@ def test_redis_down_is_logged_and_skipped(tmp_path, caplog):
         pass  # the server is stopped again: its port is now closed
     cache = ReferenceCache(disk_dir=tmp_path / "disk", redis_url=url)
     key = make_key("enc", voice(1))
-    with caplog.at_level(logging.WARNING, logger="onnx_tts.refcache"):
+    with caplog.at_level(logging.WARNING, logger="onnx_tts.cache"):
         value = cache.get_or_compute(key, lambda: sample_value(1))
         again = cache.get_or_compute(key, lambda: sample_value(2))
     assert_same_value(value, sample_value(1))
@@ -813,15 +811,27 @@ HOSTILE_ENTRIES = {
         [{"name": "x", "dtype": "<f4", "shape": [0]}, {"name": "x", "dtype": "<f4", "shape": [0]}],
     ),
     "spec not a dict": lambda key: forge_entry(key, ["x"]),
+    "big-endian": lambda key: forge_entry(
+        key,
+        [{"name": "speaker_embedding", "dtype": ">f4", "shape": [EMBED_DIM]}],
+        np.ones(EMBED_DIM, ">f4").tobytes(),
+    ),
+    "complex": lambda key: forge_entry(
+        key, [{"name": "x", "dtype": "<c8", "shape": [1]}], np.zeros(1, "<c8").tobytes()
+    ),
 }
+# Valid entries (the codec reads them) holding values no cache may serve: the schema check
+# drops them. The others are not entries at all (counted as corrupt too).
+VALUE_ONLY = {"nan"}
 
 
 @pytest.mark.parametrize("kind", sorted(HOSTILE_ENTRIES))
 def test_checksum_valid_hostile_disk_entries_are_dropped_and_recomputed(tmp_path, kind):
     key = make_key("enc", voice(3))
     blob = HOSTILE_ENTRIES[kind](key)
-    with pytest.raises(CacheError, match="corrupt"):
-        decode_value(blob, key)
+    if kind not in VALUE_ONLY:
+        with pytest.raises(CacheError, match="corrupt"):
+            decode_value(blob, key)
     cache = ReferenceCache(disk_dir=tmp_path / "cache")
     path = tmp_path / "cache" / key[:2] / f"{key}.otc"
     path.parent.mkdir(parents=True)
@@ -830,7 +840,8 @@ def test_checksum_valid_hostile_disk_entries_are_dropped_and_recomputed(tmp_path
     for _ in range(2):  # a later run is not crashed either
         assert_same_value(cache.get_or_compute(key, compute), sample_value(3))
     assert compute.calls == 1
-    assert cache.stats()["disk"]["corrupt"] == 1
+    assert cache.stats()["disk"]["rejected"] == 1
+    assert cache.stats()["disk"]["corrupt"] == (kind not in VALUE_ONLY)
     assert_same_value(decode_value(path.read_bytes(), key), sample_value(3))
 
 
@@ -843,7 +854,8 @@ def test_checksum_valid_hostile_redis_entries_are_dropped_and_recomputed(redis_u
         compute = CountingCompute(sample_value(index))
         assert_same_value(cache.get_or_compute(key, compute), sample_value(index))
         assert compute.calls == 1, kind
-        assert cache.stats()["redis"]["corrupt"] == 1, kind
+        assert cache.stats()["redis"]["rejected"] == 1, kind
+        assert cache.stats()["redis"]["corrupt"] == (kind not in VALUE_ONLY), kind
         stored = client.get(f"hostile:refcache:{key}")
         assert_same_value(decode_value(stored, key), sample_value(index))
 
@@ -862,10 +874,10 @@ def test_non_finite_values_are_never_cached(tmp_path):
 
 def test_cache_stats_on_a_missing_directory_creates_nothing(tmp_path):
     target = tmp_path / "new" / "a" / "b"
-    stats = cache_stats(disk_dir=target)
+    stats = all_cache_stats(reference_dir=target, result_dir=None)["reference"]
     assert stats["disk"]["entries"] == 0 and stats["disk"]["dir"] == str(target)
     assert not (tmp_path / "new").exists()
-    assert clear_cache(disk_dir=target) == {}
+    assert clear_caches("reference", reference_dir=target) == {"reference": {}}
     assert not (tmp_path / "new").exists()
 
 
@@ -875,7 +887,7 @@ def test_clear_only_touches_a_directory_the_cache_marked_as_its_own(tmp_path):
     precious = foreign / "ab" / ("ab" + "0" * 62 + ".otc")
     precious.write_bytes(b"not yours")
     with pytest.raises(CacheError, match="refusing to clear"):
-        clear_cache(disk_dir=foreign)
+        clear_caches("reference", reference_dir=foreign)
     ReferenceCache(disk_dir=foreign)  # a non-empty directory is not adopted
     with pytest.raises(CacheError, match=MARKER_NAME):
         ReferenceCache(disk_dir=foreign).clear()
@@ -885,7 +897,7 @@ def test_clear_only_touches_a_directory_the_cache_marked_as_its_own(tmp_path):
     cache = ReferenceCache(disk_dir=owned)
     assert (owned / MARKER_NAME).is_file()
     cache.get_or_compute(make_key("enc", voice(5)), lambda: sample_value(5))
-    assert clear_cache(disk_dir=owned) == {"disk": 1}
+    assert clear_caches("reference", reference_dir=owned) == {"reference": {"disk": 1}}
     assert (owned / MARKER_NAME).is_file()
 
 
@@ -900,23 +912,34 @@ def test_redis_tests_need_no_system_package(monkeypatch):
     assert "apt-get" not in ci and 'pip install -e ".[test]" && python -m pytest -q' in ci
 
 
-def test_cli_reports_a_recovered_corrupt_entry_as_one_warning_line(tmp_path, voice_wav, capsys):
-    """The log record used to reach stderr raw (logging's last-resort handler), a line that
-    looked like an error after a successful run."""
+@pytest.mark.parametrize("attack", ["garbage", *sorted(REFERENCE_ATTACKS)])
+def test_cli_recomputes_a_bad_entry_with_one_warning_line(tmp_path, voice_wav, capsys, attack):
+    """A corrupt entry's log record used to reach stderr raw (logging's last-resort handler);
+    a checksum-valid mis-shaped entry was a traceback on every run, a 1e30 or big-endian
+    embedding was served. Now: exit 0, one warning line, the same audio as a clean run, and
+    the entry rewritten valid."""
     from onnx_tts.cli import main
 
     cache_dir = tmp_path / "cache"
     argv = ["synth", "Hi.", "--voice", str(voice_wav), "--cache-dir", str(cache_dir)]
     assert main([*argv, "-o", str(tmp_path / "a.wav")]) == 0
     (entry,) = cache_dir.glob("*/*.otc")
-    entry.write_bytes(b"garbage")
+    good = {name: np.array(a) for name, a in decode_value(entry.read_bytes(), entry.stem).items()}
+    bad = (
+        GARBAGE if attack == "garbage" else forge_blob(entry.stem, REFERENCE_ATTACKS[attack](good))
+    )
+    entry.write_bytes(bad)
     capsys.readouterr()
     assert main([*argv, "-o", str(tmp_path / "b.wav")]) == 0
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 2, lines
-    assert lines[0].startswith("onnx-tts: warning: reference cache: corrupt disk entry")
+    kind = "rejected" if attack in ("embedding_1e30", "mis_shaped") else "corrupt"
+    assert lines[0].startswith(f"onnx-tts: warning: reference cache: {kind} disk entry"), lines
     assert lines[1].startswith("wrote ")
-    assert len(entry.read_bytes()) > 100  # rewritten valid
+    first, _ = sf.read(tmp_path / "a.wav")
+    second, _ = sf.read(tmp_path / "b.wav")
+    assert np.array_equal(first, second)
+    assert_same_value(decode_value(entry.read_bytes(), entry.stem), good)
 
 
 @pytest.mark.parametrize("peak", [20.0, 1e30])

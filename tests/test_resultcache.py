@@ -11,15 +11,10 @@ import pytest
 import redis
 
 import onnx_tts
+from onnx_tts.cache.codec import encode_value
+from onnx_tts.cache.manage import all_cache_stats, clear_caches
+from onnx_tts.cache.result import ResultCache, replay_chunks, result_key
 from onnx_tts.errors import CacheError, InputError
-from onnx_tts.refcache import encode_value
-from onnx_tts.resultcache import (
-    ResultCache,
-    all_cache_stats,
-    clear_caches,
-    replay_chunks,
-    result_key,
-)
 from tests.redis_server import redis_server
 
 TEXT = "Please hold the line."
@@ -158,12 +153,13 @@ def test_corrupt_and_hostile_entries_are_dropped_and_recomputed(tmp_path, caplog
         path.write_bytes(blob[:100] + bytes([blob[100] ^ 1]) + blob[101:])
     else:  # checksum-valid (encode_value checks nothing), but not a result
         path.write_bytes(encode_value(key, hostile[damage]))
-    with caplog.at_level(logging.WARNING, logger="onnx_tts.refcache"):
+    with caplog.at_level(logging.WARNING, logger="onnx_tts.cache"):
         again = engine.synthesize(TEXT)
     np.testing.assert_array_equal(again.samples, good.samples)
-    assert "result cache: corrupt disk entry" in caplog.text
+    damaged = damage in ("truncate", "flip")  # the bytes are not an entry: corrupt
+    assert f"result cache: {'corrupt' if damaged else 'rejected'} disk entry" in caplog.text
     stats = engine.cache_stats()["result"]
-    assert (stats["misses"], stats["disk"]["corrupt"]) == (2, 1)
+    assert (stats["misses"], stats["disk"]["rejected"], stats["disk"]["corrupt"]) == (2, 1, damaged)
     # The recomputed audio replaced the bad entry.
     assert ResultCache(0, disk_dir=tmp_path / "r").get_audio(key)[0].shape == good.samples.shape
 
@@ -175,8 +171,13 @@ def test_non_finite_or_mis_shaped_audio_is_never_stored(tmp_path):
         cache.put_audio(key, np.array([0.0, np.inf], np.float32), 16000)
     with pytest.raises(CacheError, match="1-D"):
         cache.put_audio(key, np.zeros((2, 2), np.float32), 16000)
-    with pytest.raises(CacheError, match="sample rate"):
+    with pytest.raises(CacheError, match="sample_rate"):
         cache.put_audio(key, np.zeros(4, np.float32), 0)
+    with pytest.raises(CacheError, match="expected"):
+        cache.put_audio(key, np.full(4, 1000.0, np.float32), 16000)  # far beyond full scale
+    model_rate = ResultCache(1 << 20, disk_dir=None, sample_rate=24000)
+    with pytest.raises(CacheError, match="sample_rate"):
+        model_rate.put_audio(key, np.zeros(4, np.float32), 16000)
     assert cache.get_audio(key) is None
     assert cache.stats()["disk"]["entries"] == 0
 
@@ -204,8 +205,8 @@ def test_a_full_disk_never_fails_a_request(tmp_path, monkeypatch, caplog):
     def disk_full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr("onnx_tts.refcache.tempfile.mkstemp", disk_full)
-    with caplog.at_level(logging.WARNING, logger="onnx_tts.refcache"):
+    monkeypatch.setattr("onnx_tts.cache.disk.tempfile.mkstemp", disk_full)
+    with caplog.at_level(logging.WARNING, logger="onnx_tts.cache"):
         audio = engine.synthesize(TEXT)
     assert audio.samples.size > 0
     assert "result cache: cannot write" in caplog.text
@@ -218,7 +219,7 @@ def test_a_redis_that_is_down_never_fails_a_request(tmp_path, caplog):
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]  # closed once the block ends: nothing listens there
     engine = load(tmp_path, redis_url=f"redis://127.0.0.1:{port}/0")
-    with caplog.at_level(logging.WARNING, logger="onnx_tts.refcache"):
+    with caplog.at_level(logging.WARNING, logger="onnx_tts.cache"):
         first = engine.synthesize(TEXT)
         second = engine.synthesize(TEXT)
     np.testing.assert_array_equal(first.samples, second.samples)

@@ -595,6 +595,46 @@ def test_replicas_share_voice_encodes_through_redis(tmp_path: Path) -> None:
             second.stop()
 
 
+def test_a_bad_shared_voice_entry_is_recomputed_on_a_replica_and_counted(tmp_path: Path) -> None:
+    """A checksum-valid but mis-shaped reference entry in the shared Redis was a 500 on the
+    replica that read it (and a corrupt one a 400 blaming the client): now the replica encodes
+    the voice again, answers 200 with the same audio, and /metrics counts the rejected entry."""
+    import redis
+
+    from onnx_tts.cache.codec import decode_value
+    from tests.cache_entries import REFERENCE_ATTACKS, forge_blob
+    from tests.redis_server import redis_server
+
+    with redis_server(tmp_path / "redis") as url:
+        shared = ["--redis", url, "--voices-dir", str(tmp_path / "shared-voices")]
+        first = LiveServer(tmp_path / "a", *shared, "--cache-dir", "none")
+        second = None
+        try:
+            clip = (speechlike(2.0, RATE, seed=5) * 32767).astype(np.int16)
+            voice = upload(first, _wav_bytes(clip, RATE)).json()["id"]
+            made = speech(first, input="Shared voice.", voice=voice, response_format="pcm")
+            assert made.status_code == 200, made.text
+            client = redis.Redis.from_url(url)
+            (rkey,) = client.keys("onnx-tts:refcache:*")
+            key = rkey.decode().rsplit(":", 1)[1]
+            good = decode_value(client.get(rkey), key)
+            client.set(rkey, forge_blob(key, REFERENCE_ATTACKS["mis_shaped"](good)))
+
+            second = LiveServer(tmp_path / "b", *shared, "--cache-dir", "none")
+            served = speech(second, input="Shared voice.", voice=voice, response_format="pcm")
+            assert served.status_code == 200, served.text
+            assert served.content == made.content
+            text = httpx.get(second.url + "/metrics").text
+            labels = {"cache": "reference", "model": "onnx-tts-voice", "tier": "redis"}
+            assert metric(text, "onnx_tts_cache_rejected_total", **labels) == 1, text
+            assert "rejected redis entry" in second.log()
+            assert decode_value(client.get(rkey), key)["speaker_embedding"].shape == (160,)
+        finally:
+            first.stop()
+            if second is not None:
+                second.stop()
+
+
 def test_health_is_503_until_the_model_is_loaded(tmp_path: Path) -> None:
     from starlette.testclient import TestClient
 

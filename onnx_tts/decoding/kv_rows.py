@@ -20,8 +20,8 @@ from collections.abc import Callable
 
 import numpy as np
 
+from onnx_tts.cache.prefix import PrefixCache
 from onnx_tts.decoding.kv_pool import CapacityPolicy, KVPool
-from onnx_tts.decoding.prefix_cache import PrefixCache
 from onnx_tts.decoding.program import Admission, DecodeProgram, length_feeds
 from onnx_tts.graph_io import KVLayout
 from onnx_tts.session import KVCache, KVSlots

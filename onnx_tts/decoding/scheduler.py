@@ -32,9 +32,9 @@ from typing import Any
 
 import numpy as np
 
+from onnx_tts.cache.prefix import PrefixCache
 from onnx_tts.decoding.kv_pool import KVPool
 from onnx_tts.decoding.kv_rows import DEFAULT_SLOT_BYTES, OwnCaches, RowHome, SlotRows
-from onnx_tts.decoding.prefix_cache import PrefixCache
 from onnx_tts.decoding.program import DecodeProgram
 from onnx_tts.errors import InputError, OnnxTTSError
 from onnx_tts.request import Request

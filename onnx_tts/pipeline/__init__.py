@@ -12,8 +12,11 @@ import os
 from typing import Any
 
 from onnx_tts.bundle import resolve_model_dir
+from onnx_tts.cache.codec import resolve_cache_secret
+from onnx_tts.cache.prefix import PrefixCache
+from onnx_tts.cache.reference import ReferenceCache
+from onnx_tts.cache.result import ResultCache
 from onnx_tts.config import DEFAULT_RESULT_MEMORY_BYTES, CacheConfig, EngineConfig, checked
-from onnx_tts.decoding.prefix_cache import PrefixCache
 from onnx_tts.errors import InputError
 from onnx_tts.families import detect, family_of, load_backend
 from onnx_tts.families.base import LoadSettings
@@ -22,8 +25,6 @@ from onnx_tts.pipeline.execution import SENTENCE_PAUSE_SECONDS
 from onnx_tts.pipeline.planner import Plan, Planner, Timing
 from onnx_tts.pipeline.stages import threads_per_stage
 from onnx_tts.pipeline.voices import VoiceLike
-from onnx_tts.refcache import ReferenceCache
-from onnx_tts.resultcache import ResultCache
 from onnx_tts.session import SessionOptions
 
 ENGINE_FIELDS = tuple(f.name for f in dataclasses.fields(EngineConfig))
@@ -91,12 +92,14 @@ def build_engine(
     stages = threads_per_stage(available_cores()) if config.threads == 0 else None
     settings = LoadSettings(config.kv, session_options, stages)
     backend = load_backend(detection, settings, family_options)
+    secret = resolve_cache_secret(caches.cache_secret)
     reference = ReferenceCache(
         memory_bytes=caches.cache_memory_bytes,
         disk_dir=caches.cache_dir,
         redis_url=caches.redis_url,
         redis_ttl_seconds=caches.redis_ttl_seconds,
         disk_max_bytes=caches.cache_disk_bytes,
+        secret=secret,
     )
     results = None
     result_bytes = caches.result_cache_bytes
@@ -109,6 +112,8 @@ def build_engine(
             redis_url=caches.redis_url,
             redis_ttl_seconds=caches.redis_ttl_seconds,
             disk_max_bytes=caches.result_cache_disk_bytes,
+            secret=secret,
+            sample_rate=backend.sample_rate,
         )
     prefixes = PrefixCache(caches.prefix_cache_bytes) if caches.prefix_cache_bytes else None
     return Engine(

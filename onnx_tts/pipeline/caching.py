@@ -12,10 +12,10 @@ from typing import Any
 
 import numpy as np
 
+from onnx_tts.cache.result import ResultCache, model_identity, request_digest, result_key
 from onnx_tts.errors import InputError, OnnxTTSError, OnnxTTSWarning
 from onnx_tts.families.base import Backend
 from onnx_tts.pipeline.planner import Plan
-from onnx_tts.resultcache import ResultCache, model_identity, request_digest, result_key
 from onnx_tts.vocoder import StreamingOptions
 
 

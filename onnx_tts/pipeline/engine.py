@@ -17,9 +17,12 @@ from typing import Any
 import numpy as np
 
 from onnx_tts.audio import save_audio
+from onnx_tts.cache.prefix import PrefixCache
+from onnx_tts.cache.reference import ReferenceCache
+from onnx_tts.cache.result import ResultCache, replay_chunks
+from onnx_tts.cache.tiered import TieredCache
 from onnx_tts.decoding import SamplingOptions
 from onnx_tts.decoding.kv_rows import DEFAULT_SLOT_BYTES
-from onnx_tts.decoding.prefix_cache import PrefixCache
 from onnx_tts.decoding.scheduler import DEFAULT_MAX_WAITING, DecodeScheduler, FrameStream
 from onnx_tts.families import FAMILIES
 from onnx_tts.families.base import Backend, Family
@@ -27,9 +30,7 @@ from onnx_tts.pipeline.caching import ResultCaching
 from onnx_tts.pipeline.execution import AudioStream, Executor, Progress, ReadyChunks
 from onnx_tts.pipeline.planner import Planner, Timing
 from onnx_tts.pipeline.voices import VoiceLike, Voices
-from onnx_tts.refcache import ReferenceCache, TieredCache
 from onnx_tts.request import CancelToken, PlaybackClock, Request
-from onnx_tts.resultcache import ResultCache, replay_chunks
 from onnx_tts.vocoder import StreamingOptions
 
 
@@ -72,8 +73,8 @@ class Engine:
     ) -> None:
         self.backend = backend
         self.cache = cache
-        self.results = results  # finished audio of deterministic requests (resultcache.py)
-        self.prefixes = prefixes  # KV of voice prefixes (decoding/prefix_cache.py)
+        self.results = results  # finished audio of deterministic requests (cache/result.py)
+        self.prefixes = prefixes  # KV of voice prefixes (cache/prefix.py)
         self.family = family or FAMILIES[backend.family]
         # A bundle whose streaming defaults are invalid fails at load (ModelError), not at the
         # first stream after it passed every non-streaming test.

@@ -10,9 +10,9 @@ from typing import Any
 import numpy as np
 
 from onnx_tts.audio import load_audio
+from onnx_tts.cache.reference import ReferenceCache
 from onnx_tts.errors import AudioError, InputError
 from onnx_tts.families.base import Backend
-from onnx_tts.refcache import ReferenceCache
 
 VoiceLike = str | os.PathLike[str] | np.ndarray | Mapping[str, np.ndarray] | None
 # An encoded voice given as a dict: at most this many values per array.

@@ -19,8 +19,10 @@ _RTF_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2, 5)
 
 
 class _CacheCollector(Collector):
-    """Per cache and model: lookups by the tier that answered (miss = computed), and the
-    entries and bytes it holds (its largest tier), from each engine's cache_stats()."""
+    """Per cache and model: lookups by the tier that answered (miss = computed), entries
+    dropped on read per tier (rejected: corrupt, mis-signed or not a valid value for the
+    model, then recomputed), and the entries and bytes it holds (its largest tier), from each
+    engine's cache_stats()."""
 
     HELP: ClassVar[dict[str, str]] = {
         "reference": "Reference (voice) cache lookups by model and tier that answered "
@@ -41,6 +43,12 @@ class _CacheCollector(Collector):
         held = GaugeMetricFamily(
             "onnx_tts_cache_bytes", "Bytes held by each cache", labels=["cache", "model"]
         )
+        rejected = CounterMetricFamily(
+            "onnx_tts_cache_rejected",
+            "Cache entries dropped on read and recomputed (corrupt, mis-signed or not a valid "
+            "value for the model), by cache, model and tier",
+            labels=["cache", "model", "tier"],
+        )
         for cache, help_text in self.HELP.items():
             lookups = CounterMetricFamily(
                 f"onnx_tts_{cache}_cache_lookups", help_text, labels=["model", "tier"]
@@ -51,12 +59,14 @@ class _CacheCollector(Collector):
                     continue
                 for tier in stats["tiers"]:
                     lookups.add_metric([model, tier], int(stats[tier].get("hits", 0)))
+                    rejected.add_metric([cache, model, tier], int(stats[tier].get("rejected", 0)))
                 lookups.add_metric([model, "miss"], int(stats.get("misses", 0)))
                 entries.add_metric([cache, model], int(stats.get("entries", 0)))
                 held.add_metric([cache, model], int(stats.get("bytes", 0)))
             yield lookups
         yield entries
         yield held
+        yield rejected
 
 
 class ServerMetrics:

@@ -2,15 +2,15 @@
 
 Real TTS traffic repeats itself ("Please hold.", menu options, the same few voices), and a
 deterministic request (greedy, or seeded) always produces the same samples, so its audio can
-be stored once and served from then on. The tiers, entry format, checksums, single flight and
-failure handling are those of the reference cache (:class:`onnx_tts.refcache.TieredCache`):
-memory (a byte budget), disk (atomic, checksummed files) and an optional Redis shared by
-several servers ("replicas"); a tier that fails is logged and skipped, never failing a request.
+be stored once and served from then on. Tiers, entry format, single flight and failure
+handling are those of every typed cache (:mod:`onnx_tts.cache.typed`): memory (a byte budget,
+LFU with aging: on the Zipf(1.1) workload of benchmarks/bench_cache.py it keeps more hits than
+LRU when the budget is tight), disk and an optional Redis shared by several servers
+("replicas").
 
 Values are format-independent: float32 mono PCM plus its sample rate (encoding to WAV, FLAC
-or OGG happens on the way out). The memory tier evicts least-frequently-used entries with
-aging: on the Zipf(1.1) workload of benchmarks/bench_cache.py it keeps more hits than LRU when
-the budget is tight (see the policy table that benchmark writes).
+or OGG happens on the way out). A value read back must be 1-D float32 samples within
++-MAX_SAMPLE_PEAK at the model's sample rate, at most MAX_RESULT_SECONDS long.
 
 The key (:func:`result_key`) is a sha256 over the model's identity (:func:`model_identity`:
 family, graph hashes and load settings), the text as the model consumes it (the normalised
@@ -23,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 import struct
 import threading
 from collections import OrderedDict
@@ -33,23 +32,23 @@ from typing import Any
 
 import numpy as np
 
+from onnx_tts.audio import MAX_REFERENCE_PEAK
 from onnx_tts.bundle import file_sha256
-from onnx_tts.errors import CacheError, InputError
-from onnx_tts.refcache import ReferenceCache, TieredCache, _cli_cache, cache_root
+from onnx_tts.cache.schema import ArraySpec, Schema
+from onnx_tts.cache.typed import TypedCache
+from onnx_tts.errors import InputError
 
 __all__ = [
-    "CACHES",
     "DEFAULT_RESULT_MEMORY_BYTES",
     "MAX_RESULT_SECONDS",
+    "MAX_SAMPLE_PEAK",
     "RESULT_MARKER_NAME",
     "ResultCache",
-    "all_cache_stats",
-    "clear_caches",
-    "default_result_dir",
     "model_identity",
     "replay_chunks",
     "request_digest",
     "result_key",
+    "result_schema",
 ]
 
 DEFAULT_RESULT_MEMORY_BYTES = 64 << 20
@@ -58,34 +57,61 @@ RESULT_MARKER_NAME = ".onnx-tts-resultcache"
 # would let a hostile entry allocate gigabytes.
 MAX_RESULT_SECONDS = 3600
 _MIN_RATE, _MAX_RATE = 1000, 384000
+# Bound on stored samples: full scale is 1.0, and the models' outputs stay near it (peaks of
+# 0.2-0.3 on the bundled voices). 24 dB above full scale is a broken or scaled buffer, not
+# speech: the same limit as for reference audio (audio.MAX_REFERENCE_PEAK). An entry scaled
+# x1000 peaks in the hundreds and is refused.
+MAX_SAMPLE_PEAK = MAX_REFERENCE_PEAK
 _KEY_DOMAIN = b"onnx-tts/resultcache/v1\x00"
 _REQUEST_DOMAIN = b"onnx-tts/resultcache/request/v1\x00"
 # Remembered request -> key aliases (per process, least recently used dropped first).
 MAX_ALIASES = 1 << 16
 
 
-def default_result_dir() -> Path:
-    """``$XDG_CACHE_HOME/onnx-tts/resultcache``, or ``~/.cache/onnx-tts/resultcache``."""
-    return cache_root() / "resultcache"
+def result_schema(sample_rate: int | None = None) -> Schema:
+    """A result: 1-D float32 samples within +-MAX_SAMPLE_PEAK and an int64 sample rate equal
+    to ``sample_rate`` (the model's; None: any rate in [1000, 384000] Hz)."""
+    low, high = (_MIN_RATE, _MAX_RATE) if sample_rate is None else (sample_rate, sample_rate)
+    return Schema(
+        arrays={
+            "samples": ArraySpec(
+                ("float32",),
+                (None,),
+                -MAX_SAMPLE_PEAK,
+                MAX_SAMPLE_PEAK,
+                max_size=MAX_RESULT_SECONDS * high,
+            ),
+            "sample_rate": ArraySpec(("int64",), (), low, high),
+        }
+    )
 
 
-class ResultCache(TieredCache):
+class ResultCache(TypedCache):
     """Memory / disk / Redis cache of synthesised audio (see the module docstring).
 
-    Same arguments as :class:`onnx_tts.refcache.ReferenceCache`; ``disk_dir="default"`` is
-    :func:`default_result_dir`. Values are ``{"samples": float32 [n], "sample_rate": int64
-    []}``; use :meth:`get_audio` / :meth:`put_audio`.
+    Arguments: those of :class:`onnx_tts.cache.typed.TypedCache` (memory 64 MiB by default;
+    default directory ``~/.cache/onnx-tts/resultcache``), plus ``sample_rate``: the model's,
+    which every value read back must have (None: any plausible rate, for maintenance tools).
+    Values are ``{"samples": float32 [n], "sample_rate": int64 []}``; use :meth:`get_audio` /
+    :meth:`put_audio`.
     """
 
     label = "result cache"
     redis_segment = "resultcache"
     marker_name = RESULT_MARKER_NAME
+    dir_name = "resultcache"
     memory_policy = "lfu"
 
     def __init__(
-        self, memory_bytes: int = DEFAULT_RESULT_MEMORY_BYTES, *args: Any, **kwargs: Any
+        self,
+        memory_bytes: int = DEFAULT_RESULT_MEMORY_BYTES,
+        *args: Any,
+        sample_rate: int | None = None,
+        **kwargs: Any,
     ) -> None:
+        kwargs.setdefault("schema", result_schema(sample_rate))
         super().__init__(memory_bytes, *args, **kwargs)
+        self.sample_rate = sample_rate
         # A hit must cost far less than text processing, so a request seen before is mapped
         # straight to its key (the phonemiser and voice encoder are skipped on a repeat).
         self._aliases: OrderedDict[str, str] = OrderedDict()
@@ -129,10 +155,6 @@ class ResultCache(TieredCache):
             key = self._aliases.get(request)
         return None if key is None else self.memory_lookup(key)
 
-    @staticmethod
-    def default_dir() -> Path:
-        return default_result_dir()
-
     def get_audio(self, key: str) -> tuple[np.ndarray, int] | None:
         """(samples, sample_rate) stored under ``key`` in any tier, or None (a counted miss).
         The samples are read-only."""
@@ -142,8 +164,8 @@ class ResultCache(TieredCache):
         return value["samples"], int(value["sample_rate"])
 
     def put_audio(self, key: str, samples: np.ndarray, sample_rate: int) -> None:
-        """Store one result in every tier; non-finite or mis-shaped audio is refused
-        (CacheError) and nothing is stored."""
+        """Store one result in every tier; audio that is not a valid result (non-finite,
+        mis-shaped, another rate than the model's) is refused (CacheError), nothing stored."""
         self.put(
             key,
             {
@@ -151,74 +173,6 @@ class ResultCache(TieredCache):
                 "sample_rate": np.asarray(sample_rate, dtype=np.int64),
             },
         )
-
-    def _check_value(self, arrays: Mapping[str, np.ndarray]) -> None:
-        problem = self._value_problem(arrays)
-        if problem is not None:
-            raise CacheError(f"refusing to cache this result: {problem}")
-
-    def _value_problem(self, arrays: Mapping[str, np.ndarray]) -> str | None:
-        if set(arrays) != {"samples", "sample_rate"}:
-            return f"holds arrays {sorted(arrays)}, expected samples and sample_rate"
-        samples, rate = arrays["samples"], arrays["sample_rate"]
-        if rate.shape != () or rate.dtype.kind not in "iu":
-            return f"sample_rate has shape {rate.shape} and dtype {rate.dtype}, expected an int"
-        if not _MIN_RATE <= int(rate) <= _MAX_RATE:
-            return f"sample rate {int(rate)} is outside [{_MIN_RATE}, {_MAX_RATE}]"
-        if samples.ndim != 1 or samples.dtype != np.float32:
-            return f"samples are {samples.dtype} {samples.shape}, expected 1-D float32"
-        if samples.shape[0] > MAX_RESULT_SECONDS * int(rate):
-            return f"{samples.shape[0]} samples is longer than {MAX_RESULT_SECONDS} s"
-        if not np.isfinite(samples).all():
-            return "samples hold NaN or infinite values"
-        return None
-
-
-CACHES = ("reference", "result", "prefix")
-
-
-def _cli_caches(
-    reference_dir: str | os.PathLike[str] | None,
-    result_dir: str | os.PathLike[str] | None,
-    redis_url: str | None,
-) -> dict[str, TieredCache]:
-    from onnx_tts.decoding.prefix_cache import PrefixCache
-
-    return {
-        "reference": _cli_cache(reference_dir, redis_url, ReferenceCache),
-        "result": _cli_cache(result_dir, redis_url, ResultCache),
-        # Memory only: its entries live (and are counted) in each serving process.
-        "prefix": PrefixCache(memory_bytes=0),
-    }
-
-
-def all_cache_stats(
-    reference_dir: str | os.PathLike[str] | None = "default",
-    result_dir: str | os.PathLike[str] | None = "default",
-    redis_url: str | None = None,
-) -> dict[str, dict]:
-    """``{"reference": ..., "result": ..., "prefix": ...}``: the shared tiers of every cache,
-    for ``onnx-tts cache stats``; creates nothing on disk. (Hit counters, and the prefix
-    cache's entries, live in each serving process: see its /metrics.)"""
-    caches = _cli_caches(reference_dir, result_dir, redis_url)
-    return {name: cache.stats() for name, cache in caches.items()}
-
-
-def clear_caches(
-    which: str | None = None,
-    reference_dir: str | os.PathLike[str] | None = "default",
-    result_dir: str | os.PathLike[str] | None = "default",
-    redis_url: str | None = None,
-) -> dict[str, dict[str, int]]:
-    """Empty the disk and Redis tiers of one cache (``which``: "reference", "result" or
-    "prefix", which has none: it empties with its process) or of all of them, for ``onnx-tts
-    cache clear [--tier ...]``; entries removed per cache and tier. A disk directory without
-    the cache's marker file is refused (CacheError)."""
-    if which is not None and which not in CACHES:
-        raise InputError(f"unknown cache {which!r}; choose from {', '.join(CACHES)}")
-    caches = _cli_caches(reference_dir, result_dir, redis_url)
-    chosen = CACHES if which is None else (which,)
-    return {name: caches[name].clear(tiers=("disk", "redis")) for name in chosen}
 
 
 def model_identity(backend: Any) -> str:

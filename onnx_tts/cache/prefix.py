@@ -11,7 +11,10 @@ bit-identical to a one-run prefill (tests/test_prefix_cache.py).
 Entries are keyed by the LM and the prefix embeddings themselves (a digest of their bytes):
 equal embeddings give equal KV, so the key is exact whatever the voice came from. Memory only
 (KV values are large and cheap to recompute next to a whole request), LFU with aging under a
-byte budget, single flight for concurrent misses; values are never non-finite.
+byte budget, single flight for concurrent misses. A value is one float KV array per layer pair,
+"kv.0" .. "kv.<n-1>", each of rank 4 ([lm_rows, heads, prefix, head_dim]), finite and within
++-MAX_ACTIVATION (:data:`PREFIX_SCHEMA`); a prefill whose KV is not is used for its request and
+never stored.
 """
 
 from __future__ import annotations
@@ -21,23 +24,27 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from onnx_tts.refcache import TieredCache
+from onnx_tts.cache.schema import ArraySpec, Schema
+from onnx_tts.cache.typed import TypedCache
 
 DEFAULT_PREFIX_CACHE_BYTES = 256 << 20
 MIN_REST = 2
 
 RunPart = Callable[[np.ndarray, int], np.ndarray]
+PREFIX_SCHEMA = Schema(numbered=("kv.", ArraySpec(("float32", "float16"), (None,) * 4)))
 
 
 class _NotCacheable(Exception):
-    """The prefix ran but its KV values hold NaN/inf: use them for this request, store nothing."""
+    """The prefix ran but its KV values are not a valid entry (NaN/inf, say): use them for this
+    request, store nothing."""
 
 
-class PrefixCache(TieredCache):
+class PrefixCache(TypedCache):
     """In-memory cache of voice-prefix KV values: {"kv.<i>": [lm_rows, H, P, D]} per entry."""
 
     label = "prefix cache"
     memory_policy = "lfu"
+    value_schema = PREFIX_SCHEMA
 
     def __init__(self, memory_bytes: int = DEFAULT_PREFIX_CACHE_BYTES, identity: str = "") -> None:
         super().__init__(memory_bytes, disk_dir=None, redis_url=None)
@@ -73,7 +80,7 @@ class PrefixCache(TieredCache):
         # decode kernel, which rounds differently from a prompt run (the split would then not
         # equal a one-run prefill bit for bit).
         prefix = min(int(prefix), embeds.shape[1] - MIN_REST)
-        if prefix < 1 or self._memory_limit == 0:
+        if prefix < 1 or self.memory_bytes == 0:
             return run(embeds, 0)
         ran = False
 
@@ -82,7 +89,7 @@ class PrefixCache(TieredCache):
             run(embeds[:, :prefix], 0)
             ran = True
             values = {f"kv.{i}": v for i, v in enumerate(read(prefix))}
-            if not all(np.isfinite(v).all() for v in values.values()):
+            if PREFIX_SCHEMA.problem(values) is not None:
                 raise _NotCacheable
             return values
 
@@ -98,4 +105,4 @@ class PrefixCache(TieredCache):
         return run(embeds[:, prefix:], prefix)
 
 
-__all__ = ["DEFAULT_PREFIX_CACHE_BYTES", "PrefixCache"]
+__all__ = ["DEFAULT_PREFIX_CACHE_BYTES", "PREFIX_SCHEMA", "PrefixCache"]
