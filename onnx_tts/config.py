@@ -101,6 +101,11 @@ class EngineConfig:
         low=0,
         high=1 << 20,
     )
+    lookahead: bool = setting(
+        False,
+        "decode lookahead: hand a step's frames to the vocoder while the next step's LM run "
+        "goes on in a helper thread",
+    )
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ rows, or one cache of batch `lm_rows`.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -38,6 +39,17 @@ def _power_of_two_at_least(value: int) -> int:
 
 def _last(outputs: dict[str, np.ndarray], name: str) -> np.ndarray:
     return outputs[name][:, -1]
+
+
+@dataclass(frozen=True)
+class SlotRun:
+    """One prepared LM run over a slot span (see SlotRows.prepare)."""
+
+    rows: np.ndarray
+    feeds: dict[str, np.ndarray]
+    first: int  # first LM row of the span
+    lengths: np.ndarray  # cached tokens per LM row of the span
+    positions: np.ndarray  # where the step's rows sit in the span
 
 
 class SlotRows:
@@ -147,11 +159,11 @@ class SlotRows:
     def fits_next_step(self, rows: np.ndarray) -> np.ndarray:
         return self.lengths[rows] < self.capacity
 
-    def step(self, rows: np.ndarray, inputs: np.ndarray) -> np.ndarray:
-        """One LM run over the slot span covering request `rows` (sorted); `inputs` holds
-        lm_rows entries per row. A free row inside the span computes a throwaway token at
-        position 0 of its own buffer. Returns the last outputs in `inputs` order."""
-        assert self.slots is not None
+    def prepare(self, rows: np.ndarray, inputs: np.ndarray) -> SlotRun:
+        """The feeds of one LM run over the slot span covering request `rows` (sorted);
+        `inputs` holds lm_rows entries per row. A free row inside the span computes a
+        throwaway token at position 0 of its own buffer. Built before the run, so the run
+        itself may go on in another thread while rows that left the step are released."""
         lm = self.lm_rows
         first, last = int(rows[0]), int(rows[-1])
         span = (last - first + 1) * lm
@@ -162,12 +174,30 @@ class SlotRows:
         else:
             batch = np.zeros((span, *inputs.shape[1:]), self._dtype)
             batch[positions] = inputs
-        lengths = np.repeat(self.lengths[first : last + 1], lm)
+        taking_part = np.zeros(last - first + 1, bool)
+        taking_part[rows - first] = True
+        lengths = np.repeat(np.where(taking_part, self.lengths[first : last + 1], 0), lm)
         feeds = {self.program.input_name: batch}
         feeds.update(length_feeds(self.program.lm, lengths, batch.shape[1]))
-        result = self.slots.step(feeds, first * lm, lengths, [self.program.output_name])
-        self.lengths[rows] += 1
-        return _last(result, self.program.output_name)[positions]
+        return SlotRun(rows, feeds, first * lm, lengths, positions)
+
+    def run(self, prepared: SlotRun) -> np.ndarray:
+        """The prepared LM run; returns the last outputs in the inputs' order."""
+        assert self.slots is not None
+        name = self.program.output_name
+        result = self.slots.step(prepared.feeds, prepared.first, prepared.lengths, [name])
+        return _last(result, name)[prepared.positions]
+
+    def commit(self, prepared: SlotRun) -> None:
+        """The rows of a run that succeeded hold one more token."""
+        self.lengths[prepared.rows] += 1
+
+    def step(self, rows: np.ndarray, inputs: np.ndarray) -> np.ndarray:
+        """prepare, run and commit in one go."""
+        prepared = self.prepare(rows, inputs)
+        outputs = self.run(prepared)
+        self.commit(prepared)
+        return outputs
 
     def release(self, row: int) -> None:
         self.lengths[row] = 0

@@ -28,13 +28,14 @@ import threading
 import time
 import weakref
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
 from onnx_tts.cache.prefix import PrefixCache
 from onnx_tts.decoding.kv_pool import KVPool
-from onnx_tts.decoding.kv_rows import DEFAULT_SLOT_BYTES, OwnCaches, RowHome, SlotRows
+from onnx_tts.decoding.kv_rows import DEFAULT_SLOT_BYTES, OwnCaches, RowHome, SlotRows, SlotRun
 from onnx_tts.decoding.program import DecodeProgram
 from onnx_tts.errors import InputError, OnnxTTSError
 from onnx_tts.request import Request
@@ -115,6 +116,7 @@ class DecodeScheduler:
         prefix_cache: PrefixCache | None = None,
         slot_bytes: int = DEFAULT_SLOT_BYTES,
         max_waiting: int = DEFAULT_MAX_WAITING,
+        lookahead: bool = False,
     ) -> None:
         if isinstance(max_batch, bool) or not isinstance(max_batch, int):
             raise InputError(f"max_batch must be an integer, got {max_batch!r}")
@@ -132,7 +134,14 @@ class DecodeScheduler:
         self.state = program.new_state(max_batch)
         self.requests: list[Request | None] = [None] * max_batch
         self.homes: list[RowHome | None] = [None] * max_batch
+        self.finishing = np.zeros(max_batch, bool)  # done, frames not yet handed over
         self.waiting: list[Request] = []
+        # Lookahead: the LM run of a step goes on in this thread while the frames of the
+        # step before are handed over (see _step).
+        self._helper = (
+            ThreadPoolExecutor(1, thread_name_prefix="onnx-tts-lm") if lookahead else None
+        )
+        self._pending: tuple[np.ndarray, list[Request | None], Any] | None = None
         self._cv = threading.Condition()
         self._closed = False
         self._thread: threading.Thread | None = None
@@ -209,6 +218,8 @@ class DecodeScheduler:
             self._cv.notify()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join()
+        if self._helper is not None:
+            self._helper.shutdown(wait=True)
 
     # -- worker ------------------------------------------------------------------------------
     def _run(self) -> None:
@@ -217,6 +228,7 @@ class DecodeScheduler:
                 while not self._closed and not self.waiting and not self._active_rows().size:
                     self._cv.wait()
                 if self._closed:
+                    self._pending = None
                     closed = OnnxTTSError("the engine was closed")
                     for request in [*self.waiting, *filter(None, self.requests)]:
                         _tell(request.sink.end, closed)
@@ -230,11 +242,17 @@ class DecodeScheduler:
             rows = self._active_rows()
             if rows.size:
                 self._step(rows)
+            if not self._active_rows().size:
+                self._hand_over_pending()  # nothing to overlap it with
             with self._cv:  # for admission control: how busy this worker is
                 self._stats["busy_seconds"] += time.perf_counter() - started
 
     def _active_rows(self) -> np.ndarray:
-        return np.array([i for i, r in enumerate(self.requests) if r is not None], np.int64)
+        """Rows still decoding (not the ones whose last frames await hand-over)."""
+        return np.array(
+            [i for i, r in enumerate(self.requests) if r is not None and not self.finishing[i]],
+            np.int64,
+        )
 
     def _take_waiting(self) -> list[int]:
         """Admit the most urgent waiting requests into the free rows, lowest row first."""
@@ -264,6 +282,7 @@ class DecodeScheduler:
             home.release(row)
         self.requests[row] = None
         self.homes[row] = None
+        self.finishing[row] = False
 
     def _drop_cancelled(self) -> None:
         for row, request in enumerate(self.requests):
@@ -304,6 +323,9 @@ class DecodeScheduler:
         return (selected[:, None] * lm + np.arange(lm)[None, :]).reshape(-1)
 
     def _step(self, rows: np.ndarray) -> None:
+        """One decode step of `rows`. With lookahead, the frames of the step before are
+        handed to their consumers while this step's LM run goes on in the helper thread (the
+        run does not need them: its inputs came from the program's state)."""
         in_slots = np.array([self.homes[row] is self.slots for row in rows], bool)
         fits = np.ones(len(rows), bool)
         if in_slots.any():
@@ -314,29 +336,32 @@ class DecodeScheduler:
             self._free(int(row), InputError("generation reached the KV capacity of its row"))
         rows, in_slots = rows[fits], in_slots[fits]
         if not rows.size:
+            self._hand_over_pending()
             return
         try:
             inputs = self.program.step_inputs(self.state, rows)
+            prepared = None
+            if in_slots.any():
+                chosen = np.flatnonzero(in_slots)
+                prepared = self.slots.prepare(rows[chosen], inputs[self._lm_positions(chosen)])  # type: ignore[union-attr]
         except Exception as error:  # the program failed: every row of the step fails
+            self._hand_over_pending()
             for row in rows:
                 self._free(int(row), error)
             return
-        parts: list[tuple[np.ndarray, np.ndarray]] = []  # (request indices, their outputs)
-        if in_slots.any():
-            chosen = np.flatnonzero(in_slots)
-            try:
-                outputs = self.slots.step(rows[chosen], inputs[self._lm_positions(chosen)])  # type: ignore[union-attr]
-                parts.append((chosen, outputs))
-            except Exception as error:  # a failed batched run fails the rows in it
-                for row in rows[chosen]:
-                    self._free(int(row), error)
-        for index in np.flatnonzero(~in_slots):
-            chosen = np.array([index])
-            try:
-                outputs = self.own.step(rows[chosen], inputs[self._lm_positions(chosen)])
-                parts.append((chosen, outputs))
-            except Exception as error:
-                self._free(int(rows[index]), error)
+
+        def run() -> tuple[list[tuple[np.ndarray, np.ndarray]], list[tuple[int, Exception]]]:
+            return self._run_lm(rows, in_slots, inputs, prepared)
+
+        if self._helper is not None and self._pending is not None:
+            future = self._helper.submit(run)
+            self._hand_over_pending()  # overlapped with the LM run
+            parts, failures = future.result()
+        else:
+            self._hand_over_pending()
+            parts, failures = run()
+        for row, error in failures:
+            self._free(row, error)
         if not parts:
             return
         order = np.concatenate([chosen for chosen, _ in parts])
@@ -347,19 +372,66 @@ class DecodeScheduler:
         with self._cv:
             self._stats["steps"] += 1
             self._stats["row_steps"] += int(order.size)
-        self._deliver(rows[order], outputs)
+        self._deliver(rows[order], outputs, defer=self._helper is not None)
 
-    def _deliver(self, rows: np.ndarray, outputs: np.ndarray) -> None:
+    def _run_lm(
+        self,
+        rows: np.ndarray,
+        in_slots: np.ndarray,
+        inputs: np.ndarray,
+        prepared: SlotRun | None,
+    ) -> tuple[list[tuple[np.ndarray, np.ndarray]], list[tuple[int, Exception]]]:
+        """The LM runs of one step: the slot rows in one run, each other row on its own
+        cache. Returns (request indices, their outputs) parts and the rows that failed; frees
+        nothing itself (it may run in the helper thread)."""
+        parts: list[tuple[np.ndarray, np.ndarray]] = []
+        failures: list[tuple[int, Exception]] = []
+        if prepared is not None:
+            chosen = np.flatnonzero(in_slots)
+            try:
+                outputs = self.slots.run(prepared)  # type: ignore[union-attr]
+                self.slots.commit(prepared)  # type: ignore[union-attr]
+                parts.append((chosen, outputs))
+            except Exception as error:  # a failed batched run fails the rows in it
+                failures.extend((int(row), error) for row in rows[chosen])
+        for index in np.flatnonzero(~in_slots):
+            chosen = np.array([index])
+            try:
+                outputs = self.own.step(rows[chosen], inputs[self._lm_positions(chosen)])
+                parts.append((chosen, outputs))
+            except Exception as error:
+                failures.append((int(rows[index]), error))
+        return parts, failures
+
+    def _deliver(self, rows: np.ndarray, outputs: np.ndarray, defer: bool = False) -> None:
+        """The program consumes the rows' outputs; their frames go to the consumers now, or
+        (`defer`, lookahead) during the next step's LM run. Rows that finished leave the
+        decode at once either way."""
         try:
             result = self.program.consume(self.state, rows, outputs)
         except Exception as error:
             for row in rows:
                 self._free(int(row), error)
             return
+        requests = [self.requests[int(row)] for row in rows]
         for index, row in enumerate(rows):
-            request = self.requests[int(row)]
-            if request is None:
-                continue
+            if result.done[index]:
+                self.finishing[int(row)] = True
+        if defer:
+            self._pending = (rows, requests, result)
+        else:
+            self._hand_over(rows, requests, result)
+
+    def _hand_over_pending(self) -> None:
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            self._hand_over(*pending)
+
+    def _hand_over(self, rows: np.ndarray, requests: list[Request | None], result: Any) -> None:
+        for index, row in enumerate(rows):
+            request = requests[index]
+            if request is None or self.requests[int(row)] is not request:
+                continue  # cancelled meanwhile (and maybe its row already reused)
             for frame in result.frames[index]:
                 _tell(request.sink.put, frame)
             if result.done[index]:

@@ -125,6 +125,7 @@ def build_engine(
         prefixes,
         slot_bytes=config.slot_bytes,
         max_waiting=config.max_waiting,
+        lookahead=config.lookahead,
     )
 
 

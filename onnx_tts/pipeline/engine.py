@@ -70,6 +70,7 @@ class Engine:
         prefixes: PrefixCache | None = None,
         slot_bytes: int = DEFAULT_SLOT_BYTES,
         max_waiting: int = DEFAULT_MAX_WAITING,
+        lookahead: bool = False,
     ) -> None:
         self.backend = backend
         self.cache = cache
@@ -80,7 +81,7 @@ class Engine:
         # first stream after it passed every non-streaming test.
         self.streaming_options()
         self.scheduler = DecodeScheduler(
-            backend.program, backend.pool, max_batch, prefixes, slot_bytes, max_waiting
+            backend.program, backend.pool, max_batch, prefixes, slot_bytes, max_waiting, lookahead
         )
         self.planner = Planner(backend, self.family)
         self.voices = Voices(backend, cache)

@@ -85,6 +85,7 @@ class _State:
             queue_depth=lambda: sum(m.admission.waiting for m in registry.models.values()),
             active=lambda: sum(m.admission.active for m in registry.models.values()),
             cache_stats=registry.cache_stats,
+            stage_stats=registry.stage_stats,
         )
         self.draining = False
 

@@ -208,6 +208,15 @@ class ModelRegistry:
     def names(self) -> list[str]:
         return list(self.models)
 
+    def stage_stats(self) -> dict[str, dict[str, Any]]:
+        """model -> its engine's stage counters (and its admission's), for /metrics."""
+        stats = {}
+        for name, model in list(self.models.items()):
+            stats[name] = model.engine.stats()
+            if model.admission is not None:
+                stats[name]["admission"] = model.admission.stats()
+        return stats
+
     def cache_stats(self) -> dict[str, dict[str, dict[str, Any]]]:
         """model -> {"reference", "result", "prefix"} -> that cache's stats ({} when off), for
         /metrics."""

@@ -69,12 +69,54 @@ class _CacheCollector(Collector):
         yield rejected
 
 
+class _StageCollector(Collector):
+    """Per model and stage (decode: the scheduler's worker, vocoder: the vocoder stage's):
+    seconds busy, work done (row steps, windows) and runs; with the admission's view of
+    capacity. Busy seconds over wall time is a stage's utilisation (1.0 = a full core)."""
+
+    def __init__(self, stats: Callable[[], dict[str, dict[str, Any]]]) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        busy = CounterMetricFamily(
+            "onnx_tts_stage_busy_seconds", "Seconds a stage's worker was busy", ["model", "stage"]
+        )
+        work = CounterMetricFamily(
+            "onnx_tts_stage_items",
+            "Items a stage processed (decode: row steps; vocoder: windows)",
+            ["model", "stage"],
+        )
+        runs = CounterMetricFamily(
+            "onnx_tts_stage_runs",
+            "Runs of a stage (decode: LM steps; vocoder: vocoder calls); items / runs is its "
+            "mean batch",
+            ["model", "stage"],
+        )
+        capacity = GaugeMetricFamily(
+            "onnx_tts_admission_capacity",
+            "Streams the model is estimated to sustain in real time",
+            labels=["model"],
+        )
+        for model, stats in sorted(self._stats().items()):
+            vocoder = stats.get("vocoder", {})
+            busy.add_metric([model, "decode"], float(stats.get("busy_seconds", 0.0)))
+            busy.add_metric([model, "vocoder"], float(vocoder.get("busy_seconds", 0.0)))
+            work.add_metric([model, "decode"], int(stats.get("row_steps", 0)))
+            work.add_metric([model, "vocoder"], int(vocoder.get("windows", 0)))
+            runs.add_metric([model, "decode"], int(stats.get("steps", 0)))
+            runs.add_metric([model, "vocoder"], int(vocoder.get("calls", 0)))
+            if "admission" in stats:
+                capacity.add_metric([model], int(stats["admission"]["capacity"]))
+        yield from (busy, work, runs, capacity)
+
+
 class ServerMetrics:
     def __init__(
         self,
         queue_depth: Callable[[], float],
         active: Callable[[], float],
         cache_stats: Callable[[], dict[str, dict[str, dict[str, Any]]]],
+        stage_stats: Callable[[], dict[str, dict[str, Any]]] | None = None,
     ) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
@@ -127,13 +169,15 @@ class ServerMetrics:
             buckets=(1, 2, 4, 8, 16, 32),
             registry=r,
         )
-        Gauge("onnx_tts_queue_depth", "Requests waiting for a worker", registry=r).set_function(
+        Gauge("onnx_tts_queue_depth", "Requests waiting to start", registry=r).set_function(
             queue_depth
         )
         Gauge("onnx_tts_active_generations", "Requests generating now", registry=r).set_function(
             active
         )
         r.register(_CacheCollector(cache_stats))
+        if stage_stats is not None:
+            r.register(_StageCollector(stage_stats))
 
 
 @dataclass
