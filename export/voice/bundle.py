@@ -640,7 +640,7 @@ class VocoderParts:
 
 
 def griffin_lim_parts(
-    stats: dict, vocoder: VocoderConfig, phase_model: object | None = None
+    stats: dict, vocoder: VocoderConfig, phase_model: object | None = None, dft: str = "fft"
 ) -> VocoderParts:
     """Griffin-Lim, starting from the phase of `phase_model` (a NeuralVocoder) when given."""
     mel = MEL_CONFIG
@@ -652,13 +652,14 @@ def griffin_lim_parts(
         "lookahead_frames": reach,
         "griffin_lim_iterations": vocoder.iterations,
         "griffin_lim_power": vocoder.power,
+        "dft": dft,
     }
     if phase_model is not None:
         cfg = phase_model.cfg  # type: ignore[attr-defined]
         section["starting_phase"] = f"neural convnext{cfg.blocks}x{cfg.hidden}-istft{cfg.n_fft}"
         section["receptive_field_frames"] = reach + cfg.receptive_field_frames
     return VocoderParts(
-        build_vocoder_graph(mel, stats, vocoder, phase_model),
+        build_vocoder_graph(mel, stats, vocoder, phase_model, dft),
         section,
         {
             "first_chunk_frames": 10,
@@ -670,17 +671,18 @@ def griffin_lim_parts(
     )
 
 
-def neural_vocoder_parts(model: object, streaming: dict) -> VocoderParts:
+def neural_vocoder_parts(model: object, streaming: dict, dft: str = "fft") -> VocoderParts:
     """model: export.voice.vocoder.NeuralVocoder; streaming: measured by
     export.voice.evaluate.choose_streaming."""
     cfg = model.cfg  # type: ignore[attr-defined]
     return VocoderParts(
-        build_neural_vocoder_graph(model),
+        build_neural_vocoder_graph(model, dft),
         {
             "kind": "neural",
             "architecture": f"convnext{cfg.blocks}x{cfg.hidden}-istft{cfg.n_fft}",
             "receptive_field_frames": cfg.receptive_field_frames,
             "lookahead_frames": streaming["holdback_frames"],
+            "dft": dft,
         },
         dict(streaming),
     )
@@ -799,6 +801,7 @@ def rebundle_with_vocoder(out_dir: Path, lm_from: Path, vocoder: VocoderParts) -
 
 
 __all__ = [
+    "DFT_FORMS",
     "MEL_CONFIG",
     "VocoderConfig",
     "VocoderParts",

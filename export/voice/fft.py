@@ -39,7 +39,7 @@ from onnx_tts.tools.graph_builder import GraphBuilder, reduce_op
 
 @dataclass(frozen=True)
 class FFTPlan:
-    """How one (n_fft, hop) STFT is factored: n_fft = rows * cols, cols divides hop."""
+    """How one (n_fft, hop) STFT is factored: n_fft = rows * cols."""
 
     n_fft: int
     hop: int
@@ -48,22 +48,18 @@ class FFTPlan:
     def __post_init__(self) -> None:
         if not 0 < self.hop <= self.n_fft:
             raise ValueError(f"hop {self.hop} must be in 1..n_fft ({self.n_fft})")
-        if self.n_fft % self.cols or self.hop % self.cols or self.rows % 2:
+        if self.n_fft % 2 or self.cols < 2 or self.n_fft % self.cols or self.cols == self.n_fft:
             raise ValueError(
-                f"cols {self.cols} must divide n_fft {self.n_fft} and hop {self.hop} and leave "
-                "an even number of rows"
+                f"cols {self.cols} must divide the even n_fft {self.n_fft} and leave rows >= 2"
             )
 
     @classmethod
     def choose(cls, n_fft: int, hop: int) -> FFTPlan:
-        """The factorisation with the fewest multiply-adds (rows + cols smallest)."""
-        options = [
-            c
-            for c in range(1, n_fft + 1)
-            if n_fft % c == 0 and hop % c == 0 and (n_fft // c) % 2 == 0
-        ]
-        if not options:
-            raise ValueError(f"no FFT plan for n_fft {n_fft}, hop {hop}: n_fft must be even")
+        """The factorisation with the fewest multiply-adds (rows + cols smallest; measured
+        fastest on ORT 1.32 with cols the larger of two equal-cost choices)."""
+        options = [c for c in range(2, n_fft) if n_fft % c == 0]
+        if n_fft % 2 or not options:
+            raise ValueError(f"no FFT plan for n_fft {n_fft}: it must be even and at least 4")
         return cls(n_fft, hop, min(options, key=lambda c: (n_fft // c + c, -c)))
 
     @property
