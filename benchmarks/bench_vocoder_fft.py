@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> None:
     print("speed per window ...", flush=True)
     results["speed"] = window_speed(sessions, mels, args.repeats)
     print("profiles ...", flush=True)
-    results["profile"] = {name: op_profile(data, mels, frames=150) for name, data in graphs.items()}
+    results["profile"] = op_profiles(graphs, mels, frames=150)
     print("DFT and overlap-add ops ...", flush=True)
     results["ops"] = dft_and_overlap_add_ops(args.repeats)
     print("batches ...", flush=True)
@@ -153,21 +153,33 @@ def window_speed(sessions: dict, mels: list[np.ndarray], repeats: int) -> list[d
     return rows
 
 
-def op_profile(graph: bytes, mels: list[np.ndarray], frames: int, runs: int = 8) -> dict:
-    """ORT's profile of one window: kernel time per run by operator (the median run of each
-    node, times its node count, so one descheduled run does not count), and the total."""
+def op_profiles(graphs: dict[str, bytes], mels: list[np.ndarray], frames: int, runs: int = 8):
+    """ORT's profile of one window for each graph, runs taking turns: kernel time per run by
+    operator (each node's median run times its count, so one descheduled run does not count)
+    and the total."""
     import onnxruntime as ort
 
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    options.enable_profiling = True
     with tempfile.TemporaryDirectory() as tmp:
-        options.profile_file_prefix = str(Path(tmp) / "profile")
-        session = ort.InferenceSession(graph, options, providers=["CPUExecutionProvider"])
+        sessions = {}
+        for name, graph in graphs.items():
+            options = ort.SessionOptions()
+            options.intra_op_num_threads = 1
+            options.enable_profiling = True
+            options.profile_file_prefix = str(Path(tmp) / name)
+            sessions[name] = ort.InferenceSession(
+                graph, options, providers=["CPUExecutionProvider"]
+            )
         window = _windows(mels, frames, 1)[0][None]
         for _ in range(runs):
-            session.run(["waveform"], {"mel": window})
-        events = json.loads(Path(session.end_profiling()).read_text())
+            for session in sessions.values():
+                session.run(["waveform"], {"mel": window})
+        events = {
+            name: json.loads(Path(s.end_profiling()).read_text()) for name, s in sessions.items()
+        }
+    return {name: _by_op(found, frames) for name, found in events.items()}
+
+
+def _by_op(events: list, frames: int) -> dict:
     by_node: dict[tuple[str, str], list[float]] = collections.defaultdict(list)
     for event in events:
         if event.get("cat") == "Node" and event["name"].endswith("_kernel_time"):

@@ -1,15 +1,19 @@
 """ONNX graphs and bundle of the trained voice (family "phoneme-mel", see
 onnx_tts/families/phoneme_mel.py).
 
-* encoder.onnx: audio -> STFT (a strided Conv with windowed DFT kernels) -> log-mel ->
-  standardise -> speaker embedding = per-band mean and std (exactly
-  :func:`export.voice.train.speaker_stats`).
+* encoder.onnx: audio -> STFT -> log-mel -> standardise -> speaker embedding = per-band mean
+  and std (exactly :func:`export.voice.train.speaker_stats`).
 * embed.onnx: (previous frames, phoneme window, progress, speaker) -> LM input vectors.
 * lm.onnx: the shared GQA decoder builder (export.onnx_graphs), trained weights; one output `logits`
   holding the step's standardised mel frames followed by the advance logits.
 * vocoder.onnx: standardised log-mel -> linear magnitude -> linear interpolation to a finer hop
-  -> unrolled Griffin-Lim (Conv STFT, ConvTranspose inverse STFT) from a fixed deterministic
-  phase, so the graph has no random op.
+  -> unrolled Griffin-Lim (STFT, inverse STFT) from a fixed deterministic phase or the neural
+  vocoder's, so the graph has no random op.
+
+Every STFT and inverse STFT is an FFT built from MatMuls (export.voice.fft, `dft="fft"`, the
+default since issue 28) or, as the bundles before it shipped, a strided Conv / ConvTranspose
+with the windowed DFT matrix (`dft="conv"`, `dft_kernels`); both compute the same thing to
+float rounding.
 """
 
 from __future__ import annotations
