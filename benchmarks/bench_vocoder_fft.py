@@ -201,9 +201,9 @@ def _by_op(events: list, frames: int) -> dict:
 
 def dft_and_overlap_add_ops(repeats: int) -> dict:
     """The forward real DFT of 301 frames of 512 samples (1 thread): ONNX DFT (onesided), the
-    dense product the Conv form amounts to, and the FFT form's two products; the overlap-add
-    of 300 frames at hop 160: negative-pad shifts + Sum (used), Col2Im and ScatterElements
-    (reduction add)."""
+    dense product the Conv form amounts to, and the FFT form's two products; the ONNX STFT op
+    and two ways to cut the frames; the overlap-add of 300 frames at hop 160: negative-pad
+    shifts + Sum (used), Col2Im and ScatterElements (reduction add)."""
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
@@ -278,6 +278,69 @@ def dft_and_overlap_add_ops(repeats: int) -> dict:
         np.abs(onnx_dft[..., 0] + 1j * onnx_dft[..., 1] - reference).max()
     )
 
+    # The ONNX STFT op on the signal those frames come from (window and framing included),
+    # against framing by Gather (a [T, n_fft] index) and the FFT form's slices of hop-major
+    # audio: the STFT op runs the DFT kernel frame by frame.
+    signal = rng.standard_normal((1, (frames - 1) * hop + n_fft)).astype(np.float32)
+    window = (0.5 - 0.5 * np.cos(2 * np.pi * np.arange(n_fft) / n_fft)).astype(np.float32)
+    columns = frames + plan.groups - 1
+    hop_major = np.zeros((1, columns * hop), np.float32)
+    hop_major[0, : signal.shape[1]] = signal[0]
+    hop_major = np.ascontiguousarray(hop_major.reshape(1, columns, hop).transpose(0, 2, 1))
+    ends = {
+        f"e{g}": np.array([plan.group_rows(g), frames + g], np.int64)
+        for g in range(plan.frame_groups)
+    }
+    starts = {f"b{g}": np.array([0, g], np.int64) for g in range(plan.frame_groups)}
+    framing = timed(
+        {
+            "onnx_stft_op": (
+                session(
+                    [helper.make_node("STFT", ["x", "step", "window", "length"], ["y"])],
+                    {
+                        "step": np.array(hop, np.int64),
+                        "window": window,
+                        "length": np.array(n_fft, np.int64),
+                    },
+                    17,
+                ),
+                signal[..., None],
+            ),
+            "gather_frames": (
+                session(
+                    [helper.make_node("Gather", ["x", "index"], ["y"], axis=1)],
+                    {"index": np.arange(frames)[:, None] * hop + np.arange(n_fft)[None, :]},
+                ),
+                signal,
+            ),
+            "hop_major_slices": (
+                session(
+                    [
+                        helper.make_node("Slice", ["x", f"b{g}", f"e{g}", "axes"], [f"s{g}"])
+                        for g in range(plan.frame_groups)
+                    ]
+                    + [
+                        helper.make_node(
+                            "Concat", [f"s{g}" for g in range(plan.frame_groups)], ["y"], axis=1
+                        )
+                    ],
+                    ends | starts | {"axes": np.array([1, 2], np.int64)},
+                ),
+                hop_major,
+            ),
+        }
+    )
+    outputs = framing.pop("_outputs")
+    cut = np.stack([signal[0, t * hop : t * hop + n_fft] for t in range(frames)])
+    stft = np.fft.rfft(cut.astype(np.float64) * window, axis=-1)
+    by_op = outputs["onnx_stft_op"][0]
+    framing["onnx_stft_op_max_abs_error"] = float(
+        np.abs(by_op[..., 0] + 1j * by_op[..., 1] - stft).max()
+    )
+    framing["gather_equals_slices"] = bool(
+        np.array_equal(outputs["gather_frames"][0], outputs["hop_major_slices"][0].T)
+    )
+
     t = 300
     groups = plan.frame_groups
     frames_in = rng.standard_normal((1, n_fft, t)).astype(np.float32)  # [B, frame sample, T]
@@ -334,7 +397,11 @@ def dft_and_overlap_add_ops(repeats: int) -> dict:
     for name in ("col2im", "scatter_elements_add"):
         other = outputs[name].reshape(-1)[:out_len]
         ola[f"{name}_max_abs_vs_pad_shift_sum"] = float(np.abs(other - hop_major).max())
-    return {"real_dft_301x512": dft, "overlap_add_300x512_hop160": ola}
+    return {
+        "real_dft_301x512": dft,
+        "framing_301x512_hop160": framing,
+        "overlap_add_300x512_hop160": ola,
+    }
 
 
 def batches(sessions: dict, mels: list[np.ndarray], repeats: int) -> dict:

@@ -236,3 +236,21 @@ def test_conversion_refuses_what_it_cannot_rebuild_exactly(tmp_path: Path, capsy
     assert (bundle / "vocoder.onnx").read_bytes() == before
     assert main([str(tmp_path / "nowhere")]) == 2
     assert "has no bundle.json" in capsys.readouterr().err
+
+
+def test_conversion_of_a_neural_vocoder_bundle(tmp_path: Path) -> None:
+    """A bundle whose whole vocoder is the network: its weights come back from the Conv-form
+    graph and the FFT form built from them is the one built from the network itself."""
+    torch.manual_seed(0)
+    network = NeuralVocoder(VocoderNetConfig(hidden=32, intermediate=64, blocks=2)).eval()
+    streaming = json.loads((VOICE_MODEL_DIR / "bundle.json").read_text())["streaming"]
+    bundle = tmp_path / "neural"
+    parts = voice_bundle.neural_vocoder_parts(network, streaming, "conv")
+    voice_bundle.rebundle_with_vocoder(bundle, VOICE_MODEL_DIR, parts)
+    result = convert(bundle, sentences=1)
+    assert result["converted"] and result["check"]["snr_db"] > 60
+    expected = voice_bundle.build_neural_vocoder_graph(network, "fft")
+    assert (bundle / "vocoder.onnx").read_bytes() == expected.SerializeToString(deterministic=True)
+    manifest = json.loads((bundle / "bundle.json").read_text())
+    assert manifest["vocoder"]["kind"] == "neural" and manifest["vocoder"]["dft"] == "fft"
+    assert convert(bundle, sentences=0)["converted"] is False
