@@ -254,3 +254,33 @@ def test_conversion_of_a_neural_vocoder_bundle(tmp_path: Path) -> None:
     manifest = json.loads((bundle / "bundle.json").read_text())
     assert manifest["vocoder"]["kind"] == "neural" and manifest["vocoder"]["dft"] == "fft"
     assert convert(bundle, sentences=0)["converted"] is False
+
+
+@pytest.mark.parametrize("factor", [2, 3, 4])
+def test_linear_upsampling_is_resize_without_its_batch_dependence(factor: int) -> None:
+    """The FFT graphs' upsampling of the magnitude computes ORT's Resize (linear, half_pixel,
+    edges held), for one frame and many."""
+    from export.voice.bundle import _upsample_linear
+
+    b = GraphBuilder("upsample")
+    x = b.add_input("x", FLOAT, ("batch", "bins", "frames"))
+    b.identity(_upsample_linear(b, x, factor, "up"), "ours")
+    scales = b.const([1.0, 1.0, float(factor)], np.float32)
+    b.node(
+        "Resize",
+        [x, "", scales],
+        mode="linear",
+        coordinate_transformation_mode="half_pixel",
+        output_names=["resize"],
+    )
+    b.add_output("ours", FLOAT, None)
+    b.add_output("resize", FLOAT, None)
+    session = ort.InferenceSession(b.build().SerializeToString())
+    rng = np.random.default_rng(factor)
+    for frames in (1, 2, 9):
+        values = rng.standard_normal((3, 5, frames)).astype(np.float32)
+        ours, resize = session.run(None, {"x": values})
+        assert ours.shape == resize.shape == (3, 5, factor * frames)
+        np.testing.assert_allclose(ours, resize, rtol=1e-6, atol=1e-6)
+        alone = session.run(["ours"], {"x": values[1:2]})[0]
+        assert np.array_equal(alone[0], ours[1])
