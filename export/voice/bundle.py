@@ -1,15 +1,19 @@
 """ONNX graphs and bundle of the trained voice (family "phoneme-mel", see
 onnx_tts/families/phoneme_mel.py).
 
-* encoder.onnx: audio -> STFT (a strided Conv with windowed DFT kernels) -> log-mel ->
-  standardise -> speaker embedding = per-band mean and std (exactly
-  :func:`export.voice.train.speaker_stats`).
+* encoder.onnx: audio -> STFT -> log-mel -> standardise -> speaker embedding = per-band mean
+  and std (exactly :func:`export.voice.train.speaker_stats`).
 * embed.onnx: (previous frames, phoneme window, progress, speaker) -> LM input vectors.
 * lm.onnx: the shared GQA decoder builder (export.onnx_graphs), trained weights; one output `logits`
   holding the step's standardised mel frames followed by the advance logits.
 * vocoder.onnx: standardised log-mel -> linear magnitude -> linear interpolation to a finer hop
-  -> unrolled Griffin-Lim (Conv STFT, ConvTranspose inverse STFT) from a fixed deterministic
-  phase, so the graph has no random op.
+  -> unrolled Griffin-Lim (STFT, inverse STFT) from a fixed deterministic phase or the neural
+  vocoder's, so the graph has no random op.
+
+Every STFT and inverse STFT is an FFT built from MatMuls (export.voice.fft, `dft="fft"`, the
+default since issue 28) or, as the bundles before it shipped, a strided Conv / ConvTranspose
+with the windowed DFT matrix (`dft="conv"`, `dft_kernels`); both compute the same thing to
+float rounding.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from export import onnx_graphs
 from export.build_codec_lm import _bias, _linear_weight, _np, lm_weights
 from export.onnx_graphs import DecoderLMSpec, build_gqa_lm
 from export.voice.codec import MEL_CONFIG, MelConfig, mel_filterbank, mel_inverse
+from export.voice.fft import FFTGraph, FFTPlan, spectrum_power
 from onnx_tts.tools.graph_builder import (
     FLOAT,
     INT64,
@@ -34,6 +39,11 @@ from onnx_tts.tools.graph_builder import (
     linear,
     reduce_op,
 )
+
+# How the graphs compute their DFTs: "fft" (export.voice.fft, the default) or "conv" (a
+# Conv / ConvTranspose with the full DFT matrix, `dft_kernels`: the form the bundles before
+# issue 28 shipped, kept as the reference the FFT form is measured against).
+DFT_FORMS = ("fft", "conv")
 
 GRAPH_FILES = {
     "encoder": "encoder.onnx",
@@ -135,20 +145,41 @@ def _stft(b: GraphBuilder, audio3: str, kernel: str, hop: int, n_fft: int, frame
     return re, im
 
 
-def _standardised_log_mel(b: GraphBuilder, audio: str, cfg: MelConfig, stats: dict) -> str:
+def _standardised_log_mel(
+    b: GraphBuilder, audio: str, cfg: MelConfig, stats: dict, dft: str = "fft"
+) -> str:
     """audio [B,N] -> standardised log-mel [B, N // hop, n_mels] (as train.log_mel_frames)."""
     frames = b.node(
         "Div", [b.shape_dims(audio, 1, 2, "frames/N"), b.const([cfg.hop_length])], name="frames/F"
     )
-    audio3 = b.node("Unsqueeze", [audio, b.const([1])], name="audio/Channel")
-    analysis, _ = dft_kernels(cfg.n_fft)
-    re, im = _stft(
-        b, audio3, b.initializer("stft.kernel", analysis), cfg.hop_length, cfg.n_fft, frames, "stft"
-    )
-    power = b.node("Add", [b.node("Mul", [re, re]), b.node("Mul", [im, im])], name="stft/Power")
-    magnitude = b.node("Sqrt", [power], name="stft/Magnitude")  # [B,bins,F]
+    bank = mel_filterbank(cfg).T.copy()  # [bins, n_mels]
+    if dft == "fft":
+        plan = FFTPlan.choose(cfg.n_fft, cfg.hop_length)
+        length = b.shape_dims(audio, 1, 2, "audio/N")
+        fft = FFTGraph(b, plan, frames, length, "stft")
+        spec = fft.stft(fft.pad_audio(audio, length, "audio"), "stft")
+        power = spectrum_power(b, spec, "stft/Power", keepdims=False)
+        magnitude = b.node("Sqrt", [power], name="stft/Magnitude")  # [B,rows,half_cols,F]
+        magnitude = b.node(
+            "Reshape", [magnitude, b.const([0, plan.rows * plan.half_cols, -1])], name="stft/Bins"
+        )
+        bank = plan.in_spectrum_order(bank, axis=0)
+    else:
+        audio3 = b.node("Unsqueeze", [audio, b.const([1])], name="audio/Channel")
+        analysis, _ = dft_kernels(cfg.n_fft)
+        re, im = _stft(
+            b,
+            audio3,
+            b.initializer("stft.kernel", analysis),
+            cfg.hop_length,
+            cfg.n_fft,
+            frames,
+            "stft",
+        )
+        power = b.node("Add", [b.node("Mul", [re, re]), b.node("Mul", [im, im])], name="stft/Power")
+        magnitude = b.node("Sqrt", [power], name="stft/Magnitude")  # [B,bins,F]
     mag_t = b.node("Transpose", [magnitude], perm=[0, 2, 1], name="stft/T")
-    mel = b.node("MatMul", [mag_t, b.initializer("mel.bank_t", mel_filterbank(cfg).T.copy())])
+    mel = b.node("MatMul", [mag_t, b.initializer("mel.bank_t", bank)])
     mel = b.node("Max", [mel, b.const(cfg.log_floor, np.float32)], name="mel/Floor")
     logmel = b.node("Log", [mel], name="mel/Log")
     return b.node(
@@ -161,14 +192,20 @@ def _standardised_log_mel(b: GraphBuilder, audio: str, cfg: MelConfig, stats: di
     )
 
 
+def _check_dft(dft: str) -> None:
+    if dft not in DFT_FORMS:
+        raise ValueError(f"dft must be one of {', '.join(DFT_FORMS)}, not {dft!r}")
+
+
 def _f32(values: object) -> np.ndarray:
     return np.asarray(values, dtype=np.float32)
 
 
-def build_encoder_graph(cfg: MelConfig, stats: dict) -> onnx.ModelProto:
+def build_encoder_graph(cfg: MelConfig, stats: dict, dft: str = "fft") -> onnx.ModelProto:
+    _check_dft(dft)
     b = GraphBuilder("encoder")
     audio = b.add_input("audio", FLOAT, ("batch", "samples"))
-    normed = _standardised_log_mel(b, audio, cfg, stats)
+    normed = _standardised_log_mel(b, audio, cfg, stats, dft)
     mean = reduce_op(b, "ReduceMean", normed, [1], keepdims=False, name="speaker/Mean")
     mean_sq = reduce_op(
         b, "ReduceMean", b.node("Mul", [normed, normed]), [1], keepdims=False, name="speaker/Sq"
@@ -179,7 +216,8 @@ def build_encoder_graph(cfg: MelConfig, stats: dict) -> onnx.ModelProto:
     std = b.node("Sqrt", [variance], name="speaker/Std")
     b.node("Concat", [mean, std], axis=-1, output_names=["speaker_embedding"], name="speaker/Cat")
     b.add_output("speaker_embedding", FLOAT, ("batch", 2 * cfg.n_mels))
-    return b.build("voice encoder: Conv STFT -> log-mel -> standardise -> per-band mean and std")
+    stft = "FFT STFT" if dft == "fft" else "Conv STFT"
+    return b.build(f"voice encoder: {stft} -> log-mel -> standardise -> per-band mean and std")
 
 
 def build_embed_graph(model: object) -> onnx.ModelProto:
@@ -225,13 +263,19 @@ def lm_spec(cfg: object) -> DecoderLMSpec:
 
 
 def build_vocoder_graph(
-    cfg: MelConfig, stats: dict, vocoder: VocoderConfig, phase_model: object | None = None
+    cfg: MelConfig,
+    stats: dict,
+    vocoder: VocoderConfig,
+    phase_model: object | None = None,
+    dft: str = "fft",
 ) -> onnx.ModelProto:
     """Griffin-Lim on the mel's pseudo-inverse magnitude. Its starting phase is a fixed hash,
     or with `phase_model` (export.voice.vocoder.NeuralVocoder) the phase of that network's
     audio for the same mel: measured on the LM's own mels, a better start than the hash (see
-    benchmarks/README_voice.md)."""
+    benchmarks/README_voice.md). `dft`: one of DFT_FORMS."""
+    _check_dft(dft)
     hop = cfg.hop_length // vocoder.upsample
+    plan = FFTPlan.choose(cfg.n_fft, hop) if dft == "fft" else None
     bins = cfg.bins
     b = GraphBuilder("vocoder")
     mel = b.add_input("mel", FLOAT, ("batch", "frames", cfg.n_mels))
@@ -243,14 +287,17 @@ def build_vocoder_graph(
         ],
         name="mel/Denormalise",
     )
-    linear = b.node(
-        "MatMul", [b.node("Exp", [logmel]), b.initializer("mel.inverse", mel_inverse(cfg))]
-    )
+    inverse = mel_inverse(cfg)
+    if plan is not None:  # columns in the FFT spectrum's bin order: no reordering in the graph
+        inverse = plan.in_spectrum_order(inverse, axis=1)
+    linear = b.node("MatMul", [b.node("Exp", [logmel]), b.initializer("mel.inverse", inverse)])
     linear = b.node("Relu", [linear], name="linear/Clamp")  # [B,F,bins]
     if vocoder.power != 1.0:
         linear = b.node("Pow", [linear, b.const(vocoder.power, np.float32)], name="linear/Sharpen")
     magnitude = b.node("Transpose", [linear], perm=[0, 2, 1], name="linear/T")  # [B,bins,F]
-    if vocoder.upsample > 1:
+    if vocoder.upsample > 1 and plan is not None:
+        magnitude = _upsample_linear(b, magnitude, vocoder.upsample, "linear/Upsample")
+    elif vocoder.upsample > 1:
         magnitude = b.node(
             "Resize",
             [magnitude, "", b.const([1.0, 1.0, float(vocoder.upsample)], np.float32)],
@@ -262,6 +309,28 @@ def build_vocoder_graph(
         "Mul", [b.shape_dims(mel, 1, 2, "F"), b.const([vocoder.upsample])], name="frames/Fine"
     )
     samples = b.node("Mul", [frames, b.const([hop])], name="frames/Samples")
+    start = "a fixed phase" if phase_model is None else "the neural vocoder's phase"
+    summary = (
+        f"voice vocoder: log-mel -> linear magnitude -> Griffin-Lim x{vocoder.iterations} "
+        f"at hop {hop}, starting from {start}"
+    )
+    if plan is not None:
+        fft = FFTGraph(b, plan, frames, samples, "stft")
+        magnitude = b.node(
+            "Reshape",
+            [magnitude, b.const([0, plan.rows, 1, plan.half_cols, -1])],
+            name="linear/Spectrum",
+        )  # [B, rows, 1, half_cols, T]
+        if phase_model is None:
+            cos_p, sin_p = _hash_phase(b, bins, frames)
+            both = b.node("Unsqueeze", [b.node("Concat", [cos_p, sin_p], axis=0), b.const([0])])
+            unit = fft.bins_to_spectrum(both, 2, "phase")
+        else:
+            unit = _fft_network_phase(b, phase_model, mel, fft)
+        waveform = _fft_griffin_lim(b, fft, magnitude, unit, vocoder)
+        b.identity(waveform, "waveform")
+        b.add_output("waveform", FLOAT, ("batch", "samples"))
+        return b.build(f"{summary} (FFT STFT, {plan.rows} x {plan.cols})")
     analysis, synthesis = dft_kernels(cfg.n_fft)
     analysis_k = b.initializer("stft.kernel", analysis)
     istft = inverse_stft(b, synthesis, hop, frames, samples)
@@ -306,11 +375,62 @@ def build_vocoder_graph(
     audio3 = istft(re, im, "out/istft")
     b.node("Squeeze", [audio3, b.const([1])], output_names=["waveform"], name="out/Squeeze")
     b.add_output("waveform", FLOAT, ("batch", "samples"))
-    start = "a fixed phase" if phase_model is None else "the neural vocoder's phase"
-    return b.build(
-        f"voice vocoder: log-mel -> linear magnitude -> Griffin-Lim x{vocoder.iterations} "
-        f"at hop {hop}, starting from {start}"
-    )
+    return b.build(summary)
+
+
+def _upsample_linear(b: GraphBuilder, x: str, factor: int, name: str) -> str:
+    """x [B, K, F] -> [B, K, factor * F]: what Resize(linear, half_pixel) computes, as
+    element-wise ops. (ORT 1.32's Resize rounds differently with the batch size; these ops
+    give every row the same bits whatever the batch.)"""
+    last = b.node("Slice", [x, b.const([-1]), b.const([np.iinfo(np.int64).max]), b.const([2])])
+    first = b.node("Slice", [x, b.const([0]), b.const([1]), b.const([2])])
+    body = b.node("Slice", [x, b.const([0]), b.const([-1]), b.const([2])])
+    tail = b.node("Slice", [x, b.const([1]), b.const([np.iinfo(np.int64).max]), b.const([2])])
+    previous = b.node("Concat", [first, body], axis=2, name=f"{name}/Previous")  # edge held
+    following = b.node("Concat", [tail, last], axis=2, name=f"{name}/Next")
+    phases = []
+    for s in range(factor):
+        # Output u * j + s sits at input position j + d, d = (2 s + 1 - u) / (2 u).
+        d = (2 * s + 1 - factor) / (2 * factor)
+        out = x
+        if d:
+            near = b.node("Mul", [x, b.const(1 - abs(d), np.float32)], name=f"{name}/Near{s}")
+            far = b.node(
+                "Mul",
+                [previous if d < 0 else following, b.const(abs(d), np.float32)],
+                name=f"{name}/Far{s}",
+            )
+            out = b.node("Add", [near, far], name=f"{name}/Phase{s}")
+        phases.append(b.node("Unsqueeze", [out, b.const([3])], name=f"{name}/Axis{s}"))
+    stacked = b.node("Concat", phases, axis=3, name=f"{name}/Interleave")
+    return b.node("Reshape", [stacked, b.const([0, 0, -1])], name=name)
+
+
+def _fft_griffin_lim(
+    b: GraphBuilder, fft: FFTGraph, magnitude: str, unit: str, vocoder: VocoderConfig
+) -> str:
+    """Fast Griffin-Lim (the Conv form's, in the FFT spectrum layout): magnitude [B, rows, 1,
+    half_cols, T] times the starting phasor `unit` [B, rows, 2, half_cols, T] -> audio [B, S]."""
+    spec = b.node("Mul", [magnitude, unit], name="gl0/Spectrum")
+    alpha = b.const(vocoder.momentum / (1 + vocoder.momentum), np.float32)
+    previous = ""
+    for i in range(vocoder.iterations):
+        tag = f"gl{i + 1}"
+        audio = fft.reflect_edges(fft.istft(spec, f"{tag}/istft"), f"{tag}/pad")
+        rebuilt = fft.stft(audio, f"{tag}/stft")
+        accelerated = rebuilt
+        if previous:
+            accelerated = b.node(
+                "Sub", [rebuilt, b.node("Mul", [previous, alpha])], name=f"{tag}/Momentum"
+            )
+        previous = rebuilt
+        power = spectrum_power(b, accelerated, f"{tag}/Power")
+        norm = b.node(
+            "Add", [b.node("Sqrt", [power]), b.const(1e-8, np.float32)], name=f"{tag}/Norm"
+        )
+        scale = b.node("Div", [magnitude, norm], name=f"{tag}/Scale")
+        spec = b.node("Mul", [accelerated, scale], name=f"{tag}/Spectrum")
+    return fft.waveform(fft.istft(spec, "out/istft"), "out")
 
 
 def _hash_phase(b: GraphBuilder, bins: int, frames: str) -> tuple[str, str]:
@@ -363,6 +483,17 @@ def _network_phase(
     return b.node("Div", [re, norm], name="phase/Cos"), b.node("Div", [im, norm], name="phase/Sin")
 
 
+def _fft_network_phase(b: GraphBuilder, model: object, mel: str, fft: FFTGraph) -> str:
+    """The unit phasor [B, rows, 2, half_cols, T] of the neural vocoder's audio's STFT at
+    Griffin-Lim's own frames (a silent bin starts at phase 0), as `_network_phase`."""
+    audio = _fft_neural_vocoder(b, model, mel)
+    spec = fft.stft(fft.pad_audio(audio, fft.samples, "phase/audio"), "phase/stft")
+    bias = np.array([1e-7, 0.0], np.float32).reshape(2, 1, 1)  # on the real part only
+    spec = b.node("Add", [spec, b.const(bias, np.float32)], name="phase/Bias")
+    power = spectrum_power(b, spec, "phase/Power")
+    return b.node("Div", [spec, b.node("Sqrt", [power], name="phase/Norm")], name="phase/Unit")
+
+
 def _gelu(b: GraphBuilder, x: str, name: str) -> str:
     """Exact GELU, x * (1 + erf(x / sqrt 2)) / 2 (torch's default; ORT fuses the pattern)."""
     erf = b.node("Erf", [b.node("Mul", [x, b.const(1 / np.sqrt(2), np.float32)])], name=name)
@@ -376,28 +507,96 @@ def _gelu(b: GraphBuilder, x: str, name: str) -> str:
     )
 
 
-def build_neural_vocoder_graph(model: object) -> onnx.ModelProto:
+def build_neural_vocoder_graph(model: object, dft: str = "fft") -> onnx.ModelProto:
     """model: export.voice.vocoder.NeuralVocoder. mel [B,F,n_mels] (standardised log-mel, as
     the LM emits) -> waveform [B, F * hop]: ConvNeXt over frames, a head predicting log-
-    magnitude and phase of one STFT frame per mel frame, and the inverse STFT of
-    `inverse_stft` (the same one the Griffin-Lim graph ends with)."""
+    magnitude and phase of one STFT frame per mel frame, and the inverse STFT (the same one
+    the Griffin-Lim graph ends with). `dft`: one of DFT_FORMS."""
+    _check_dft(dft)
     cfg = model.cfg  # type: ignore[attr-defined]
     b = GraphBuilder("vocoder")
     mel = b.add_input("mel", FLOAT, ("batch", "frames", cfg.n_mels))
-    audio3 = _add_neural_vocoder(b, model, mel)
-    b.node("Squeeze", [audio3, b.const([1])], output_names=["waveform"], name="out/Squeeze")
+    if dft == "fft":
+        b.identity(_fft_neural_vocoder(b, model, mel), "waveform")
+    else:
+        audio3 = _add_neural_vocoder(b, model, mel)
+        b.node("Squeeze", [audio3, b.const([1])], output_names=["waveform"], name="out/Squeeze")
     b.add_output("waveform", FLOAT, ("batch", "samples"))
     return b.build(
         f"voice vocoder: log-mel -> ConvNeXt x{cfg.blocks} (hidden {cfg.hidden}) -> log-magnitude "
-        f"and phase -> inverse STFT (n_fft {cfg.n_fft}, hop {cfg.hop})"
+        f"and phase -> inverse STFT (n_fft {cfg.n_fft}, hop {cfg.hop}, {dft.upper()} form)"
     )
 
 
 def _add_neural_vocoder(b: GraphBuilder, model: object, mel: str) -> str:
-    """Adds the neural vocoder's nodes to `b`: mel [B,F,n_mels] -> audio [B,1,F*hop]."""
+    """Adds the neural vocoder's nodes to `b` (Conv form): mel [B,F,n_mels] -> audio
+    [B,1,F*hop]."""
     cfg = model.cfg  # type: ignore[attr-defined]
     frames = b.shape_dims(mel, 1, 2, "F")
     samples = b.node("Mul", [frames, b.const([cfg.hop])], name="frames/Samples")
+    x = _convnext_trunk(b, model, mel)
+    out = linear(b, x, _linear_weight(model.head), _bias(model.head), "head")  # type: ignore[attr-defined]
+    out = b.node("Transpose", [out], perm=[0, 2, 1], name="head/Tback")  # [B,2*bins,F]
+    bins = cfg.bins
+    log_mag = b.node(
+        "Slice", [out, b.const([0]), b.const([bins]), b.const([1])], name="head/LogMag"
+    )
+    phase = b.node(
+        "Slice", [out, b.const([bins]), b.const([2 * bins]), b.const([1])], name="head/Phase"
+    )
+    magnitude = b.node(
+        "Exp",
+        [b.node("Min", [log_mag, b.const(cfg.max_log_magnitude, np.float32)])],
+        name="head/Mag",
+    )
+    re = b.node("Mul", [magnitude, b.node("Cos", [phase])], name="head/Re")
+    im = b.node("Mul", [magnitude, b.node("Sin", [phase])], name="head/Im")
+    _, synthesis = dft_kernels(cfg.n_fft)
+    istft = inverse_stft(b, synthesis, cfg.hop, frames, samples)
+    return istft(re, im, "out/istft")
+
+
+def _fft_neural_vocoder(b: GraphBuilder, model: object, mel: str) -> str:
+    """Adds the neural vocoder's nodes to `b` (FFT form): mel [B,F,n_mels] -> audio
+    [B,F*hop]. The head's output columns are stored in the FFT spectrum's bin order
+    (`FFTPlan.in_spectrum_order`), so the head writes the spectrum layout itself."""
+    cfg = model.cfg  # type: ignore[attr-defined]
+    plan = FFTPlan.choose(cfg.n_fft, cfg.hop)
+    frames = b.shape_dims(mel, 1, 2, "F")
+    samples = b.node("Mul", [frames, b.const([cfg.hop])], name="frames/Samples")
+    x = _convnext_trunk(b, model, mel)
+    weight, bias = _linear_weight(model.head), _bias(model.head)  # type: ignore[attr-defined]
+    halves = [slice(0, cfg.bins), slice(cfg.bins, 2 * cfg.bins)]  # log-magnitude, phase
+    weight = np.concatenate([plan.in_spectrum_order(weight[:, h], axis=1) for h in halves], 1)
+    bias = np.concatenate([plan.in_spectrum_order(bias[h], axis=0) for h in halves])
+    out = linear(b, x, weight, bias, "head")  # [B, F, 2 * rows * half_cols]
+    out = b.node("Transpose", [out], perm=[0, 2, 1], name="head/Tback")
+    out = b.node(
+        "Reshape", [out, b.const([0, 2, plan.rows, 1, plan.half_cols, -1])], name="head/Layout"
+    )
+    log_mag, phase = (
+        b.node("Squeeze", [half, b.const([1])], name=f"head/{label}")
+        for half, label in zip(
+            b.node("Split", [out], num_outputs=2, axis=1, name="head/Split"),
+            ("LogMag", "Phase"),
+            strict=True,
+        )
+    )
+    magnitude = b.node(
+        "Exp",
+        [b.node("Min", [log_mag, b.const(cfg.max_log_magnitude, np.float32)])],
+        name="head/Mag",
+    )
+    re = b.node("Mul", [magnitude, b.node("Cos", [phase])], name="head/Re")
+    im = b.node("Mul", [magnitude, b.node("Sin", [phase])], name="head/Im")
+    spectrum = b.node("Concat", [re, im], axis=2, name="head/Spectrum")  # [B,rows,2,half,F]
+    fft = FFTGraph(b, plan, frames, samples, "istft")
+    return fft.waveform(fft.istft(spectrum, "out/istft"), "out")
+
+
+def _convnext_trunk(b: GraphBuilder, model: object, mel: str) -> str:
+    """The neural vocoder up to its head: mel [B,F,n_mels] -> normed features [B,F,hidden]."""
+    cfg = model.cfg  # type: ignore[attr-defined]
     pad = cfg.kernel // 2
 
     def conv(x: str, layer: object, name: str, groups: int = 1) -> str:
@@ -431,26 +630,8 @@ def _add_neural_vocoder(b: GraphBuilder, model: object, mel: str) -> str:
         y = b.node("Mul", [y, b.initializer(f"{tag}.gamma", _np(block.gamma))], name=f"{tag}/Scale")
         y = b.node("Transpose", [y], perm=[0, 2, 1], name=f"{tag}/Tback")
         x = b.node("Add", [x, y], name=f"{tag}/Residual")
-    x = norm(b.node("Transpose", [x], perm=[0, 2, 1], name="head/T"), model.final_norm, "head/Norm")  # type: ignore[attr-defined]
-    out = linear(b, x, _linear_weight(model.head), _bias(model.head), "head")  # type: ignore[attr-defined]
-    out = b.node("Transpose", [out], perm=[0, 2, 1], name="head/Tback")  # [B,2*bins,F]
-    bins = cfg.bins
-    log_mag = b.node(
-        "Slice", [out, b.const([0]), b.const([bins]), b.const([1])], name="head/LogMag"
-    )
-    phase = b.node(
-        "Slice", [out, b.const([bins]), b.const([2 * bins]), b.const([1])], name="head/Phase"
-    )
-    magnitude = b.node(
-        "Exp",
-        [b.node("Min", [log_mag, b.const(cfg.max_log_magnitude, np.float32)])],
-        name="head/Mag",
-    )
-    re = b.node("Mul", [magnitude, b.node("Cos", [phase])], name="head/Re")
-    im = b.node("Mul", [magnitude, b.node("Sin", [phase])], name="head/Im")
-    _, synthesis = dft_kernels(cfg.n_fft)
-    istft = inverse_stft(b, synthesis, cfg.hop, frames, samples)
-    return istft(re, im, "out/istft")
+    x = b.node("Transpose", [x], perm=[0, 2, 1], name="head/T")
+    return norm(x, model.final_norm, "head/Norm")  # type: ignore[attr-defined]
 
 
 @dataclass(frozen=True)
@@ -463,7 +644,7 @@ class VocoderParts:
 
 
 def griffin_lim_parts(
-    stats: dict, vocoder: VocoderConfig, phase_model: object | None = None
+    stats: dict, vocoder: VocoderConfig, phase_model: object | None = None, dft: str = "fft"
 ) -> VocoderParts:
     """Griffin-Lim, starting from the phase of `phase_model` (a NeuralVocoder) when given."""
     mel = MEL_CONFIG
@@ -475,13 +656,14 @@ def griffin_lim_parts(
         "lookahead_frames": reach,
         "griffin_lim_iterations": vocoder.iterations,
         "griffin_lim_power": vocoder.power,
+        "dft": dft,
     }
     if phase_model is not None:
         cfg = phase_model.cfg  # type: ignore[attr-defined]
         section["starting_phase"] = f"neural convnext{cfg.blocks}x{cfg.hidden}-istft{cfg.n_fft}"
         section["receptive_field_frames"] = reach + cfg.receptive_field_frames
     return VocoderParts(
-        build_vocoder_graph(mel, stats, vocoder, phase_model),
+        build_vocoder_graph(mel, stats, vocoder, phase_model, dft),
         section,
         {
             "first_chunk_frames": 10,
@@ -493,17 +675,18 @@ def griffin_lim_parts(
     )
 
 
-def neural_vocoder_parts(model: object, streaming: dict) -> VocoderParts:
+def neural_vocoder_parts(model: object, streaming: dict, dft: str = "fft") -> VocoderParts:
     """model: export.voice.vocoder.NeuralVocoder; streaming: measured by
     export.voice.evaluate.choose_streaming."""
     cfg = model.cfg  # type: ignore[attr-defined]
     return VocoderParts(
-        build_neural_vocoder_graph(model),
+        build_neural_vocoder_graph(model, dft),
         {
             "kind": "neural",
             "architecture": f"convnext{cfg.blocks}x{cfg.hidden}-istft{cfg.n_fft}",
             "receptive_field_frames": cfg.receptive_field_frames,
             "lookahead_frames": streaming["holdback_frames"],
+            "dft": dft,
         },
         dict(streaming),
     )
@@ -622,6 +805,7 @@ def rebundle_with_vocoder(out_dir: Path, lm_from: Path, vocoder: VocoderParts) -
 
 
 __all__ = [
+    "DFT_FORMS",
     "MEL_CONFIG",
     "VocoderConfig",
     "VocoderParts",

@@ -3,9 +3,9 @@
 Vocos-style: a Conv1d embedding of the mel frames, ConvNeXt blocks (depthwise Conv1d, LayerNorm,
 pointwise MLP with GELU, layer scale, residual) and a linear head that predicts, per mel frame,
 the log-magnitude and the phase of one STFT frame with hop = the mel hop. The inverse STFT is
-the same windowed inverse-DFT ConvTranspose1d + window-envelope normalisation the Griffin-Lim
-graph uses (``bundle.dft_kernels`` / ``bundle.istft``), so the torch model here and the ONNX
-graph compute the same thing and the network never has to make up samples between frames.
+a windowed inverse-DFT ConvTranspose1d + window-envelope normalisation (``bundle.dft_kernels``),
+what the ONNX graph computes as an FFT (export.voice.fft; equal to float rounding), so the
+network never has to make up samples between frames.
 
 Training: the teacher's audio from the data shards, the network's input is exactly what the LM
 emits (log-mel of MEL_CONFIG, standardised with the bundle's statistics). Losses: multi-
