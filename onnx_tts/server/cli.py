@@ -233,7 +233,7 @@ class _ExpectedFailures(logging.Filter):
     uvicorn's 'Exception in ASGI application' for it would add a traceback. Keep one line."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        from onnx_tts.server.app import StreamAborted
+        from onnx_tts.server.speech import StreamAborted
 
         return not (record.exc_info and isinstance(record.exc_info[1], StreamAborted))
 

@@ -29,6 +29,10 @@ START, AUDIO, END, ERROR = "start", "audio", "end", "error"
 FIRST_AUDIO_BUDGET_SECONDS = 0.2
 
 
+class ServerStopping(Exception):
+    """A generation stopped because the server was told to stop at once."""
+
+
 class Busy(Exception):
     """No room for the request now: `retry_after` seconds is a fair wait before retrying."""
 
@@ -184,4 +188,5 @@ __all__ = [
     "START",
     "Busy",
     "Generation",
+    "ServerStopping",
 ]

@@ -35,6 +35,7 @@ from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, Synthesize
 
 from onnx_tts.audio import to_pcm16
 from onnx_tts.frontend import split_sentences
+from onnx_tts.server.bodies import MAX_JSON_DEPTH
 from onnx_tts.server.engines import ModelRegistry, SpeechModel
 from onnx_tts.server.errors import one_line
 from onnx_tts.server.jobs import AUDIO, END, ERROR, Busy, Generation
@@ -48,7 +49,6 @@ log = logging.getLogger("onnx_tts.server.wyoming")
 # its JSON data and payload, and the text of one streamed synthesis.
 MAX_DATA_BYTES = 64 << 10
 MAX_PAYLOAD_BYTES = 1 << 20
-MAX_JSON_DEPTH = 16
 MAX_STREAM_CHARS = 64 * MAX_INPUT_CHARS
 # A text waits at most this long to start before the client is told the server is busy.
 QUEUE_TIMEOUT_SECONDS = 10.0

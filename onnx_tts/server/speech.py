@@ -1,0 +1,334 @@
+"""POST /v1/audio/speech: a request checked and planned into a Generation, then streamed back
+as it is made (raw audio of the response format, or SSE events), with its metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+import math
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import numpy as np
+from fastapi import Request
+from starlette.concurrency import run_in_threadpool
+from starlette.responses import Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from onnx_tts.errors import AudioError, InputError, OnnxTTSError
+from onnx_tts.server.encoding import (
+    CONTENT_TYPES,
+    REQUESTABLE_RATES,
+    StreamEncoder,
+    codec_rates,
+    encoded_rate,
+)
+from onnx_tts.server.engines import DEFAULT_MODEL_ALIASES, ModelRegistry
+from onnx_tts.server.errors import APIError, one_line
+from onnx_tts.server.instructions import Styling, interpret
+from onnx_tts.server.jobs import AUDIO, END, ERROR, START, Generation, ServerStopping
+from onnx_tts.server.metrics import SynthesisRecord
+from onnx_tts.server.schemas import (
+    OPENAI_VOICES,
+    SpeechRequest,
+)
+
+log = logging.getLogger("onnx_tts.server")
+
+DEFAULT_VOICE_NAMES = ("default",)
+
+# -- speech -------------------------------------------------------------------------------------
+
+
+def plan_speech(state: Any, request: SpeechRequest, received: float) -> tuple[Generation, Styling]:
+    model = state.registry.get(request.model)
+    if model is None:
+        raise unknown_model(request.model, state.registry)
+    options = {k: v for k, v in request.extensions().items() if v is not None}
+    sample_rate = _requested_rate(options.pop("sample_rate", None), request.response_format)
+    unknown = sorted(set(options) - set(model.options))
+    if unknown:
+        raise APIError(
+            400,
+            f"unknown field {unknown[0]!r} for model {model.name!r}; it takes: "
+            f"{', '.join(('seed', 'sample_rate', *model.options))}",
+            param=unknown[0],
+            code="unknown_parameter",
+        )
+    for key, value in options.items():
+        _check_option(key, value, model.options[key])
+    styling = interpret(request.instructions, model.options)
+    for key, value in styling.options.items():
+        options.setdefault(key, value)  # a field in the request wins over the instructions
+    voice_audio = None
+    name = request.voice_id
+    if name not in DEFAULT_VOICE_NAMES and name not in OPENAI_VOICES:
+        voice = state.voices.find(name)
+        if voice is None:
+            raise APIError(
+                404,
+                f"unknown voice {name!r}; use 'default' or an id from GET /v1/audio/voices",
+                param="voice",
+                code="voice_not_found",
+            )
+        voice_audio = state.voices.audio(voice, model.voice_rate)
+    job = Generation(
+        model=model,
+        text=request.input,
+        voice_audio=voice_audio,
+        seed=request.seed,
+        options=options,
+        speed=styling.speed(request.speed),
+        output_rate=encoded_rate(request.response_format, model.sample_rate, sample_rate),
+        received_at=received,
+    )
+    return job, styling
+
+
+def _requested_rate(value: Any, response_format: str) -> int | None:
+    """The `sample_rate` extension field: a rate the format can carry, or None (default)."""
+    if value is None:
+        return None
+    rates = codec_rates(response_format) or REQUESTABLE_RATES
+    if isinstance(value, bool) or not isinstance(value, int) or value not in rates:
+        raise APIError(
+            400,
+            f"sample_rate for {response_format} must be one of "
+            f"{', '.join(map(str, rates))}, got {value!r:.40}",
+            param="sample_rate",
+            code="invalid_value",
+        )
+    return value
+
+
+def _check_option(name: str, value: Any, kind: type) -> None:
+    """Extension fields are JSON scalars of the option's type (the engine checks ranges)."""
+    if kind is bool:
+        ok = isinstance(value, bool)
+    elif kind is int:
+        ok = isinstance(value, int) and not isinstance(value, bool) and abs(value) < 2**31
+    elif kind is float:
+        ok = (
+            isinstance(value, (int, float))
+            and not isinstance(value, bool)
+            and math.isfinite(value)
+            and abs(value) < 1e6
+        )
+    else:
+        ok = isinstance(value, str) and len(value) <= 64
+    if not ok:
+        what = {int: "an integer", float: "a finite number", bool: "true or false"}.get(
+            kind, "a string of at most 64 characters"
+        )
+        raise APIError(
+            400, f"{name} must be {what}, got {value!r:.40}", param=name, code="invalid_value"
+        )
+
+
+def respond(
+    state: Any,
+    request: Request,
+    speech: SpeechRequest,
+    job: Generation,
+    encoder: StreamEncoder,
+    first: _Event,
+    record: SynthesisRecord,
+    headers: dict[str, str],
+) -> Response:
+    """Every response streams as the audio is made (OpenAI does the same for every format):
+    raw bytes of `response_format`, or SSE events with base64 audio."""
+    fmt = speech.response_format
+    rate = job.output_rate
+    headers = {
+        "X-Sample-Rate": str(rate),
+        "X-Channels": "1",
+        "X-Bit-Depth": "16",
+        **headers,
+    }
+
+    async def body() -> AsyncIterator[bytes]:
+        async for samples in _audio_events(state, request, job, first, record):
+            # Codecs cost real CPU: off the event loop; raw PCM is a copy.
+            if fmt in ("pcm", "wav"):
+                data = encoder.feed(samples)
+            else:
+                data = await run_in_threadpool(encoder.feed, samples)
+            if speech.stream_format == "sse":
+                if data:
+                    yield _sse({"type": "speech.audio.delta", "audio": _b64(data)})
+            elif data:
+                yield data
+        tail = await run_in_threadpool(encoder.close)
+        if speech.stream_format == "sse":
+            if tail:
+                yield _sse({"type": "speech.audio.delta", "audio": _b64(tail)})
+            yield _sse({"type": "speech.audio.done", "usage": _usage(speech, job)})
+        elif tail:
+            yield tail
+
+    if speech.stream_format == "sse":
+        return _JobStream(
+            state,
+            job,
+            _sse_errors(body()),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", **headers},
+        )
+    return _JobStream(state, job, body(), media_type=CONTENT_TYPES[fmt], headers=headers)
+
+
+class StreamAborted(Exception):
+    """A response whose status was already sent failed mid-body: the connection is closed
+    without the final chunk, so the client sees a truncated transfer, not a short file."""
+
+
+class _JobStream(StreamingResponse):
+    """A streamed body whose generation stops however the response ends, even when the
+    client leaves before the first byte (the body generator then never starts)."""
+
+    def __init__(self, state: Any, job: Generation, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._state = state
+        self._job = job
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        except APIError as error:
+            # Headers are gone: one log line, then end the connection without a last chunk.
+            log.error("stream failed after the first byte: %s", error.message)
+            raise StreamAborted(error.message) from None
+        except OSError:
+            # The client went away while we wrote (ASGI 2.4 servers raise this): expected.
+            pass
+        finally:
+            self._job.cancel()  # a no-op once the job has finished
+
+
+# (kind, payload, arrival time) as the handler saw it.
+_Event = tuple[str, Any, float]
+
+
+async def next_event(job: Generation, request: Request) -> _Event | None:
+    """The job's next event other than START; None when the client left meanwhile (nobody
+    reads a body yet, so the request is polled for a disconnect)."""
+    while True:
+        try:
+            kind, payload = await asyncio.wait_for(job.events.get(), timeout=0.25)
+        except asyncio.TimeoutError:
+            if await request.is_disconnected():
+                return None
+            continue
+        if kind != START:
+            return kind, payload, time.perf_counter()
+
+
+async def _audio_events(
+    state: Any,
+    request: Request,
+    job: Generation,
+    first: _Event,
+    record: SynthesisRecord,
+) -> AsyncIterator[np.ndarray]:
+    """The job's audio as it comes, starting with `first`; metrics, the synthesis log line
+    and cancellation in one place."""
+    metrics = state.metrics
+    clock = job.clock  # the same clock tells the engine when this listener runs dry
+    received = job.received_at
+    pending: _Event | None = first
+    finished = False
+    try:
+        while True:
+            if pending is not None:
+                kind, payload, now = pending
+                pending = None
+            else:
+                kind, payload = await job.events.get()
+                now = time.perf_counter()
+            if kind == AUDIO:
+                seconds = len(payload) / job.output_rate
+                if record.first_audio is None:
+                    record.first_audio = now - received
+                    metrics.time_to_first_audio.observe(now - received)
+                    metrics.batch_size.observe(job.model.batch_rows())
+                stall = clock.chunk(now, seconds)
+                if stall > 0:
+                    metrics.underruns.inc()
+                    metrics.underrun_seconds.inc(stall)
+                record.audio_seconds += seconds
+                request.state.audio_seconds = record.audio_seconds
+                yield payload
+            elif kind == END:
+                finished = True
+                record.outcome = "done"
+                metrics.latency.observe(now - received)
+                metrics.audio_seconds.inc(record.audio_seconds)
+                if record.audio_seconds > 0:
+                    metrics.rtf.observe((now - job.started_at) / record.audio_seconds)
+                return
+            elif kind == ERROR:
+                finished = True
+                record.outcome = "error"
+                raise client_error(payload)
+    finally:
+        if not finished:
+            job.cancel()
+            metrics.cancelled.inc()
+            log.info("client went away; generation %s stopped", record.request_id)
+        record.log(job.cache_hit)
+
+
+def _usage(speech: SpeechRequest, job: Generation) -> dict[str, int]:
+    # Input tokens: characters of text; output tokens: the model's frames of audio.
+    input_tokens = len(speech.input)
+    hop = job.model.hop_length or 1
+    output_tokens = -(-job.generated_samples // hop)
+    return {
+        "input_tokens": input_tokens,
+        "output_tokens": output_tokens,
+        "total_tokens": input_tokens + output_tokens,
+    }
+
+
+def _sse(event: dict[str, Any]) -> bytes:
+    return f"data: {json.dumps(event, separators=(',', ':'))}\n\n".encode()
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+async def _sse_errors(events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """An error after the stream started becomes an `error` event, then the stream ends."""
+    try:
+        async for event in events:
+            yield event
+    except APIError as error:
+        yield _sse({"type": "error", **error.body()})
+
+
+def client_error(error: BaseException) -> APIError:
+    if isinstance(error, APIError):
+        return error
+    if isinstance(error, ServerStopping):
+        return APIError(503, "the server is stopping; retry on another replica", code="stopping")
+    if isinstance(error, (InputError, AudioError)):
+        return APIError(400, one_line(error), code="invalid_value")
+    if isinstance(error, OnnxTTSError):
+        log.error("generation failed: %s", one_line(error))
+        return APIError(500, one_line(error), code="generation_failed")
+    log.exception("unexpected error in generation", exc_info=error)
+    return APIError(500, f"internal error ({type(error).__name__}); see the server log")
+
+
+def unknown_model(name: str, registry: ModelRegistry) -> APIError:
+    choices = ", ".join(dict.fromkeys([*registry.names(), *DEFAULT_MODEL_ALIASES]))
+    return APIError(
+        404,
+        f"model {name!r} is not loaded; use one of: {choices}",
+        param="model",
+        code="model_not_found",
+    )
