@@ -7,7 +7,7 @@ import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from onnx_tts.server.cli import ServeSettings
+    from onnx_tts.server.settings import ServeSettings
 
 
 def serve_on_ray(settings: ServeSettings) -> int:

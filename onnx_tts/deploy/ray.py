@@ -32,9 +32,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from onnx_tts.deploy.options import autoscaling, deployment_options
 from onnx_tts.errors import InputError
 from onnx_tts.server.app import create_app
-from onnx_tts.server.cli import ServeSettings, add_arguments, serve_settings
 from onnx_tts.server.engines import ModelRegistry
 from onnx_tts.server.errors import one_line
+from onnx_tts.server.settings import ServeSettings, add_arguments, serve_settings
 
 log = logging.getLogger("onnx_tts.deploy")
 

@@ -12,47 +12,15 @@ import socket
 import sys
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 from onnx_tts.config import (
-    CacheConfig,
-    EngineConfig,
-    RayConfig,
-    ServerConfig,
     WyomingConfig,
     add_flags,
-    from_flags,
 )
 from onnx_tts.errors import InputError
-from onnx_tts.flags import add_engine_flags, engine_configs, family_options
-
-
-@dataclass(frozen=True)
-class ServeSettings:
-    """Everything `serve` was told: the server's, the engine's, the caches' and Ray's
-    settings (each checked against its config class) and the family options."""
-
-    server: ServerConfig
-    engine: EngineConfig
-    caches: CacheConfig
-    ray: RayConfig
-    family: dict[str, Any] = field(default_factory=dict)
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """serve's flags: the server's, the engine's (but --model, which serve repeats), the
-    caches' and Ray's, all from the typed configuration (`onnx_tts.config`)."""
-    add_flags(parser.add_argument_group("server"), ServerConfig)
-    add_engine_flags(parser, exclude=("model",))
-    add_flags(
-        parser.add_argument_group(
-            "Ray Serve (--ray)",
-            "replicas of the same server on a Ray cluster, behind Serve's proxy",
-        ),
-        RayConfig,
-    )
-    return parser
+from onnx_tts.flags import add_engine_flags
+from onnx_tts.server.settings import add_arguments, serve_settings
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -74,16 +42,6 @@ def add_wyoming_parser(subparsers: Any) -> argparse.ArgumentParser:
         "wyoming", help="Wyoming protocol server (Home Assistant voice services)"
     )
     return add_wyoming_arguments(parser)
-
-
-def serve_settings(args: argparse.Namespace) -> ServeSettings:
-    """The checked settings of `serve`'s parsed flags (then ONNX_TTS_*, then defaults); also
-    what every Ray replica is built from. InputError names the first bad flag."""
-    from onnx_tts.deploy.options import check_ray
-
-    engine, caches = engine_configs(args)
-    ray = check_ray(from_flags(RayConfig, args))
-    return ServeSettings(from_flags(ServerConfig, args), engine, caches, ray, family_options(args))
 
 
 def run(args: argparse.Namespace) -> int:
