@@ -29,6 +29,7 @@ from tests.redis_server import find_redis_server
 from tests.test_server import _wav_bytes, decode, metric, upload
 
 RATE = 16000
+PCM_RATE = 24000  # response_format pcm, as OpenAI's
 TEXT = "The quick brown fox jumps over the lazy dog. Then it naps in the sun."
 LONG_TEXT = " ".join(["This sentence keeps the replica busy for a while."] * 10)
 MAX_TRIES = 40  # requests sent to reach a second replica (Serve picks at random)
@@ -94,7 +95,11 @@ def _replica_processes() -> list[psutil.Process]:
     for process in psutil.process_iter(["cmdline"]):
         command = process.info["cmdline"] or []
         if command and command[0].startswith("ray::ServeReplica:onnx-tts"):
-            found.append(process)
+            try:
+                if process.status() != psutil.STATUS_ZOMBIE:  # a killed one not reaped yet
+                    found.append(process)
+            except psutil.NoSuchProcess:
+                pass
     return found
 
 
@@ -118,12 +123,12 @@ def test_same_api_and_same_audio_on_every_replica(ray_server: LiveServer) -> Non
     health = httpx.get(ray_server.url + "/health", timeout=30)
     assert health.json() == {"status": "ok", "models": ["onnx-tts-voice"]}
     models = httpx.get(ray_server.url + "/v1/models", timeout=30).json()
-    assert [m["id"] for m in models["data"]] == ["onnx-tts-voice"]
+    assert [m["id"] for m in models["data"] if "alias_of" not in m] == ["onnx-tts-voice"]
     answers = _on_two_replicas(ray_server, input=TEXT, response_format="pcm", seed=11)
     first, second = (r.content for r in answers.values())
     assert len(first) > RATE and first == second  # byte for byte, whichever replica
     missing = _speech(ray_server, input=TEXT, voice="nobody")
-    assert missing.status_code == 400
+    assert missing.status_code == 404
     assert missing.json()["error"]["code"] == "voice_not_found"
 
 
@@ -145,7 +150,8 @@ def test_every_format_streams_chunk_by_chunk_through_the_proxy(
         assert data == whole
     else:
         samples, _ = decode(data)
-        assert abs(len(samples) / _rate(fmt) - len(whole) / 2 / RATE) < 0.25  # codec padding
+        # pcm is OpenAI's 24 kHz; the other formats carry the model's rate (opus: 48 kHz).
+        assert abs(len(samples) / _rate(fmt) - len(whole) / 2 / PCM_RATE) < 0.25
 
 
 def _rate(fmt: str) -> int:
@@ -179,7 +185,7 @@ def test_a_voice_uploaded_through_one_replica_works_on_every_replica(
     deleted = httpx.delete(f"{ray_server.url}/v1/audio/voices/{voice}", timeout=30)
     assert deleted.status_code == 200
     for _ in range(4):  # gone on whichever replica answers
-        assert _speech(ray_server, input="Gone.", voice=voice).status_code == 400
+        assert _speech(ray_server, input="Gone.", voice=voice).status_code == 404
 
 
 def test_result_cache_hits_across_replicas(ray_server: LiveServer) -> None:
@@ -221,6 +227,7 @@ def test_a_killed_replica_is_replaced_and_only_its_requests_fail(
                         outcome["error"] = "sse error event"
         except httpx.HTTPError as error:
             outcome["error"] = type(error).__name__
+        outcome["ended"] = time.monotonic()
         with lock:
             outcomes.append(outcome)
 
@@ -229,6 +236,7 @@ def test_a_killed_replica_is_replaced_and_only_its_requests_fail(
         thread.start()
     started.wait(120)  # every stream has its first audio
     victim = _replica_processes()[0]
+    killed_at = time.monotonic()
     victim.send_signal(signal.SIGKILL)
     # Requests sent while it dies: nothing was sent on them yet, so they are retried.
     during = [_speech(ray_server, input=TEXT, seed=1) for _ in range(4)]
@@ -239,16 +247,19 @@ def test_a_killed_replica_is_replaced_and_only_its_requests_fail(
     whole = [o for o in outcomes if not o["error"]]
     assert len(outcomes) == 8 and failed and whole
     # Only the killed replica's streams failed, each clearly: SSE with an error event,
-    # raw audio with a broken transfer; every stream on the other replica finished.
+    # raw audio with a broken transfer; every stream on the other replica finished. (A stream
+    # of the killed replica may have been complete before the kill.)
     assert len({o["replica"] for o in failed}) == 1
-    assert not {o["replica"] for o in failed} & {o["replica"] for o in whole}
+    killed = next(iter({o["replica"] for o in failed}))
+    assert all(o["ended"] <= killed_at for o in whole if o["replica"] == killed)
+    assert any(o["replica"] != killed for o in whole)
     for outcome in failed:
         assert outcome["error"] == ("sse error event" if outcome["sse"] else "RemoteProtocolError")
     lengths = {o["bytes"] for o in whole if not o["sse"]}
     assert len(lengths) <= 1  # the complete raw streams all carry the whole audio
     # Serve brings the deployment back to two replicas, and both answer.
-    deadline = time.monotonic() + 120
-    while len(_replica_processes()) < 2 and time.monotonic() < deadline:
+    deadline = time.monotonic() + 120  # a bound on the wait (loaded machines), not a timing test
+    while len(_replica_processes()) != 2 and time.monotonic() < deadline:
         time.sleep(1)
     assert len(_replica_processes()) == 2
     replicas = _on_two_replicas(ray_server, input=TEXT, seed=1)
