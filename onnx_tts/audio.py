@@ -274,12 +274,40 @@ def check_encoder(fmt: str) -> None:
             raise OutputError(AAC_EXTRA_HINT) from None
 
 
+def output_target(path: str | os.PathLike[str]) -> Path:
+    """The file a write to `path` replaces: `path` itself, or the final target of a symbolic
+    link (the link stays a link, as with a shell redirection; a dangling link's target is
+    created). OutputError for a link loop and for an existing file the user may not write
+    (no write permission, or no write bit at all: marked read-only on purpose, which even
+    root's atomic replace must respect)."""
+    path = Path(path)
+    try:
+        if path.is_symlink():
+            target = Path(os.path.realpath(path))
+            if target.is_symlink():  # realpath stops at a loop
+                raise OutputError(f"cannot write {path}: its symbolic links form a loop")
+            path = target
+    except OSError as error:  # e.g. a name longer than the file system allows
+        raise _write_error(path, error) from None
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return path  # not there yet (or unreachable: the directory checks say why)
+    if stat.S_ISREG(mode) and (not os.access(path, os.W_OK) or not mode & 0o222):
+        raise OutputError(
+            f"cannot write {path}: the file is read-only; choose another output path or make "
+            f"it writable (chmod u+w {path})"
+        )
+    return path
+
+
 def check_output_path(path: str | os.PathLike[str], fmt: str | None = None) -> Path:
     """Fail early, before any synthesis work, when `path` cannot be written (an unknown
     extension when no format is forced, a missing encoder, a directory that is not there or
-    not writable)."""
-    path = Path(path)
+    not writable, a read-only file); returns the file the write replaces (see
+    :func:`output_target`: a symbolic link's target)."""
     check_encoder(output_format(path, fmt))
+    path = output_target(path)
     parent = path.parent if str(path.parent) else Path(".")
     try:
         if not parent.is_dir():
@@ -384,9 +412,11 @@ def encode_audio(samples: np.ndarray, sample_rate: int, fmt: str) -> bytes:
 
 
 def write_atomically(path: Path, data: bytes) -> Path:
-    """Write `data` to a unique temporary file beside `path`, fsync it, give it the
-    permissions of the file it replaces (or the umask's), then rename it over `path`. On any
-    failure `path` is untouched and no temp file remains."""
+    """Write `data` to a unique temporary file beside `path` (beside a symbolic link's target,
+    which is the file replaced: see :func:`output_target`), fsync it, give it the permissions
+    of the file it replaces (or the umask's), then rename it over that file. On any failure
+    `path` is untouched and no temp file remains."""
+    path = output_target(path)
     fd, tmp = _temp_beside(path)
     try:
         try:
@@ -413,11 +443,12 @@ def save_audio(
     """Write audio atomically (see :func:`write_atomically`) in format `fmt`, by default the
     one the extension names: encoded in memory first, so an encoder error leaves `path` as
     it was."""
-    path = check_output_path(path, fmt)
+    fmt = output_format(path, fmt)  # from the name given, even when it is a link
+    target = check_output_path(path, fmt)
     if not isinstance(sample_rate, int) or not MIN_SAMPLE_RATE // 8 <= sample_rate <= 10**6:
-        raise OutputError(f"cannot write {path}: bad sample rate {sample_rate!r}")
-    data = encode_for(path, samples, sample_rate, output_format(path, fmt))
-    return write_atomically(path, data)
+        raise OutputError(f"cannot write {target}: bad sample rate {sample_rate!r}")
+    data = encode_for(target, samples, sample_rate, fmt)
+    return write_atomically(target, data)
 
 
 def encode_for(target: object, samples: np.ndarray, sample_rate: int, fmt: str) -> bytes:
@@ -454,12 +485,12 @@ class ProgressiveWavWriter:
     `path` only ever holds a complete file."""
 
     def __init__(self, path: str | os.PathLike[str], sample_rate: int) -> None:
-        self.path = check_output_path(path)
-        if self.path.suffix.lower() != ".wav":
+        if Path(path).suffix.lower() != ".wav":
             raise OutputError(
-                f"cannot stream to {self.path}: streaming writes WAV or raw PCM (-o -), not "
-                f"{self.path.suffix}"
+                f"cannot stream to {path}: streaming writes WAV or raw PCM (-o -), not "
+                f"{Path(path).suffix}"
             )
+        self.path = check_output_path(path)  # a symbolic link's target
         self.sample_rate = int(sample_rate)
         self.data_bytes = 0
         fd, name = _temp_beside(self.path)

@@ -240,3 +240,66 @@ def test_too_long_and_longest_valid_names(tmp_path: Path) -> None:
     with ProgressiveWavWriter(longest, 24000) as sink:
         sink.write(np.zeros(100, np.float32))
     assert [p.name for p in tmp_path.iterdir()] == [longest.name]
+
+
+def _write_each_way(path: Path, samples: np.ndarray) -> None:
+    """The three ways audio reaches a file: whole, streamed, raw bytes."""
+    save_audio(path, samples, RATE)
+    with ProgressiveWavWriter(path, RATE) as writer:
+        writer.write(samples)
+    audio_io.write_atomically(path, audio_io.encode_audio(samples, RATE, "wav"))
+
+
+def test_writing_through_a_symbolic_link_replaces_its_target_and_keeps_the_link(
+    tmp_path: Path,
+) -> None:
+    """`-o link.wav` replaced the link with a regular file; now the target is rewritten (temp
+    file beside the target, renamed onto it) and the link still points at it."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    target = elsewhere / "real.wav"
+    target.write_bytes(b"old")
+    target.chmod(0o640)
+    chain = tmp_path / "first.wav"
+    (tmp_path / "second.wav").symlink_to(target)
+    chain.symlink_to(tmp_path / "second.wav")  # a link to a link
+    samples = _samples(2400)
+    _write_each_way(chain, samples)
+    assert chain.is_symlink() and (tmp_path / "second.wav").is_symlink()
+    assert os.readlink(chain) == str(tmp_path / "second.wav")
+    data, _ = soundfile.read(str(target), dtype="int16")
+    np.testing.assert_array_equal(data, pcm16(samples))
+    assert stat.S_IMODE(target.stat().st_mode) == 0o640  # the target keeps its mode
+    assert _leftovers(tmp_path) == [] and _leftovers(elsewhere) == []
+    assert audio_io.check_output_path(chain) == target
+    # A dangling link: its target is created, the link kept.
+    dangling = tmp_path / "dangling.wav"
+    dangling.symlink_to(elsewhere / "new.wav")
+    save_audio(dangling, samples, RATE)
+    assert dangling.is_symlink() and (elsewhere / "new.wav").is_file()
+
+
+def test_a_link_loop_and_a_read_only_file_are_refused_before_any_work(tmp_path: Path) -> None:
+    """A read-only file was silently replaced by the atomic rename; now every writer refuses
+    it with one line, before writing anything, and leaves it as it was."""
+    loop = tmp_path / "loop.wav"
+    loop.symlink_to(tmp_path / "other.wav")
+    (tmp_path / "other.wav").symlink_to(loop)
+    with pytest.raises(OutputError, match="symbolic links form a loop"):
+        audio_io.check_output_path(loop)
+    locked = tmp_path / "locked.wav"
+    locked.write_bytes(b"keep me")
+    locked.chmod(0o444)
+    link = tmp_path / "to-locked.wav"
+    link.symlink_to(locked)
+    for path in (locked, link):
+        with pytest.raises(OutputError, match=r"locked\.wav: the file is read-only"):
+            audio_io.check_output_path(path)
+        with pytest.raises(OutputError, match="read-only"):
+            save_audio(path, _samples(100), RATE)
+        with pytest.raises(OutputError, match="read-only"):
+            ProgressiveWavWriter(path, RATE)
+        with pytest.raises(OutputError, match="read-only"):
+            audio_io.write_atomically(path, b"data")
+    assert locked.read_bytes() == b"keep me" and stat.S_IMODE(locked.stat().st_mode) == 0o444
+    assert _leftovers(tmp_path) == []
