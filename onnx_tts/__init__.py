@@ -3,6 +3,7 @@
 from onnx_tts.errors import (
     AudioError,
     CacheError,
+    EmptyAudioError,
     InputError,
     ModelError,
     NonFiniteAudioError,
@@ -20,6 +21,7 @@ __all__ = [
     "Audio",
     "AudioError",
     "CacheError",
+    "EmptyAudioError",
     "Engine",
     "InputError",
     "ModelError",

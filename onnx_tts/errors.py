@@ -47,6 +47,11 @@ class OutputClosedError(OutputError):
     run (``| head``), so the CLI may exit quietly."""
 
 
+class EmptyAudioError(OnnxTTSError):
+    """The model ended a sentence without producing any audio (e.g. its first sampled token
+    was the stop token). Raised instead of returning or writing an empty utterance."""
+
+
 class OnnxTTSWarning(UserWarning):
     """Base class of the warnings onnx-tts emits: the request ran, but not exactly as asked."""
 

@@ -821,3 +821,28 @@ def test_concurrent_requests_match_sequential_ones(bundles, reference_wav):
         parallel = list(pool.map(lambda t: engine.synthesize(t, voice=reference_wav), texts))
     for alone, together in zip(sequential, parallel, strict=True):
         assert np.array_equal(alone, together.samples)
+
+
+def test_a_first_token_that_is_stop_is_an_error_not_an_empty_file(
+    tmp_path, reference_wav, capsys
+):
+    """The synthetic stop schedule from position 1 makes STOP the first sampled token: this
+    wrote an empty WAV with exit 0 (and printed RTF 5.6e9)."""
+    from onnx_tts.cli import main
+    from onnx_tts.errors import EmptyAudioError
+
+    bundle = tmp_path / "mute"
+    synth.export(synth.SyntheticConfig(variant="turbo", precisions=("fp32",), stop_after=1), bundle)
+    engine = _load(bundle, "chain")
+    (chunk,) = engine.backend.text_chunks("Hello there.", {})
+    assert list(engine.generate(chunk, engine.voice(reference_wav))) == []  # STOP came first
+    with pytest.raises(EmptyAudioError, match=r"no audio for sentence 1 of 1 \('Hello there\.'\)"):
+        engine.synthesize("Hello there.", voice=reference_wav)
+    out = tmp_path / "out.wav"
+    args = ["synth", "Hello there.", "-o", str(out), "--model", str(bundle)]
+    args += ["--voice", str(reference_wav), "--cache-dir", "none", "-v"]
+    for extra in ([], ["--stream"]):
+        code = main([*args, *extra])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and len(err) == 1 and "no audio" in err[0], err
+        assert not out.exists()

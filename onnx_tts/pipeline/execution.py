@@ -11,6 +11,7 @@ import numpy as np
 
 from onnx_tts.audio import check_finite
 from onnx_tts.decoding.scheduler import DecodeScheduler, FrameStream
+from onnx_tts.errors import EmptyAudioError
 from onnx_tts.families.base import Backend
 from onnx_tts.pipeline.planner import Plan, Timing
 from onnx_tts.pipeline.stages import VocoderStage, VocoderStream
@@ -90,6 +91,8 @@ class Executor:
                     samples = known[index]
                 else:
                     samples = np.concatenate([np.zeros(0, np.float32), *streams[index]])
+                    if not samples.size:
+                        raise no_audio(requests[index].chunk, index, len(requests))
                     if made is not None:
                         made(index, samples)
                 if index:
@@ -121,12 +124,29 @@ class Executor:
                 # Closing the audio stream cancels its request: the LM frees its row at once.
                 pieces = self.audio(request, window)
                 try:
-                    yield from pieces
+                    produced = 0
+                    for piece in pieces:
+                        produced += len(piece)
+                        yield piece
                 finally:
                     pieces.close()
+                if not produced:
+                    raise no_audio(request.chunk, index, len(requests))
         finally:
             if requests:
                 requests[0].cancel.cancel()  # shared by all: the rest never start
 
 
-__all__ = ["SENTENCE_PAUSE_SECONDS", "Executor", "Progress"]
+def no_audio(chunk: object, index: int, count: int) -> EmptyAudioError:
+    """The error for a sentence the model ended without any audio: an utterance with no sound
+    is never returned, written or cached as if it were speech."""
+    which = f"sentence {index + 1} of {count}"
+    if isinstance(chunk, str):
+        which += f" ({chunk[:40]!r}{'...' if len(chunk) > 40 else ''})"
+    return EmptyAudioError(
+        f"the model produced no audio for {which}: it stopped at its first step; rephrase "
+        "the text, or when sampling try another seed"
+    )
+
+
+__all__ = ["SENTENCE_PAUSE_SECONDS", "Executor", "Progress", "no_audio"]
