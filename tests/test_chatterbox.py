@@ -823,9 +823,7 @@ def test_concurrent_requests_match_sequential_ones(bundles, reference_wav):
         assert np.array_equal(alone, together.samples)
 
 
-def test_a_first_token_that_is_stop_is_an_error_not_an_empty_file(
-    tmp_path, reference_wav, capsys
-):
+def test_a_first_token_that_is_stop_is_an_error_not_an_empty_file(tmp_path, reference_wav, capsys):
     """The synthetic stop schedule from position 1 makes STOP the first sampled token: this
     wrote an empty WAV with exit 0 (and printed RTF 5.6e9)."""
     from onnx_tts.cli import main
