@@ -10,6 +10,7 @@ from onnx_tts.errors import (
     OnnxTTSError,
     OnnxTTSWarning,
     OutputError,
+    ReferenceTrimmedWarning,
     SessionError,
     UnspeakableTextWarning,
 )
@@ -29,6 +30,7 @@ __all__ = [
     "OnnxTTSError",
     "OnnxTTSWarning",
     "OutputError",
+    "ReferenceTrimmedWarning",
     "SessionError",
     "UnspeakableTextWarning",
     "__version__",

@@ -19,6 +19,8 @@ import stat
 import struct
 import sys
 import tempfile
+import warnings
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import BinaryIO
@@ -33,6 +35,7 @@ from onnx_tts.errors import (
     OnnxTTSError,
     OutputClosedError,
     OutputError,
+    ReferenceTrimmedWarning,
 )
 
 # Below this peak a reference clip carries no voice to clone.
@@ -161,19 +164,42 @@ def wav_truncation(path: Path) -> str | None:
     return None
 
 
+Trimmed = Callable[[ReferenceTrimmedWarning], None]
+
+
+def reference_trimmed(
+    seconds: float, kept: float, what: str = "reference audio", on_trim: Trimmed | None = None
+) -> None:
+    """Say that a reference of `seconds` was cut to its first `kept` seconds: to `on_trim`
+    when given (the server puts it in a header), else as a ReferenceTrimmedWarning (the CLI
+    prints it as one warning line)."""
+    warning = ReferenceTrimmedWarning(
+        f"{what} is {seconds:.1f} s long; only its first {kept:g} s are used: trim it to the "
+        "part you want",
+        seconds,
+        kept,
+    )
+    if on_trim is not None:
+        on_trim(warning)
+    else:
+        warnings.warn(warning, stacklevel=3)
+
+
 def load_audio(
     path: str | os.PathLike[str],
     sample_rate: int,
     *,
     min_seconds: float | None = None,
     max_seconds: float | None = None,
+    on_trim: Trimmed | None = None,
 ) -> np.ndarray:
     """Decode an audio file to mono float32 at `sample_rate`.
 
     Raises AudioError for a missing, unreadable, unsupported, truncated, empty, silent or too
     short file, a sample rate outside 8-384 kHz, and non-finite or absurd (> 16) peaks. Audio
     longer than `max_seconds` is trimmed to it (a reference voice needs a few seconds), and at
-    most MAX_DECODE_SECONDS are ever decoded.
+    most MAX_DECODE_SECONDS are ever decoded; a trim is never silent (see
+    :func:`reference_trimmed`: a warning, or `on_trim`).
     """
     path = Path(path)
     if not path.exists():
@@ -219,6 +245,8 @@ def load_audio(
             f"reference audio {path} contains NaN or infinite samples; re-export the file"
         )
     mono = data.mean(axis=1) if data.shape[1] > 1 else data[:, 0]
+    if info.frames > max_frames:
+        reference_trimmed(info.frames / rate, limit, f"reference audio {path}", on_trim)
     seconds = len(mono) / rate
     needed = max(MIN_CLIP_SECONDS, min_seconds or 0.0)
     if seconds < needed:

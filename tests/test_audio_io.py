@@ -27,6 +27,7 @@ from onnx_tts.errors import (
     NonFiniteAudioError,
     OutputClosedError,
     OutputError,
+    ReferenceTrimmedWarning,
 )
 from tests.conftest import speechlike
 
@@ -213,9 +214,43 @@ def test_absurd_and_non_finite_peaks_are_refused(tmp_path: Path) -> None:
 
 def test_decode_size_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = _wav(tmp_path / "long.wav", speechlike(3.0))
-    assert len(load_audio(path, RATE, max_seconds=1.0)) == RATE
+    with pytest.warns(ReferenceTrimmedWarning):
+        assert len(load_audio(path, RATE, max_seconds=1.0)) == RATE
     monkeypatch.setattr(audio_io, "MAX_DECODE_SECONDS", 0.5)
-    assert len(load_audio(path, RATE)) == RATE // 2
+    with pytest.warns(ReferenceTrimmedWarning, match=r"3\.0 s long; only its first 0\.5 s"):
+        assert len(load_audio(path, RATE)) == RATE // 2
+
+
+def test_a_trimmed_reference_is_never_silent(tmp_path: Path) -> None:
+    """A reference longer than the model takes was cut without a word; now the cut is a
+    ReferenceTrimmedWarning (file or samples), or goes to `on_trim` (the server's header)."""
+    import warnings
+
+    from onnx_tts.encoder import validate_reference_audio
+
+    path = _wav(tmp_path / "long.wav", speechlike(25.0, 16000), rate=16000)
+    with pytest.warns(ReferenceTrimmedWarning) as caught:
+        samples = load_audio(path, RATE, max_seconds=20.0)
+    (warning,) = [w.message for w in caught]
+    assert len(samples) == 20 * RATE
+    assert (warning.seconds, warning.kept) == (25.0, 20.0)
+    assert str(warning) == (
+        f"reference audio {path} is 25.0 s long; only its first 20 s are used: trim it to the "
+        "part you want"
+    )
+    told: list = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing is warned when a callback takes the news
+        assert len(load_audio(path, RATE, max_seconds=20.0, on_trim=told.append)) == 20 * RATE
+        assert len(load_audio(path, RATE, max_seconds=30.0, on_trim=told.append)) == 25 * RATE
+        # What load_audio already cut (and resampled) passes the encoder's check silently.
+        odd = _wav(tmp_path / "odd.wav", speechlike(25.0, 11025), rate=11025)
+        cut = load_audio(odd, RATE, max_seconds=20.0, on_trim=told.append)
+        validate_reference_audio(cut, RATE, max_seconds=20.0)
+    assert [(t.seconds, t.kept) for t in told] == [(25.0, 20.0), (25.0, 20.0)]
+    with pytest.warns(ReferenceTrimmedWarning, match=r"is 25\.0 s long; only its first 20 s"):
+        kept = validate_reference_audio(speechlike(25.0), RATE, max_seconds=20.0)
+    assert len(kept) == 20 * RATE
 
 
 def test_a_directory_that_refuses_new_files_is_a_clear_error_before_any_work() -> None:

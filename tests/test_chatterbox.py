@@ -844,3 +844,30 @@ def test_a_first_token_that_is_stop_is_an_error_not_an_empty_file(tmp_path, refe
         err = capsys.readouterr().err.strip().splitlines()
         assert code == 2 and len(err) == 1 and "no audio" in err[0], err
         assert not out.exists()
+
+
+def test_a_reference_over_20_seconds_is_cut_with_a_warning(small_turbo, tmp_path, capsys):
+    """Chatterbox encodes at most 20 s of a reference: a longer one was cut silently."""
+    import soundfile
+
+    from onnx_tts.cli import main
+    from onnx_tts.errors import ReferenceTrimmedWarning
+    from tests.conftest import speechlike
+
+    long_wav = tmp_path / "long.wav"
+    soundfile.write(long_wav, speechlike(25.0), 24000)
+    engine = _load(small_turbo, "chain")
+    with pytest.warns(ReferenceTrimmedWarning, match=r"is 25\.0 s long; only its first 20 s"):
+        voice = engine.voice(long_wav)
+    first_20 = tmp_path / "first20.wav"
+    soundfile.write(first_20, speechlike(25.0)[: 20 * 24000], 24000)
+    assert all(np.array_equal(voice[k], engine.voice(first_20)[k]) for k in voice)
+    out = tmp_path / "out.wav"
+    args = ["synth", "Hello.", "-o", str(out), "--model", str(small_turbo), "-q"]
+    code = main([*args, "--voice", str(long_wav), "--cache-dir", "none"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 0 and out.exists()
+    assert err == [
+        f"onnx-tts: warning: reference audio {long_wav} is 25.0 s long; only its first 20 s are "
+        "used: trim it to the part you want"
+    ]

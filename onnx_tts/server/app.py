@@ -32,8 +32,9 @@ from starlette.formparsers import MultiPartException, MultiPartParser
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from onnx_tts.audio import Trimmed
 from onnx_tts.config import ServerConfig
-from onnx_tts.errors import AudioError, InputError, OnnxTTSError
+from onnx_tts.errors import AudioError, InputError, OnnxTTSError, ReferenceTrimmedWarning
 from onnx_tts.request import PlaybackClock
 from onnx_tts.server.dispatcher import (
     AUDIO,
@@ -289,7 +290,8 @@ def create_app(config: ServerConfig, registry: ModelRegistry | None = None) -> F
         name, audio_bytes = await _read_voice_upload(request, config.max_upload_bytes)
         model = registry.default
         assert model is not None
-        audio = await run_in_threadpool(_decode_upload, model, audio_bytes)
+        trims: list[ReferenceTrimmedWarning] = []
+        audio = await run_in_threadpool(_decode_upload, model, audio_bytes, trims.append)
         try:
             # Encode once now: a clip the encoder rejects fails here, not on first use.
             await run_in_threadpool(model.encode_voice, audio)
@@ -298,7 +300,17 @@ def create_app(config: ServerConfig, registry: ModelRegistry | None = None) -> F
             raise APIError(400, str(error), code="too_many_voices") from None
         except VoiceExists as error:
             raise APIError(409, str(error), param="name", code="voice_exists") from None
-        return JSONResponse(voice.public(), status_code=201 if created else 200)
+        headers = {}
+        if trims:  # a long clip is cut to what the encoder takes: said, never silent
+            trim = trims[0]
+            headers["X-Reference-Trimmed"] = f"{trim.seconds:.1f} s; kept the first {trim.kept:g} s"
+            log.warning(
+                "voice %r: audio_sample is %.1f s long; only its first %g s are used",
+                name,
+                trim.seconds,
+                trim.kept,
+            )
+        return JSONResponse(voice.public(), status_code=201 if created else 200, headers=headers)
 
     @app.delete("/v1/audio/voices/{voice_id}")
     async def delete_voice(voice_id: str) -> dict[str, Any]:
@@ -801,14 +813,14 @@ async def _read_voice_upload(request: Request, limit: int) -> tuple[str, bytes]:
         await form.close()
 
 
-def _decode_upload(model: SpeechModel, data: bytes) -> np.ndarray:
+def _decode_upload(model: SpeechModel, data: bytes, on_trim: Trimmed) -> np.ndarray:
     if not data:
         raise APIError(400, "audio_sample is empty", param="audio_sample", code="invalid_audio")
     with tempfile.TemporaryDirectory(prefix="onnx-tts-upload-") as tmp:
         path = Path(tmp) / "sample"
         path.write_bytes(data)
         try:
-            return model.decode_voice(path)
+            return model.decode_voice(path, on_trim)
         except AudioError as error:
             # The engine names the temp file; the client knows it as audio_sample.
             message = one_line(error).replace(str(path), "audio_sample")
