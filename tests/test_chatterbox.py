@@ -871,3 +871,83 @@ def test_a_reference_over_20_seconds_is_cut_with_a_warning(small_turbo, tmp_path
         f"onnx-tts: warning: reference audio {long_wav} is 25.0 s long; only its first 20 s are "
         "used: trim it to the part you want"
     ]
+
+
+@pytest.fixture(scope="module")
+def fp32_bundles(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """One fp32-only bundle per variant (cheaper than `bundles`)."""
+    root = tmp_path_factory.mktemp("chatterbox-fp32")
+    out = {}
+    for variant in synth.VARIANTS:
+        out[variant] = root / variant
+        synth.export(synth.SyntheticConfig(variant=variant, precisions=("fp32",)), out[variant])
+    return out
+
+
+PUNCTUATION_TEXT = (
+    "wait\u2026 what: \u201cyes\u201d \u2014 \u2018no\u2019; ok - fine... at 3:30. next one"
+)
+
+
+@pytest.mark.parametrize(
+    ("variant", "expected"),
+    [
+        # Turbo's list: ellipsis character, colon, dashes, curly quotes; ";" and "..." stay.
+        ("turbo", ["Wait, what, \"yes\" - 'no';", "Ok - fine...", "At three thirty.", "Next one."]),
+        # Original: also "...", ";" and " - " become commas; the English frontend reads 3:30.
+        ("original", ["Wait, what, \"yes\" - 'no', ok, fine, at three thirty.", "Next one."]),
+        # Multilingual: the same list, every colon (no English number reading).
+        ("multilingual", ["Wait, what, \"yes\" - 'no', ok, fine, at 3,30.", "Next one."]),
+    ],
+)
+def test_published_punctuation_replacements(fp32_bundles, variant, expected):
+    """The published punc_norm replacements (ellipsis, colon, semicolon, dashes, curly
+    quotes) were missing: the text only got a capital and a period."""
+    engine = _load(fp32_bundles[variant], "chain")
+    assert engine.backend.text_chunks(PUNCTUATION_TEXT, {}) == expected
+
+
+def test_japanese_kanji_are_read_as_hiragana(fp32_bundles):
+    """The published multilingual pipeline turns kanji into their hiragana reading
+    (pykakasi) before tokenizing; kanji went to the tokenizer as they were."""
+    import unicodedata
+
+    from onnx_tts.families.chatterbox.text import hiragana
+
+    def nfkd(text: str) -> str:
+        return unicodedata.normalize("NFKD", text)
+
+    # Dictionary readings of whole phrases (学ぶ is まなぶ, not がく + ぶ), kana unchanged.
+    assert hiragana("日本語を学ぶのは楽しいです。") == nfkd("にほんごをまなぶのはたのしいです。")
+    assert hiragana("カタカナとひらがな") == nfkd("カタカナとひらがな")
+    # A kanji reading that starts with は or へ gets a space before it, as published.
+    assert hiragana("私は花が好きです。") == nfkd("わたしは はながすきです。")
+    backend = _load(fp32_bundles["multilingual"], "chain", language="ja").backend
+    tokenizer = backend.tokenizer
+    ids = backend.token_ids("日本語を学ぶ")
+    assert ids == tokenizer.encode("[ja]" + nfkd("にほんごをまなぶ")).ids
+    assert ids != tokenizer.encode("[ja]" + nfkd("日本語を学ぶ")).ids
+    # Other languages keep their kanji-free path (Chinese goes through Cangjie instead).
+    assert backend.token_ids("日本", "ko") == tokenizer.encode("[ko]" + nfkd("日本")).ids
+
+
+@pytest.mark.parametrize(("variant", "cap"), [("turbo", 1024), ("original", 256)])
+def test_published_loop_text_and_token_cap(tmp_path, reference_wav, variant, cap):
+    """--published-loop capitalised and added "." where the model cards' scripts do not,
+    and capped every text at 1000 tokens where they use 1024 (Turbo) and 256 (original,
+    multilingual)."""
+    bundle = tmp_path / variant
+    synth.export(
+        synth.SyntheticConfig(variant=variant, precisions=("fp32",), stop_after=0), bundle
+    )  # no stop schedule: only the cap ends generation
+    published = _load(bundle, "chain", published_loop=True)
+    backend = published.backend
+    assert backend.text_chunks("  hello there: one; two - three\n", {}) == [
+        "hello there: one; two - three"
+    ]
+    assert backend.max_new_tokens == cap
+    (chunk,) = backend.text_chunks("hello there", {})
+    frames = list(published.generate(chunk, published.voice(reference_wav)))
+    assert len(frames) == cap
+    assert _load(bundle, "chain", published_loop=True, max_new_tokens=7).backend.max_new_tokens == 7
+    assert _load(bundle, "chain").backend.max_new_tokens == 1000  # our loop's default cap
