@@ -951,3 +951,41 @@ def test_published_loop_text_and_token_cap(tmp_path, reference_wav, variant, cap
     assert len(frames) == cap
     assert _load(bundle, "chain", published_loop=True, max_new_tokens=7).backend.max_new_tokens == 7
     assert _load(bundle, "chain").backend.max_new_tokens == 1000  # our loop's default cap
+
+
+@pytest.mark.parametrize("attention", ["concat", "gqa", "gqa-mask"])
+def test_guidance_with_the_prefix_cache_in_every_kv_mode(tmp_path, reference_wav, attention):
+    """Classifier-free guidance (two LM rows) with the voice-prefix cache on crashed with
+    --kv chain|copy: GroupQueryAttention refuses several new tokens after a past at batch 2,
+    so the one-run prefill must follow the graph's attention, not the KV mode. Every layout
+    (Concat, converted GQA, the published GQA-internal one) in every mode it runs must decode
+    guided requests, a prefix-cache hit equal to a miss and to no prefix cache at all."""
+    from onnx_tts.tools.convert import convert_bundle_inplace_kv
+    from tests.test_scheduler import _gqa_internal
+
+    source = tmp_path / "source"
+    config = synth.SyntheticConfig(variant="original", lm_position_ids=False, precisions=("fp32",))
+    synth.export(config, source)
+    bundle = source
+    if attention != "concat":
+        bundle = tmp_path / "converted"
+        convert_bundle_inplace_kv(source, bundle, check=False)
+        if attention == "gqa-mask":
+            _gqa_internal(bundle)
+    assert detect(bundle).inspected.lm.kv.attention == attention
+    modes = ("copy", "chain") if attention == "concat" else ("copy", "chain", "inplace")
+    text = "Guided speech. A second sentence."
+    results = {}
+    for kv in modes:
+        plain = _load(bundle, kv, cfg_weight=0.5, prefix_cache_bytes=0)
+        cached = _load(bundle, kv, cfg_weight=0.5, max_batch=2)
+        want = plain.synthesize(text, voice=reference_wav).samples
+        for _ in range(2):  # a miss, then a hit (where this mode uses the prefix cache)
+            assert np.array_equal(cached.synthesize(text, voice=reference_wav).samples, want)
+        results[kv] = want
+        assert want.size and np.isfinite(want).all()
+    assert np.array_equal(results["copy"], results["chain"])
+    if "inplace" in results:  # the in-place rows prefill each guided row on its own
+        np.testing.assert_allclose(results["inplace"], results["chain"], atol=1e-4)
+    unguided = _load(bundle, "chain").synthesize(text, voice=reference_wav).samples
+    assert not np.array_equal(unguided, results["chain"])
