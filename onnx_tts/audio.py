@@ -15,10 +15,8 @@ import contextlib
 import errno
 import io
 import os
-import stat
 import struct
 import sys
-import tempfile
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -29,6 +27,14 @@ import numpy as np
 import soundfile
 import soxr
 
+from onnx_tts.atomic_files import (
+    fsync_directory,
+    output_mode,
+    output_target,
+    temp_beside,
+    write_atomically,
+    write_error,
+)
 from onnx_tts.errors import (
     AudioError,
     NonFiniteAudioError,
@@ -302,33 +308,6 @@ def check_encoder(fmt: str) -> None:
             raise OutputError(AAC_EXTRA_HINT) from None
 
 
-def output_target(path: str | os.PathLike[str]) -> Path:
-    """The file a write to `path` replaces: `path` itself, or the final target of a symbolic
-    link (the link stays a link, as with a shell redirection; a dangling link's target is
-    created). OutputError for a link loop and for an existing file the user may not write
-    (no write permission, or no write bit at all: marked read-only on purpose, which even
-    root's atomic replace must respect)."""
-    path = Path(path)
-    try:
-        if path.is_symlink():
-            target = Path(os.path.realpath(path))
-            if target.is_symlink():  # realpath stops at a loop
-                raise OutputError(f"cannot write {path}: its symbolic links form a loop")
-            path = target
-    except OSError as error:  # e.g. a name longer than the file system allows
-        raise _write_error(path, error) from None
-    try:
-        mode = path.stat().st_mode
-    except OSError:
-        return path  # not there yet (or unreachable: the directory checks say why)
-    if stat.S_ISREG(mode) and (not os.access(path, os.W_OK) or not mode & 0o222):
-        raise OutputError(
-            f"cannot write {path}: the file is read-only; choose another output path or make "
-            f"it writable (chmod u+w {path})"
-        )
-    return path
-
-
 def check_output_path(path: str | os.PathLike[str], fmt: str | None = None) -> Path:
     """Fail early, before any synthesis work, when `path` cannot be written (an unknown
     extension when no format is forced, a missing encoder, a directory that is not there or
@@ -343,60 +322,14 @@ def check_output_path(path: str | os.PathLike[str], fmt: str | None = None) -> P
         if path.is_dir():
             raise OutputError(f"cannot write {path}: it is a directory")
     except OSError as error:  # e.g. a name longer than the file system allows
-        raise _write_error(path, error) from None
+        raise write_error(path, error) from None
     if not os.access(parent, os.W_OK):
         raise OutputError(f"cannot write {path}: directory {parent} is not writable")
     # Permission bits do not say everything (root, /proc, read-only mounts): try it.
-    fd, probe = _temp_beside(path)
+    fd, probe = temp_beside(path)
     os.close(fd)
     os.unlink(probe)
     return path
-
-
-def _temp_beside(path: Path) -> tuple[int, str]:
-    """A new uniquely named temp file next to `path` (same file system, for the rename)."""
-    parent = path.parent if str(path.parent) else Path(".")
-    try:
-        # The name is shortened so that a valid long target name gives a valid temp name.
-        return tempfile.mkstemp(prefix=f".{path.name[:128]}.", suffix=".part", dir=parent)
-    except OSError as error:
-        raise _write_error(path, error) from None
-
-
-def _current_umask() -> int:
-    # /proc avoids os.umask's set-and-restore, which races with other threads creating files.
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    except (OSError, ValueError):
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-def output_mode(path: Path) -> int:
-    """Permission bits for a file about to replace `path`: those of the existing file, else
-    what open() would give a new file (0666 minus the umask). mkstemp alone gives 0600."""
-    try:
-        return stat.S_IMODE(path.stat().st_mode)
-    except OSError:
-        return 0o666 & ~_current_umask()
-
-
-def _fsync_directory(directory: Path) -> None:
-    with contextlib.suppress(OSError):
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-def _write_error(path: Path, error: OSError) -> OutputError:
-    reason = error.strerror or str(error)
-    return OutputError(f"cannot write {path}: {reason}; nothing was written")
 
 
 def _encode_aac(samples: np.ndarray, sample_rate: int) -> bytes:
@@ -437,32 +370,6 @@ def encode_audio(samples: np.ndarray, sample_rate: int, fmt: str) -> bytes:
     container, subtype = _SNDFILE_FORMATS[fmt]
     soundfile.write(buffer, data, rate, format=container, subtype=subtype)
     return buffer.getvalue()
-
-
-def write_atomically(path: Path, data: bytes) -> Path:
-    """Write `data` to a unique temporary file beside `path` (beside a symbolic link's target,
-    which is the file replaced: see :func:`output_target`), fsync it, give it the permissions
-    of the file it replaces (or the umask's), then rename it over that file. On any failure
-    `path` is untouched and no temp file remains."""
-    path = output_target(path)
-    fd, tmp = _temp_beside(path)
-    try:
-        try:
-            os.fchmod(fd, output_mode(path))
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException as error:
-        Path(tmp).unlink(missing_ok=True)
-        if isinstance(error, OSError):
-            raise _write_error(path, error) from None
-        raise
-    _fsync_directory(path.parent if str(path.parent) else Path("."))
-    return path
 
 
 def save_audio(
@@ -521,14 +428,14 @@ class ProgressiveWavWriter:
         self.path = check_output_path(path)  # a symbolic link's target
         self.sample_rate = int(sample_rate)
         self.data_bytes = 0
-        fd, name = _temp_beside(self.path)
+        fd, name = temp_beside(self.path)
         self.tmp = Path(name)
         self._file: BinaryIO | None = os.fdopen(fd, "wb")
         try:
             self._file.write(self._header(0))
         except OSError as error:
             self.abort()
-            raise _write_error(self.path, error) from None
+            raise write_error(self.path, error) from None
 
     def _header(self, data_bytes: int) -> bytes:
         return wav_header(self.sample_rate, data_bytes)
@@ -550,7 +457,7 @@ class ProgressiveWavWriter:
         try:
             self._file.write(data)
         except OSError as error:
-            raise _write_error(self.path, error) from None
+            raise write_error(self.path, error) from None
         self.data_bytes += len(data)
 
     def finish(self) -> Path:
@@ -569,8 +476,8 @@ class ProgressiveWavWriter:
             os.replace(self.tmp, self.path)
         except OSError as error:
             self.abort()
-            raise _write_error(self.path, error) from None
-        _fsync_directory(self.path.parent if str(self.path.parent) else Path("."))
+            raise write_error(self.path, error) from None
+        fsync_directory(self.path.parent if str(self.path.parent) else Path("."))
         return self.path
 
     def abort(self) -> None:
