@@ -15,10 +15,10 @@ import contextlib
 import errno
 import io
 import os
-import stat
 import struct
 import sys
-import tempfile
+import warnings
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import BinaryIO
@@ -27,12 +27,21 @@ import numpy as np
 import soundfile
 import soxr
 
+from onnx_tts.atomic_files import (
+    fsync_directory,
+    output_mode,
+    output_target,
+    temp_beside,
+    write_atomically,
+    write_error,
+)
 from onnx_tts.errors import (
     AudioError,
     NonFiniteAudioError,
     OnnxTTSError,
     OutputClosedError,
     OutputError,
+    ReferenceTrimmedWarning,
 )
 
 # Below this peak a reference clip carries no voice to clone.
@@ -161,19 +170,42 @@ def wav_truncation(path: Path) -> str | None:
     return None
 
 
+Trimmed = Callable[[ReferenceTrimmedWarning], None]
+
+
+def reference_trimmed(
+    seconds: float, kept: float, what: str = "reference audio", on_trim: Trimmed | None = None
+) -> None:
+    """Say that a reference of `seconds` was cut to its first `kept` seconds: to `on_trim`
+    when given (the server puts it in a header), else as a ReferenceTrimmedWarning (the CLI
+    prints it as one warning line)."""
+    warning = ReferenceTrimmedWarning(
+        f"{what} is {seconds:.1f} s long; only its first {kept:g} s are used: trim it to the "
+        "part you want",
+        seconds,
+        kept,
+    )
+    if on_trim is not None:
+        on_trim(warning)
+    else:
+        warnings.warn(warning, stacklevel=3)
+
+
 def load_audio(
     path: str | os.PathLike[str],
     sample_rate: int,
     *,
     min_seconds: float | None = None,
     max_seconds: float | None = None,
+    on_trim: Trimmed | None = None,
 ) -> np.ndarray:
     """Decode an audio file to mono float32 at `sample_rate`.
 
     Raises AudioError for a missing, unreadable, unsupported, truncated, empty, silent or too
     short file, a sample rate outside 8-384 kHz, and non-finite or absurd (> 16) peaks. Audio
     longer than `max_seconds` is trimmed to it (a reference voice needs a few seconds), and at
-    most MAX_DECODE_SECONDS are ever decoded.
+    most MAX_DECODE_SECONDS are ever decoded; a trim is never silent (see
+    :func:`reference_trimmed`: a warning, or `on_trim`).
     """
     path = Path(path)
     if not path.exists():
@@ -219,6 +251,8 @@ def load_audio(
             f"reference audio {path} contains NaN or infinite samples; re-export the file"
         )
     mono = data.mean(axis=1) if data.shape[1] > 1 else data[:, 0]
+    if info.frames > max_frames:
+        reference_trimmed(info.frames / rate, limit, f"reference audio {path}", on_trim)
     seconds = len(mono) / rate
     needed = max(MIN_CLIP_SECONDS, min_seconds or 0.0)
     if seconds < needed:
@@ -277,9 +311,10 @@ def check_encoder(fmt: str) -> None:
 def check_output_path(path: str | os.PathLike[str], fmt: str | None = None) -> Path:
     """Fail early, before any synthesis work, when `path` cannot be written (an unknown
     extension when no format is forced, a missing encoder, a directory that is not there or
-    not writable)."""
-    path = Path(path)
+    not writable, a read-only file); returns the file the write replaces (see
+    :func:`output_target`: a symbolic link's target)."""
     check_encoder(output_format(path, fmt))
+    path = output_target(path)
     parent = path.parent if str(path.parent) else Path(".")
     try:
         if not parent.is_dir():
@@ -287,60 +322,14 @@ def check_output_path(path: str | os.PathLike[str], fmt: str | None = None) -> P
         if path.is_dir():
             raise OutputError(f"cannot write {path}: it is a directory")
     except OSError as error:  # e.g. a name longer than the file system allows
-        raise _write_error(path, error) from None
+        raise write_error(path, error) from None
     if not os.access(parent, os.W_OK):
         raise OutputError(f"cannot write {path}: directory {parent} is not writable")
     # Permission bits do not say everything (root, /proc, read-only mounts): try it.
-    fd, probe = _temp_beside(path)
+    fd, probe = temp_beside(path)
     os.close(fd)
     os.unlink(probe)
     return path
-
-
-def _temp_beside(path: Path) -> tuple[int, str]:
-    """A new uniquely named temp file next to `path` (same file system, for the rename)."""
-    parent = path.parent if str(path.parent) else Path(".")
-    try:
-        # The name is shortened so that a valid long target name gives a valid temp name.
-        return tempfile.mkstemp(prefix=f".{path.name[:128]}.", suffix=".part", dir=parent)
-    except OSError as error:
-        raise _write_error(path, error) from None
-
-
-def _current_umask() -> int:
-    # /proc avoids os.umask's set-and-restore, which races with other threads creating files.
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    except (OSError, ValueError):
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-def output_mode(path: Path) -> int:
-    """Permission bits for a file about to replace `path`: those of the existing file, else
-    what open() would give a new file (0666 minus the umask). mkstemp alone gives 0600."""
-    try:
-        return stat.S_IMODE(path.stat().st_mode)
-    except OSError:
-        return 0o666 & ~_current_umask()
-
-
-def _fsync_directory(directory: Path) -> None:
-    with contextlib.suppress(OSError):
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-def _write_error(path: Path, error: OSError) -> OutputError:
-    reason = error.strerror or str(error)
-    return OutputError(f"cannot write {path}: {reason}; nothing was written")
 
 
 def _encode_aac(samples: np.ndarray, sample_rate: int) -> bytes:
@@ -383,41 +372,18 @@ def encode_audio(samples: np.ndarray, sample_rate: int, fmt: str) -> bytes:
     return buffer.getvalue()
 
 
-def write_atomically(path: Path, data: bytes) -> Path:
-    """Write `data` to a unique temporary file beside `path`, fsync it, give it the
-    permissions of the file it replaces (or the umask's), then rename it over `path`. On any
-    failure `path` is untouched and no temp file remains."""
-    fd, tmp = _temp_beside(path)
-    try:
-        try:
-            os.fchmod(fd, output_mode(path))
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException as error:
-        Path(tmp).unlink(missing_ok=True)
-        if isinstance(error, OSError):
-            raise _write_error(path, error) from None
-        raise
-    _fsync_directory(path.parent if str(path.parent) else Path("."))
-    return path
-
-
 def save_audio(
     path: str | os.PathLike[str], samples: np.ndarray, sample_rate: int, fmt: str | None = None
 ) -> Path:
     """Write audio atomically (see :func:`write_atomically`) in format `fmt`, by default the
     one the extension names: encoded in memory first, so an encoder error leaves `path` as
     it was."""
-    path = check_output_path(path, fmt)
+    fmt = output_format(path, fmt)  # from the name given, even when it is a link
+    target = check_output_path(path, fmt)
     if not isinstance(sample_rate, int) or not MIN_SAMPLE_RATE // 8 <= sample_rate <= 10**6:
-        raise OutputError(f"cannot write {path}: bad sample rate {sample_rate!r}")
-    data = encode_for(path, samples, sample_rate, output_format(path, fmt))
-    return write_atomically(path, data)
+        raise OutputError(f"cannot write {target}: bad sample rate {sample_rate!r}")
+    data = encode_for(target, samples, sample_rate, fmt)
+    return write_atomically(target, data)
 
 
 def encode_for(target: object, samples: np.ndarray, sample_rate: int, fmt: str) -> bytes:
@@ -454,22 +420,22 @@ class ProgressiveWavWriter:
     `path` only ever holds a complete file."""
 
     def __init__(self, path: str | os.PathLike[str], sample_rate: int) -> None:
-        self.path = check_output_path(path)
-        if self.path.suffix.lower() != ".wav":
+        if Path(path).suffix.lower() != ".wav":
             raise OutputError(
-                f"cannot stream to {self.path}: streaming writes WAV or raw PCM (-o -), not "
-                f"{self.path.suffix}"
+                f"cannot stream to {path}: streaming writes WAV or raw PCM (-o -), not "
+                f"{Path(path).suffix}"
             )
+        self.path = check_output_path(path)  # a symbolic link's target
         self.sample_rate = int(sample_rate)
         self.data_bytes = 0
-        fd, name = _temp_beside(self.path)
+        fd, name = temp_beside(self.path)
         self.tmp = Path(name)
         self._file: BinaryIO | None = os.fdopen(fd, "wb")
         try:
             self._file.write(self._header(0))
         except OSError as error:
             self.abort()
-            raise _write_error(self.path, error) from None
+            raise write_error(self.path, error) from None
 
     def _header(self, data_bytes: int) -> bytes:
         return wav_header(self.sample_rate, data_bytes)
@@ -491,7 +457,7 @@ class ProgressiveWavWriter:
         try:
             self._file.write(data)
         except OSError as error:
-            raise _write_error(self.path, error) from None
+            raise write_error(self.path, error) from None
         self.data_bytes += len(data)
 
     def finish(self) -> Path:
@@ -510,8 +476,8 @@ class ProgressiveWavWriter:
             os.replace(self.tmp, self.path)
         except OSError as error:
             self.abort()
-            raise _write_error(self.path, error) from None
-        _fsync_directory(self.path.parent if str(self.path.parent) else Path("."))
+            raise write_error(self.path, error) from None
+        fsync_directory(self.path.parent if str(self.path.parent) else Path("."))
         return self.path
 
     def abort(self) -> None:

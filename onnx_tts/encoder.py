@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from onnx_tts.audio import MAX_REFERENCE_PEAK, SILENCE_PEAK, as_mono_float32
+from onnx_tts.audio import MAX_REFERENCE_PEAK, SILENCE_PEAK, as_mono_float32, reference_trimmed
 from onnx_tts.bundle import file_sha256
 from onnx_tts.cache.reference import ReferenceCache, encoder_schema, make_key
 from onnx_tts.errors import AudioError, InputError, ModelError
@@ -41,6 +41,10 @@ class RunnableSession(Protocol):
     ) -> dict[str, np.ndarray]: ...
 
 
+# A file trimmed by load_audio and resampled may come out a few samples longer than the limit.
+TRIM_SLACK_SECONDS = 0.01
+
+
 def validate_reference_audio(
     audio: np.ndarray,
     sample_rate: int,
@@ -49,10 +53,10 @@ def validate_reference_audio(
 ) -> np.ndarray:
     """Check a decoded reference and return it as contiguous float32 mono samples.
 
-    Audio longer than ``max_seconds`` is cut to its first ``max_seconds`` (as
-    ``onnx_tts.audio.load_audio`` does), so the cache key covers exactly what the encoder
-    sees. Raises ``AudioError`` for multi-channel, non-float, non-finite, silent or too short
-    audio, saying how to fix it.
+    Audio longer than ``max_seconds`` is cut to its first ``max_seconds`` with a
+    ReferenceTrimmedWarning (as ``onnx_tts.audio.load_audio`` does), so the cache key covers
+    exactly what the encoder sees. Raises ``AudioError`` for multi-channel, non-float,
+    non-finite, silent or too short audio, saying how to fix it.
     """
     samples = as_mono_float32(audio)
     seconds = samples.shape[0] / sample_rate
@@ -61,8 +65,10 @@ def validate_reference_audio(
             f"reference audio is {seconds:.2f} s long; this model needs at least "
             f"{min_seconds:g} s of speech at {sample_rate} Hz"
         )
-    if max_seconds is not None and seconds > max_seconds:
+    if max_seconds is not None and samples.shape[0] > int(max_seconds * sample_rate):
         samples = samples[: int(max_seconds * sample_rate)]
+        if seconds > max_seconds + TRIM_SLACK_SECONDS:  # not a file load_audio already cut
+            reference_trimmed(seconds, max_seconds)
     if samples.size and not np.isfinite(samples).all():
         raise AudioError("reference audio contains NaN or infinite samples; re-export the file")
     peak = float(np.max(np.abs(samples))) if samples.size else 0.0

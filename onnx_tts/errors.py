@@ -47,6 +47,11 @@ class OutputClosedError(OutputError):
     run (``| head``), so the CLI may exit quietly."""
 
 
+class EmptyAudioError(OnnxTTSError):
+    """The model ended a sentence without producing any audio (e.g. its first sampled token
+    was the stop token). Raised instead of returning or writing an empty utterance."""
+
+
 class OnnxTTSWarning(UserWarning):
     """Base class of the warnings onnx-tts emits: the request ran, but not exactly as asked."""
 
@@ -57,3 +62,12 @@ class UnspeakableTextWarning(OnnxTTSWarning):
     def __init__(self, message: str, dropped: dict[str, list[str]] | None = None) -> None:
         super().__init__(message)
         self.dropped = dropped or {}
+
+
+class ReferenceTrimmedWarning(OnnxTTSWarning):
+    """A reference clip was longer than the model takes: only its first `kept` of `seconds`
+    seconds were encoded."""
+
+    def __init__(self, message: str, seconds: float = 0.0, kept: float = 0.0) -> None:
+        super().__init__(message)
+        self.seconds, self.kept = seconds, kept

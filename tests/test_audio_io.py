@@ -27,6 +27,7 @@ from onnx_tts.errors import (
     NonFiniteAudioError,
     OutputClosedError,
     OutputError,
+    ReferenceTrimmedWarning,
 )
 from tests.conftest import speechlike
 
@@ -213,9 +214,43 @@ def test_absurd_and_non_finite_peaks_are_refused(tmp_path: Path) -> None:
 
 def test_decode_size_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = _wav(tmp_path / "long.wav", speechlike(3.0))
-    assert len(load_audio(path, RATE, max_seconds=1.0)) == RATE
+    with pytest.warns(ReferenceTrimmedWarning):
+        assert len(load_audio(path, RATE, max_seconds=1.0)) == RATE
     monkeypatch.setattr(audio_io, "MAX_DECODE_SECONDS", 0.5)
-    assert len(load_audio(path, RATE)) == RATE // 2
+    with pytest.warns(ReferenceTrimmedWarning, match=r"3\.0 s long; only its first 0\.5 s"):
+        assert len(load_audio(path, RATE)) == RATE // 2
+
+
+def test_a_trimmed_reference_is_never_silent(tmp_path: Path) -> None:
+    """A reference longer than the model takes was cut without a word; now the cut is a
+    ReferenceTrimmedWarning (file or samples), or goes to `on_trim` (the server's header)."""
+    import warnings
+
+    from onnx_tts.encoder import validate_reference_audio
+
+    path = _wav(tmp_path / "long.wav", speechlike(25.0, 16000), rate=16000)
+    with pytest.warns(ReferenceTrimmedWarning) as caught:
+        samples = load_audio(path, RATE, max_seconds=20.0)
+    (warning,) = [w.message for w in caught]
+    assert len(samples) == 20 * RATE
+    assert (warning.seconds, warning.kept) == (25.0, 20.0)
+    assert str(warning) == (
+        f"reference audio {path} is 25.0 s long; only its first 20 s are used: trim it to the "
+        "part you want"
+    )
+    told: list = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing is warned when a callback takes the news
+        assert len(load_audio(path, RATE, max_seconds=20.0, on_trim=told.append)) == 20 * RATE
+        assert len(load_audio(path, RATE, max_seconds=30.0, on_trim=told.append)) == 25 * RATE
+        # What load_audio already cut (and resampled) passes the encoder's check silently.
+        odd = _wav(tmp_path / "odd.wav", speechlike(25.0, 11025), rate=11025)
+        cut = load_audio(odd, RATE, max_seconds=20.0, on_trim=told.append)
+        validate_reference_audio(cut, RATE, max_seconds=20.0)
+    assert [(t.seconds, t.kept) for t in told] == [(25.0, 20.0), (25.0, 20.0)]
+    with pytest.warns(ReferenceTrimmedWarning, match=r"is 25\.0 s long; only its first 20 s"):
+        kept = validate_reference_audio(speechlike(25.0), RATE, max_seconds=20.0)
+    assert len(kept) == 20 * RATE
 
 
 def test_a_directory_that_refuses_new_files_is_a_clear_error_before_any_work() -> None:
@@ -240,3 +275,66 @@ def test_too_long_and_longest_valid_names(tmp_path: Path) -> None:
     with ProgressiveWavWriter(longest, 24000) as sink:
         sink.write(np.zeros(100, np.float32))
     assert [p.name for p in tmp_path.iterdir()] == [longest.name]
+
+
+def _write_each_way(path: Path, samples: np.ndarray) -> None:
+    """The three ways audio reaches a file: whole, streamed, raw bytes."""
+    save_audio(path, samples, RATE)
+    with ProgressiveWavWriter(path, RATE) as writer:
+        writer.write(samples)
+    audio_io.write_atomically(path, audio_io.encode_audio(samples, RATE, "wav"))
+
+
+def test_writing_through_a_symbolic_link_replaces_its_target_and_keeps_the_link(
+    tmp_path: Path,
+) -> None:
+    """`-o link.wav` replaced the link with a regular file; now the target is rewritten (temp
+    file beside the target, renamed onto it) and the link still points at it."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    target = elsewhere / "real.wav"
+    target.write_bytes(b"old")
+    target.chmod(0o640)
+    chain = tmp_path / "first.wav"
+    (tmp_path / "second.wav").symlink_to(target)
+    chain.symlink_to(tmp_path / "second.wav")  # a link to a link
+    samples = _samples(2400)
+    _write_each_way(chain, samples)
+    assert chain.is_symlink() and (tmp_path / "second.wav").is_symlink()
+    assert os.readlink(chain) == str(tmp_path / "second.wav")
+    data, _ = soundfile.read(str(target), dtype="int16")
+    np.testing.assert_array_equal(data, pcm16(samples))
+    assert stat.S_IMODE(target.stat().st_mode) == 0o640  # the target keeps its mode
+    assert _leftovers(tmp_path) == [] and _leftovers(elsewhere) == []
+    assert audio_io.check_output_path(chain) == target
+    # A dangling link: its target is created, the link kept.
+    dangling = tmp_path / "dangling.wav"
+    dangling.symlink_to(elsewhere / "new.wav")
+    save_audio(dangling, samples, RATE)
+    assert dangling.is_symlink() and (elsewhere / "new.wav").is_file()
+
+
+def test_a_link_loop_and_a_read_only_file_are_refused_before_any_work(tmp_path: Path) -> None:
+    """A read-only file was silently replaced by the atomic rename; now every writer refuses
+    it with one line, before writing anything, and leaves it as it was."""
+    loop = tmp_path / "loop.wav"
+    loop.symlink_to(tmp_path / "other.wav")
+    (tmp_path / "other.wav").symlink_to(loop)
+    with pytest.raises(OutputError, match="symbolic links form a loop"):
+        audio_io.check_output_path(loop)
+    locked = tmp_path / "locked.wav"
+    locked.write_bytes(b"keep me")
+    locked.chmod(0o444)
+    link = tmp_path / "to-locked.wav"
+    link.symlink_to(locked)
+    for path in (locked, link):
+        with pytest.raises(OutputError, match=r"locked\.wav: the file is read-only"):
+            audio_io.check_output_path(path)
+        with pytest.raises(OutputError, match="read-only"):
+            save_audio(path, _samples(100), RATE)
+        with pytest.raises(OutputError, match="read-only"):
+            ProgressiveWavWriter(path, RATE)
+        with pytest.raises(OutputError, match="read-only"):
+            audio_io.write_atomically(path, b"data")
+    assert locked.read_bytes() == b"keep me" and stat.S_IMODE(locked.stat().st_mode) == 0o444
+    assert _leftovers(tmp_path) == []

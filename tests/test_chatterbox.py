@@ -821,3 +821,171 @@ def test_concurrent_requests_match_sequential_ones(bundles, reference_wav):
         parallel = list(pool.map(lambda t: engine.synthesize(t, voice=reference_wav), texts))
     for alone, together in zip(sequential, parallel, strict=True):
         assert np.array_equal(alone, together.samples)
+
+
+def test_a_first_token_that_is_stop_is_an_error_not_an_empty_file(tmp_path, reference_wav, capsys):
+    """The synthetic stop schedule from position 1 makes STOP the first sampled token: this
+    wrote an empty WAV with exit 0 (and printed RTF 5.6e9)."""
+    from onnx_tts.cli import main
+    from onnx_tts.errors import EmptyAudioError
+
+    bundle = tmp_path / "mute"
+    synth.export(synth.SyntheticConfig(variant="turbo", precisions=("fp32",), stop_after=1), bundle)
+    engine = _load(bundle, "chain")
+    (chunk,) = engine.backend.text_chunks("Hello there.", {})
+    assert list(engine.generate(chunk, engine.voice(reference_wav))) == []  # STOP came first
+    with pytest.raises(EmptyAudioError, match=r"no audio for sentence 1 of 1 \('Hello there\.'\)"):
+        engine.synthesize("Hello there.", voice=reference_wav)
+    out = tmp_path / "out.wav"
+    args = ["synth", "Hello there.", "-o", str(out), "--model", str(bundle)]
+    args += ["--voice", str(reference_wav), "--cache-dir", "none", "-v"]
+    for extra in ([], ["--stream"]):
+        code = main([*args, *extra])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and len(err) == 1 and "no audio" in err[0], err
+        assert not out.exists()
+
+
+def test_a_reference_over_20_seconds_is_cut_with_a_warning(small_turbo, tmp_path, capsys):
+    """Chatterbox encodes at most 20 s of a reference: a longer one was cut silently."""
+    import soundfile
+
+    from onnx_tts.cli import main
+    from onnx_tts.errors import ReferenceTrimmedWarning
+    from tests.conftest import speechlike
+
+    long_wav = tmp_path / "long.wav"
+    soundfile.write(long_wav, speechlike(25.0), 24000)
+    engine = _load(small_turbo, "chain")
+    with pytest.warns(ReferenceTrimmedWarning, match=r"is 25\.0 s long; only its first 20 s"):
+        voice = engine.voice(long_wav)
+    first_20 = tmp_path / "first20.wav"
+    soundfile.write(first_20, speechlike(25.0)[: 20 * 24000], 24000)
+    assert all(np.array_equal(voice[k], engine.voice(first_20)[k]) for k in voice)
+    out = tmp_path / "out.wav"
+    args = ["synth", "Hello.", "-o", str(out), "--model", str(small_turbo), "-q"]
+    code = main([*args, "--voice", str(long_wav), "--cache-dir", "none"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 0 and out.exists()
+    assert err == [
+        f"onnx-tts: warning: reference audio {long_wav} is 25.0 s long; only its first 20 s are "
+        "used: trim it to the part you want"
+    ]
+
+
+@pytest.fixture(scope="module")
+def fp32_bundles(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """One fp32-only bundle per variant (cheaper than `bundles`)."""
+    root = tmp_path_factory.mktemp("chatterbox-fp32")
+    out = {}
+    for variant in synth.VARIANTS:
+        out[variant] = root / variant
+        synth.export(synth.SyntheticConfig(variant=variant, precisions=("fp32",)), out[variant])
+    return out
+
+
+PUNCTUATION_TEXT = (
+    "wait\u2026 what: \u201cyes\u201d \u2014 \u2018no\u2019; ok - fine... at 3:30. next one"
+)
+
+
+@pytest.mark.parametrize(
+    ("variant", "expected"),
+    [
+        # Turbo's list: ellipsis character, colon, dashes, curly quotes; ";" and "..." stay.
+        ("turbo", ["Wait, what, \"yes\" - 'no';", "Ok - fine...", "At three thirty.", "Next one."]),
+        # Original: also "...", ";" and " - " become commas; the English frontend reads 3:30.
+        ("original", ["Wait, what, \"yes\" - 'no', ok, fine, at three thirty.", "Next one."]),
+        # Multilingual: the same list, every colon (no English number reading).
+        ("multilingual", ["Wait, what, \"yes\" - 'no', ok, fine, at 3,30.", "Next one."]),
+    ],
+)
+def test_published_punctuation_replacements(fp32_bundles, variant, expected):
+    """The published punc_norm replacements (ellipsis, colon, semicolon, dashes, curly
+    quotes) were missing: the text only got a capital and a period."""
+    engine = _load(fp32_bundles[variant], "chain")
+    assert engine.backend.text_chunks(PUNCTUATION_TEXT, {}) == expected
+
+
+def test_japanese_kanji_are_read_as_hiragana(fp32_bundles):
+    """The published multilingual pipeline turns kanji into their hiragana reading
+    (pykakasi) before tokenizing; kanji went to the tokenizer as they were."""
+    import unicodedata
+
+    from onnx_tts.families.chatterbox.text import hiragana
+
+    def nfkd(text: str) -> str:
+        return unicodedata.normalize("NFKD", text)
+
+    # Dictionary readings of whole phrases (学ぶ is まなぶ, not がく + ぶ), kana unchanged.
+    assert hiragana("日本語を学ぶのは楽しいです。") == nfkd("にほんごをまなぶのはたのしいです。")
+    assert hiragana("カタカナとひらがな") == nfkd("カタカナとひらがな")
+    # A kanji reading that starts with は or へ gets a space before it, as published.
+    assert hiragana("私は花が好きです。") == nfkd("わたしは はながすきです。")
+    backend = _load(fp32_bundles["multilingual"], "chain", language="ja").backend
+    tokenizer = backend.tokenizer
+    ids = backend.token_ids("日本語を学ぶ")
+    assert ids == tokenizer.encode("[ja]" + nfkd("にほんごをまなぶ")).ids
+    assert ids != tokenizer.encode("[ja]" + nfkd("日本語を学ぶ")).ids
+    # Other languages keep their kanji-free path (Chinese goes through Cangjie instead).
+    assert backend.token_ids("日本", "ko") == tokenizer.encode("[ko]" + nfkd("日本")).ids
+
+
+@pytest.mark.parametrize(("variant", "cap"), [("turbo", 1024), ("original", 256)])
+def test_published_loop_text_and_token_cap(tmp_path, reference_wav, variant, cap):
+    """--published-loop capitalised and added "." where the model cards' scripts do not,
+    and capped every text at 1000 tokens where they use 1024 (Turbo) and 256 (original,
+    multilingual)."""
+    bundle = tmp_path / variant
+    synth.export(
+        synth.SyntheticConfig(variant=variant, precisions=("fp32",), stop_after=0), bundle
+    )  # no stop schedule: only the cap ends generation
+    published = _load(bundle, "chain", published_loop=True)
+    backend = published.backend
+    assert backend.text_chunks("  hello there: one; two - three\n", {}) == [
+        "hello there: one; two - three"
+    ]
+    assert backend.max_new_tokens == cap
+    (chunk,) = backend.text_chunks("hello there", {})
+    frames = list(published.generate(chunk, published.voice(reference_wav)))
+    assert len(frames) == cap
+    assert _load(bundle, "chain", published_loop=True, max_new_tokens=7).backend.max_new_tokens == 7
+    assert _load(bundle, "chain").backend.max_new_tokens == 1000  # our loop's default cap
+
+
+@pytest.mark.parametrize("attention", ["concat", "gqa", "gqa-mask"])
+def test_guidance_with_the_prefix_cache_in_every_kv_mode(tmp_path, reference_wav, attention):
+    """Classifier-free guidance (two LM rows) with the voice-prefix cache on crashed with
+    --kv chain|copy: GroupQueryAttention refuses several new tokens after a past at batch 2,
+    so the one-run prefill must follow the graph's attention, not the KV mode. Every layout
+    (Concat, converted GQA, the published GQA-internal one) in every mode it runs must decode
+    guided requests, a prefix-cache hit equal to a miss and to no prefix cache at all."""
+    from onnx_tts.tools.convert import convert_bundle_inplace_kv
+    from tests.test_scheduler import _gqa_internal
+
+    source = tmp_path / "source"
+    config = synth.SyntheticConfig(variant="original", lm_position_ids=False, precisions=("fp32",))
+    synth.export(config, source)
+    bundle = source
+    if attention != "concat":
+        bundle = tmp_path / "converted"
+        convert_bundle_inplace_kv(source, bundle, check=False)
+        if attention == "gqa-mask":
+            _gqa_internal(bundle)
+    assert detect(bundle).inspected.lm.kv.attention == attention
+    modes = ("copy", "chain") if attention == "concat" else ("copy", "chain", "inplace")
+    text = "Guided speech. A second sentence."
+    results = {}
+    for kv in modes:
+        plain = _load(bundle, kv, cfg_weight=0.5, prefix_cache_bytes=0)
+        cached = _load(bundle, kv, cfg_weight=0.5, max_batch=2)
+        want = plain.synthesize(text, voice=reference_wav).samples
+        for _ in range(2):  # a miss, then a hit (where this mode uses the prefix cache)
+            assert np.array_equal(cached.synthesize(text, voice=reference_wav).samples, want)
+        results[kv] = want
+        assert want.size and np.isfinite(want).all()
+    assert np.array_equal(results["copy"], results["chain"])
+    if "inplace" in results:  # the in-place rows prefill each guided row on its own
+        np.testing.assert_allclose(results["inplace"], results["chain"], atol=1e-4)
+    unguided = _load(bundle, "chain").synthesize(text, voice=reference_wav).samples
+    assert not np.array_equal(unguided, results["chain"])

@@ -265,3 +265,24 @@ def test_completion_command_prints_both_scripts(capsys: pytest.CaptureFixture[st
     assert main(["completion", "zsh"]) == 0
     zsh = capsys.readouterr().out
     assert "bashcompinit" in zsh and bash in zsh
+
+
+def test_cli_output_onto_a_link_and_onto_a_read_only_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target = tmp_path / "real.wav"
+    target.write_bytes(b"old")
+    link = tmp_path / "link.wav"
+    link.symlink_to(target)
+    assert main(["synth", "Hi.", "-o", str(link), "--cache-dir", "none", "-q"]) == 0
+    assert link.is_symlink() and soundfile.info(str(target)).duration > 0.2
+    locked = tmp_path / "locked.wav"
+    locked.write_bytes(b"keep me")
+    locked.chmod(0o444)
+    capsys.readouterr()
+    for extra in ([], ["--stream"]):
+        code = main(["synth", "Hi.", "-o", str(locked), "--cache-dir", "none", *extra])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and len(err) == 1 and "read-only" in err[0], err
+    assert locked.read_bytes() == b"keep me"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link.wav", "locked.wav", "real.wav"]

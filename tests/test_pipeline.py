@@ -564,3 +564,42 @@ def test_cli_memory_error_is_exit_2_with_one_line(
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith("onnx-tts: error: out of memory")
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("model", ["voice", "codec-lm"])
+def test_an_utterance_with_no_audio_is_an_error(
+    model: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A model that ends a sentence at its first step (e.g. it samples the stop token first)
+    made an empty WAV with exit 0; every family now raises EmptyAudioError (CLI: exit 2, one
+    line, no file) and nothing is cached."""
+    from onnx_tts.decoding import StepOutput
+    from onnx_tts.errors import EmptyAudioError
+
+    model_dir = codec_lm_dir() if model == "codec-lm" else None
+    engine = onnx_tts.load(
+        model_dir, cache_dir=None, result_cache_bytes=1 << 20, result_cache_dir=None
+    )
+    kind = type(engine.backend.program)
+    normal = kind.consume
+
+    def stops_at_once(self, state, rows, outputs):  # the program's step, then "done, no frame"
+        normal(self, state, rows, outputs)
+        return StepOutput([np.zeros((0, 1), np.int64) for _ in rows], np.ones(len(rows), bool))
+
+    monkeypatch.setattr(kind, "consume", stops_at_once)
+    with pytest.raises(EmptyAudioError, match="no audio for sentence 1 of 2"):
+        engine.synthesize("Hello there. Second sentence.", seed=1)
+    with pytest.raises(EmptyAudioError, match="no audio for sentence 1 of 1"):
+        list(engine.stream("Hello there.", seed=1))
+    assert engine.cache_stats()["result"]["entries"] == 0
+    out = tmp_path / "out.wav"
+    args = ["synth", "Hello there.", "-o", str(out), "--cache-dir", "none", "-q", "-v"]
+    args += ["--model", str(model_dir)] if model_dir else []
+    for extra in ([], ["--stream"]):
+        code, _, err = run_cli([*args, *extra], capsys)
+        assert code == 2 and err.strip().count("\n") == 0 and "no audio" in err, err
+        assert "RTF" not in err and not out.exists()
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.setattr(kind, "consume", normal)
+    assert engine.synthesize("Hello there.", seed=1).duration > 0.1  # the same engine recovers

@@ -377,6 +377,7 @@ def test_gqa_internal_chatterbox_runs_in_place_and_batches(tmp_path, voice_wav):
     chain = _load(source, max_batch=1, kv="chain")
     solo = _load(converted, max_batch=1, kv="inplace")
     batched = _load(converted, max_batch=4, kv="inplace")
+    assert batched.info()["batching"]["batched"]  # its rows pass the batch-invariance probe
     texts = ["Hello there.", "How are you today?", "Fine, thanks.", "See you soon."]
     expected = [chain.synthesize(t, voice=voice_wav, seed=i).samples for i, t in enumerate(texts)]
     alone = [solo.synthesize(t, voice=voice_wav, seed=i).samples for i, t in enumerate(texts)]
@@ -390,3 +391,72 @@ def test_gqa_internal_chatterbox_runs_in_place_and_batches(tmp_path, voice_wav):
         assert want.shape == one.shape == row.shape
         np.testing.assert_allclose(one, want, atol=1e-4)  # GQA kernel vs Concat attention
         assert np.array_equal(row, one)  # batching changes nothing
+
+
+def _positions_from_mask_width(converted: Path) -> None:
+    """Make a GQA-internal LM derive its positions from the attention mask's width
+    (Range(Shape(attention_mask)[1])) instead of its cumulative sum: the same numbers for one
+    sequence, wrong ones for a row padded beside a longer row."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    path = converted / "onnx" / "language_model.onnx"
+    model = onnx.load(str(path))
+    graph = model.graph
+    (cumsum,) = [n for n in graph.node if n.op_type == "CumSum" and n.input[0] == "attention_mask"]
+    graph.initializer.extend(
+        [
+            helper.make_tensor("width_one", TensorProto.INT64, [], [1]),
+            helper.make_tensor("width_axis", TensorProto.INT64, [1], [0]),
+        ]
+    )
+    width = [
+        helper.make_node("Shape", ["attention_mask"], ["width_shape"], start=1, end=2),
+        helper.make_node("Squeeze", ["width_shape", "width_axis"], ["width"]),
+        helper.make_node("Add", ["width", "width_one"], ["width_end"]),
+        helper.make_node("Range", ["width_one", "width_end", "width_one"], ["width_range"]),
+        helper.make_node("Unsqueeze", ["width_range", "width_axis"], [cumsum.output[0]]),
+    ]
+    nodes = width + [n for n in graph.node if n is not cumsum]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    for sidecar in path.parent.glob("language_model.onnx_data"):
+        sidecar.unlink()
+    onnx.save_model(
+        model, str(path), save_as_external_data=True, location="language_model.onnx_data"
+    )
+
+
+def test_an_lm_that_reads_the_mask_width_decodes_alone(tmp_path, voice_wav):
+    """Batched rows get an attention_mask as wide as the longest row. An LM that reads the
+    mask's width decoded a request differently batched than solo; the load-time probe now
+    finds it and runs each request on a KV cache of its own in the same scheduler."""
+    from export import synthetic_chatterbox as synth
+    from onnx_tts.decoding.batch_probe import NOT_INVARIANT
+    from onnx_tts.tools.convert import convert_bundle_inplace_kv
+
+    source, converted = tmp_path / "source", tmp_path / "converted"
+    config = synth.SyntheticConfig(variant="original", lm_position_ids=False, precisions=("fp32",))
+    synth.export(config, source)
+    convert_bundle_inplace_kv(source, converted, check=False)
+    _gqa_internal(converted)
+    mask_sum = _load(converted, max_batch=1, kv="inplace")
+    _positions_from_mask_width(converted)
+    solo = _load(converted, max_batch=1, kv="inplace")
+    batched = _load(converted, max_batch=4, kv="inplace")
+    assert batched.info()["batching"] == {"batched": False, "max_batch": 4, "why": NOT_INVARIANT}
+    assert batched.scheduler.slots is None
+    texts = ["Hi.", "A longer sentence, so that the rows differ in length.", "One two.", "Bye."]
+    alone = [solo.synthesize(t, voice=voice_wav, seed=i).samples for i, t in enumerate(texts)]
+    for i, text in enumerate(texts):  # the stand-in reads as the original does, alone
+        assert np.array_equal(alone[i], mask_sum.synthesize(text, voice=voice_wav, seed=i).samples)
+    with ThreadPoolExecutor(4) as pool:
+        rows = list(
+            pool.map(
+                lambda i: batched.synthesize(texts[i], voice=voice_wav, seed=i).samples, range(4)
+            )
+        )
+    assert all(np.array_equal(row, one) for row, one in zip(rows, alone, strict=True))
+    # Models whose rows compute alone keep batching.
+    for model in (None, codec_lm_dir()):
+        assert _load(model, max_batch=4).info()["batching"]["batched"]

@@ -259,6 +259,21 @@ def test_voice_upload_errors(server: LiveServer) -> None:
     assert no_name.status_code == 400 and no_name.json()["error"]["param"] == "name"
 
 
+def test_a_long_upload_is_trimmed_and_says_so(server: LiveServer) -> None:
+    """A clip beyond the encoder's 30 s was cut silently; the response now says so in a
+    header and the server logs it."""
+    clip = io.BytesIO()  # 8-bit at 8 kHz: under the fixture's 400 kB upload limit
+    soundfile.write(clip, speechlike(31.0, 8000, seed=4), 8000, format="WAV", subtype="PCM_U8")
+    created = upload(server, clip.getvalue(), name="long one")
+    assert created.status_code == 201, created.text
+    assert created.headers["X-Reference-Trimmed"] == "31.0 s; kept the first 30 s"
+    assert "voice 'long one': audio_sample is 31.0 s long; only its first 30 s" in server.log()
+    short = upload(server, _wav_bytes(speechlike(2.0, RATE, seed=5), RATE), name="short one")
+    assert short.status_code == 201 and "X-Reference-Trimmed" not in short.headers
+    for made in (created, short):
+        httpx.delete(f"{server.url}/v1/audio/voices/{made.json()['id']}")
+
+
 # -- errors ---------------------------------------------------------------------------------------
 
 

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from onnx_tts.cache.prefix import PrefixCache
+from onnx_tts.decoding.batch_probe import batch_invariance_problem
 from onnx_tts.decoding.kv_pool import KVPool
 from onnx_tts.decoding.kv_rows import DEFAULT_SLOT_BYTES, OwnCaches, RowHome, SlotRows, SlotRun
 from onnx_tts.decoding.program import DecodeProgram
@@ -127,6 +128,8 @@ class DecodeScheduler:
         self.prefix_cache = prefix_cache
         self.max_waiting = max_waiting
         self.batching_unavailable = batching_support(pool)
+        if self.batching_unavailable is None and max_batch > 1:  # rows would share steps
+            self.batching_unavailable = batch_invariance_problem(program, pool)
         self.slots: SlotRows | None = None
         if self.batching_unavailable is None:
             self.slots = SlotRows(program, self.layout, pool.capacity, max_batch, slot_bytes)

@@ -12,7 +12,7 @@ import numpy as np
 
 from onnx_tts.audio import check_finite
 from onnx_tts.decoding.scheduler import DecodeScheduler, FrameStream
-from onnx_tts.errors import OnnxTTSError
+from onnx_tts.errors import EmptyAudioError, OnnxTTSError
 from onnx_tts.families.base import Backend
 from onnx_tts.pipeline.planner import Plan, Timing
 from onnx_tts.pipeline.stages import VocoderStage, VocoderStream
@@ -92,6 +92,8 @@ class Executor:
                     samples = known[index]
                 else:
                     samples = np.concatenate([np.zeros(0, np.float32), *streams[index]])
+                    if not samples.size:
+                        raise no_audio(requests[index].chunk, index, len(requests))
                     if made is not None:
                         made(index, samples)
                 if index:
@@ -140,6 +142,7 @@ class AudioStream:
         self._pieces: list[np.ndarray] = []
         self._closed = False
         self._failure: BaseException | None = None
+        self._produced = 0  # samples of the current sentence handed out
         if requests:
             self._open(0)
 
@@ -207,13 +210,22 @@ class AudioStream:
             try:
                 chunk = stream.next_chunk(block)
             except StopIteration:
+                if not self._produced:  # a sentence with no sound is an error, never silence
+                    self.close()
+                    raise no_audio(
+                        self.requests[self._index].chunk, self._index, len(self.requests)
+                    ) from None
                 self._index += 1
+                self._produced = 0
                 self._pause_due = self._index < len(self.requests)
                 continue
             except BaseException:
                 self.close()
                 raise
-            return None if chunk is None else self._keep(chunk)
+            if chunk is None:
+                return None
+            self._produced += len(chunk)
+            return self._keep(chunk)
 
     def _keep(self, chunk: np.ndarray) -> np.ndarray:
         if self.on_complete is not None:
@@ -266,4 +278,23 @@ class ReadyChunks:
             close()
 
 
-__all__ = ["SENTENCE_PAUSE_SECONDS", "AudioStream", "Executor", "Progress", "ReadyChunks"]
+def no_audio(chunk: object, index: int, count: int) -> EmptyAudioError:
+    """The error for a sentence the model ended without any audio: an utterance with no sound
+    is never returned, written or cached as if it were speech."""
+    which = f"sentence {index + 1} of {count}"
+    if isinstance(chunk, str):
+        which += f" ({chunk[:40]!r}{'...' if len(chunk) > 40 else ''})"
+    return EmptyAudioError(
+        f"the model produced no audio for {which}: it stopped at its first step; rephrase "
+        "the text, or when sampling try another seed"
+    )
+
+
+__all__ = [
+    "SENTENCE_PAUSE_SECONDS",
+    "AudioStream",
+    "Executor",
+    "Progress",
+    "ReadyChunks",
+    "no_audio",
+]

@@ -24,7 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response
 
 from onnx_tts.config import ServerConfig
-from onnx_tts.errors import OnnxTTSError
+from onnx_tts.errors import OnnxTTSError, ReferenceTrimmedWarning
 from onnx_tts.server.bodies import decode_upload, read_json, read_voice_upload
 from onnx_tts.server.encoding import (
     FormatUnavailable,
@@ -164,7 +164,8 @@ def create_app(config: ServerConfig, registry: ModelRegistry | None = None) -> F
         name, audio_bytes = await read_voice_upload(request, config.max_upload_bytes)
         model = registry.default
         assert model is not None
-        audio = await run_in_threadpool(decode_upload, model, audio_bytes)
+        trims: list[ReferenceTrimmedWarning] = []
+        audio = await run_in_threadpool(decode_upload, model, audio_bytes, trims.append)
         try:
             # Encode once now: a clip the encoder rejects fails here, not on first use.
             await run_in_threadpool(model.encode_voice, audio)
@@ -173,7 +174,17 @@ def create_app(config: ServerConfig, registry: ModelRegistry | None = None) -> F
             raise APIError(400, str(error), code="too_many_voices") from None
         except VoiceExists as error:
             raise APIError(409, str(error), param="name", code="voice_exists") from None
-        return JSONResponse(voice.public(), status_code=201 if created else 200)
+        headers = {}
+        if trims:  # a long clip is cut to what the encoder takes: said, never silent
+            trim = trims[0]
+            headers["X-Reference-Trimmed"] = f"{trim.seconds:.1f} s; kept the first {trim.kept:g} s"
+            log.warning(
+                "voice %r: audio_sample is %.1f s long; only its first %g s are used",
+                name,
+                trim.seconds,
+                trim.kept,
+            )
+        return JSONResponse(voice.public(), status_code=201 if created else 200, headers=headers)
 
     @app.delete("/v1/audio/voices/{voice_id}")
     async def delete_voice(voice_id: str) -> dict[str, Any]:

@@ -16,6 +16,7 @@ import numpy as np
 from fastapi import Request
 from starlette.formparsers import MultiPartException, MultiPartParser
 
+from onnx_tts.audio import Trimmed
 from onnx_tts.config import ServerConfig
 from onnx_tts.errors import AudioError
 from onnx_tts.server.engines import SpeechModel
@@ -133,14 +134,14 @@ async def read_voice_upload(request: Request, limit: int) -> tuple[str, bytes]:
         await form.close()
 
 
-def decode_upload(model: SpeechModel, data: bytes) -> np.ndarray:
+def decode_upload(model: SpeechModel, data: bytes, on_trim: Trimmed) -> np.ndarray:
     if not data:
         raise APIError(400, "audio_sample is empty", param="audio_sample", code="invalid_audio")
     with tempfile.TemporaryDirectory(prefix="onnx-tts-upload-") as tmp:
         path = Path(tmp) / "sample"
         path.write_bytes(data)
         try:
-            return model.decode_voice(path)
+            return model.decode_voice(path, on_trim)
         except AudioError as error:
             # The engine names the temp file; the client knows it as audio_sample.
             message = one_line(error).replace(str(path), "audio_sample")

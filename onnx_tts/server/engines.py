@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 import onnx_tts
-from onnx_tts.audio import load_audio
+from onnx_tts.audio import Trimmed, load_audio
 from onnx_tts.config import CacheConfig, EngineConfig
 from onnx_tts.pipeline import build_engine
 from onnx_tts.pipeline.admission import Admission, retry_after_seconds
@@ -99,10 +99,11 @@ class SpeechModel:
         encoder = self.engine.backend.encoder
         return getattr(encoder, "min_seconds", None), getattr(encoder, "max_seconds", None)
 
-    def decode_voice(self, path: str | Path) -> np.ndarray:
-        """Reference audio file -> mono float32 at this model's encoder rate (AudioError if bad)."""
+    def decode_voice(self, path: str | Path, on_trim: Trimmed | None = None) -> np.ndarray:
+        """Reference audio file -> mono float32 at this model's encoder rate (AudioError if bad);
+        a clip longer than the encoder takes is cut, told to `on_trim` (else a warning)."""
         low, high = self.voice_limits()
-        return load_audio(path, self.voice_rate, min_seconds=low, max_seconds=high)
+        return load_audio(path, self.voice_rate, min_seconds=low, max_seconds=high, on_trim=on_trim)
 
     def encode_voice(self, audio: np.ndarray | None) -> dict[str, np.ndarray]:
         """Encoder outputs through the content-addressed reference cache (None = default)."""

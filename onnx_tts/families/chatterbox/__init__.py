@@ -79,8 +79,9 @@ def _options(*, llama: bool) -> tuple[Option, ...]:
         Option(
             "published_loop",
             bool,
-            "run the published scripts' loop exactly: no stop heuristics, no per-sentence "
-            "token cap, no number normalisation or sentence splitting",
+            "run the model cards' scripts' loop exactly: the text as given (no normalisation, "
+            "sentence splitting, capital or added period), no stop heuristics, their token cap "
+            "(1024 Turbo, 256 original and multilingual) unless --max-new-tokens",
         ),
     )
     if not llama:

@@ -34,11 +34,18 @@ from onnx_tts.errors import AudioError, InputError, ModelError
 from onnx_tts.families.base import LoadSettings
 from onnx_tts.families.chatterbox.layout import (
     FAMILY_MULTILINGUAL,
+    FAMILY_ORIGINAL,
     FAMILY_TURBO,
     SPEECH_ENCODER_OUTPUTS,
     ChatterboxLayout,
 )
-from onnx_tts.families.chatterbox.text import CangjieConverter, multilingual_normalize, punctuate
+from onnx_tts.families.chatterbox.text import (
+    CangjieConverter,
+    hiragana,
+    multilingual_normalize,
+    punctuate,
+    replace_punctuation,
+)
 from onnx_tts.frontend import normalize_text, split_sentences
 from onnx_tts.request import Request
 from onnx_tts.session import Session, describe_graphs
@@ -51,6 +58,8 @@ SAMPLE_RATE = 24000
 SAMPLES_PER_TOKEN = 960  # 25 Hz speech tokens at 24 kHz
 DEFAULT_REPETITION_PENALTY = 1.2  # the published scripts' value
 MAX_NEW_TOKENS = 1000  # 40 s of speech per chunk
+# The model cards' scripts cap each text at these many speech tokens (--published-loop).
+PUBLISHED_MAX_NEW_TOKENS = {FAMILY_TURBO: 1024, FAMILY_ORIGINAL: 256, FAMILY_MULTILINGUAL: 256}
 MAX_CHUNK_CHARS = 300
 TOKENS_PER_TEXT_TOKEN = 25  # cap on speech tokens per text token (a runaway guard)
 REFERENCE_MIN_SECONDS = 1.0
@@ -183,7 +192,8 @@ class ChatterboxModel:
         self.language = "en"
         self.language = self.check_language(language)
         self.published_loop = bool(published_loop)
-        self.max_new_tokens = MAX_NEW_TOKENS if max_new_tokens is None else int(max_new_tokens)
+        default_cap = PUBLISHED_MAX_NEW_TOKENS[self.family] if published_loop else MAX_NEW_TOKENS
+        self.max_new_tokens = default_cap if max_new_tokens is None else int(max_new_tokens)
         rules = default_stop_rules()
         if self.published_loop:
             rules = StopRules(max_token_repeat=0, max_cycle_tokens=0, max_silence_tokens=0)
@@ -323,12 +333,20 @@ class ChatterboxModel:
         return code
 
     def text_chunks(self, text: str, options: Mapping[str, Any]) -> list[str]:
+        """The text as the published pipelines prepare it: punctuation replacements, (English
+        models) our number and abbreviation reading, sentences of at most MAX_CHUNK_CHARS, each
+        with a capital and an end mark. `published_loop`: the whole text as given (ends
+        stripped), as the model cards' scripts tokenize it."""
         if self.published_loop:
-            sentences = [" ".join(text.split())]
+            chunks = [text.strip()]
         else:
-            cleaned = normalize_text(text) if self.family != FAMILY_MULTILINGUAL else text
+            english = self.family != FAMILY_MULTILINGUAL
+            cleaned = replace_punctuation(text, self.family, keep_number_colons=english)
+            if english:
+                cleaned = normalize_text(cleaned)
             sentences = split_sentences(" ".join(cleaned.split()), MAX_CHUNK_CHARS)
-        chunks = [s for s in map(punctuate, sentences) if s and self._has_tokens(s)]
+            chunks = [punctuate(s, self.family) for s in sentences]
+        chunks = [s for s in chunks if s and self._has_tokens(s)]
         if not chunks:
             raise InputError("text has nothing speakable after normalisation")
         return chunks
@@ -342,6 +360,8 @@ class ChatterboxModel:
             return list(self.tokenizer.encode(sentence, add_special_tokens=False).ids)
         if self.family == FAMILY_MULTILINGUAL:
             language = language or self.language
+            if language == "ja":
+                sentence = hiragana(sentence)  # before NFKD, which spoils kana readings
             sentence = multilingual_normalize(sentence)
             if language == "zh" and self._cangjie() is not None:
                 sentence = self._cangjie()(sentence)  # type: ignore[misc]

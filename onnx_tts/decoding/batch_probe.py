@@ -1,0 +1,91 @@
+"""Whether an LM's request rows may share one batched step: a probe run once at load.
+
+Rows of one batched step are right-padded to the longest: every row gets an `attention_mask`
+as wide as the longest total (a rectangular tensor cannot be narrower for one row), and a
+GroupQueryAttention graph gets `total_sequence_length` of the longest. A graph that reads only
+each row's own mask (sums, cumulative sums) computes every row as if alone; one that reads
+the mask's *width* (positions from `Shape(attention_mask)`, say) does not, and would decode a
+request differently depending on which others shared its steps.
+
+So before a scheduler batches a model, `batch_invariance_problem` decodes a short row alone,
+then the same row beside a longer one, and compares their outputs bit for bit (the longer row
+too, against itself alone). If anything differs, the model's requests run on KV caches of
+their own in the same scheduler, and `info()["batching"]["why"]` says so.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from onnx_tts.decoding.kv_pool import CapacityPolicy, KVPool
+from onnx_tts.decoding.kv_rows import SlotRows
+from onnx_tts.decoding.program import Admission, DecodeProgram
+
+# Prefill lengths of the two probe rows (the longer one widens the short row's mask) and the
+# KV positions the probe's slot buffers hold (unless the model fixes its capacity).
+SHORT_ROW, LONG_ROW = 3, 6
+PROBE_CAPACITY = 16
+NOT_INVARIANT = (
+    "a request decodes differently beside a longer one (the LM reads the attention mask's "
+    "width, not only each row's own tokens): each request runs on a KV cache of its own"
+)
+
+
+def _probe_inputs(program: DecodeProgram, lengths: tuple[int, ...]) -> list[np.ndarray] | None:
+    """Deterministic LM inputs [lm_rows, length, ...] per length, in the LM's dtype; None when
+    the input's trailing dimensions are not fixed numbers."""
+    spec = program.lm.spec.inputs[program.input_name]
+    trailing = tuple(spec.shape[2:])
+    if not all(isinstance(size, int) and size > 0 for size in trailing):
+        return None
+    rng = np.random.default_rng(0)
+    dtype = np.dtype(spec.dtype)
+    out = []
+    for length in lengths:
+        shape = (program.lm_rows, length, *trailing)
+        if dtype.kind == "f":
+            values = (0.5 * rng.standard_normal(shape)).astype(dtype)
+        else:  # token ids: 0 and 1 exist in every vocabulary
+            values = rng.integers(0, 2, shape).astype(dtype)
+        out.append(values)
+    return out
+
+
+def batch_invariance_problem(program: DecodeProgram, pool: KVPool) -> str | None:
+    """None when a row's LM output does not depend on the rows beside it (checked bit for bit
+    on one probe step), else why the model's requests must not share a batched step."""
+    inputs = _probe_inputs(program, (SHORT_ROW, 1, LONG_ROW, 1))
+    if inputs is None:
+        return "the LM's input size is not fixed, so batching cannot be checked"
+    short, short_step, long, long_step = inputs
+    policy = pool.capacity
+    capacity = CapacityPolicy(policy.fixed or PROBE_CAPACITY, policy.fixed or PROBE_CAPACITY)
+    rows = np.array([0, 1])
+
+    def prefilled() -> SlotRows:
+        slots = SlotRows(program, pool.layout, capacity, max_rows=2)
+        for row, prefill in enumerate((short, long)):
+            if not slots.reserve(row, capacity.limit):
+                raise MemoryError("the probe's slot rows do not fit the byte budget")
+            slots.prefill(row, Admission(prefill, capacity.limit), None)
+        return slots
+
+    try:
+        alone = prefilled()
+        solo = [
+            np.array(alone.step(rows[i : i + 1], step), copy=True)
+            for i, step in enumerate((short_step, long_step))
+        ]
+        together = np.array(
+            prefilled().step(rows, np.concatenate([short_step, long_step])), copy=True
+        )
+    except Exception as error:  # a graph that cannot run two rows at once
+        return f"a batched step failed ({type(error).__name__}): each request runs alone"
+    lm = program.lm_rows
+    for index, alone_output in enumerate(solo):
+        if not np.array_equal(together[index * lm : (index + 1) * lm], alone_output, True):
+            return NOT_INVARIANT
+    return None
+
+
+__all__ = ["NOT_INVARIANT", "batch_invariance_problem"]

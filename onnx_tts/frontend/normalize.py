@@ -1,0 +1,50 @@
+"""English text normalisation: Unicode, punctuation, abbreviations, symbols and numbers."""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+
+from onnx_tts.errors import InputError
+from onnx_tts.frontend.abbreviations import expand_abbreviations
+from onnx_tts.frontend.checks import check_text, drop_unspeakable
+from onnx_tts.frontend.numerals import expand_numbers
+
+_SYMBOLS = {"&": " and ", "%": " percent", "+": " plus ", "=": " equals ", "@": " at "}
+_QUOTES = str.maketrans(
+    {
+        "\u2018": "'",
+        "\u2019": "'",
+        "\u201c": '"',
+        "\u201d": '"',
+        "\u2013": "-",
+        "\u2014": " - ",
+        "\u2026": "...",
+        "\u2044": "/",  # NFKC writes "½" as "1⁄2"
+    }
+)
+
+
+def normalize_text(text: str) -> str:
+    """Unicode, punctuation, abbreviation, symbol and number normalisation for English.
+
+    Letters of other scripts and emoji are dropped with an UnspeakableTextWarning, and an
+    InputError is raised when that leaves nothing to speak. Blank text gives "" (callers
+    refuse it, see check_text); text that is not valid Unicode is an InputError.
+    """
+    if not isinstance(text, str):
+        raise InputError(f"text must be a string, got {type(text).__name__}")
+    if not text.strip():
+        return ""
+    text = check_text(text)
+    text = unicodedata.normalize("NFKC", text).translate(_QUOTES)
+    text = "".join(ch if unicodedata.category(ch)[0] != "C" else " " for ch in text)
+    text = drop_unspeakable(text)
+    text = expand_abbreviations(text)
+    text = expand_numbers(text)
+    for symbol, word in _SYMBOLS.items():
+        text = text.replace(symbol, word)
+    text = re.sub(r"\s+", " ", text).strip()
+    # A space before punctuation, or before the hyphen of "5-year-old", comes from a
+    # replacement above, never from the writer.
+    return re.sub(r" (?=[,.;:!?]|-[A-Za-z])", "", text)

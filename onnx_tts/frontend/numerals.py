@@ -1,0 +1,375 @@
+"""Written numeric forms to English words: phone numbers, dates, money, times, scientific
+notation, versions, ordinals, decades, fractions and ratios, units, ranges, years, numbers."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+from onnx_tts.frontend.numbers import (
+    _ONES,
+    _integer_words,
+    digits_to_words,
+    number_text_to_words,
+    number_to_words,
+    ordinal_to_words,
+    year_to_words,
+)
+from onnx_tts.frontend.sentences import _LOWER_WORD_NEXT, _ends_sentence, _sentence_initial
+
+# The word before a 4-digit number that makes it a year ("in 1984") rather than a count.
+_YEAR_CUES = frozenset(
+    """in since by from until till through to of year the around circa after before during
+    early late mid spring summer autumn fall winter""".split()
+)
+_MONTHS = (
+    "January February March April May June July August September October November December"
+).split()
+_MONTH_ABBREVIATIONS = {m[:3].lower(): m for m in _MONTHS} | {"sept": "September"}
+# Denominators read as a fraction ("3/4" three quarters); others make a ratio ("24/7").
+_FRACTION_DENOMINATORS = frozenset({2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 16, 32, 64, 100})
+_DECADE_CUES = "the|early|mid|late|in|their|his|her|my|our|your|mid"
+_SCALE_SUFFIXES = {
+    "k": "thousand",
+    "m": "million",
+    "mn": "million",
+    "b": "billion",
+    "bn": "billion",
+    "t": "trillion",
+    "tn": "trillion",
+}
+# Currency symbol -> (singular, plural, cent singular, cent plural).
+_CURRENCIES = {
+    "$": ("dollar", "dollars", "cent", "cents"),
+    "£": ("pound", "pounds", "penny", "pence"),
+    "€": ("euro", "euros", "cent", "cents"),
+    "¥": ("yen", "yen", "sen", "sen"),
+}
+# Unit written after a number -> (singular, plural). Only unambiguous abbreviations: a bare
+# "m" after a number is metres, "s" seconds; "l" (litre vs. the letter) is left alone.
+_UNITS = {
+    "km": ("kilometer", "kilometers"),
+    "cm": ("centimeter", "centimeters"),
+    "mm": ("millimeter", "millimeters"),
+    "m": ("meter", "meters"),
+    "kg": ("kilogram", "kilograms"),
+    "mg": ("milligram", "milligrams"),
+    "g": ("gram", "grams"),
+    "ml": ("milliliter", "milliliters"),
+    "km/h": ("kilometer per hour", "kilometers per hour"),
+    "mph": ("mile per hour", "miles per hour"),
+    "ms": ("millisecond", "milliseconds"),
+    "s": ("second", "seconds"),
+    "min": ("minute", "minutes"),
+    "sec": ("second", "seconds"),
+    "hr": ("hour", "hours"),
+    "hrs": ("hour", "hours"),
+    "h": ("hour", "hours"),
+    "hz": ("hertz", "hertz"),
+    "khz": ("kilohertz", "kilohertz"),
+    "mhz": ("megahertz", "megahertz"),
+    "ghz": ("gigahertz", "gigahertz"),
+    "kb": ("kilobyte", "kilobytes"),
+    "mb": ("megabyte", "megabytes"),
+    "gb": ("gigabyte", "gigabytes"),
+    "tb": ("terabyte", "terabytes"),
+    "m/s": ("meter per second", "meters per second"),
+    "ft": ("foot", "feet"),
+    "mi": ("mile", "miles"),
+    "yd": ("yard", "yards"),
+    "lb": ("pound", "pounds"),
+    "lbs": ("pound", "pounds"),
+    "oz": ("ounce", "ounces"),
+    "kw": ("kilowatt", "kilowatts"),
+    "kwh": ("kilowatt hour", "kilowatt hours"),
+    "°c": ("degree Celsius", "degrees Celsius"),
+    "°f": ("degree Fahrenheit", "degrees Fahrenheit"),
+    "°": ("degree", "degrees"),
+}
+
+# A plain number: digits with valid thousands groups (1,234,567) or none, optional decimals.
+# A comma not followed by exactly three digits is punctuation ("items 2,3").
+_NUMBER = r"(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?"
+_CURRENCY = r"[$£€¥]"
+_MONEY_RE = re.compile(
+    rf"({_CURRENCY})\s?({_NUMBER})(?:\s?(thousand|million|billion|trillion)\b|"
+    rf"({'|'.join(sorted(_SCALE_SUFFIXES, key=len, reverse=True))})\b)?",
+    re.IGNORECASE,
+)
+_MONEY_AFTER_RE = re.compile(rf"(?<![\w.,])({_NUMBER})\s?({_CURRENCY})(?!\s?\d)")
+_CENTS_RE = re.compile(rf"(?<![\w.,])({_NUMBER})\s?¢")
+_NEGATIVE_MONEY_RE = re.compile(rf"(?<![\w.,])-(?={_CURRENCY}\d)")
+# A meridiem after a time or an hour: "3:30 pm", "3 p.m.", "10AM". The period of "p.m." is
+# group "dot", kept when it also ends the sentence.
+_MERIDIEM = r"(?:\s?(?P<meridiem>[ap])\.?m\b(?P<dot>\.)?)"
+_TIME_RE = re.compile(
+    rf"(?<![\d:])(?P<hours>[01]?\d|2[0-3]):(?P<minutes>[0-5]\d)(?![\d:]){_MERIDIEM}?",
+    re.IGNORECASE,
+)
+_HOUR_RE = re.compile(rf"(?<![\w.:,])(?P<hours>1[0-2]|0?[1-9]){_MERIDIEM}", re.IGNORECASE)
+# Phone numbers, read digit by digit in their groups: (555) 123-4567, 555-123-4567,
+# 1-800-555-1234, 555.123.4567, +1 555 123 4567, +44 20 7946 0958, 555-1234.
+_PHONE_RE = re.compile(
+    r"""(?<![\w+.\-/])(?:
+        \+\d{1,3}[\s.-]?(?:\(\d{1,4}\)[\s.-]?)?\d{1,4}(?:[\s.-]\d{2,4}){1,4}
+      | \(\d{3}\)\s?\d{3}[\s.-]\d{4}
+      | (?:1[-.])?\d{3}([-.])\d{3}\1\d{4}
+      | \d{3}-\d{4}
+    )(?![\w\-]|[.,]\d)""",
+    re.VERBOSE,
+)
+_ISO_DATE_RE = re.compile(r"(?<![\w.\-])(\d{4})-(\d{2})-(\d{2})(?![\w\-]|[.,]\d)")
+_SLASH_DATE_RE = re.compile(r"(?<![\w./])(\d{1,2})/(\d{1,2})/(\d{4}|\d{2})(?![\w/]|[.,]\d)")
+_MONTH_DAY_RE = re.compile(
+    r"\b(" + "|".join(_MONTHS) + r"|(?:Jan|Feb|Mar|Apr|Jun|Jul|Aug|Sept|Sep|Oct|Nov|Dec)\.?)"
+    r"\s+(\d{1,2})(?:st|nd|rd|th)?\b(?!:)(?:,?\s+(\d{4})\b(?![.,]\d))?"
+)
+_RANGE_RE = re.compile(r"(?<![\w.\-/])(\d{1,4})-(\d{1,4})(?![\w\-/]|[.,]\d)")
+_SCIENTIFIC_RE = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)[eE]([+-]?\d{1,4})(?![\w.])")
+_DOTTED_RE = re.compile(r"(?<![\w.])\d+(?:\.\d+){2,}(?![\w]|\.\d)")
+_ORDINAL_RE = re.compile(r"(?<![\w.,])(\d{1,9})(st|nd|rd|th)\b", re.IGNORECASE)
+_UNIT_RE = re.compile(
+    rf"(?<![\w.,])({_NUMBER})\s?("
+    + "|".join(re.escape(u) for u in sorted(_UNITS, key=len, reverse=True))
+    + r")(?!\w)",
+    re.IGNORECASE,
+)
+_DECADE_RE = re.compile(r"(?<![\w.,$])(1[1-9]\d0|20\d0)'?s\b")
+# "'90s" always; a bare "90s" after a cue word ("the 90s", "mid-90s"), else it is seconds.
+_SHORT_DECADE_RE = re.compile(
+    rf"(?:(?<![\w'])'|\b(?P<cue>(?:{_DECADE_CUES})[\s-]))(?P<tens>\d0)'?s\b", re.IGNORECASE
+)
+_YEAR_RE = re.compile(r"(?<![\w.,$£€¥])(1\d\d\d|20\d\d)(?![\w]|[.,]\d)")
+# A number someone dials is read digit by digit: "Dial 911", "call 411".
+_DIALED_RE = re.compile(r"\b((?:dial|call|phone|fax|text)\s+)(\d{3,})\b(?![.,]\d)", re.IGNORECASE)
+_MIXED_FRACTION_RE = re.compile(r"(?<![\w./])(\d+)\s(\d{1,2})/(\d{1,3})(?![\w/]|[.,]\d)")
+_SLASH_RE = re.compile(r"(?<![\w./])(\d{1,3})/(\d{1,3})(?![\w/]|[.,]\d)")
+_NUMBER_RE = re.compile(rf"(?<!\d){_NUMBER}")
+# "$5/month", "20 km/day": a slash before a unit of time or count is "per".
+_PER_RE = re.compile(
+    r"(?<=\w) ?/ ?(?=(?:second|sec|minute|min|hour|hr|day|night|week|month|mo|year|yr|person|"
+    r"head|unit|item|kg|lb|gallon|liter|litre|mile|km)\b)",
+    re.IGNORECASE,
+)
+_NEGATIVE_RE = re.compile(r"(?<![\w.,])-(?=\d)")
+
+
+def _is_one(number_text: str) -> bool:
+    return number_text.replace(",", "") in ("1", "1.0")
+
+
+def _money(match: re.Match[str]) -> str:
+    symbol, amount, scale, suffix = match.group(1), match.group(2), match.group(3), match.group(4)
+    return _money_words(symbol, amount, scale or _SCALE_SUFFIXES.get((suffix or "").lower()))
+
+
+def _money_after(match: re.Match[str]) -> str:
+    return _money_words(match.group(2), match.group(1), None)
+
+
+def _money_words(symbol: str, amount: str, scale: str | None) -> str:
+    unit, units, cent, cents = _CURRENCIES[symbol]
+    if scale:  # "$1.5 million", "$5M" -> "five million dollars"
+        return f"{number_text_to_words(amount)} {scale.lower()} {units}"
+    whole, _, fraction = amount.replace(",", "").partition(".")
+    cents_words = ""
+    if len(fraction) == 2 and int(fraction):
+        cents_words = f"{number_to_words(int(fraction))} {cent if fraction == '01' else cents}"
+    elif fraction and int(fraction):
+        return f"{number_text_to_words(amount)} {units}"
+    if cents_words and int(whole) == 0:
+        return cents_words  # "$0.99" -> "ninety nine cents"
+    words = f"{_integer_words(whole)} {unit if int(whole) == 1 else units}"
+    return f"{words} and {cents_words}" if cents_words else words
+
+
+def _cents(match: re.Match[str]) -> str:
+    amount = match.group(1)
+    return f"{number_text_to_words(amount)} {'cent' if _is_one(amount) else 'cents'}"
+
+
+def _clock(hours: int, minutes: int, meridiem: str | None) -> str:
+    if minutes == 0:
+        if meridiem:
+            words = number_to_words(hours)
+        elif hours > 12:
+            words = f"{number_to_words(hours)} hundred"  # 24-hour clock: "fifteen hundred"
+        else:
+            words = f"{number_to_words(hours)} o'clock"
+    elif minutes < 10:
+        words = f"{number_to_words(hours)} oh {_ONES[minutes]}"
+    else:
+        words = f"{number_to_words(hours)} {number_to_words(minutes)}"
+    return f"{words} {meridiem.upper()}M" if meridiem else words
+
+
+def _time(match: re.Match[str]) -> str:
+    minutes = match.groupdict().get("minutes")
+    words = _clock(int(match["hours"]), int(minutes or 0), match["meridiem"])
+    # "at 5 p.m. We left": the period of "p.m." ends the sentence too.
+    return words + "." if match["dot"] and _ends_sentence(match.string, match.end()) else words
+
+
+def _phone(match: re.Match[str]) -> str:
+    number = match.group(0)
+    groups = [digits_to_words(group) for group in re.findall(r"\d+", number)]
+    return ("plus " if number.startswith("+") else "") + ", ".join(groups)
+
+
+def _day_words(month: int, day: int, year: str | None) -> str | None:
+    if not (1 <= month <= 12 and 1 <= day <= 31):
+        return None
+    words = f"{_MONTHS[month - 1]} {ordinal_to_words(day)}"
+    if year is None:
+        return words
+    year_words = year_to_words(int(year)) if len(year) == 4 else _two_digit_year(year)
+    return f"{words}, {year_words}"
+
+
+def _two_digit_year(digits: str) -> str:
+    return f"oh {_ONES[int(digits)]}" if digits.startswith("0") else number_to_words(int(digits))
+
+
+def _iso_date(match: re.Match[str]) -> str:
+    year, month, day = match.groups()
+    return _day_words(int(month), int(day), year) or match.group(0)
+
+
+def _slash_date(match: re.Match[str]) -> str:
+    month, day, year = match.groups()  # US order: month/day/year
+    return _day_words(int(month), int(day), year) or match.group(0)
+
+
+def _month_day(match: re.Match[str]) -> str:
+    name, day, year = match.groups()
+    key = name.rstrip(".").lower()
+    month = _MONTH_ABBREVIATIONS.get(key[:4] if key.startswith("sept") else key[:3])
+    words = _day_words(_MONTHS.index(month) + 1, int(day), year) if month else None
+    return words or match.group(0)
+
+
+def _range(match: re.Match[str]) -> str:
+    """ "10-20" -> "ten to twenty", "1990-1995" -> years; also scores ("3-2", three to two)."""
+    low, high = match.groups()
+    if all(_YEAR_RE.fullmatch(side) for side in (low, high)):
+        return f"{year_to_words(int(low))} to {year_to_words(int(high))}"
+    return f"{_integer_words(low)} to {_integer_words(high)}"
+
+
+def _year(match: re.Match[str]) -> str:
+    """A 4-digit number as a year ("in 1984", "1999 was", "2005.") or as a count when a word
+    follows mid-sentence with no year cue before it ("2024 people")."""
+    text, start, end = match.string, match.start(), match.end()
+    year = int(match.group(1))
+    before = re.search(r"([A-Za-z]+)[\s-]*$", text[max(0, start - 40) : start])
+    cued = bool(before) and before.group(1).lower() in _YEAR_CUES
+    if cued or re.match(r"\s*(?:AD|BC|BCE|CE)\b", text[end : end + 40]):
+        return year_to_words(year)
+    # 1000-1099 are years only when something says so ("in 1066", "1066 AD").
+    if year < 1100 or (not _sentence_initial(text, start) and _LOWER_WORD_NEXT.match(text, end)):
+        return number_to_words(year)
+    return year_to_words(year)
+
+
+def _scientific(match: re.Match[str]) -> str:
+    mantissa, exponent = match.group(1), match.group(2)
+    sign = "minus " if exponent.startswith("-") else ""
+    power = int(exponent.lstrip("+-"))
+    return (
+        f"{number_text_to_words(mantissa)} times ten to the power of {sign}{number_to_words(power)}"
+    )
+
+
+def _dotted(match: re.Match[str]) -> str:
+    return " point ".join(_integer_words(part) for part in match.group(0).split("."))
+
+
+def _ordinal(match: re.Match[str]) -> str:
+    return ordinal_to_words(int(match.group(1)))
+
+
+def _unit(match: re.Match[str]) -> str:
+    amount, unit = match.group(1), match.group(2)
+    singular, plural = _UNITS[unit.lower()]
+    return f"{number_text_to_words(amount)} {singular if _is_one(amount) else plural}"
+
+
+def _fraction_words(numerator: int, denominator: int) -> str:
+    name = {2: "half", 4: "quarter"}.get(denominator) or ordinal_to_words(denominator)
+    if numerator != 1:
+        name = "halves" if name == "half" else name + "s"
+    return f"{number_to_words(numerator)} {name}"
+
+
+def _is_fraction(numerator: int, denominator: int) -> bool:
+    return 0 < numerator < denominator and denominator in _FRACTION_DENOMINATORS
+
+
+def _slash(match: re.Match[str]) -> str:
+    """ "3/4" -> three quarters; a slash that is no proper fraction is a ratio or a name read
+    as its numbers: "24/7" twenty four seven, "50/50", "9/11"."""
+    numerator, denominator = int(match.group(1)), int(match.group(2))
+    if _is_fraction(numerator, denominator):
+        return _fraction_words(numerator, denominator)
+    return f"{_integer_words(match.group(1))} {_integer_words(match.group(2))}"
+
+
+def _mixed_fraction(match: re.Match[str]) -> str:
+    whole, numerator, denominator = (int(g) for g in match.groups())
+    if not _is_fraction(numerator, denominator):
+        return match.group(0)
+    part = (
+        "a half" if (numerator, denominator) == (1, 2) else _fraction_words(numerator, denominator)
+    )
+    return f"{number_to_words(whole)} and {part}"
+
+
+def _decade(match: re.Match[str]) -> str:
+    return _plural_number(year_to_words(int(match.group(1))))
+
+
+def _short_decade(match: re.Match[str]) -> str:
+    tens = int(match["tens"])
+    words = "two thousands" if tens == 0 else _plural_number(number_to_words(tens))
+    return (match["cue"] or "").rstrip("-") + " " + words
+
+
+def _plural_number(words: str) -> str:
+    """ "nineteen ninety" -> "nineteen nineties", "eighteen hundred" -> "eighteen hundreds"."""
+    head, _, last = words.rpartition(" ")
+    last = last[:-1] + "ies" if last.endswith("y") else last + "s"
+    return f"{head} {last}".strip()
+
+
+def _rewrite(pattern: re.Pattern[str], replace: Callable[[re.Match[str]], str], text: str) -> str:
+    # Spaces around each replacement keep a spoken number from gluing to its neighbours.
+    return pattern.sub(lambda match: f" {replace(match)} ", text)
+
+
+def expand_numbers(text: str) -> str:
+    """Phone numbers, dates, money, scientific notation, dotted versions/IPs, ordinals,
+    decades, fractions and ratios, units, ranges, years, then plain numbers, as English words
+    (in that order: the specific forms first). Times are read by expand_abbreviations."""
+    text = _rewrite(_PHONE_RE, _phone, text)
+    text = _rewrite(_ISO_DATE_RE, _iso_date, text)
+    text = _rewrite(_SLASH_DATE_RE, _slash_date, text)
+    text = _rewrite(_MONTH_DAY_RE, _month_day, text)
+    text = _NEGATIVE_MONEY_RE.sub("minus ", text)
+    text = _rewrite(_MONEY_RE, _money, text)
+    text = _rewrite(_MONEY_AFTER_RE, _money_after, text)
+    text = _rewrite(_CENTS_RE, _cents, text)
+    text = _rewrite(_TIME_RE, _time, text)
+    text = _rewrite(_SCIENTIFIC_RE, _scientific, text)
+    text = _rewrite(_DOTTED_RE, _dotted, text)
+    text = _rewrite(_ORDINAL_RE, _ordinal, text)
+    text = _rewrite(_DECADE_RE, _decade, text)  # before units: "1990s" is not 1990 seconds
+    text = _rewrite(_SHORT_DECADE_RE, _short_decade, text)
+    text = _rewrite(_MIXED_FRACTION_RE, _mixed_fraction, text)
+    text = _rewrite(_SLASH_RE, _slash, text)
+    text = _NEGATIVE_RE.sub("minus ", text)
+    text = _rewrite(_UNIT_RE, _unit, text)
+    text = _rewrite(_RANGE_RE, _range, text)
+    text = _DIALED_RE.sub(lambda m: m.group(1) + digits_to_words(m.group(2)), text)
+    text = _rewrite(_YEAR_RE, _year, text)
+    text = _PER_RE.sub(" per ", text)
+    return _rewrite(_NUMBER_RE, lambda m: number_text_to_words(m.group(0)), text)

@@ -1,0 +1,62 @@
+"""Where sentences end: the context tests the abbreviation and number rules use (does a period
+end its sentence? does a word start one?) and the splitter that cuts text into sentences."""
+
+from __future__ import annotations
+
+import re
+
+# inside one: "the U.S. The next day" ends a sentence, "the U.S. Army" does not.
+_SENTENCE_OPENERS = frozenset(
+    """a after all also an and another as at because before but by during each every finally
+    first for from he her his how however i if in it its later let many meanwhile most my next
+    no now on one our please she since so some still that the their then there these they this
+    those thus today tomorrow we what when where which while who why with yes yesterday yet
+    you your""".split()
+)
+_LOWER_WORD_NEXT = re.compile(r"\s+[a-z]")
+_CAPITAL_NEXT = re.compile(r"\s+([A-Z])")
+_NEXT_WORD = re.compile(r"\s+[\"'(]*([A-Za-z]+)")
+
+
+_TEXT_END = re.compile(r"\s*\Z")
+_TEXT_END_AFTER_CLOSERS = re.compile(r"[\s\"')\]]*\Z")
+
+
+def _text_ends_at(text: str, end: int, closers: bool = False) -> bool:
+    """Whether only whitespace (and closing quotes/brackets with `closers`) follows `end`;
+    matched in place, so a long text with many abbreviations stays linear."""
+    return bool((_TEXT_END_AFTER_CLOSERS if closers else _TEXT_END).match(text, end))
+
+
+def _ends_sentence(text: str, end: int) -> bool:
+    """Whether the period just before `end` (of an abbreviation, "p.m.") also ends its
+    sentence: the text ends there, or a capitalised common sentence opener follows."""
+    if _text_ends_at(text, end, closers=True):
+        return True
+    if not text[end : end + 1].isspace():
+        return False  # "U.S.-based", "etc.," "p.m.)"
+    word = _NEXT_WORD.match(text, end)
+    return bool(word) and word.group(1)[0].isupper() and word.group(1).lower() in _SENTENCE_OPENERS
+
+
+def _sentence_initial(text: str, start: int) -> bool:
+    while start > 0 and text[start - 1].isspace():
+        start -= 1
+    return start == 0 or text[start - 1] in ".!?"
+
+
+def split_sentences(text: str, max_chars: int = 200) -> list[str]:
+    """Split on sentence ends; sentences longer than `max_chars` are cut at commas or spaces."""
+    sentences = [s.strip() for s in re.split(r"(?<=[.!?;])\s+", text) if s.strip()]
+    chunks: list[str] = []
+    for sentence in sentences:
+        while len(sentence) > max_chars:
+            cut = sentence.rfind(", ", 0, max_chars)
+            cut = cut + 1 if cut > max_chars // 3 else sentence.rfind(" ", 0, max_chars)
+            if cut <= 0:
+                cut = max_chars
+            chunks.append(sentence[:cut].strip())
+            sentence = sentence[cut:].strip()
+        if sentence:
+            chunks.append(sentence)
+    return chunks
