@@ -211,7 +211,10 @@ class AudioStream:
                 chunk = stream.next_chunk(block)
             except StopIteration:
                 if not self._produced:  # a sentence with no sound is an error, never silence
+                    cancelled = self.requests[self._index].cancel.cancelled
                     self.close()
+                    if cancelled:  # its consumer stopped it: the stream just ends
+                        raise StopIteration from None
                     raise no_audio(
                         self.requests[self._index].chunk, self._index, len(self.requests)
                     ) from None
