@@ -41,6 +41,12 @@ KVSlots::KVSlots(std::shared_ptr<Session> session, int64_t rows, int64_t capacit
   }
   if (capacity_ < 1) throw RunError(cat("capacity must be >= 1 token, got ", capacity_));
   pairs_ = resolve_kv_pairs(*session_, pairs);
+  for (const auto& pair : pairs_) {
+    if (pair.seq_axis != 2) {
+      throw RunError(cat("KVSlots needs in-place [rows, heads, capacity, head_dim] buffers; '",
+                         pair.past, "' is ", pair.layout(), ", a Concat-grown cache"));
+    }
+  }
   if (!length_inputs_.any() && !attention_mask_) {
     throw RunError(cat("graph ", session_->path(), " takes neither seqlens_k / "
                        "total_sequence_length nor attention_mask, so its rows cannot hold "

@@ -10,7 +10,7 @@ KVStrategy::KVStrategy(Session& session, const std::vector<KVPair>& pairs, int64
     : session_(session), pairs_(pairs), batch_(batch), past_(pairs.size()) {}
 
 std::vector<int64_t> KVStrategy::shape_with(size_t i, int64_t tokens) const {
-  return {batch_, pairs_[i].heads, tokens, pairs_[i].head_dim};
+  return pairs_[i].shape(batch_, tokens);
 }
 
 void KVStrategy::check_grown(size_t i, const Ort::Value& present, int64_t total) const {
@@ -18,7 +18,7 @@ void KVStrategy::check_grown(size_t i, const Ort::Value& present, int64_t total)
   std::vector<int64_t> expected = shape_with(i, total);
   if (shape != expected) {
     throw RunError(cat("output '", pairs_[i].present, "' has shape ", shape_string(shape),
-                       ", expected ", shape_string(expected),
+                       ", expected ", shape_string(expected), " ", pairs_[i].layout(),
                        " (past length + new tokens); is this a Concat-KV graph?"));
   }
 }
@@ -26,6 +26,10 @@ void KVStrategy::check_grown(size_t i, const Ort::Value& present, int64_t total)
 Ort::Allocator& KVStrategy::kv_allocator() {
   if (!allocator_) allocator_ = std::make_unique<Ort::Allocator>(session_.ort(), session_.kv_memory());
   return *allocator_;
+}
+
+void KVStrategy::adopt(size_t i, Ort::Value&& present, int64_t total) {
+  accept(i, std::move(present), total);
 }
 
 // As if a run had returned the values as its present.
@@ -118,6 +122,11 @@ class InPlaceKV final : public KVStrategy {
   InPlaceKV(Session& session, const std::vector<KVPair>& pairs, int64_t batch, int64_t capacity)
       : KVStrategy(session, pairs, batch) {
     for (size_t i = 0; i < pairs_.size(); ++i) {
+      if (pairs_[i].seq_axis != 2) {
+        throw RunError(cat("KV mode 'inplace' binds one [batch, heads, capacity, head_dim] buffer "
+                           "as past and present (GroupQueryAttention); '", pairs_[i].past, "' is ",
+                           pairs_[i].layout(), ", a Concat-grown cache: use 'chain' or 'copy'"));
+      }
       std::vector<int64_t> shape = shape_with(i, capacity);
       past_[i] = std::make_shared<Ort::Value>(
           Ort::Value::CreateTensor(kv_allocator(), shape.data(), shape.size(), pairs_[i].type));
@@ -141,6 +150,17 @@ class InPlaceKV final : public KVStrategy {
 
   void load(size_t i, const void* src, int64_t length) override {
     write_sequence_prefix(*past_[i], 0, batch_, length, src);
+  }
+
+  // A prefill graph's present is its own tensor: copied into the buffer's first tokens.
+  void adopt(size_t i, Ort::Value&& present, int64_t total) override {
+    check_grown(i, present, total);
+    if (!session_.on_device() &&
+        present.GetTensorMemoryInfo().GetDeviceType() == OrtMemoryInfoDeviceType_CPU) {
+      write_sequence_prefix(*past_[i], 0, batch_, total, present.GetTensorRawData());
+      return;
+    }
+    throw RunError("handing a prefill graph's KV to an in-place cache on a device is not supported");
   }
 };
 

@@ -35,6 +35,10 @@ class KVStrategy {
   virtual void bind(Ort::IoBinding& binding, size_t i) = 0;
   // Takes pair i's present output after a run that left `total` tokens cached.
   virtual void accept(size_t i, Ort::Value&& present, int64_t total) = 0;
+  // Takes the present of another graph (a prefill graph without pasts) as pair i's cache of
+  // `total` tokens; the cache was cleared before. Chain keeps the value, copy fetches it to the
+  // host, in place copies it into the buffer.
+  virtual void adopt(size_t i, Ort::Value&& present, int64_t total);
   // Makes pair i's cache hold `length` tokens copied from host memory [batch, heads, length,
   // head_dim] (a cached prefix); the cache was cleared before.
   virtual void load(size_t i, const void* src, int64_t length);
