@@ -265,9 +265,7 @@ def kv_layout(spec: GraphSpec) -> KVLayout:
     else:
         attention = "concat"
     layers = len({parse_kv_name(past)[1] for past, _ in pairs})  # type: ignore[index]
-    return KVLayout(
-        tuple(pairs), layers, heads, head_dim, first.dtype, attention, sequence_axis
-    )
+    return KVLayout(tuple(pairs), layers, heads, head_dim, first.dtype, attention, sequence_axis)
 
 
 # -- checks against a manifest ----------------------------------------------------------------

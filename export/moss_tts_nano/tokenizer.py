@@ -42,7 +42,6 @@ CORPUS_MODULES = (
     "subprocess",
     "textwrap",
     "threading",
-    "typing",
     "unittest",
     "urllib",
     "zipfile",

@@ -63,8 +63,8 @@ def detect(model_dir: Path | str, options: Mapping[str, Any] | None = None) -> D
         if detection is not None:
             return detection
     raise ModelError(
-        f"{root} is not a model directory: it has no bundle.json, no Chatterbox graphs "
-        "(onnx/language_model*.onnx, ...) and no MOSS-TTS-Nano browser_poc_manifest.json. "
+        f"{root} is not a model directory: it has no bundle.json and no Chatterbox graphs "
+        "(onnx/language_model*.onnx, ...), nor a MOSS-TTS-Nano browser_poc_manifest.json. "
         "Point --model at an onnx-tts bundle, a Chatterbox ONNX download or the parent of "
         "MOSS-TTS-Nano-100M-ONNX and MOSS-Audio-Tokenizer-Nano-ONNX."
     )

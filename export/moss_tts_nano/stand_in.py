@@ -102,7 +102,7 @@ def small() -> StandIn:
 
     return StandIn(
         TTSDims(hidden=32, global_layers=2, heads=2, local_layers=1, local_heads=2),
-        CodecDims(d_model=16, heads=2, contexts=(6, 10, 14, 20)),
+        CodecDims(d_model=16, heads=2, layers=(1, 1, 1, 1), contexts=(6, 10, 14, 20)),
     )
 
 
