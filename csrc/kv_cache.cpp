@@ -96,8 +96,15 @@ std::vector<NamedValue> KVCache::prefill(Session& source, std::vector<Feed> feed
     throw RunError(cat("ONNX Runtime returned ", values.size(), " outputs, expected ",
                        pairs_.size() + outputs.size()));
   }
+  // The prefill graph may lay its KV out differently from the step graph (MOSS-TTS-Nano's
+  // prefill is [B, S, H, D], a converted in-place decode_step [B, H, S, D]): read its layout
+  // from its declared output, as the step graph's is read from its inputs.
+  const TensorSpec* declared = source.find_output(pairs_[0].present);
+  int source_axis = declared->shape.size() == 4 && declared->shape[1] < 0 && declared->shape[2] >= 0
+                        ? 1
+                        : 2;
   std::vector<int64_t> first = values[0].GetTensorTypeAndShapeInfo().GetShape();
-  int64_t total = first.size() == 4 ? first[static_cast<size_t>(pairs_[0].seq_axis)] : -1;
+  int64_t total = first.size() == 4 ? first[static_cast<size_t>(source_axis)] : -1;
   if (total < 1 || (capacity_ && total > *capacity_)) {
     throw RunError(cat("prefill output '", pairs_[0].present, "' has shape ", shape_string(first),
                        capacity_ ? cat("; the cache holds 1 to ", *capacity_, " tokens")
@@ -107,7 +114,7 @@ std::vector<NamedValue> KVCache::prefill(Session& source, std::vector<Feed> feed
     last_present_ptrs_.assign(pairs_.size(), 0);
     for (size_t i = 0; i < pairs_.size(); ++i) {
       last_present_ptrs_[i] = reinterpret_cast<uintptr_t>(values[i].GetTensorRawData());
-      strategy_->adopt(i, std::move(values[i]), total);
+      strategy_->adopt(i, std::move(values[i]), total, source_axis);
     }
   } catch (...) {
     last_present_ptrs_.clear();

@@ -113,7 +113,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_arguments(info)
 
     bench = commands.add_parser("bench", help="benchmarks (run from a source checkout)")
-    bench.add_argument("suite", choices=("kv", "refcache", "streaming", "batch", "serve", "cache"))
+    bench.add_argument(
+        "suite", choices=("kv", "refcache", "streaming", "batch", "serve", "cache", "moss")
+    )
     bench.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the benchmark")
 
     # The converter is an offline tool (onnx_tts.tools): its own parser reads the raw

@@ -513,3 +513,102 @@ def test_legacy_directory_names_resolve(broken):
     assert detect(broken).inspected.codec_dir.name == CODEC + "-CPU"
     (broken / (CODEC + "-CPU")).rename(broken / CODEC)
     assert detect(broken).inspected.codec_dir.name == CODEC  # the legacy path falls back
+
+
+# -- the in-place KV cache (onnx-tts convert --inplace-kv) -------------------------------------
+@pytest.fixture(scope="module")
+def moss_inplace(moss_official, tmp_path_factory):
+    target = tmp_path_factory.mktemp("moss-inplace") / "models"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "onnx_tts.cli",
+            "convert",
+            "--inplace-kv",
+            str(moss_official),
+            str(target),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "2 attention blocks -> GroupQueryAttention" in result.stdout
+    return target
+
+
+def test_converted_decode_step_keeps_the_published_files(moss_official, moss_inplace):
+    import onnx
+
+    decode = moss_inplace / TTS / "moss_tts_decode_step.onnx"
+    model = onnx.load(str(decode), load_external_data=False)
+    assert sum(n.op_type == "GroupQueryAttention" for n in model.graph.node) == 2
+    assert not any(
+        n.op_type == "Concat" and "present" in "".join(n.output) for n in model.graph.node
+    )
+    inputs = {i.name: i for i in model.graph.input}
+    dims = [d.dim_value or d.dim_param for d in inputs["past_key_0"].type.tensor_type.shape.dim]
+    assert dims[1:] == [2, "past_sequence_length", 16]  # [batch, heads, capacity, head_dim]
+    assert {"seqlens_k", "total_sequence_length", "past_valid_lengths"} <= set(inputs)
+    # Weights stay in the shared file (stored once); every other file is the published one.
+    locations = {
+        e.value for t in model.graph.initializer for e in t.external_data if e.key == "location"
+    }
+    assert locations == {"moss_tts_global_shared.data"}
+    for directory in (TTS, CODEC):
+        for path in (moss_official / directory).iterdir():
+            if path.name != "moss_tts_decode_step.onnx":
+                assert path.read_bytes() == (moss_inplace / directory / path.name).read_bytes()
+
+
+@pytest.mark.parametrize("kv", ["inplace", "chain", "copy"])
+def test_in_place_kv_gives_the_published_frames(moss_inplace, moss_official, kv):
+    model = open_model(moss_inplace, kv=kv, threads=1)
+    assert model.kv_mode == kv and model.kv.attention == "gqa"
+    loop = PublishedLoop(moss_official)
+    for mode in ("fixed", "full", "greedy"):
+        ours = _frames(model, TEXT, seed=4, sample_mode=mode)
+        theirs = loop.synthesize(TEXT, seed=4, sample_mode=mode, max_new_frames=FRAMES)
+        assert ours == theirs["frames"], mode
+
+
+def test_in_place_cache_is_one_buffer_and_takes_the_prefill(moss_inplace):
+    model = open_model(moss_inplace, threads=1)
+    request = model.request(
+        TEXT, model.voice(), model.request_options({"max_new_frames": 3}), np.random.default_rng(0)
+    )
+    state = model.program.new_state(1)
+    feeds, needed = model.program.admit(state, 0, request)
+    cache = model.lm.acquire(needed)
+    try:
+        buffers = cache.past_data_ptrs()
+        model.lm.prefill(cache, feeds)  # [B, S, H, D] presents copied into [B, H, cap, D]
+        length = feeds["input_ids"].shape[1]
+        assert cache.length == length and cache.capacity >= needed
+        first = cache.read(0)
+        model.program.consume(state, np.zeros(1, np.int64), np.zeros((1, 32), np.float32))
+        model.lm.step(cache, model.program.step_feeds(state, np.zeros(1, np.int64)))
+        assert cache.past_data_ptrs() == buffers == cache.present_data_ptrs()
+        np.testing.assert_array_equal(cache.read(0)[:, :, :length], first)
+    finally:
+        model.lm.release(cache)
+
+
+def test_converting_twice_is_refused(moss_inplace, tmp_path):
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "onnx_tts.cli",
+            "convert",
+            "--inplace-kv",
+            str(moss_inplace),
+            str(tmp_path / "again"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 2 and "GroupQueryAttention" in result.stderr
+    assert not (tmp_path / "again").exists()

@@ -139,7 +139,7 @@ class CodecLayer(nn.Module):
             return torch.cat([t, filler], dim=2).view(1, self.heads, blocks, window, self.head_dim)
 
         def with_previous(t: torch.Tensor) -> torch.Tensor:
-            first = torch.zeros((1, self.heads, 1, window, self.head_dim))
+            first = torch.zeros_like(t[:, :, :1])  # shape-derived: no constant in the graph
             previous = torch.cat([first, t[:, :, :-1]], dim=2)
             return torch.cat([previous, t], dim=3)  # [1, H, blocks, 2W, D]
 

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from onnx_tts.errors import ModelError
-from onnx_tts.graph_io import GraphSpec, check_graph_io, read_graph_spec
+from onnx_tts.graph_io import LENGTH_INPUTS, GraphSpec, check_graph_io, read_graph_spec
 
 FAMILY = "moss-tts-nano"
 MANIFEST = "browser_poc_manifest.json"
@@ -440,10 +440,15 @@ def _check_manifest_config(manifest: JsonFile, config: TTSConfig, meta: Path) ->
             )
 
 
-def _tts_graph_io(config: TTSConfig, names: dict[str, list[str]]) -> dict[str, tuple[dict, dict]]:
-    """role -> (inputs, outputs) expected by the meta: name -> (dtype, dims, None = free)."""
+def _tts_graph_io(
+    config: TTSConfig, names: dict[str, list[str]], in_place: bool = False
+) -> dict[str, tuple[dict, dict]]:
+    """role -> (inputs, outputs) expected by the meta: name -> (dtype, dims, None = free).
+    `in_place`: decode_step converted by `onnx-tts convert --inplace-kv` (GroupQueryAttention,
+    KV [batch, heads, capacity, head_dim], seqlens_k and total_sequence_length inputs)."""
     c = config
     kv = ("float32", (None, None, c.global_heads, c.head_dim))
+    step_kv = ("float32", (None, c.global_heads, None, c.head_dim)) if in_place else kv
     local_kv = ("float32", (None, None, c.local_heads, c.local_head_dim))
     hidden = ("float32", (None, c.hidden))
     per_row = ("int32", (None,))
@@ -458,9 +463,11 @@ def _tts_graph_io(config: TTSConfig, names: dict[str, list[str]]) -> dict[str, t
         "input_ids": ("int32", (None, None, c.row_width)),
         "past_valid_lengths": per_row,
     }
-    decode_in.update({n: kv for n in names["decode_input_names"][2:]})
+    decode_in.update({n: step_kv for n in names["decode_input_names"][2:]})
+    if in_place:
+        decode_in.update({LENGTH_INPUTS[0]: ("int32", (None,)), LENGTH_INPUTS[1]: ("int32", ())})
     decode_out = {names["decode_output_names"][0]: ("float32", (None, None, c.hidden))}
-    decode_out.update({n: kv for n in names["decode_output_names"][1:]})
+    decode_out.update({n: step_kv for n in names["decode_output_names"][1:]})
     cached_in = {"global_hidden": hidden}
     cached_in.update({n: per_row for n in names["local_cached_input_names"][1:6]})
     cached_in.update({n: local_kv for n in names["local_cached_input_names"][6:]})
@@ -629,7 +636,6 @@ def _inspect_tts(manifest: JsonFile, meta: JsonFile, tts_dir: Path) -> tuple:
     external = meta.get("external_data_files", {})
     if not isinstance(external, dict):
         raise ModelError(f"{meta.path}: external_data_files must map graph files to lists")
-    expected_io = _tts_graph_io(config, names)
     graphs: dict[str, GraphSpec] = {}
     data: dict[str, tuple[str, ...]] = {}
     missing = [role for role in REQUIRED_TTS_GRAPHS if not files.get(role)]
@@ -645,10 +651,13 @@ def _inspect_tts(manifest: JsonFile, meta: JsonFile, tts_dir: Path) -> tuple:
         listed = [_plain_name(n, f"{meta.path}: external_data_files[{name!r}]") for n in listed]
         spec = _graph(tts_dir / name, f"{role}, named by {meta.path.name}")
         _check_external_data(spec, listed, meta.path)
-        inputs, outputs = expected_io[role]
+        # decode_step may have been converted for the in-place KV cache (it then also takes
+        # GroupQueryAttention's length inputs).
+        in_place = role == "decode_step" and all(n in spec.inputs for n in LENGTH_INPUTS)
+        inputs, outputs = _tts_graph_io(config, names, in_place)[role]
         if role in ("decode_step", "local_cached_step"):
             key = "decode" if role == "decode_step" else "local_cached"
-            order = names[f"{key}_input_names"]
+            order = names[f"{key}_input_names"] + (list(LENGTH_INPUTS) if in_place else [])
             if list(spec.inputs) != order:
                 raise ModelError(
                     f"{role} graph {spec.path} takes inputs {list(spec.inputs)} but "

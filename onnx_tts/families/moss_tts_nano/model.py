@@ -94,7 +94,8 @@ class MossTTSNano:
         }
         decode = self.sessions["decode_step"]
         self.kv = kv_layout(decode.spec)
-        self.kv_mode = resolve_kv_mode(settings.kv, self.kv, default="chain")
+        # In place when decode_step was converted (`onnx-tts convert --inplace-kv`), else chain.
+        self.kv_mode = resolve_kv_mode(settings.kv, self.kv)
         local_mode = "copy" if self.kv_mode == "copy" else "chain"
         self.text = MossText(layout.tokenizer_path)
         paths: dict[str, LocalPath] = {}
@@ -422,7 +423,7 @@ class MossTTSNano:
                 "layout": "[batch, sequence, heads, head_dim]"
                 if self.kv.sequence_axis == 1
                 else "[batch, heads, sequence, head_dim]",
-                "capacity": None,
+                "capacity": "per request" if self.kv_mode == "inplace" else None,
             },
             "codebooks": c.n_vq,
             "codebook_size": c.codebook,

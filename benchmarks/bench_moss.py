@@ -1,0 +1,262 @@
+"""MOSS-TTS-Nano benchmark (issue 27): the published onnxruntime loop against onnx-tts on
+graphs with the published shapes, side by side in one run.
+
+``onnx-tts bench moss [--quick] [--json PATH] [--plot PATH] [--frames N] [--repeats N]``
+
+The graphs are the project's stand-in (export/moss_tts_nano, random weights): 12 global layers,
+hidden 768, 12 x 64 heads, one local layer, 16 x 1024 codebooks, the codec with its published
+contexts (``--quick``: the small test sizes). The stand-in's continue bias is set so no run
+stops early: every run makes exactly ``--frames`` frames (``max_new_frames``). Built once into
+the user cache directory (keyed by the builder's sources), reused afterwards.
+
+Contenders, each streaming one text as published (codec decode_step while generating, the
+published frame budget):
+
+* ``published``: tests/moss_published_loop.py, a paraphrase of the published runtime on the
+  onnxruntime Python API (present -> past copied through numpy each step, local paths one run
+  per graph call, host sampling in Python);
+* ``copy``: onnx-tts with the published host copies kept (KV and codec state fetched to the host
+  and fed back by the core): isolates what the loop itself costs;
+* ``chain``: onnx-tts, KV present -> past and the codec state chained by IO binding in the core.
+
+Each in sample mode ``fixed`` (the published default: the local frame graph, one run per
+frame) and ``full`` (host sampling through ``local_cached_step``: 17 local runs per frame).
+Reported per contender: ms per frame, real-time factor and audio seconds per wall second (all
+from the wall time of generation with streaming decode), time to first audio, peak RSS. Runs
+alternate between contenders and the medians are kept; the machine is shared, so its load is
+recorded.
+
+Batched rows (1/4/8 streams, audio s/s) come with the scheduler integration: ``STREAMS`` and
+``bench_streams`` are where they plug in.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import platform
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks.bench_batch import PeakRss  # noqa: E402
+from benchmarks.bench_streaming import write_atomically  # noqa: E402
+
+RESULTS_DIR = ROOT / "benchmarks" / "results"
+TEXT = "The quick brown fox jumps over the lazy dog, and then it takes a long nap in the sun."
+CONTENDERS = ("published", "copy", "chain")
+MODES = ("fixed", "full")
+# Concurrent streams; more than one needs the batched scheduler (phase 2 of issue 27).
+STREAMS = (1,)
+NEVER_STOP = 1000.0  # stand-in continue bias: no run ends before max_new_frames
+
+
+def stand_in_dir(quick: bool) -> Path:
+    """The stand-in model directory for this benchmark, built on first use."""
+    from export import moss_tts_nano
+    from export.moss_tts_nano import stand_in
+
+    spec = moss_tts_nano.small() if quick else moss_tts_nano.published()
+    spec = replace(spec, tts=replace(spec.tts, continue_bias=NEVER_STOP))
+    sources = sorted(Path(stand_in.__file__).parent.glob("*.py"))
+    digest = hashlib.sha256(repr(spec).encode())
+    for source in sources:
+        digest.update(source.read_bytes())
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "onnx-tts"
+    target = cache / "bench-moss" / digest.hexdigest()[:16]
+    if not (target / stand_in.TTS_DIR / stand_in.MANIFEST).is_file():
+        print(f"building the stand-in graphs into {target} ...", file=sys.stderr)
+        stand_in.build(target, spec)
+    return target
+
+
+def run_published(loop, mode: str, frames: int) -> dict[str, Any]:
+    loop.generation.update(sample_mode=mode, do_sample=True, max_new_frames=frames)
+    loop.rng = np.random.default_rng(0)
+    codes = loop.manifest["builtin_voices"][0]["prompt_audio_codes"]
+    rows = loop.rows(codes, loop.encode_text(TEXT))
+    rate = int(loop.codec_meta["codec_config"]["sample_rate"])
+    state = loop.initial_codec_state()
+    pending: list[list[int]] = []
+    clock: dict[str, Any] = {"first": None, "samples": 0}
+    start = time.perf_counter()
+
+    def drain(force: bool) -> None:
+        if not pending:
+            return
+        if clock["first"] is None:
+            budget = 1
+        else:
+            lead = clock["samples"] / rate - (time.perf_counter() - clock["first"])
+            budget = 1 if lead < 0.2 else 2 if lead < 0.55 else 4 if lead < 1.1 else 8
+        if not force and len(pending) < budget:
+            return
+        take = len(pending) if force else min(len(pending), budget)
+        audio = loop.decode_stream(pending[:take], state)
+        del pending[:take]
+        if clock["first"] is None:
+            clock["first"] = time.perf_counter()
+        clock["samples"] += len(audio)
+
+    made = loop.generate(rows, lambda frame: (pending.append(frame), drain(False)))
+    drain(True)
+    total = time.perf_counter() - start
+    return _record(len(made), clock["samples"] / rate, total, clock["first"] - start)
+
+
+def run_engine(model, mode: str, frames: int) -> dict[str, Any]:
+    start = time.perf_counter()
+    first = None
+    samples = 0
+    for piece in model.stream(TEXT, seed=0, sample_mode=mode, max_new_frames=frames):
+        if first is None and len(piece):
+            first = time.perf_counter() - start
+        samples += len(piece)
+    total = time.perf_counter() - start
+    made = samples // model.hop_length
+    return _record(made, samples / model.sample_rate, total, first or total)
+
+
+def _record(frames: int, audio: float, total: float, first: float) -> dict:
+    return {"frames": frames, "audio_s": audio, "wall_s": total, "first_audio_s": first}
+
+
+def bench_streams(models: dict, loop, mode: str, frames: int, repeats: int) -> list[dict]:
+    """One stream per contender, alternating, `repeats` times; medians per contender."""
+    runs: dict[str, list[dict]] = {name: [] for name in CONTENDERS}
+    peaks: dict[str, int] = {}
+    for _ in range(repeats):
+        for name in CONTENDERS:
+            with PeakRss() as rss:
+                if name == "published":
+                    record = run_published(loop, mode, frames)
+                else:
+                    record = run_engine(models[name], mode, frames)
+            runs[name].append(record)
+            peaks[name] = max(peaks.get(name, 0), rss.peak)
+    rows = []
+    for name, records in runs.items():
+        wall = float(np.median([r["wall_s"] for r in records]))
+        audio = float(np.median([r["audio_s"] for r in records]))
+        count = int(np.median([r["frames"] for r in records]))
+        rows.append(
+            {
+                "contender": name,
+                "mode": mode,
+                "streams": 1,
+                "frames": count,
+                "ms_per_frame": 1000 * wall / max(count, 1),
+                "rtf": wall / max(audio, 1e-9),
+                "audio_s_per_s": audio / wall,
+                "first_audio_ms": 1000 * float(np.median([r["first_audio_s"] for r in records])),
+                "peak_rss_mib": peaks[name] / 2**20,
+                "runs": len(records),
+            }
+        )
+    return rows
+
+
+def summarize(rows: list[dict]) -> dict[str, Any]:
+    summary: dict[str, Any] = {}
+    for mode in MODES:
+        picked = {r["contender"]: r for r in rows if r["mode"] == mode}
+        if "published" not in picked:
+            continue
+        base = picked["published"]
+        summary[mode] = {
+            name: {
+                "speedup_vs_published": base["ms_per_frame"] / row["ms_per_frame"],
+                "ms_per_frame": row["ms_per_frame"],
+                "first_audio_ms": row["first_audio_ms"],
+            }
+            for name, row in picked.items()
+        }
+    return summary
+
+
+def plot(results: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = results["rows"]
+    figure, axes = plt.subplots(1, 2, figsize=(11, 4))
+    width = 0.25
+    for index, name in enumerate(CONTENDERS):
+        picked = [next(r for r in rows if r["mode"] == m and r["contender"] == name) for m in MODES]
+        positions = np.arange(len(MODES)) + (index - 1) * width
+        axes[0].bar(positions, [r["ms_per_frame"] for r in picked], width, label=name)
+        axes[1].bar(positions, [r["first_audio_ms"] for r in picked], width, label=name)
+    titles = ("ms per frame (lower is better)", "time to first audio, ms")
+    for axis, title in zip(axes, titles, strict=True):
+        axis.set_xticks(np.arange(len(MODES)), [f"sample_mode {m}" for m in MODES])
+        axis.set_title(title)
+        axis.grid(axis="y", alpha=0.3)
+        axis.legend()
+    shape = "small stand-in" if results["quick"] else "published shapes"
+    figure.suptitle(f"MOSS-TTS-Nano, one stream, {results['frames']} frames, {shape}")
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small stand-in graphs, few frames")
+    parser.add_argument("--json", type=Path, default=RESULTS_DIR / "moss.json")
+    parser.add_argument("--plot", type=Path, default=RESULTS_DIR / "moss.png")
+    parser.add_argument("--frames", type=int, help="frames per run (default 75, quick 24)")
+    parser.add_argument("--repeats", type=int, help="runs per contender (default 3, quick 1)")
+    parser.add_argument("--threads", type=int, default=2, help="ONNX Runtime intra-op threads")
+    args = parser.parse_args(argv)
+    frames = args.frames or (24 if args.quick else 75)
+    repeats = args.repeats or (1 if args.quick else 3)
+
+    from onnx_tts.families.moss_tts_nano import open_model
+    from tests.moss_published_loop import PublishedLoop
+
+    directory = stand_in_dir(args.quick)
+    load_before = os.getloadavg()
+    loop = PublishedLoop(directory, threads=args.threads)
+    models = {kv: open_model(directory, kv=kv, threads=args.threads) for kv in ("copy", "chain")}
+    for mode in MODES:  # warm-up: first runs allocate and plan
+        run_published(loop, mode, 2)
+        for model in models.values():
+            run_engine(model, mode, 2)
+    rows = []
+    for mode in MODES:
+        rows += bench_streams(models, loop, mode, frames, repeats)
+    results = {
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "load_before": load_before,
+            "load_after": os.getloadavg(),
+        },
+        "quick": args.quick,
+        "frames": frames,
+        "threads": args.threads,
+        "graphs": str(directory),
+        "rows": rows,
+        "summary": summarize(rows),
+    }
+    write_atomically(args.json, (json.dumps(results, indent=2) + "\n").encode("utf-8"))
+    plot(results, args.plot)
+    print(json.dumps(results["summary"], indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
