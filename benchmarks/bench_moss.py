@@ -17,7 +17,9 @@ published frame budget):
   per graph call, host sampling in Python);
 * ``copy``: onnx-tts with the published host copies kept (KV and codec state fetched to the host
   and fed back by the core): isolates what the loop itself costs;
-* ``chain``: onnx-tts, KV present -> past and the codec state chained by IO binding in the core.
+* ``chain``: onnx-tts, KV present -> past and the codec state chained by IO binding in the core;
+* ``inplace``: onnx-tts on the same graphs after ``onnx-tts convert --inplace-kv`` (decode_step
+  with GroupQueryAttention over fixed [batch, heads, capacity, head_dim] buffers).
 
 Each in sample mode ``fixed`` (the published default: the local frame graph, one run per
 frame) and ``full`` (host sampling through ``local_cached_step``: 17 local runs per frame).
@@ -54,7 +56,7 @@ from benchmarks.bench_streaming import write_atomically  # noqa: E402
 
 RESULTS_DIR = ROOT / "benchmarks" / "results"
 TEXT = "The quick brown fox jumps over the lazy dog, and then it takes a long nap in the sun."
-CONTENDERS = ("published", "copy", "chain")
+CONTENDERS = ("published", "copy", "chain", "inplace")
 MODES = ("fixed", "full")
 # Concurrent streams; more than one needs the batched scheduler (phase 2 of issue 27).
 STREAMS = (1,)
@@ -77,6 +79,17 @@ def stand_in_dir(quick: bool) -> Path:
     if not (target / stand_in.TTS_DIR / stand_in.MANIFEST).is_file():
         print(f"building the stand-in graphs into {target} ...", file=sys.stderr)
         stand_in.build(target, spec)
+    return target
+
+
+def converted_dir(source: Path) -> Path:
+    """The stand-in with decode_step converted for the in-place KV cache, made on first use."""
+    from onnx_tts.tools.convert.inplace_kv import convert_moss_inplace_kv
+
+    target = source.parent / (source.name + "-inplace")
+    if not target.is_dir():
+        print(f"converting decode_step into {target} ...", file=sys.stderr)
+        convert_moss_inplace_kv(source, target)
     return target
 
 
@@ -192,10 +205,10 @@ def plot(results: dict, path: Path) -> None:
 
     rows = results["rows"]
     figure, axes = plt.subplots(1, 2, figsize=(11, 4))
-    width = 0.25
+    width = 0.2
     for index, name in enumerate(CONTENDERS):
         picked = [next(r for r in rows if r["mode"] == m and r["contender"] == name) for m in MODES]
-        positions = np.arange(len(MODES)) + (index - 1) * width
+        positions = np.arange(len(MODES)) + (index - 1.5) * width
         axes[0].bar(positions, [r["ms_per_frame"] for r in picked], width, label=name)
         axes[1].bar(positions, [r["first_audio_ms"] for r in picked], width, label=name)
     titles = ("ms per frame (lower is better)", "time to first audio, ms")
@@ -231,6 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     load_before = os.getloadavg()
     loop = PublishedLoop(directory, threads=args.threads)
     models = {kv: open_model(directory, kv=kv, threads=args.threads) for kv in ("copy", "chain")}
+    models["inplace"] = open_model(converted_dir(directory), kv="inplace", threads=args.threads)
     for mode in MODES:  # warm-up: first runs allocate and plan
         run_published(loop, mode, 2)
         for model in models.values():

@@ -121,6 +121,15 @@ def test_default_dispatch_is_the_published_one(official, moss_official):
         )
 
 
+def test_graphs_a_request_never_needs_are_never_loaded(moss_official):
+    model = open_model(moss_official, threads=1)
+    model.synthesize(TEXT, seed=0, max_new_frames=4)  # fixed: the frame graph, codec decode
+    loaded = {role for role, s in model.sessions.items() if s.loaded}
+    assert loaded == {"prefill", "decode_step", "local_fixed_sampled_frame"}
+    assert {role for role, s in model.codec_sessions.items() if s.loaded} == {"decode_full"}
+    assert len(model.info()["graphs"]) == 8  # info describes them all from the files
+
+
 def test_long_text_is_chunked_and_spoken_as_published(models, published):
     model = models["chain"]
     checked = model.request_options({"voice_clone_max_text_tokens": 30})

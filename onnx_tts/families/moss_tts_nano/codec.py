@@ -29,8 +29,9 @@ from onnx_tts.audio import (
 )
 from onnx_tts.encoder import VoiceEncoder
 from onnx_tts.errors import AudioError, InputError, ModelError, NonFiniteAudioError
+from onnx_tts.families.moss_tts_nano.graphs import LazySession
 from onnx_tts.families.moss_tts_nano.layout import MossLayout
-from onnx_tts.session import Session, StateChain
+from onnx_tts.session import StateChain
 
 PROMPT_CODES = "prompt_audio_codes"
 REFERENCE_MIN_SECONDS = 0.5
@@ -123,7 +124,7 @@ class _EncodeAdapter:
     """The codec's encode graph as the VoiceEncoder sees a graph: `audio` [1, C * N]
     (channel-major, the canonical flat reference) -> `prompt_audio_codes` [1, F, n_q] int32."""
 
-    def __init__(self, session: Session, channels: int) -> None:
+    def __init__(self, session: LazySession, channels: int) -> None:
         self.session = session
         self.channels = channels
         self.options = session.options
@@ -157,7 +158,7 @@ class ReferenceEncoder(VoiceEncoder):
     sees) is the channel-major samples after mono -> stereo duplication, so a mono file and
     the stereo file with two equal channels are one entry."""
 
-    def __init__(self, session: Session, layout: MossLayout, graph_sha256: str) -> None:
+    def __init__(self, session: LazySession, layout: MossLayout, graph_sha256: str) -> None:
         self.channels = layout.codec.channels
         super().__init__(
             _EncodeAdapter(session, self.channels),
@@ -202,7 +203,9 @@ def _audio_rows(audio: np.ndarray, lengths: np.ndarray, channels: int, where: st
 class CodecDecoder:
     """One-shot and streaming decoding of [F, n_q] codes to [F x downsample, channels]."""
 
-    def __init__(self, layout: MossLayout, full: Session, step: Session, state_mode: str) -> None:
+    def __init__(
+        self, layout: MossLayout, full: LazySession, step: LazySession, state_mode: str
+    ) -> None:
         self.layout = layout
         self.full = full
         self.step = step
@@ -248,7 +251,7 @@ class CodecDecoder:
     def _new_chain(self) -> StateChain:
         state = self.layout.state
         return StateChain(
-            self.step,
+            self.step.get(),
             [(s.input, s.output) for s in state],
             [s.initial() for s in state],
             self.state_mode,

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from onnx_tts.families.moss_tts_nano.graphs import LazySession
 from onnx_tts.families.moss_tts_nano.layout import MossLayout
 from onnx_tts.families.moss_tts_nano.sampling import (
     frame_uniforms,
@@ -29,7 +30,7 @@ from onnx_tts.families.moss_tts_nano.sampling import (
     penalize,
     sample_rows,
 )
-from onnx_tts.session import KVCache, Session
+from onnx_tts.session import KVCache
 
 PATHS = ("greedy_frame", "fixed_frame", "cached_step", "decoder")
 GRAPH_OF_PATH = {
@@ -66,7 +67,7 @@ class LocalPath:
 
     name: str
 
-    def __init__(self, layout: MossLayout, session: Session) -> None:
+    def __init__(self, layout: MossLayout, session: LazySession) -> None:
         self.config = layout.config
         self.session = session
 
@@ -154,7 +155,7 @@ class CachedStep(LocalPath):
 
     name = "cached_step"
 
-    def __init__(self, layout: MossLayout, session: Session, kv_mode: str) -> None:
+    def __init__(self, layout: MossLayout, session: LazySession, kv_mode: str) -> None:
         super().__init__(layout, session)
         names = layout.tts_names
         self.pairs = dict(
@@ -171,7 +172,7 @@ class CachedStep(LocalPath):
         cache = self._caches.get(batch)
         if cache is None:
             cache = self._caches[batch] = KVCache(
-                self.session, self.kv_mode, batch_size=batch, pairs=self.pairs
+                self.session.get(), self.kv_mode, batch_size=batch, pairs=self.pairs
             )
         cache.reset()
         return cache

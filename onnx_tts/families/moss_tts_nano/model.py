@@ -31,6 +31,7 @@ from onnx_tts.families.moss_tts_nano.codec import (
     load_reference,
     stream_budget,
 )
+from onnx_tts.families.moss_tts_nano.graphs import LazySession, describe_specs
 from onnx_tts.families.moss_tts_nano.layout import FAMILY, SAMPLE_MODES, MossLayout
 from onnx_tts.families.moss_tts_nano.local import (
     CachedStep,
@@ -56,7 +57,6 @@ from onnx_tts.families.moss_tts_nano.text import (
 from onnx_tts.frontend import check_text
 from onnx_tts.graph_io import kv_layout
 from onnx_tts.refcache import ReferenceCache
-from onnx_tts.session import Session, describe_graphs
 
 LOCAL_PATH_CHOICES = ("auto", "greedy_frame", "fixed_frame", "cached_step", "decoder")
 SAMPLING_NAMES = (
@@ -86,13 +86,15 @@ class MossTTSNano:
     def __init__(self, layout: MossLayout, settings: LoadSettings, **options: Any) -> None:
         self.layout = layout
         session_options = settings.session_options
+        # The global transformer loads now; local paths and codec graphs on first use.
         self.sessions = {
-            role: Session(spec.path, session_options) for role, spec in layout.tts_graphs.items()
+            role: LazySession(spec, session_options) for role, spec in layout.tts_graphs.items()
         }
         self.codec_sessions = {
-            role: Session(spec.path, session_options) for role, spec in layout.codec_graphs.items()
+            role: LazySession(spec, session_options) for role, spec in layout.codec_graphs.items()
         }
-        decode = self.sessions["decode_step"]
+        prefill = self.sessions["prefill"].get()
+        decode = self.sessions["decode_step"].get()
         self.kv = kv_layout(decode.spec)
         # In place when decode_step was converted (`onnx-tts convert --inplace-kv`), else chain.
         self.kv_mode = resolve_kv_mode(settings.kv, self.kv)
@@ -109,7 +111,7 @@ class MossTTSNano:
             )
         paths["decoder"] = Decoder(layout, self.sessions["local_decoder"])
         self.program = MossProgram(layout, paths)
-        self.lm = GlobalLM(self.sessions["prefill"], decode, self.kv, self.kv_mode)
+        self.lm = GlobalLM(prefill, decode, self.kv, self.kv_mode)
         self.pool = self.lm.pool
         self.codec = CodecDecoder(
             layout,
@@ -440,8 +442,8 @@ class MossTTSNano:
                 "streaming_state_tensors": len(layout.state),
                 "state_mode": self.codec.state_mode,
             },
-            "graphs": describe_graphs(
-                {**self.sessions, **{f"codec_{role}": s for role, s in self.codec_sessions.items()}}
+            "graphs": describe_specs(
+                {**layout.tts_graphs, **{f"codec_{r}": s for r, s in layout.codec_graphs.items()}}
             ),
         }
 
