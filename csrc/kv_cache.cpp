@@ -122,10 +122,7 @@ std::vector<NamedValue> KVCache::prefill(Session& source, std::vector<Feed> feed
     throw;
   }
   length_ = total;
-  std::vector<NamedValue> result;
-  for (size_t i = 0; i < outputs.size(); ++i) {
-    result.push_back({outputs[i], std::make_shared<Ort::Value>(std::move(values[pairs_.size() + i]))});
-  }
+  std::vector<NamedValue> result = named_values(values, pairs_.size(), outputs);
   stats_.steps += 1;
   stats_.run_ns += nanoseconds(run_start, run_end);
   stats_.step_ns += nanoseconds(step_start, Clock::now());
@@ -291,9 +288,8 @@ std::vector<NamedValue> KVCache::collect(const std::vector<std::string>& outputs
     last_present_ptrs_[i] = reinterpret_cast<uintptr_t>(values[i].GetTensorRawData());
     strategy_->accept(i, std::move(values[i]), total);
   }
-  for (size_t i = 0; i < outputs.size(); ++i) {
-    result.push_back({outputs[i], std::make_shared<Ort::Value>(std::move(values[pairs_.size() + i]))});
-  }
+  std::vector<NamedValue> named = named_values(values, pairs_.size(), outputs);
+  result.insert(result.end(), named.begin(), named.end());
   if (strategy_->static_binding()) {
     fixed_outputs_.clear();
     for (const auto& output : result) fixed_outputs_.push_back(output.value);

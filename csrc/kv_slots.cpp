@@ -199,10 +199,7 @@ std::vector<NamedValue> KVSlots::step(std::vector<Feed> feeds, int64_t first_row
   }
   last_first_ = first_row;
   last_count_ = count;
-  std::vector<NamedValue> result;
-  for (size_t i = 0; i < outputs.size(); ++i) {
-    result.push_back({outputs[i], std::make_shared<Ort::Value>(std::move(values[pairs_.size() + i]))});
-  }
+  std::vector<NamedValue> result = named_values(values, pairs_.size(), outputs);
   stats_.steps += 1;
   stats_.run_ns += nanoseconds(run_start, run_end);
   stats_.step_ns += nanoseconds(step_start, Clock::now());

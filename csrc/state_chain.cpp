@@ -132,10 +132,7 @@ std::vector<NamedValue> StateChain::step(std::vector<Feed> feeds,
     slot.current = std::make_shared<Ort::Value>(Ort::Value::CreateTensor(
         cpu_memory(), slot.host.data(), slot.bytes, slot.shape.data(), slot.shape.size(), slot.type));
   }
-  std::vector<NamedValue> result;
-  for (size_t i = 0; i < outputs.size(); ++i) {
-    result.push_back({outputs[i], std::make_shared<Ort::Value>(std::move(values[slots_.size() + i]))});
-  }
+  std::vector<NamedValue> result = named_values(values, slots_.size(), outputs);
   steps_ += 1;
   return result;
 }

@@ -96,6 +96,16 @@ const OrtMemoryInfo* cpu_memory() {
   return info;
 }
 
+std::vector<NamedValue> named_values(std::vector<Ort::Value>& values, size_t first,
+                                     const std::vector<std::string>& names) {
+  std::vector<NamedValue> out;
+  out.reserve(names.size());
+  for (size_t i = 0; i < names.size(); ++i) {
+    out.push_back({names[i], std::make_shared<Ort::Value>(std::move(values[first + i]))});
+  }
+  return out;
+}
+
 namespace {
 
 // A rank-4 tensor's sequence prefix as equal chunks: `count` chunks of `chunk` bytes, `stride`

@@ -71,6 +71,11 @@ struct Value {
 
 const OrtMemoryInfo* cpu_memory();
 
+// `values[first + i]` named `names[i]`, moved out of `values` (a run's outputs after the ones
+// a cache or chain keeps).
+std::vector<NamedValue> named_values(std::vector<Ort::Value>& values, size_t first,
+                                     const std::vector<std::string>& names);
+
 // Copies rows [first_row, first_row + rows) of a host rank-4 tensor, keeping the first
 // `length` steps of its sequence axis `seq_axis` (2: [B, H, T, D], 1: [B, T, H, D]), into `dst`
 // laid out the same way with T = length.

@@ -10,22 +10,16 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
-import soundfile
-import soxr
 
 from onnx_tts.audio import (
-    MAX_DECODE_SECONDS,
     MAX_REFERENCE_PEAK,
-    MAX_SAMPLE_RATE,
     MIN_CLIP_SECONDS,
-    MIN_SAMPLE_RATE,
     SILENCE_PEAK,
     check_finite,
-    wav_truncation,
+    load_audio,
 )
 from onnx_tts.encoder import VoiceEncoder
 from onnx_tts.errors import AudioError, InputError, ModelError, NonFiniteAudioError
@@ -46,51 +40,14 @@ def load_reference(path: str | os.PathLike[str], sample_rate: int, channels: int
     """A reference file as [channels, N] float32 at `sample_rate`: resampled with soxr, mono
     duplicated to stereo (as published), at most REFERENCE_MAX_SECONDS decoded. AudioError for
     a missing, unreadable, truncated, empty, silent, too short or non-finite file."""
-    path = os.fspath(path)
-    if not os.path.exists(path):
-        raise AudioError(f"reference audio not found: {path}")
-    if not os.path.isfile(path):
-        raise AudioError(f"reference audio is not a file: {path}")
-    try:
-        info = soundfile.info(path)
-    except (soundfile.LibsndfileError, RuntimeError, TypeError, ValueError) as error:
-        raise AudioError(
-            f"cannot decode reference audio {path}: {str(error).rstrip('.')}; "
-            "use a WAV, FLAC or OGG file"
-        ) from None
-    rate = int(info.samplerate)
-    if not MIN_SAMPLE_RATE <= rate <= MAX_SAMPLE_RATE:
-        raise AudioError(
-            f"reference audio {path} has a sample rate of {rate} Hz; use {MIN_SAMPLE_RATE} to "
-            f"{MAX_SAMPLE_RATE} Hz"
-        )
-    if info.channels > 2:
-        raise AudioError(
-            f"reference audio {path} has {info.channels} channels; give a mono or stereo file"
-        )
-    truncated = wav_truncation(Path(path))
-    if truncated:
-        raise AudioError(f"reference audio {path} is truncated: {truncated}; re-export the file")
-    frames = max(1, int(min(REFERENCE_MAX_SECONDS, MAX_DECODE_SECONDS) * rate))
-    try:
-        data, _ = soundfile.read(path, frames=frames, dtype="float32", always_2d=True)
-    except (soundfile.LibsndfileError, RuntimeError, TypeError, ValueError) as error:
-        raise AudioError(
-            f"cannot decode reference audio {path}: {str(error).rstrip('.')}"
-        ) from None
-    if data.size == 0:
-        raise AudioError(f"reference audio {path} is empty")
-    if not np.isfinite(data).all():
-        raise NonFiniteAudioError(
-            f"reference audio {path} contains NaN or infinite samples; re-export the file"
-        )
-    if rate != sample_rate:
-        data = soxr.resample(data, rate, sample_rate, quality="HQ").astype(np.float32)
-    waveform = np.ascontiguousarray(data.T)
-    if waveform.shape[0] == 1 and channels == 2:
-        waveform = np.repeat(waveform, 2, axis=0)
-    elif waveform.shape[0] == 2 and channels == 1:
-        waveform = waveform.mean(axis=0, keepdims=True)
+    samples = load_audio(
+        path,
+        sample_rate,
+        min_seconds=REFERENCE_MIN_SECONDS,
+        max_seconds=REFERENCE_MAX_SECONDS,
+        channels=channels,
+    )
+    waveform = samples[None] if samples.ndim == 1 else samples.T
     return check_reference(waveform, sample_rate, what=f"reference audio {path}")
 
 
