@@ -24,9 +24,10 @@ published frame budget):
 Each in sample mode ``fixed`` (the published default: the local frame graph, one run per
 frame) and ``full`` (host sampling through ``local_cached_step``: 17 local runs per frame).
 Reported per contender: ms per frame, real-time factor and audio seconds per wall second (all
-from the wall time of generation with streaming decode), time to first audio, peak RSS. Runs
-alternate between contenders and the medians are kept; the machine is shared, so its load is
-recorded.
+from the wall time of generation with streaming decode), time to first audio (runs alternate
+between contenders, medians kept; the machine is shared, so its load is recorded), and peak RSS
+of a separate process that loads only that contender and streams once (the published runtime
+loads every graph at start, onnx-tts the ones a request uses).
 
 Batched rows (1/4/8 streams, audio s/s) come with the scheduler integration: ``STREAMS`` and
 ``bench_streams`` are where they plug in.
@@ -39,6 +40,7 @@ import hashlib
 import json
 import os
 import platform
+import subprocess
 import sys
 import time
 from dataclasses import replace
@@ -51,7 +53,6 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.bench_batch import PeakRss  # noqa: E402
 from benchmarks.bench_streaming import write_atomically  # noqa: E402
 
 RESULTS_DIR = ROOT / "benchmarks" / "results"
@@ -144,19 +145,39 @@ def _record(frames: int, audio: float, total: float, first: float) -> dict:
     return {"frames": frames, "audio_s": audio, "wall_s": total, "first_audio_s": first}
 
 
-def bench_streams(models: dict, loop, mode: str, frames: int, repeats: int) -> list[dict]:
+def load_contender(name: str, directory: Path, threads: int):
+    from onnx_tts.families.moss_tts_nano import open_model
+    from tests.moss_published_loop import PublishedLoop
+
+    if name == "published":
+        return PublishedLoop(directory, threads=threads)
+    if name == "inplace":
+        return open_model(converted_dir(directory), kv="inplace", threads=threads)
+    return open_model(directory, kv=name, threads=threads)
+
+
+def run_contender(name: str, contender, mode: str, frames: int) -> dict[str, Any]:
+    if name == "published":
+        return run_published(contender, mode, frames)
+    return run_engine(contender, mode, frames)
+
+
+def peak_rss_mib(name: str, directory: Path, mode: str, frames: int, threads: int) -> float:
+    """Peak RSS of a fresh process that loads `name` and streams once."""
+    probe = [sys.executable, __file__, "--probe", name, "--graphs", str(directory)]
+    probe += ["--mode", mode, "--frames", str(frames), "--threads", str(threads)]
+    result = subprocess.run(probe, capture_output=True, text=True, timeout=3600, check=True)
+    return float(result.stdout.strip().splitlines()[-1])
+
+
+def bench_streams(
+    contenders: dict, mode: str, frames: int, repeats: int, memory: dict[str, float]
+) -> list[dict]:
     """One stream per contender, alternating, `repeats` times; medians per contender."""
     runs: dict[str, list[dict]] = {name: [] for name in CONTENDERS}
-    peaks: dict[str, int] = {}
     for _ in range(repeats):
         for name in CONTENDERS:
-            with PeakRss() as rss:
-                if name == "published":
-                    record = run_published(loop, mode, frames)
-                else:
-                    record = run_engine(models[name], mode, frames)
-            runs[name].append(record)
-            peaks[name] = max(peaks.get(name, 0), rss.peak)
+            runs[name].append(run_contender(name, contenders[name], mode, frames))
     rows = []
     for name, records in runs.items():
         wall = float(np.median([r["wall_s"] for r in records]))
@@ -172,7 +193,7 @@ def bench_streams(models: dict, loop, mode: str, frames: int, repeats: int) -> l
                 "rtf": wall / max(audio, 1e-9),
                 "audio_s_per_s": audio / wall,
                 "first_audio_ms": 1000 * float(np.median([r["first_audio_s"] for r in records])),
-                "peak_rss_mib": peaks[name] / 2**20,
+                "peak_rss_mib": memory.get(name),
                 "runs": len(records),
             }
         )
@@ -233,25 +254,37 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--frames", type=int, help="frames per run (default 75, quick 24)")
     parser.add_argument("--repeats", type=int, help="runs per contender (default 3, quick 1)")
     parser.add_argument("--threads", type=int, default=2, help="ONNX Runtime intra-op threads")
+    parser.add_argument("--no-memory", action="store_true", help="skip the peak-RSS processes")
+    parser.add_argument("--probe", choices=CONTENDERS, help=argparse.SUPPRESS)
+    parser.add_argument("--graphs", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--mode", choices=MODES, default="fixed", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.probe:  # a memory probe: load one contender, stream once, print the peak RSS
+        contender = load_contender(args.probe, args.graphs, args.threads)
+        run_contender(args.probe, contender, args.mode, args.frames or 24)
+        # VmHWM: this process image's own peak (ru_maxrss would carry the parent's over exec).
+        status = Path("/proc/self/status").read_text().splitlines()
+        peak_kib = next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
+        print(peak_kib / 1024)
+        return 0
     frames = args.frames or (24 if args.quick else 75)
     repeats = args.repeats or (1 if args.quick else 3)
 
-    from onnx_tts.families.moss_tts_nano import open_model
-    from tests.moss_published_loop import PublishedLoop
-
     directory = stand_in_dir(args.quick)
+    converted_dir(directory)
     load_before = os.getloadavg()
-    loop = PublishedLoop(directory, threads=args.threads)
-    models = {kv: open_model(directory, kv=kv, threads=args.threads) for kv in ("copy", "chain")}
-    models["inplace"] = open_model(converted_dir(directory), kv="inplace", threads=args.threads)
+    memory: dict[str, dict[str, float]] = {mode: {} for mode in MODES}
+    if not args.no_memory:
+        for mode in MODES:
+            for name in CONTENDERS:
+                memory[mode][name] = peak_rss_mib(name, directory, mode, frames, args.threads)
+    contenders = {name: load_contender(name, directory, args.threads) for name in CONTENDERS}
     for mode in MODES:  # warm-up: first runs allocate and plan
-        run_published(loop, mode, 2)
-        for model in models.values():
-            run_engine(model, mode, 2)
+        for name, contender in contenders.items():
+            run_contender(name, contender, mode, 2)
     rows = []
     for mode in MODES:
-        rows += bench_streams(models, loop, mode, frames, repeats)
+        rows += bench_streams(contenders, mode, frames, repeats, memory[mode])
     results = {
         "machine": {
             "cpus": os.cpu_count(),
