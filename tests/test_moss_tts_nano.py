@@ -392,6 +392,22 @@ def test_onnx_tts_info_shows_the_family(moss_official):
     assert set(info["graphs"]) >= {"prefill", "decode_step", "codec_decode_step"}
 
 
+def test_engine_synthesis_is_refused_cleanly_until_the_decode_seam(moss_official, tmp_path):
+    """Until the generic loop takes input_ids rows, `onnx-tts synth` says what to use instead:
+    one line, exit 2, no output file."""
+    out = tmp_path / "out.wav"
+    command = [sys.executable, "-m", "onnx_tts.cli", "synth", TEXT, "--model", str(moss_official)]
+    command += ["-o", str(out), "--threads", "1", "--cache-dir", str(tmp_path / "cache")]
+    result = subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 2 and "open_model" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and not out.exists()
+
+
 @pytest.fixture
 def broken(moss_official, tmp_path):
     """A fresh copy of the official stand-in to damage."""

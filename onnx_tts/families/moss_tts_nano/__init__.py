@@ -12,9 +12,11 @@ the codec (`codec`); `model.MossTTSNano` is the backend.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from onnx_tts.errors import InputError
 from onnx_tts.families.base import Detection, Family, LoadSettings, Option
 from onnx_tts.families.moss_tts_nano.layout import (
     FAMILY,
@@ -37,8 +39,17 @@ def detect(root: Path, options: Mapping[str, Any]) -> Detection | None:
 
 
 def load(detection: Detection, settings: LoadSettings, options: Mapping[str, Any]) -> Any:
+    """The backend as `onnx_tts.load` builds it. Until the batch scheduler takes this family's
+    input_ids rows, an Engine would build a scheduler for an in-place LM: so through the Engine
+    the KV mode is chain (or copy), and `open_model` is the way to the in-place cache."""
     from onnx_tts.families.moss_tts_nano.model import MossTTSNano
 
+    if settings.kv == "inplace":
+        raise InputError(
+            f"{FAMILY} runs --kv inplace through open_model(DIR) for now (the batch scheduler "
+            "does not take its input_ids rows yet); use --kv chain or copy here"
+        )
+    settings = replace(settings, kv=settings.kv or "chain")
     return MossTTSNano(detection.inspected, settings, **options)
 
 

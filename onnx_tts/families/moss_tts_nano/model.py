@@ -171,7 +171,10 @@ class MossTTSNano:
         return given
 
     def request_options(self, options: Mapping[str, Any]) -> dict[str, Any]:
-        """Per-request options over the load-time ones, checked; every key filled in."""
+        """Per-request options over the load-time ones, checked; every key filled in (options
+        this method returned come back unchanged)."""
+        if isinstance(options.get("sampling"), MossSampling):
+            return dict(options)
         given = {**self.load_options, **self._checked(options)}
         sampling = self.base_sampling.with_overrides(
             {k: v for k, v in given.items() if k in ("sample_mode", *SAMPLING_NAMES)}

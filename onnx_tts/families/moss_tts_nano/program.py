@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from onnx_tts.decoding import CapacityPolicy, KVPool, StepOutput
-from onnx_tts.families.moss_tts_nano.layout import MossLayout
+from onnx_tts.errors import ModelError
+from onnx_tts.families.moss_tts_nano.layout import FAMILY, MossLayout
 from onnx_tts.families.moss_tts_nano.local import LocalPath, LocalRows
 from onnx_tts.families.moss_tts_nano.sampling import MossSampling
 from onnx_tts.graph_io import KVLayout
@@ -127,6 +128,13 @@ class MossProgram:
         self, state: FrameState, row: int, request: MossRequest
     ) -> tuple[dict[str, np.ndarray], int]:
         """Start `request` in `row`: (prefill feeds, KV positions it may need)."""
+        if not isinstance(request, MossRequest):
+            # The generic decode loop feeds inputs_embeds and reads logits; this family steps
+            # input_ids rows on a separate prefill graph and reads global_hidden.
+            raise ModelError(
+                f"{FAMILY} does not run through the generic decode loop yet: use "
+                "onnx_tts.families.moss_tts_nano.open_model(DIR).synthesize() or .stream()"
+            )
         rows = self.prompt_rows(request.text_ids, request.prompt_codes)
         state.seen[row] = False
         state.frames[row] = 0
