@@ -173,13 +173,20 @@ def peak_rss_mib(name: str, directory: Path, mode: str, frames: int, threads: in
 def bench_streams(
     contenders: dict, mode: str, frames: int, repeats: int, memory: dict[str, float]
 ) -> list[dict]:
-    """One stream per contender, alternating, `repeats` times; medians per contender."""
+    """One stream per contender, in rounds (every contender once per round, the order rotated),
+    `repeats` rounds; medians per contender, and the speed-up as the median over rounds of the
+    ratio within a round (neighbours in time share the machine's load)."""
     runs: dict[str, list[dict]] = {name: [] for name in CONTENDERS}
-    for _ in range(repeats):
-        for name in CONTENDERS:
+    for round_index in range(repeats):
+        shift = round_index % len(CONTENDERS)
+        for name in CONTENDERS[shift:] + CONTENDERS[:shift]:
             runs[name].append(run_contender(name, contenders[name], mode, frames))
+    base = [r["wall_s"] / max(r["frames"], 1) for r in runs["published"]]
     rows = []
     for name, records in runs.items():
+        ratios = [
+            b / (r["wall_s"] / max(r["frames"], 1)) for b, r in zip(base, records, strict=True)
+        ]
         wall = float(np.median([r["wall_s"] for r in records]))
         audio = float(np.median([r["audio_s"] for r in records]))
         count = int(np.median([r["frames"] for r in records]))
@@ -194,6 +201,8 @@ def bench_streams(
                 "audio_s_per_s": audio / wall,
                 "first_audio_ms": 1000 * float(np.median([r["first_audio_s"] for r in records])),
                 "peak_rss_mib": memory.get(name),
+                "speedup_vs_published": float(np.median(ratios)),
+                "speedup_range": [float(min(ratios)), float(max(ratios))],
                 "runs": len(records),
             }
         )
@@ -206,10 +215,9 @@ def summarize(rows: list[dict]) -> dict[str, Any]:
         picked = {r["contender"]: r for r in rows if r["mode"] == mode}
         if "published" not in picked:
             continue
-        base = picked["published"]
         summary[mode] = {
             name: {
-                "speedup_vs_published": base["ms_per_frame"] / row["ms_per_frame"],
+                "speedup_vs_published": row["speedup_vs_published"],
                 "ms_per_frame": row["ms_per_frame"],
                 "first_audio_ms": row["first_audio_ms"],
             }
@@ -251,9 +259,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="small stand-in graphs, few frames")
     parser.add_argument("--json", type=Path, default=RESULTS_DIR / "moss.json")
     parser.add_argument("--plot", type=Path, default=RESULTS_DIR / "moss.png")
-    parser.add_argument("--frames", type=int, help="frames per run (default 75, quick 24)")
-    parser.add_argument("--repeats", type=int, help="runs per contender (default 3, quick 1)")
-    parser.add_argument("--threads", type=int, default=2, help="ONNX Runtime intra-op threads")
+    parser.add_argument("--frames", type=int, help="frames per run (default 40, quick 24)")
+    parser.add_argument("--repeats", type=int, help="rounds of runs (default 5, quick 1)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="ONNX Runtime intra-op threads (1: steadiest on a shared machine)",
+    )
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-RSS processes")
     parser.add_argument("--probe", choices=CONTENDERS, help=argparse.SUPPRESS)
     parser.add_argument("--graphs", type=Path, help=argparse.SUPPRESS)
@@ -267,8 +280,8 @@ def main(argv: list[str] | None = None) -> int:
         peak_kib = next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
         print(peak_kib / 1024)
         return 0
-    frames = args.frames or (24 if args.quick else 75)
-    repeats = args.repeats or (1 if args.quick else 3)
+    frames = args.frames or (24 if args.quick else 40)
+    repeats = args.repeats or (1 if args.quick else 5)
 
     directory = stand_in_dir(args.quick)
     converted_dir(directory)
