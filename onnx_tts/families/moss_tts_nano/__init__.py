@@ -26,6 +26,7 @@ from onnx_tts.families.moss_tts_nano.layout import (
     inspect_layout,
     looks_like_moss,
 )
+from onnx_tts.families.moss_tts_nano.local import PATH_CHOICES
 from onnx_tts.families.moss_tts_nano.text import MAX_CHUNK_TOKENS
 from onnx_tts.session import SessionOptions
 
@@ -98,7 +99,7 @@ _OPTIONS = (
         str,
         "local depth transformer graph (auto = the published dispatch, the fastest present)",
         "both",
-        choices=("auto", "greedy_frame", "fixed_frame", "cached_step", "decoder"),
+        choices=PATH_CHOICES,
     ),
     Option(
         "text_temperature", float, "continue/stop temperature (host sampling)", "both", 1e-6, 100.0

@@ -33,12 +33,7 @@ from onnx_tts.families.moss_tts_nano.sampling import (
 from onnx_tts.session import KVCache
 
 PATHS = ("greedy_frame", "fixed_frame", "cached_step", "decoder")
-GRAPH_OF_PATH = {
-    "greedy_frame": "local_greedy_frame",
-    "fixed_frame": "local_fixed_sampled_frame",
-    "cached_step": "local_cached_step",
-    "decoder": "local_decoder",
-}
+PATH_CHOICES = ("auto", *PATHS)  # "auto": the published dispatch
 
 
 @dataclass
@@ -264,8 +259,8 @@ def dispatch(available: Sequence[str], sample_mode: str) -> str:
 
 
 __all__ = [
-    "GRAPH_OF_PATH",
     "PATHS",
+    "PATH_CHOICES",
     "CachedStep",
     "Decoder",
     "FixedFrame",

@@ -12,9 +12,9 @@ fastest path the directory offers).
 from __future__ import annotations
 
 import os
-import threading
 import time
 from collections.abc import Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -51,14 +51,12 @@ from onnx_tts.families.moss_tts_nano.sampling import MossSampling
 from onnx_tts.families.moss_tts_nano.text import (
     DEFAULT_CHUNK_TOKENS,
     MossText,
-    check_chunk_tokens,
     pause_seconds,
 )
 from onnx_tts.frontend import check_text
 from onnx_tts.graph_io import kv_layout
 from onnx_tts.refcache import ReferenceCache
 
-LOCAL_PATH_CHOICES = ("auto", "greedy_frame", "fixed_frame", "cached_step", "decoder")
 SAMPLING_NAMES = (
     "text_temperature",
     "text_top_p",
@@ -67,13 +65,6 @@ SAMPLING_NAMES = (
     "audio_top_p",
     "audio_top_k",
     "audio_repetition_penalty",
-)
-REQUEST_OPTIONS = (
-    "sample_mode",
-    "max_new_frames",
-    "voice_clone_max_text_tokens",
-    "local_path",
-    *SAMPLING_NAMES,
 )
 MAX_VOICE_CODES = 1 << 22
 
@@ -137,38 +128,15 @@ class MossTTSNano:
             "crossfade_samples": 0,
         }
         self.base_sampling = MossSampling.from_defaults(layout.defaults).checked()
-        self.load_options = self._checked(options, fixed_check=False)
-        self._lock = threading.Lock()
+        self.load_options = self._checked(options)
 
     # -- options --------------------------------------------------------------------------
-    def _checked(self, options: Mapping[str, Any], fixed_check: bool = True) -> dict[str, Any]:
-        unknown = sorted(set(options) - set(REQUEST_OPTIONS))
-        if unknown:
-            raise InputError(
-                f"unknown option(s) {', '.join(unknown)} for {FAMILY}; valid: "
-                f"{', '.join(REQUEST_OPTIONS)}"
-            )
-        given = {k: v for k, v in options.items() if v is not None}
-        if "max_new_frames" in given:
-            value = given["max_new_frames"]
-            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 12_000:
-                raise InputError(f"max_new_frames must be an integer in [1, 12000], got {value!r}")
-        if "voice_clone_max_text_tokens" in given:
-            check_chunk_tokens(given["voice_clone_max_text_tokens"])
-        if "local_path" in given and given["local_path"] not in LOCAL_PATH_CHOICES:
-            raise InputError(
-                f"local_path must be one of {', '.join(LOCAL_PATH_CHOICES)}, "
-                f"got {given['local_path']!r}"
-            )
-        if "sample_mode" in given and given["sample_mode"] not in SAMPLE_MODES:
-            raise InputError(
-                f"sample_mode must be one of {', '.join(SAMPLE_MODES)}, got "
-                f"{given['sample_mode']!r}"
-            )
-        self.base_sampling.with_overrides(
-            {k: v for k, v in given.items() if k in ("sample_mode", *SAMPLING_NAMES)}
-        )
-        return given
+    def _checked(self, options: Mapping[str, Any]) -> dict[str, Any]:
+        """The given (non-None) options, each checked against the family's option table
+        (InputError naming a bad or unknown one)."""
+        from onnx_tts.families.moss_tts_nano import REGISTRY_ENTRY
+
+        return REGISTRY_ENTRY.check_options(options, "request")
 
     def request_options(self, options: Mapping[str, Any]) -> dict[str, Any]:
         """Per-request options over the load-time ones, checked; every key filled in (options
@@ -384,29 +352,48 @@ class MossTTSNano:
     def _stream(self, chunks, checked, prompt, generator, decode_frames) -> Iterator[np.ndarray]:
         for index, chunk in enumerate(chunks):
             frames = self.frames(chunk, prompt, checked, generator)
-            pending: list[np.ndarray] = []
-            first: float | None = None
-            emitted = 0
             try:
-                with self.codec.stream() as codec:
-                    for frame in frames:
-                        pending.append(frame)
-                        budget = decode_frames or stream_budget(
-                            first, emitted / self.sample_rate, time.perf_counter()
-                        )
-                        if len(pending) < budget:
-                            continue
-                        audio = codec.push(np.stack(pending))
-                        pending.clear()
-                        first = first or time.perf_counter()
-                        emitted += len(audio)
-                        yield audio
-                    if pending:
-                        yield codec.push(np.stack(pending))
+                yield from self._decode_while_generating(frames, decode_frames)
             finally:
                 frames.close()  # type: ignore[attr-defined]
             if index < len(chunks) - 1:
                 yield self._pause(chunk)
+
+    def _decode_while_generating(
+        self, frames: Iterator[np.ndarray], decode_frames: int | None
+    ) -> Iterator[np.ndarray]:
+        """Audio of `frames` as they come: the codec decodes on a worker thread while the next
+        frames are generated (the core releases the GIL in every run); at most one decode is
+        in flight and the frames made meanwhile go into the next one. The audio is the same
+        whatever the grouping."""
+        pending: list[np.ndarray] = []
+        first: float | None = None
+        emitted = 0
+        inflight: Future | None = None
+        worker = ThreadPoolExecutor(1, thread_name_prefix="moss-codec")
+        with self.codec.stream() as codec:
+            try:
+                for frame in frames:
+                    pending.append(frame)
+                    if inflight is not None and inflight.done():
+                        audio = inflight.result()
+                        inflight = None
+                        first = first or time.perf_counter()
+                        emitted += len(audio)
+                        yield audio
+                    budget = decode_frames or stream_budget(
+                        first, emitted / self.sample_rate, time.perf_counter()
+                    )
+                    if inflight is None and len(pending) >= budget:
+                        inflight = worker.submit(codec.push, np.stack(pending))
+                        pending = []
+                if inflight is not None:
+                    yield inflight.result()
+                    inflight = None
+                if pending:
+                    yield codec.push(np.stack(pending))
+            finally:
+                worker.shutdown(wait=True)  # no decode may outlive its codec stream
 
     # -- description ----------------------------------------------------------------------
     def info(self) -> dict[str, Any]:
@@ -451,8 +438,4 @@ class MossTTSNano:
         }
 
 
-def load(layout: MossLayout, settings: LoadSettings, options: Mapping[str, Any]) -> MossTTSNano:
-    return MossTTSNano(layout, settings, **options)
-
-
-__all__ = ["LOCAL_PATH_CHOICES", "REQUEST_OPTIONS", "MossTTSNano", "load"]
+__all__ = ["MossTTSNano"]

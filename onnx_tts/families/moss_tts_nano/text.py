@@ -198,13 +198,4 @@ class MossText:
         return pieces
 
 
-def check_chunk_tokens(value: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_CHUNK_TOKENS:
-        raise InputError(
-            f"voice_clone_max_text_tokens must be an integer in [1, {MAX_CHUNK_TOKENS}], "
-            f"got {value!r}"
-        )
-    return value
-
-
 __all__ = ["DEFAULT_CHUNK_TOKENS", "MossText", "pause_seconds", "speakable", "split_at"]
