@@ -209,6 +209,93 @@ def bench_streams(
     return rows
 
 
+def _step_timer(run) -> Any:
+    """A callable that runs `run()` and returns its wall time."""
+
+    def timed() -> float:
+        start = time.perf_counter()
+        run()
+        return time.perf_counter() - start
+
+    return timed
+
+
+def bench_components(contenders: dict, context: int, steps: int) -> list[dict]:
+    """The parts onnx-tts changes, each timed alone, contenders alternating step by step
+    (medians): a global decode step at `context` cached positions (KV fed back from numpy,
+    copied by the core, chained, in place), and one-frame codec decode_step pushes (state fed
+    back from numpy, copied by the core, chained). The local frame graph is the same run in
+    every contender."""
+    loop = contenders["published"]
+    rng = np.random.default_rng(0)
+    width = int(loop.config["n_vq"]) + 1
+    prompt = rng.integers(0, 1024, (1, context, width)).astype(np.int32)
+    prompt[..., 0] = rng.integers(10, 1000, (1, context))
+    feeds = {"input_ids": prompt, "attention_mask": np.ones((1, context), np.int32)}
+    row = prompt[:, :1].copy()
+    names = loop.tts_meta["onnx"]
+    out = loop._run(loop.sessions["prefill"], feeds)
+    past = {n.replace("present_", "past_"): out[n] for n in names["prefill_output_names"][1:]}
+    state = {"length": context}
+
+    def published_step() -> None:
+        step = {"input_ids": row, "past_valid_lengths": np.array([state["length"]], np.int32)}
+        step.update({n: past[n] for n in names["decode_input_names"][2:]})
+        out = loop._run(loop.sessions["decode"], step)
+        past.update(
+            {n.replace("present_", "past_"): out[n] for n in names["decode_output_names"][1:]}
+        )
+        state["length"] += 1
+
+    timers = {"published": _step_timer(published_step)}
+    caches = []
+    for name in ("copy", "chain", "inplace"):
+        model = contenders[name]
+        cache = model.lm.acquire(context + steps + 1)
+        model.lm.prefill(cache, feeds)
+        caches.append((model, cache))
+
+        def engine_step(model=model, cache=cache) -> None:
+            lengths = np.array([cache.length], np.int32)
+            model.lm.step(cache, {"input_ids": row, "past_valid_lengths": lengths})
+
+        timers[name] = _step_timer(engine_step)
+    codes = rng.integers(0, 1024, (1, int(loop.config["n_vq"])))
+    codec_state = loop.initial_codec_state()
+    codec_timers = {
+        "published": _step_timer(lambda: loop.decode_stream(codes.tolist(), codec_state))
+    }
+    streams = []
+    for name in ("copy", "chain"):
+        stream = contenders[name].codec.stream()
+        streams.append(stream)
+        codec_timers[name] = _step_timer(lambda stream=stream: stream.push(codes))
+    samples: dict[tuple[str, str], list[float]] = {}
+    try:
+        for _ in range(steps):
+            for part, group in (("global step", timers), ("codec push", codec_timers)):
+                for name, timer in group.items():
+                    samples.setdefault((part, name), []).append(timer())
+    finally:
+        for model, cache in caches:
+            model.lm.release(cache)
+        for stream in streams:
+            stream.close()
+    rows = []
+    for (part, name), times in samples.items():
+        base = float(np.median(samples[(part, "published")]))
+        rows.append(
+            {
+                "part": part,
+                "contender": name,
+                "context": context,
+                "ms": 1000 * float(np.median(times)),
+                "speedup_vs_published": base / float(np.median(times)),
+            }
+        )
+    return rows
+
+
 def summarize(rows: list[dict]) -> dict[str, Any]:
     summary: dict[str, Any] = {}
     for mode in MODES:
@@ -298,6 +385,9 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for mode in MODES:
         rows += bench_streams(contenders, mode, frames, repeats, memory[mode])
+    components = []
+    for context in (64, 256) if args.quick else (150, 600):
+        components += bench_components(contenders, context, 10 if args.quick else 40)
     results = {
         "machine": {
             "cpus": os.cpu_count(),
@@ -310,11 +400,17 @@ def main(argv: list[str] | None = None) -> int:
         "threads": args.threads,
         "graphs": str(directory),
         "rows": rows,
+        "components": components,
         "summary": summarize(rows),
     }
     write_atomically(args.json, (json.dumps(results, indent=2) + "\n").encode("utf-8"))
     plot(results, args.plot)
     print(json.dumps(results["summary"], indent=2))
+    for row in components:
+        print(
+            f"{row['part']:12s} context {row['context']:4d} {row['contender']:10s} "
+            f"{row['ms']:7.2f} ms  x{row['speedup_vs_published']:.2f}"
+        )
     return 0
 
 
