@@ -241,13 +241,16 @@ def test_non_finite_reference_samples_are_refused(models):
 
 
 # -- streaming ------------------------------------------------------------------------------
-@pytest.mark.parametrize("decode_frames", [1, 3, None])
-def test_stream_equals_one_shot(models, decode_frames):
+@pytest.mark.parametrize(("decode_frames", "codec_thread"), [(1, False), (3, True), (None, False)])
+def test_stream_equals_one_shot(models, decode_frames, codec_thread):
     model = models["chain"]
     options = {"max_new_frames": FRAMES, "voice_clone_max_text_tokens": 12}
     text = "A first short sentence here. And a second sentence follows it."
     one_shot = model.synthesize(text, seed=2, **options)
-    pieces = list(model.stream(text, seed=2, decode_frames=decode_frames, **options))
+    stream = model.stream(
+        text, seed=2, decode_frames=decode_frames, codec_thread=codec_thread, **options
+    )
+    pieces = list(stream)
     streamed = np.concatenate(pieces)
     assert len(pieces) > 3 and streamed.shape == one_shot.shape
     np.testing.assert_allclose(streamed, one_shot, atol=2e-5, rtol=0)
@@ -642,7 +645,7 @@ def test_converting_twice_is_refused(moss_inplace, tmp_path):
 def test_closing_a_stream_midway_frees_its_caches(models):
     model = models["chain"]
     idle = model.pool.idle_count()
-    stream = model.stream(TEXT, seed=1, decode_frames=1, max_new_frames=FRAMES)
+    stream = model.stream(TEXT, seed=1, decode_frames=1, codec_thread=True, max_new_frames=FRAMES)
     next(stream)
     stream.close()  # a codec decode may be in flight on the worker: waited for, then released
     assert model.pool.idle_count() >= max(idle, 1)

@@ -331,13 +331,16 @@ class MossTTSNano:
         seed: int | None = None,
         cache: ReferenceCache | None = None,
         decode_frames: int | None = None,
+        codec_thread: bool = False,
         **options: Any,
     ) -> Iterator[np.ndarray]:
         """Speak `text` as float32 [n, channels] pieces as frames are made: the codec's
         decode_step with its state chained in the core, `decode_frames` frames at a time (None:
         the published budget, 1 frame until the audio is 0.2 s ahead of real time, then up to
-        8). The pieces concatenate to synthesize()'s audio. Checks happen before the first
-        piece; closing the iterator stops generation."""
+        8). `codec_thread`: decode on a worker thread while the next frames are generated (the
+        core releases the GIL in every run): faster with a spare core, slower without one.
+        The pieces concatenate to synthesize()'s audio. Checks happen before the first piece;
+        closing the iterator stops generation."""
         if decode_frames is not None and (
             isinstance(decode_frames, bool)
             or not isinstance(decode_frames, int)
@@ -346,31 +349,34 @@ class MossTTSNano:
             raise InputError(
                 f"decode_frames must be an integer in [1, 1024], got {decode_frames!r}"
             )
+        if not isinstance(codec_thread, bool):
+            raise InputError(f"codec_thread must be true or false, got {codec_thread!r}")
         chunks, checked, prompt, generator = self._plan(text, voice, seed, options, cache)
-        return self._stream(chunks, checked, prompt, generator, decode_frames)
+        return self._stream(chunks, checked, prompt, generator, decode_frames, codec_thread)
 
-    def _stream(self, chunks, checked, prompt, generator, decode_frames) -> Iterator[np.ndarray]:
+    def _stream(
+        self, chunks, checked, prompt, generator, decode_frames, codec_thread
+    ) -> Iterator[np.ndarray]:
         for index, chunk in enumerate(chunks):
             frames = self.frames(chunk, prompt, checked, generator)
             try:
-                yield from self._decode_while_generating(frames, decode_frames)
+                yield from self._decode_while_generating(frames, decode_frames, codec_thread)
             finally:
                 frames.close()  # type: ignore[attr-defined]
             if index < len(chunks) - 1:
                 yield self._pause(chunk)
 
     def _decode_while_generating(
-        self, frames: Iterator[np.ndarray], decode_frames: int | None
+        self, frames: Iterator[np.ndarray], decode_frames: int | None, codec_thread: bool
     ) -> Iterator[np.ndarray]:
-        """Audio of `frames` as they come: the codec decodes on a worker thread while the next
-        frames are generated (the core releases the GIL in every run); at most one decode is
-        in flight and the frames made meanwhile go into the next one. The audio is the same
-        whatever the grouping."""
+        """Audio of `frames` as they come. With `codec_thread`, at most one decode is in
+        flight on the worker and the frames made meanwhile go into the next one. The audio is
+        the same whatever the grouping."""
         pending: list[np.ndarray] = []
         first: float | None = None
         emitted = 0
         inflight: Future | None = None
-        worker = ThreadPoolExecutor(1, thread_name_prefix="moss-codec")
+        worker = ThreadPoolExecutor(1, thread_name_prefix="moss-codec") if codec_thread else None
         with self.codec.stream() as codec:
             try:
                 for frame in frames:
@@ -384,16 +390,25 @@ class MossTTSNano:
                     budget = decode_frames or stream_budget(
                         first, emitted / self.sample_rate, time.perf_counter()
                     )
-                    if inflight is None and len(pending) >= budget:
-                        inflight = worker.submit(codec.push, np.stack(pending))
-                        pending = []
+                    if inflight is not None or len(pending) < budget:
+                        continue
+                    group = np.stack(pending)
+                    pending = []
+                    if worker is not None:
+                        inflight = worker.submit(codec.push, group)
+                        continue
+                    audio = codec.push(group)
+                    first = first or time.perf_counter()
+                    emitted += len(audio)
+                    yield audio
                 if inflight is not None:
                     yield inflight.result()
                     inflight = None
                 if pending:
                     yield codec.push(np.stack(pending))
             finally:
-                worker.shutdown(wait=True)  # no decode may outlive its codec stream
+                if worker is not None:
+                    worker.shutdown(wait=True)  # no decode may outlive its codec stream
 
     # -- description ----------------------------------------------------------------------
     def info(self) -> dict[str, Any]:
