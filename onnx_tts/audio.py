@@ -132,7 +132,7 @@ def as_mono_float32(audio: np.ndarray, dtype: str = "float32") -> np.ndarray:
 
 
 def resample(samples: np.ndarray, from_rate: int, to_rate: int) -> np.ndarray:
-    """Resample mono float32 audio with soxr (high quality)."""
+    """Resample float32 audio, [N] or [N, channels], with soxr (high quality)."""
     samples = np.asarray(samples, dtype=np.float32)
     if from_rate == to_rate:
         return samples
@@ -198,8 +198,11 @@ def load_audio(
     min_seconds: float | None = None,
     max_seconds: float | None = None,
     on_trim: Trimmed | None = None,
+    channels: int = 1,
 ) -> np.ndarray:
-    """Decode an audio file to mono float32 at `sample_rate`.
+    """Decode an audio file to float32 at `sample_rate`: mono [N] (channels averaged), or with
+    `channels=2` stereo [N, 2] for stereo models (a mono file duplicated, a stereo one kept, more
+    channels refused).
 
     Raises AudioError for a missing, unreadable, unsupported, truncated, empty, silent or too
     short file, a sample rate outside 8-384 kHz, and non-finite or absurd (> 16) peaks. Audio
@@ -250,17 +253,26 @@ def load_audio(
         raise NonFiniteAudioError(
             f"reference audio {path} contains NaN or infinite samples; re-export the file"
         )
-    mono = data.mean(axis=1) if data.shape[1] > 1 else data[:, 0]
+    if channels not in (1, 2):
+        raise AudioError(f"cannot decode to {channels} channels: 1 (mono) or 2 (stereo)")
+    if channels == 1:
+        samples = data.mean(axis=1) if data.shape[1] > 1 else data[:, 0]
+    elif data.shape[1] <= 2:
+        samples = np.repeat(data, 2 // data.shape[1], axis=1)
+    else:
+        raise AudioError(
+            f"reference audio {path} has {data.shape[1]} channels; give a mono or stereo file"
+        )
     if info.frames > max_frames:
         reference_trimmed(info.frames / rate, limit, f"reference audio {path}", on_trim)
-    seconds = len(mono) / rate
+    seconds = len(samples) / rate
     needed = max(MIN_CLIP_SECONDS, min_seconds or 0.0)
     if seconds < needed:
         raise AudioError(
             f"reference audio {path} is {seconds:.2f} s long; at least {needed:g} s of speech "
             "is needed"
         )
-    peak = float(np.max(np.abs(mono)))
+    peak = float(np.max(np.abs(samples)))
     if peak > MAX_REFERENCE_PEAK:
         raise AudioError(
             f"reference audio {path} peaks at {peak:.3g} (full scale is 1.0); the file is "
@@ -268,7 +280,7 @@ def load_audio(
         )
     if peak < SILENCE_PEAK:
         raise AudioError(f"reference audio {path} is silent; record a few seconds of speech")
-    return resample(np.ascontiguousarray(mono), rate, sample_rate)
+    return resample(np.ascontiguousarray(samples), rate, sample_rate)
 
 
 # -- writing ------------------------------------------------------------------------------------
