@@ -337,6 +337,14 @@ def test_metrics(server: LiveServer) -> None:
     assert metric(text, "onnx_tts_batch_size_count") >= 1
     assert "onnx_tts_queue_depth" in text and "onnx_tts_stream_underruns_total" in text
     assert 'onnx_tts_reference_cache_lookups_total{model="onnx-tts-voice",tier="memory"}' in text
+    # Each stage's work (its busy time, items and runs: items / runs is its mean batch).
+    for stage in ("decode", "vocoder"):
+        assert metric(text, "onnx_tts_stage_busy_seconds_total", stage=stage) > 0
+        assert metric(text, "onnx_tts_stage_runs_total", stage=stage) >= 1
+        assert metric(text, "onnx_tts_stage_items_total", stage=stage) >= metric(
+            text, "onnx_tts_stage_runs_total", stage=stage
+        )
+    assert metric(text, "onnx_tts_admission_capacity", model="onnx-tts-voice") >= 1
 
 
 def test_result_cache_hits_are_served_and_counted(tmp_path: Path) -> None:

@@ -79,18 +79,20 @@ class _StageCollector(Collector):
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         busy = CounterMetricFamily(
-            "onnx_tts_stage_busy_seconds", "Seconds a stage's worker was busy", ["model", "stage"]
+            "onnx_tts_stage_busy_seconds",
+            "Seconds a stage's worker was busy",
+            labels=["model", "stage"],
         )
         work = CounterMetricFamily(
             "onnx_tts_stage_items",
             "Items a stage processed (decode: row steps; vocoder: windows)",
-            ["model", "stage"],
+            labels=["model", "stage"],
         )
         runs = CounterMetricFamily(
             "onnx_tts_stage_runs",
             "Runs of a stage (decode: LM steps; vocoder: vocoder calls); items / runs is its "
             "mean batch",
-            ["model", "stage"],
+            labels=["model", "stage"],
         )
         capacity = GaugeMetricFamily(
             "onnx_tts_admission_capacity",
