@@ -12,7 +12,8 @@ Reported per tree and API: audio seconds per wall second at 1 and at 8, their ra
 on the default voice), the LM's mean batch, and for ``stream()`` the time to first audio.
 
 Part 2, decode lookahead (this tree only): the same requests as 1, 4 and 8 concurrent streams
-on an engine with ``lookahead=False`` and one with ``lookahead=True``, alternately; reported:
+(waves of requests that start together) on an engine with ``lookahead=False`` and one with
+``lookahead=True``, alternately; reported:
 milliseconds per decode step (the decode worker's busy seconds over its steps) and audio s/s,
 on the default voice and on the Turbo-shape Chatterbox bundle (benchmarks/serve_models.py).
 
@@ -250,13 +251,17 @@ def lookahead(args: argparse.Namespace) -> dict[str, Any]:
         for engine in engines.values():
             measure(engine, "stream", max(LOOKAHEAD_ROWS), [text] * max(LOOKAHEAD_ROWS))
         rows = []
-        repeats = 1 if (args.quick or name == "turbo") else 2
+        waves = 1 if (args.quick or name == "turbo") else 3
         for rows_at_once in LOOKAHEAD_ROWS:
             for round_index in range(args.rounds):
                 for flag in (False, True) if round_index % 2 == 0 else (True, False):
-                    texts = [text] * (rows_at_once * repeats)
-                    row = measure(engines[flag], "stream", rows_at_once, texts)
-                    row.update(lookahead=flag, rows=rows_at_once)
+                    # Waves of `rows_at_once` requests that start together, so the LM decodes
+                    # exactly that many rows (a closed loop would stagger them).
+                    parts = [
+                        measure(engines[flag], "stream", rows_at_once, [text] * rows_at_once)
+                        for _ in range(waves)
+                    ]
+                    row = _combine(parts) | {"lookahead": flag, "rows": rows_at_once}
                     rows.append(row)
                     print(
                         f"[bench-api] lookahead {name:5s} rows={rows_at_once} "
@@ -280,6 +285,24 @@ def lookahead(args: argparse.Namespace) -> dict[str, Any]:
             }
         out[name] = {"rows": rows, "summary": summary}
     return out
+
+
+def _combine(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """Several `measure` results as one: totals, and per-step and per-second rates of them."""
+    steps = sum(p["steps"] for p in parts)
+    audio, wall = sum(p["audio_s"] for p in parts), sum(p["wall_s"] for p in parts)
+    busy = sum(p["decode_busy_s"] for p in parts)
+    return {
+        "waves": len(parts),
+        "steps": steps,
+        "audio_s": audio,
+        "wall_s": wall,
+        "audio_s_per_s": audio / wall,
+        "decode_busy_s": busy,
+        "ms_per_step": 1000 * busy / steps,
+        "mean_batch": sum(p["mean_batch"] * p["steps"] for p in parts) / steps,
+        "loadavg": parts[-1]["loadavg"],
+    }
 
 
 def _median(rows: list[dict[str, Any]], lookahead_on: bool, key: str) -> float:
