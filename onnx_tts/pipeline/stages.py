@@ -131,8 +131,9 @@ class VocoderStream:
             return np.stack(self.frames) if self.frames else np.zeros((0, 1), np.float32)
         return None
 
-    def accept(self, window: Window | np.ndarray, waveform: np.ndarray) -> None:
-        """(under the stage lock) the decoded waveform of `window`."""
+    def accept(self, window: Window | np.ndarray, waveform: np.ndarray) -> int:
+        """(under the stage lock) the decoded waveform of `window`; returns the samples it
+        handed to the consumer."""
         if self.decoder is not None:
             assert isinstance(window, Window)
             chunk = self.decoder.accept(window, waveform)
@@ -141,10 +142,12 @@ class VocoderStream:
             if self.decoder.done:
                 self.done = True
                 self._queue(_END)
-        else:
-            self._queue(np.asarray(waveform, np.float32))
-            self.done = True
-            self._queue(_END)
+            return len(chunk)
+        samples = np.asarray(waveform, np.float32)
+        self._queue(samples)
+        self.done = True
+        self._queue(_END)
+        return len(samples)
 
     def fail(self, error: BaseException) -> None:
         self.failed = error
@@ -208,7 +211,8 @@ class VocoderStage:
         self._due: set[VocoderStream] = set()
         self._closed = False
         self._thread: threading.Thread | None = None
-        self._stats = {"rounds": 0, "calls": 0, "windows": 0, "busy_seconds": 0.0}
+        # samples: audio handed to consumers (admission's cost per second of audio).
+        self._stats = {"rounds": 0, "calls": 0, "windows": 0, "samples": 0, "busy_seconds": 0.0}
 
     def open(
         self, request: Request, window: StreamingOptions | None, hop_length: int
@@ -343,7 +347,7 @@ class VocoderStage:
                 if stream not in self.streams:
                     continue  # closed meanwhile
                 try:
-                    stream.accept(window, waveform)
+                    self._stats["samples"] += stream.accept(window, waveform)
                 except Exception as error:
                     stream.fail(error)
                 if stream.done:

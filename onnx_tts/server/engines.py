@@ -19,7 +19,7 @@ import numpy as np
 import onnx_tts
 from onnx_tts.audio import Trimmed, load_audio
 from onnx_tts.config import CacheConfig, EngineConfig
-from onnx_tts.pipeline import build_engine
+from onnx_tts.pipeline import available_cores, build_engine
 from onnx_tts.pipeline.admission import Admission, retry_after_seconds
 from onnx_tts.pipeline.execution import ReadyChunks
 
@@ -57,7 +57,12 @@ class SpeechModel:
             stats = engine.stats()
             return (stats["busy_seconds"], stats["vocoder"]["busy_seconds"])
 
-        self.admission = Admission(busy, max_streams, max_waiting, lead=self.lead)
+        def audio() -> float:
+            return engine.stats()["vocoder"]["samples"] / engine.sample_rate
+
+        self.admission = Admission(
+            busy, audio, max_streams, max_waiting, lead=self.lead, cores=available_cores()
+        )
 
     def lead(self) -> float | None:
         """Seconds until the first of this model's listeners runs dry (None: none plays)."""
