@@ -161,8 +161,8 @@ class SlotRows:
 
     def prepare(self, rows: np.ndarray, inputs: np.ndarray) -> SlotRun:
         """The feeds of one LM run over the slot span covering request `rows` (sorted);
-        `inputs` holds lm_rows entries per row. A free row inside the span computes a
-        throwaway token at position 0 of its own buffer. Built before the run, so the run
+        `inputs` holds lm_rows entries per row. Another row inside the span computes a
+        throwaway token (see below). Built before the run, so the run
         itself may go on in another thread while rows that left the step are released."""
         lm = self.lm_rows
         first, last = int(rows[0]), int(rows[-1])
@@ -176,7 +176,12 @@ class SlotRows:
             batch[positions] = inputs
         taking_part = np.zeros(last - first + 1, bool)
         taking_part[rows - first] = True
-        lengths = np.repeat(np.where(taking_part, self.lengths[first : last + 1], 0), lm)
+        # A row of the span that sits this step out (paced, or its frames await hand-over)
+        # writes its throwaway token where its own next token will go (overwritten then),
+        # never over its cached tokens; a free row at position 0.
+        held = self.lengths[first : last + 1]
+        spare = np.where(self.live[first : last + 1] & (held < self.capacity), held, 0)
+        lengths = np.repeat(np.where(taking_part, held, spare), lm)
         feeds = {self.program.input_name: batch}
         feeds.update(length_feeds(self.program.lm, lengths, batch.shape[1]))
         return SlotRun(rows, feeds, first * lm, lengths, positions)
