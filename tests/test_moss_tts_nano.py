@@ -10,6 +10,7 @@ import json
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +21,6 @@ from onnx_tts.cache.reference import ReferenceCache
 from onnx_tts.errors import AudioError, InputError, ModelError
 from onnx_tts.families import FAMILIES, detect
 from onnx_tts.families.moss_tts_nano import open_model
-from onnx_tts.families.moss_tts_nano.program import decode_request
 from onnx_tts.families.moss_tts_nano.sampling import sample_rows
 from tests.moss_published_loop import PublishedLoop, host_sample
 
@@ -279,38 +279,57 @@ def test_codec_state_is_chained_without_a_copy(models):
         assert set(stream.chain.state_data_ptrs()).isdisjoint(stream.chain.output_data_ptrs())
 
 
-def test_global_kv_is_chained_from_the_prefill_graph(models):
-    model = models["chain"]
+def _own_cache_run(model, feeds_frames=3):
+    """Admit one request into an OwnCaches home of the model's pool, prefill, one step."""
+    from onnx_tts.decoding.kv_rows import OwnCaches
+    from onnx_tts.request import Request
+
     request = model.request(
-        TEXT, model.voice(), model.request_options({"max_new_frames": 3}), np.random.default_rng(0)
+        TEXT,
+        model.voice(),
+        model.request_options({"max_new_frames": feeds_frames}),
+        np.random.default_rng(0),
     )
     state = model.program.new_state(1)
-    feeds, needed = model.program.admit(state, 0, request)
-    cache = model.lm.acquire(needed)
+    admission = model.program.admit(state, 0, Request(request, {}, model.sampling_defaults()))
+    home = OwnCaches(model.program, model.pool, model.kv)
+    return home, state, admission
+
+
+def test_global_kv_is_chained_from_the_prefill_graph(models):
+    model = models["chain"]
+    home, state, admission = _own_cache_run(model)
+    rows = np.zeros(1, np.int64)
     try:
-        model.lm.prefill(cache, feeds)
-        assert cache.length == feeds["input_ids"].shape[1]
+        home.prefill(0, admission, None)
+        cache = home.caches[0]
+        length = admission.inputs.shape[1]
+        assert cache.length == length
         assert cache.past_data_ptrs() == cache.present_data_ptrs()  # prefill presents adopted
-        model.program.consume(state, np.zeros(1, np.int64), np.zeros((1, 32), np.float32))
-        model.lm.step(cache, model.program.step_feeds(state, np.zeros(1, np.int64)))
+        model.program.consume(state, rows, np.zeros((1, 32), np.float32))
+        home.step(rows, model.program.step_inputs(state, rows))
         assert cache.past_data_ptrs() == cache.present_data_ptrs()
-        assert cache.read(0).shape == (1, feeds["input_ids"].shape[1] + 1, 2, 16)
+        assert cache.read(0).shape == (1, length + 1, 2, 16)
     finally:
-        model.lm.release(cache)
+        home.release(0)
 
 
 def test_closing_generation_returns_the_kv_cache(models):
     model = models["chain"]
     idle = model.pool.idle_count()
     checked = model.request_options({"max_new_frames": FRAMES})
-    frames = decode_request(
-        model.program,
-        model.lm,
-        model.request(TEXT, model.voice(), checked, np.random.default_rng(0)),
-    )
+    frames = model.frames(TEXT, model.voice(), checked, np.random.default_rng(0))
     next(frames)
     frames.close()
-    assert model.pool.idle_count() == max(idle, 1)
+    _eventually(lambda: model.pool.idle_count() == max(idle, 1))  # freed at the next step
+
+
+def _eventually(condition, seconds=30.0):
+    """Wait for a worker thread to make `condition` true (fails after `seconds`)."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "the condition never became true"
+        time.sleep(0.005)
 
 
 # -- host sampling is the published one ---------------------------------------------------------
@@ -601,26 +620,31 @@ def test_in_place_kv_gives_the_published_frames(moss_inplace, moss_official, kv)
         assert ours == theirs["frames"], mode
 
 
-def test_in_place_cache_is_one_buffer_and_takes_the_prefill(moss_inplace):
+def test_in_place_slot_row_takes_the_prefill_and_never_moves(moss_inplace):
+    from onnx_tts.decoding.kv_rows import SlotRows
+    from onnx_tts.request import Request
+
     model = open_model(moss_inplace, threads=1)
     request = model.request(
         TEXT, model.voice(), model.request_options({"max_new_frames": 3}), np.random.default_rng(0)
     )
     state = model.program.new_state(1)
-    feeds, needed = model.program.admit(state, 0, request)
-    cache = model.lm.acquire(needed)
-    try:
-        buffers = cache.past_data_ptrs()
-        model.lm.prefill(cache, feeds)  # [B, S, H, D] presents copied into [B, H, cap, D]
-        length = feeds["input_ids"].shape[1]
-        assert cache.length == length and cache.capacity >= needed
-        first = cache.read(0)
-        model.program.consume(state, np.zeros(1, np.int64), np.zeros((1, 32), np.float32))
-        model.lm.step(cache, model.program.step_feeds(state, np.zeros(1, np.int64)))
-        assert cache.past_data_ptrs() == buffers == cache.present_data_ptrs()
-        np.testing.assert_array_equal(cache.read(0)[:, :, :length], first)
-    finally:
-        model.lm.release(cache)
+    admission = model.program.admit(state, 0, Request(request, {}, model.sampling_defaults()))
+    slots = SlotRows(model.program, model.kv, model.pool.capacity, max_rows=2)
+    assert slots.reserve(0, admission.max_tokens)
+    rows = np.zeros(1, np.int64)
+    slots.prefill(0, admission, None)  # [B, S, H, D] presents copied into [B, H, cap, D]
+    length = admission.inputs.shape[1]
+    prefill = model.program.prefill_lm.run(
+        {"input_ids": admission.inputs, "attention_mask": np.ones((1, length), np.int32)}
+    )
+    first = slots.slots.read(0, 0, length)
+    np.testing.assert_array_equal(first, prefill["present_key_0"].transpose(0, 2, 1, 3))
+    buffers = slots.row_ptrs(0)
+    model.program.consume(state, rows, np.zeros((1, 32), np.float32))
+    slots.step(rows, model.program.step_inputs(state, rows))
+    assert slots.row_ptrs(0) == buffers and slots.lengths[0] == length + 1
+    np.testing.assert_array_equal(slots.slots.read(0, 0, length), first)
 
 
 def test_converting_twice_is_refused(moss_inplace, tmp_path):
@@ -648,7 +672,7 @@ def test_closing_a_stream_midway_frees_its_caches(models):
     stream = model.stream(TEXT, seed=1, decode_frames=1, codec_thread=True, max_new_frames=FRAMES)
     next(stream)
     stream.close()  # a codec decode may be in flight on the worker: waited for, then released
-    assert model.pool.idle_count() >= max(idle, 1)
+    _eventually(lambda: model.pool.idle_count() >= max(idle, 1))  # freed at the next step
     assert len(model.codec._idle) >= 1
     again = model.synthesize(TEXT, seed=1, max_new_frames=FRAMES)
     np.testing.assert_allclose(
