@@ -316,6 +316,11 @@ class MossTTSNano:
         """[F, n_vq] codes -> [F x 3840, 2] float32 (the voice plays no part in decoding)."""
         return self.codec.decode(np.asarray(frames).reshape(-1, self.layout.config.n_vq))
 
+    def open_stream(self) -> Any:
+        """A streaming codec decoder for the Engine's vocoder stage: `push(frames)` -> their
+        audio [n, channels] with the codec's state chained in the core, `close()`."""
+        return self.codec.stream()
+
     def _plan(self, text: Any, voice: Any, seed: Any, options: Mapping[str, Any], cache):
         text = check_text(text)
         checked = self.request_options(options)
@@ -325,6 +330,11 @@ class MossTTSNano:
         # One generator for the whole text, used by its chunks in order (as published).
         generator = np.random.default_rng(seed) if checked["sampling"].do_sample else None
         return chunks, checked, prompt, generator
+
+    def pause_seconds(self, chunk: object) -> float:
+        """The published silence after a text chunk (0.40 s after a short one, else 0.24 s):
+        the Engine puts it between chunks too."""
+        return pause_seconds(str(chunk))
 
     def _pause(self, chunk: str) -> np.ndarray:
         return np.zeros((round(self.sample_rate * pause_seconds(chunk)), self.channels), np.float32)
