@@ -29,8 +29,15 @@ between contenders, medians kept; the machine is shared, so its load is recorded
 of a separate process that loads only that contender and streams once (the published runtime
 loads every graph at start, onnx-tts the ones a request uses).
 
-Batched rows (1/4/8 streams, audio s/s) come with the scheduler integration: ``STREAMS`` and
-``bench_streams`` are where they plug in.
+Batched (``bench_batched``): ``batched`` is the Engine (``onnx_tts.load`` on the converted
+graphs, ``max_batch=8``): 1, 4 and 8 streams at once (each a thread streaming the text with its
+own seed), the global decode rows of all streams in one in-place run per step, the local frame
+graph for all rows in one run, each stream's codec decode_step with its own state on the
+vocoder stage's thread. Rounds alternate it with one published run (the published runtime
+serves one request at a time, so its audio s/s at N streams is its one-stream rate); reported:
+audio s/s, the speed-up in audio s/s over the published loop within the round, ms per frame
+(wall per frame of one stream), RTF, time to first audio (median over streams) and peak RSS of a
+process streaming 8 at once.
 """
 
 from __future__ import annotations
@@ -59,8 +66,9 @@ RESULTS_DIR = ROOT / "benchmarks" / "results"
 TEXT = "The quick brown fox jumps over the lazy dog, and then it takes a long nap in the sun."
 CONTENDERS = ("published", "copy", "chain", "inplace")
 MODES = ("fixed", "full")
-# Concurrent streams; more than one needs the batched scheduler (phase 2 of issue 27).
-STREAMS = (1,)
+# Concurrent streams of the batched Engine contender.
+STREAMS = (1, 4, 8)
+MAX_BATCH = 8
 NEVER_STOP = 1000.0  # stand-in continue bias: no run ends before max_new_frames
 
 
@@ -145,18 +153,110 @@ def _record(frames: int, audio: float, total: float, first: float) -> dict:
     return {"frames": frames, "audio_s": audio, "wall_s": total, "first_audio_s": first}
 
 
+def run_batched(engine, mode: str, frames: int, streams: int) -> dict[str, Any]:
+    """`streams` threads streaming the text at once through one Engine (seeds 0..streams-1)."""
+    import threading
+
+    records: list[dict | None] = [None] * streams
+    start_line = threading.Barrier(streams + 1)
+
+    def one(index: int) -> None:
+        start_line.wait()
+        start = time.perf_counter()
+        first, samples = None, 0
+        stream = engine.stream(TEXT, seed=index, sample_mode=mode, max_new_frames=frames)
+        for piece in stream:
+            if first is None and len(piece):
+                first = time.perf_counter() - start
+            samples += len(piece)
+        total = time.perf_counter() - start
+        made = samples // engine.backend.hop_length
+        records[index] = _record(made, samples / engine.sample_rate, total, first or total)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(streams)]
+    for thread in threads:
+        thread.start()
+    start_line.wait()
+    start = time.perf_counter()
+    for thread in threads:
+        thread.join()
+    wall = time.perf_counter() - start
+    done = [r for r in records if r is not None]
+    return {
+        "frames": int(np.median([r["frames"] for r in done])),
+        "audio_s": float(sum(r["audio_s"] for r in done)),
+        "wall_s": wall,
+        "first_audio_s": float(np.median([r["first_audio_s"] for r in done])),
+        "stream_wall_s": float(np.median([r["wall_s"] for r in done])),
+    }
+
+
+def bench_batched(
+    contenders: dict, engine, mode: str, frames: int, repeats: int, memory: float | None
+) -> list[dict]:
+    """The batched Engine at 1/4/8 streams against the published loop, alternating within each
+    round (see the module docstring)."""
+    rows = []
+    for streams in STREAMS:
+        ratios, records, published = [], [], []
+        for round_index in range(repeats):
+            order = ("published", "batched") if round_index % 2 == 0 else ("batched", "published")
+            for name in order:
+                if name == "published":
+                    published.append(run_published(contenders["published"], mode, frames))
+                else:
+                    records.append(run_batched(engine, mode, frames, streams))
+            base = published[-1]["audio_s"] / published[-1]["wall_s"]
+            ratios.append(records[-1]["audio_s"] / records[-1]["wall_s"] / base)
+        wall = float(np.median([r["wall_s"] for r in records]))
+        audio = float(np.median([r["audio_s"] for r in records]))
+        count = int(np.median([r["frames"] for r in records]))
+        stream_wall = float(np.median([r["stream_wall_s"] for r in records]))
+        base_rate = float(np.median([r["audio_s"] / r["wall_s"] for r in published]))
+        rows.append(
+            {
+                "contender": "batched",
+                "mode": mode,
+                "streams": streams,
+                "frames": count,
+                "ms_per_frame": 1000 * stream_wall / max(count, 1),
+                "rtf": stream_wall / max(audio / streams, 1e-9),
+                "audio_s_per_s": audio / wall,
+                "published_audio_s_per_s": base_rate,
+                "first_audio_ms": 1000 * float(np.median([r["first_audio_s"] for r in records])),
+                "peak_rss_mib": memory if streams == MAX_BATCH else None,
+                "speedup_vs_published": float(np.median(ratios)),
+                "speedup_range": [float(min(ratios)), float(max(ratios))],
+                "runs": len(records),
+            }
+        )
+    return rows
+
+
+def load_engine(directory: Path, threads: int):
+    import onnx_tts
+
+    return onnx_tts.load(
+        converted_dir(directory), threads=threads, cache_dir=None, max_batch=MAX_BATCH
+    )
+
+
 def load_contender(name: str, directory: Path, threads: int):
     from onnx_tts.families.moss_tts_nano import open_model
     from tests.moss_published_loop import PublishedLoop
 
     if name == "published":
         return PublishedLoop(directory, threads=threads)
+    if name == "batched":
+        return load_engine(directory, threads)
     if name == "inplace":
         return open_model(converted_dir(directory), kv="inplace", threads=threads)
     return open_model(directory, kv=name, threads=threads)
 
 
 def run_contender(name: str, contender, mode: str, frames: int) -> dict[str, Any]:
+    if name == "batched":
+        return run_batched(contender, mode, frames, MAX_BATCH)
     if name == "published":
         return run_published(contender, mode, frames)
     return run_engine(contender, mode, frames)
@@ -251,13 +351,14 @@ def bench_components(contenders: dict, context: int, steps: int) -> list[dict]:
     caches = []
     for name in ("copy", "chain", "inplace"):
         model = contenders[name]
-        cache = model.lm.acquire(context + steps + 1)
-        model.lm.prefill(cache, feeds)
+        cache = model.pool.acquire(context + steps + 1)
+        cache.prefill(model.program.prefill_lm, feeds, ["global_hidden"])
         caches.append((model, cache))
 
-        def engine_step(model=model, cache=cache) -> None:
+        def engine_step(cache=cache) -> None:
             lengths = np.array([cache.length], np.int32)
-            model.lm.step(cache, {"input_ids": row, "past_valid_lengths": lengths})
+            step = {"input_ids": row, "past_valid_lengths": lengths}
+            cache.step(step, output_names=["global_hidden"])
 
         timers[name] = _step_timer(engine_step)
     codes = rng.integers(0, 1024, (1, int(loop.config["n_vq"])))
@@ -278,7 +379,7 @@ def bench_components(contenders: dict, context: int, steps: int) -> list[dict]:
                     samples.setdefault((part, name), []).append(timer())
     finally:
         for model, cache in caches:
-            model.lm.release(cache)
+            model.pool.release(cache)
         for stream in streams:
             stream.close()
     rows = []
@@ -320,21 +421,33 @@ def plot(results: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     rows = results["rows"]
-    figure, axes = plt.subplots(1, 2, figsize=(11, 4))
+    figure, axes = plt.subplots(1, 3, figsize=(16, 4))
     width = 0.2
     for index, name in enumerate(CONTENDERS):
         picked = [next(r for r in rows if r["mode"] == m and r["contender"] == name) for m in MODES]
         positions = np.arange(len(MODES)) + (index - 1.5) * width
         axes[0].bar(positions, [r["ms_per_frame"] for r in picked], width, label=name)
         axes[1].bar(positions, [r["first_audio_ms"] for r in picked], width, label=name)
-    titles = ("ms per frame (lower is better)", "time to first audio, ms")
-    for axis, title in zip(axes, titles, strict=True):
+    batched = results.get("batched", [])
+    if batched:
+        streams = [r["streams"] for r in batched]
+        axes[2].plot(streams, [r["audio_s_per_s"] for r in batched], "o-", label="batched engine")
+        axes[2].plot(
+            streams, [r["published_audio_s_per_s"] for r in batched], "s--", label="published"
+        )
+        axes[2].set_xticks(streams)
+        axes[2].set_xlabel("concurrent streams (sample_mode fixed)")
+        axes[2].set_title("audio seconds per second (higher is better)")
+        axes[2].grid(alpha=0.3)
+        axes[2].legend()
+    titles = ("ms per frame, one stream (lower is better)", "time to first audio, ms")
+    for axis, title in zip(axes[:2], titles, strict=True):
         axis.set_xticks(np.arange(len(MODES)), [f"sample_mode {m}" for m in MODES])
         axis.set_title(title)
         axis.grid(axis="y", alpha=0.3)
         axis.legend()
     shape = "small stand-in" if results["quick"] else "published shapes"
-    figure.suptitle(f"MOSS-TTS-Nano, one stream, {results['frames']} frames, {shape}")
+    figure.suptitle(f"MOSS-TTS-Nano, {results['frames']} frames per stream, {shape}")
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=110)
@@ -355,7 +468,7 @@ def main(argv: list[str] | None = None) -> int:
         help="ONNX Runtime intra-op threads (1: steadiest on a shared machine)",
     )
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-RSS processes")
-    parser.add_argument("--probe", choices=CONTENDERS, help=argparse.SUPPRESS)
+    parser.add_argument("--probe", choices=(*CONTENDERS, "batched"), help=argparse.SUPPRESS)
     parser.add_argument("--graphs", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--mode", choices=MODES, default="fixed", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -382,9 +495,15 @@ def main(argv: list[str] | None = None) -> int:
     for mode in MODES:  # warm-up: first runs allocate and plan
         for name, contender in contenders.items():
             run_contender(name, contender, mode, 2)
+    engine = load_engine(directory, args.threads)
+    batched_memory = None
+    if not args.no_memory:
+        batched_memory = peak_rss_mib("batched", directory, "fixed", frames, args.threads)
+    run_batched(engine, "fixed", 2, MAX_BATCH)  # warm-up: slot buffers, codec states
     rows = []
     for mode in MODES:
         rows += bench_streams(contenders, mode, frames, repeats, memory[mode])
+    batched = bench_batched(contenders, engine, "fixed", frames, repeats, batched_memory)
     components = []
     for context in (64, 256) if args.quick else (150, 600):
         components += bench_components(contenders, context, 10 if args.quick else 40)
@@ -400,12 +519,28 @@ def main(argv: list[str] | None = None) -> int:
         "threads": args.threads,
         "graphs": str(directory),
         "rows": rows,
+        "batched": batched,
         "components": components,
-        "summary": summarize(rows),
+        "summary": {
+            **summarize(rows),
+            "batched_fixed": {
+                f"{r['streams']} streams": {
+                    "audio_s_per_s": r["audio_s_per_s"],
+                    "speedup_vs_published": r["speedup_vs_published"],
+                }
+                for r in batched
+            },
+        },
     }
     write_atomically(args.json, (json.dumps(results, indent=2) + "\n").encode("utf-8"))
     plot(results, args.plot)
     print(json.dumps(results["summary"], indent=2))
+    for row in batched:
+        print(
+            f"batched {row['streams']} stream(s): {row['audio_s_per_s']:.2f} audio s/s "
+            f"(published {row['published_audio_s_per_s']:.2f}, x{row['speedup_vs_published']:.2f})"
+            f", {row['ms_per_frame']:.1f} ms/frame, first audio {row['first_audio_ms']:.0f} ms"
+        )
     for row in components:
         print(
             f"{row['part']:12s} context {row['context']:4d} {row['contender']:10s} "

@@ -131,6 +131,14 @@ def as_mono_float32(audio: np.ndarray, dtype: str = "float32") -> np.ndarray:
     return np.ascontiguousarray(samples, dtype=dtype)
 
 
+def downmix(samples: np.ndarray) -> np.ndarray:
+    """[N] mono float32 of [N] or [N, channels] samples (the channels' mean)."""
+    array = np.asarray(samples, dtype=np.float32)
+    if array.ndim == 2:
+        return array.mean(axis=1, dtype=np.float32) if array.shape[1] > 1 else array[:, 0]
+    return array
+
+
 def resample(samples: np.ndarray, from_rate: int, to_rate: int) -> np.ndarray:
     """Resample float32 audio, [N] or [N, channels], with soxr (high quality)."""
     samples = np.asarray(samples, dtype=np.float32)
@@ -256,7 +264,7 @@ def load_audio(
     if channels not in (1, 2):
         raise AudioError(f"cannot decode to {channels} channels: 1 (mono) or 2 (stereo)")
     if channels == 1:
-        samples = data.mean(axis=1) if data.shape[1] > 1 else data[:, 0]
+        samples = downmix(data)
     elif data.shape[1] <= 2:
         samples = np.repeat(data, 2 // data.shape[1], axis=1)
     else:
@@ -410,28 +418,30 @@ def encode_for(target: object, samples: np.ndarray, sample_rate: int, fmt: str) 
         raise OutputError(f"cannot encode {target} as {fmt}: {error}") from None
 
 
-def wav_header(sample_rate: int, data_bytes: int | None) -> bytes:
-    """The 44-byte header of a 16-bit mono PCM WAV holding `data_bytes` of samples; None =
-    a stream of unknown length (both sizes 0xFFFFFFFF, which ffmpeg, sox and browsers read to
-    the end)."""
+def wav_header(sample_rate: int, data_bytes: int | None, channels: int = 1) -> bytes:
+    """The 44-byte header of a 16-bit PCM WAV (mono, or `channels` interleaved) holding
+    `data_bytes` of samples; None = a stream of unknown length (both sizes 0xFFFFFFFF, which
+    ffmpeg, sox and browsers read to the end)."""
     riff, data = (0xFFFFFFFF, 0xFFFFFFFF) if data_bytes is None else (36 + data_bytes, data_bytes)
+    block = 2 * channels
     return (
         b"RIFF"
         + struct.pack("<I", riff)
         + b"WAVEfmt "
-        + struct.pack("<IHHIIHH", 16, 1, 1, sample_rate, sample_rate * 2, 2, 16)
+        + struct.pack("<IHHIIHH", 16, 1, channels, sample_rate, sample_rate * block, block, 16)
         + b"data"
         + struct.pack("<I", data)
     )
 
 
 class ProgressiveWavWriter:
-    """A 16-bit mono WAV written as chunks arrive: to a unique temporary file in the target
-    directory; the header is fixed at :meth:`finish`, which renames it over `path`.
+    """A 16-bit WAV (mono, or `channels` interleaved: chunks [N, channels]) written as chunks
+    arrive: to a unique temporary file in the target directory; the header is fixed at
+    :meth:`finish`, which renames it over `path`.
     :meth:`abort` (or leaving a ``with`` block by an exception) removes the temp file, so
     `path` only ever holds a complete file."""
 
-    def __init__(self, path: str | os.PathLike[str], sample_rate: int) -> None:
+    def __init__(self, path: str | os.PathLike[str], sample_rate: int, channels: int = 1) -> None:
         if Path(path).suffix.lower() != ".wav":
             raise OutputError(
                 f"cannot stream to {path}: streaming writes WAV or raw PCM (-o -), not "
@@ -439,6 +449,7 @@ class ProgressiveWavWriter:
             )
         self.path = check_output_path(path)  # a symbolic link's target
         self.sample_rate = int(sample_rate)
+        self.channels = int(channels)
         self.data_bytes = 0
         fd, name = temp_beside(self.path)
         self.tmp = Path(name)
@@ -450,16 +461,21 @@ class ProgressiveWavWriter:
             raise write_error(self.path, error) from None
 
     def _header(self, data_bytes: int) -> bytes:
-        return wav_header(self.sample_rate, data_bytes)
+        return wav_header(self.sample_rate, data_bytes, self.channels)
 
     @property
     def samples_written(self) -> int:
-        return self.data_bytes // 2
+        return self.data_bytes // (2 * self.channels)
 
     def write(self, samples: np.ndarray) -> None:
         """Append float samples (checked finite, converted with :func:`pcm16`)."""
         if self._file is None:
             raise OutputError(f"cannot write {self.path}: the writer is closed")
+        samples = np.asarray(samples)
+        if (samples.shape[1] if samples.ndim == 2 else 1) != self.channels:
+            raise OutputError(
+                f"cannot write {self.path}: chunks must have {self.channels} channel(s)"
+            )
         data = pcm16(samples).tobytes()
         if self.data_bytes + len(data) > MAX_WAV_DATA_BYTES:
             raise OutputError(

@@ -259,13 +259,14 @@ def _synth_stream(
     """Write the chunks of engine.stream as they come; (samples, time to first audio)."""
     from onnx_tts.audio import save_audio, wav_header
 
+    channels = int(getattr(engine.backend, "channels", 1))  # stereo models write stereo
     if args.output == "-":
         sink = RawPcmWriter()
         if fmt == "wav":
-            sink.write_bytes(wav_header(engine.sample_rate, None))
+            sink.write_bytes(wav_header(engine.sample_rate, None, channels))
         return _write_stream(chunks, sink)
     if fmt == "wav":
-        with ProgressiveWavWriter(args.output, engine.sample_rate) as writer:
+        with ProgressiveWavWriter(args.output, engine.sample_rate, channels) as writer:
             return _write_stream(chunks, writer)
     # Compressed formats are encoded whole at the end (the file appears only complete).
     kept: list[np.ndarray] = []

@@ -221,7 +221,9 @@ class StreamingDecoder:
         """Take the decoded waveform of `window` (from next_window) and return the samples
         that are final now (float32, possibly empty)."""
         hop = self.hop_length
-        waveform = np.asarray(waveform, dtype=np.float32).reshape(-1)
+        waveform = np.asarray(waveform, dtype=np.float32)
+        if waveform.ndim != 2:  # mono [N]; multichannel [N, channels] is kept as it is
+            waveform = waveform.reshape(-1)
         if len(waveform) != (window.end - window.start) * hop:
             raise InputError(
                 f"window of {window.end - window.start} frames must decode to "
@@ -237,6 +239,7 @@ class StreamingDecoder:
             # The tail and this window's re-decoded head cover the same samples: fade across.
             head = waveform[seam - len(tail) - offset : seam - offset]
             fade_in = (np.arange(len(tail), dtype=np.float32) + 0.5) / len(tail)
+            fade_in = fade_in.reshape((-1,) + (1,) * (tail.ndim - 1))
             pieces.append(tail * (1.0 - fade_in) + head * fade_in)
         elif len(tail):
             pieces.append(tail)  # no new frames: the tail was already right

@@ -6,10 +6,12 @@ clear error."""
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +22,6 @@ from onnx_tts.cache.reference import ReferenceCache
 from onnx_tts.errors import AudioError, InputError, ModelError
 from onnx_tts.families import FAMILIES, detect
 from onnx_tts.families.moss_tts_nano import open_model
-from onnx_tts.families.moss_tts_nano.program import decode_request
 from onnx_tts.families.moss_tts_nano.sampling import sample_rows
 from tests.moss_published_loop import PublishedLoop, host_sample
 
@@ -279,38 +280,57 @@ def test_codec_state_is_chained_without_a_copy(models):
         assert set(stream.chain.state_data_ptrs()).isdisjoint(stream.chain.output_data_ptrs())
 
 
-def test_global_kv_is_chained_from_the_prefill_graph(models):
-    model = models["chain"]
+def _own_cache_run(model, feeds_frames=3):
+    """Admit one request into an OwnCaches home of the model's pool, prefill, one step."""
+    from onnx_tts.decoding.kv_rows import OwnCaches
+    from onnx_tts.request import Request
+
     request = model.request(
-        TEXT, model.voice(), model.request_options({"max_new_frames": 3}), np.random.default_rng(0)
+        TEXT,
+        model.voice(),
+        model.request_options({"max_new_frames": feeds_frames}),
+        np.random.default_rng(0),
     )
     state = model.program.new_state(1)
-    feeds, needed = model.program.admit(state, 0, request)
-    cache = model.lm.acquire(needed)
+    admission = model.program.admit(state, 0, Request(request, {}, model.sampling_defaults()))
+    home = OwnCaches(model.program, model.pool, model.kv)
+    return home, state, admission
+
+
+def test_global_kv_is_chained_from_the_prefill_graph(models):
+    model = models["chain"]
+    home, state, admission = _own_cache_run(model)
+    rows = np.zeros(1, np.int64)
     try:
-        model.lm.prefill(cache, feeds)
-        assert cache.length == feeds["input_ids"].shape[1]
+        home.prefill(0, admission, None)
+        cache = home.caches[0]
+        length = admission.inputs.shape[1]
+        assert cache.length == length
         assert cache.past_data_ptrs() == cache.present_data_ptrs()  # prefill presents adopted
-        model.program.consume(state, np.zeros(1, np.int64), np.zeros((1, 32), np.float32))
-        model.lm.step(cache, model.program.step_feeds(state, np.zeros(1, np.int64)))
+        model.program.consume(state, rows, np.zeros((1, 32), np.float32))
+        home.step(rows, model.program.step_inputs(state, rows))
         assert cache.past_data_ptrs() == cache.present_data_ptrs()
-        assert cache.read(0).shape == (1, feeds["input_ids"].shape[1] + 1, 2, 16)
+        assert cache.read(0).shape == (1, length + 1, 2, 16)
     finally:
-        model.lm.release(cache)
+        home.release(0)
 
 
 def test_closing_generation_returns_the_kv_cache(models):
     model = models["chain"]
     idle = model.pool.idle_count()
     checked = model.request_options({"max_new_frames": FRAMES})
-    frames = decode_request(
-        model.program,
-        model.lm,
-        model.request(TEXT, model.voice(), checked, np.random.default_rng(0)),
-    )
+    frames = model.frames(TEXT, model.voice(), checked, np.random.default_rng(0))
     next(frames)
     frames.close()
-    assert model.pool.idle_count() == max(idle, 1)
+    _eventually(lambda: model.pool.idle_count() == max(idle, 1))  # freed at the next step
+
+
+def _eventually(condition, seconds=30.0):
+    """Wait for a worker thread to make `condition` true (fails after `seconds`)."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "the condition never became true"
+        time.sleep(0.005)
 
 
 # -- host sampling is the published one ---------------------------------------------------------
@@ -395,19 +415,32 @@ def test_onnx_tts_info_shows_the_family(moss_official):
     assert set(info["graphs"]) >= {"prefill", "decode_step", "codec_decode_step"}
 
 
-def test_engine_synthesis_is_refused_cleanly_until_the_decode_seam(moss_official, tmp_path):
-    """Until the generic loop takes input_ids rows, `onnx-tts synth` says what to use instead:
-    one line, exit 2, no output file."""
+def _synth(model_dir, tmp_path, name, *extra):
+    out = tmp_path / name
+    command = [sys.executable, "-m", "onnx_tts.cli", "synth", TEXT, "--model", str(model_dir)]
+    command += ["-o", str(out), "--threads", "1", "--cache-dir", str(tmp_path / "cache")]
+    command += ["--seed", "0", "--max-new-frames", "10", "--voice", "Ava", *extra]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    return soundfile.read(out, dtype="float32")
+
+
+def test_cli_synth_writes_48k_stereo_wav_streamed_or_not(moss_official, tmp_path):
+    whole, rate = _synth(moss_official, tmp_path, "whole.wav")
+    streamed, streamed_rate = _synth(moss_official, tmp_path, "streamed.wav", "--stream")
+    assert rate == streamed_rate == 48000
+    assert whole.ndim == 2 and whole.shape[1] == 2 and len(whole) == 10 * 3840
+    assert streamed.shape == whole.shape
+    # decode_step (streamed) and decode_full (one shot) agree up to float rounding: 1 LSB.
+    np.testing.assert_allclose(streamed, whole, atol=1.5 / 32767, rtol=0)
+
+
+def test_cli_broken_request_is_one_line_and_writes_nothing(moss_official, tmp_path):
     out = tmp_path / "out.wav"
     command = [sys.executable, "-m", "onnx_tts.cli", "synth", TEXT, "--model", str(moss_official)]
-    command += ["-o", str(out), "--threads", "1", "--cache-dir", str(tmp_path / "cache")]
-    result = subprocess.run(
-        command,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 2 and "open_model" in result.stderr
+    command += ["-o", str(out), "--threads", "1", "--voice", "Nobody", "--cache-dir", str(tmp_path)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2 and "Nobody" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and not out.exists()
 
 
@@ -601,26 +634,31 @@ def test_in_place_kv_gives_the_published_frames(moss_inplace, moss_official, kv)
         assert ours == theirs["frames"], mode
 
 
-def test_in_place_cache_is_one_buffer_and_takes_the_prefill(moss_inplace):
+def test_in_place_slot_row_takes_the_prefill_and_never_moves(moss_inplace):
+    from onnx_tts.decoding.kv_rows import SlotRows
+    from onnx_tts.request import Request
+
     model = open_model(moss_inplace, threads=1)
     request = model.request(
         TEXT, model.voice(), model.request_options({"max_new_frames": 3}), np.random.default_rng(0)
     )
     state = model.program.new_state(1)
-    feeds, needed = model.program.admit(state, 0, request)
-    cache = model.lm.acquire(needed)
-    try:
-        buffers = cache.past_data_ptrs()
-        model.lm.prefill(cache, feeds)  # [B, S, H, D] presents copied into [B, H, cap, D]
-        length = feeds["input_ids"].shape[1]
-        assert cache.length == length and cache.capacity >= needed
-        first = cache.read(0)
-        model.program.consume(state, np.zeros(1, np.int64), np.zeros((1, 32), np.float32))
-        model.lm.step(cache, model.program.step_feeds(state, np.zeros(1, np.int64)))
-        assert cache.past_data_ptrs() == buffers == cache.present_data_ptrs()
-        np.testing.assert_array_equal(cache.read(0)[:, :, :length], first)
-    finally:
-        model.lm.release(cache)
+    admission = model.program.admit(state, 0, Request(request, {}, model.sampling_defaults()))
+    slots = SlotRows(model.program, model.kv, model.pool.capacity, max_rows=2)
+    assert slots.reserve(0, admission.max_tokens)
+    rows = np.zeros(1, np.int64)
+    slots.prefill(0, admission, None)  # [B, S, H, D] presents copied into [B, H, cap, D]
+    length = admission.inputs.shape[1]
+    prefill = model.program.prefill_lm.run(
+        {"input_ids": admission.inputs, "attention_mask": np.ones((1, length), np.int32)}
+    )
+    first = slots.slots.read(0, 0, length)
+    np.testing.assert_array_equal(first, prefill["present_key_0"].transpose(0, 2, 1, 3))
+    buffers = slots.row_ptrs(0)
+    model.program.consume(state, rows, np.zeros((1, 32), np.float32))
+    slots.step(rows, model.program.step_inputs(state, rows))
+    assert slots.row_ptrs(0) == buffers and slots.lengths[0] == length + 1
+    np.testing.assert_array_equal(slots.slots.read(0, 0, length), first)
 
 
 def test_converting_twice_is_refused(moss_inplace, tmp_path):
@@ -648,9 +686,146 @@ def test_closing_a_stream_midway_frees_its_caches(models):
     stream = model.stream(TEXT, seed=1, decode_frames=1, codec_thread=True, max_new_frames=FRAMES)
     next(stream)
     stream.close()  # a codec decode may be in flight on the worker: waited for, then released
-    assert model.pool.idle_count() >= max(idle, 1)
+    _eventually(lambda: model.pool.idle_count() >= max(idle, 1))  # freed at the next step
     assert len(model.codec._idle) >= 1
     again = model.synthesize(TEXT, seed=1, max_new_frames=FRAMES)
     np.testing.assert_allclose(
         np.concatenate(list(model.stream(TEXT, seed=1, max_new_frames=FRAMES))), again, atol=2e-5
     )
+
+
+# -- through the Engine (onnx_tts.load): the scheduler, the vocoder stage, the server --------
+TEXTS = [
+    "Hello there.",
+    TEXT,
+    "A somewhat longer sentence, to give this row a longer prompt than the others have.",
+    "Short.",
+]
+
+
+@pytest.fixture(scope="module")
+def engines(moss_official, moss_inplace):
+    """Engines in every KV mode: in place with batched slot rows, chain and copy on caches of
+    their own."""
+    import onnx_tts
+
+    made = {
+        "inplace": onnx_tts.load(moss_inplace, threads=1, cache_dir=None, max_batch=8),
+        "chain": onnx_tts.load(moss_official, kv="chain", threads=1, cache_dir=None, max_batch=8),
+        "copy": onnx_tts.load(moss_official, kv="copy", threads=1, cache_dir=None, max_batch=8),
+    }
+    yield made
+    for engine in made.values():
+        engine.close()
+
+
+def _engine_frames(engine, text, seed, voice="Ava", **options):
+    """The frames of a one-chunk text through the engine's scheduler."""
+    options = {"max_new_frames": FRAMES, **options}
+    prompt = engine.voice(voice)
+    sampling = engine.backend.sampling_defaults().with_overrides({"seed": seed})
+    [chunk] = engine.backend.text_chunks(text, engine.backend.request_options(options))
+    return [list(map(int, f)) for f in engine.generate(chunk, prompt, sampling, options)]
+
+
+def test_engine_kv_modes_give_the_published_frames(engines, moss_official):
+    assert engines["inplace"].info()["batching"]["batched"] is True
+    assert engines["inplace"].info()["kv_mode"] == "inplace"
+    loop = PublishedLoop(moss_official)
+    for mode in ("fixed", "full", "greedy"):
+        theirs = loop.synthesize(TEXT, seed=5, voice="Ava", sample_mode=mode, max_new_frames=FRAMES)
+        for kv, engine in engines.items():
+            ours = _engine_frames(engine, TEXT, seed=5, sample_mode=mode)
+            assert [ours] == theirs["frames"], (mode, kv)
+
+
+def test_engine_batch_is_invariant(engines):
+    """12 requests of different lengths at once (rows of shared steps, 8 at a time) make the
+    frames each makes alone."""
+    import threading
+
+    engine = engines["inplace"]
+    jobs = [(TEXTS[i % len(TEXTS)], i, "full" if i % 3 == 0 else "fixed") for i in range(12)]
+    alone = [_engine_frames(engine, text, seed, sample_mode=mode) for text, seed, mode in jobs]
+    steps = engine.stats()["steps"]
+    row_steps = engine.stats()["row_steps"]
+    together: list = [None] * len(jobs)
+    start = threading.Barrier(len(jobs))
+
+    def run(index: int) -> None:
+        text, seed, mode = jobs[index]
+        start.wait()
+        together[index] = _engine_frames(engine, text, seed, sample_mode=mode)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(jobs))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert together == alone
+    stats = engine.stats()
+    assert (stats["row_steps"] - row_steps) / (stats["steps"] - steps) > 2  # really batched
+
+
+@pytest.mark.parametrize("kv", ["inplace", "chain"])
+def test_engine_stream_equals_one_shot(engines, kv):
+    engine = engines[kv]
+    text = "A first short sentence here. And a second sentence follows it."
+    options = {"max_new_frames": FRAMES, "voice_clone_max_text_tokens": 12, "sample_mode": "greedy"}
+    one_shot = engine.synthesize(text, voice="Ava", seed=2, **options)
+    assert one_shot.sample_rate == 48000 and one_shot.samples.shape[1] == 2
+    pieces = list(engine.stream(text, voice="Ava", seed=2, stride_frames=3, **options))
+    streamed = np.concatenate(pieces)
+    assert len(pieces) > 3 and streamed.shape == one_shot.samples.shape
+    np.testing.assert_allclose(streamed, one_shot.samples, atol=2e-5, rtol=0)
+    # The chunks are separated by the published pauses.
+    chunks = engine.backend.text_chunks(text, engine.backend.request_options(options))
+    pause = round(48000 * engine.backend.pause_seconds(chunks[0]))
+    assert len(chunks) == 2 and np.count_nonzero(np.abs(one_shot.samples).max(axis=1) == 0) >= pause
+
+
+def test_engine_clones_a_voice_through_the_reference_cache(moss_official, tmp_path):
+    import onnx_tts
+
+    engine = onnx_tts.load(moss_official, threads=1, cache_dir=tmp_path / "cache")
+    try:
+        rng = np.random.default_rng(0)
+        path = tmp_path / "ref.wav"
+        soundfile.write(path, (0.3 * rng.standard_normal(24000)).astype(np.float32), 24000)
+        voice = engine.voice(str(path))
+        assert voice["prompt_audio_codes"].shape[1] == 16
+        again = engine.voice(str(path))
+        np.testing.assert_array_equal(voice["prompt_audio_codes"], again["prompt_audio_codes"])
+        assert engine.cache_stats()["reference"]["hits"] >= 1
+        options = {"max_new_frames": 6, "sample_mode": "greedy"}
+        audio = engine.synthesize(TEXT, voice=str(path), seed=1, **options)
+        assert audio.samples.shape[1] == 2
+    finally:
+        engine.close()
+
+
+def test_server_lists_builtin_voices_and_sends_24k_mono_pcm(moss_inplace, tmp_path):
+    import httpx
+
+    from benchmarks.live_server import LiveServer
+
+    live = LiveServer(tmp_path, "--model", str(moss_inplace), "--threads", "1")
+    try:
+        voices = {v["id"] for v in httpx.get(live.url + "/v1/audio/voices").json()["voices"]}
+        assert {"default", "Ava"} <= voices
+        body = {"input": TEXT, "voice": "Ava", "seed": 0, "max_new_frames": 10}
+        pcm = httpx.post(
+            live.url + "/v1/audio/speech", json={**body, "response_format": "pcm"}, timeout=120
+        )
+        wav = httpx.post(
+            live.url + "/v1/audio/speech", json={**body, "response_format": "wav"}, timeout=120
+        )
+        unknown = httpx.post(
+            live.url + "/v1/audio/speech", json={**body, "voice": "Nobody"}, timeout=120
+        )
+    finally:
+        live.stop()
+    assert pcm.status_code == 200 and len(pcm.content) == 10 * 0.08 * 24000 * 2  # s16le mono
+    samples, rate = soundfile.read(io.BytesIO(wav.content), dtype="float32")
+    assert rate == 48000 and samples.ndim == 1 and len(samples) == 10 * 3840  # downmixed
+    assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "voice_not_found"

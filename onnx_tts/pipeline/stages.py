@@ -12,11 +12,18 @@ wait in its own queue.
 
 A one-shot request (`synthesize`) is a stream with a single window: all its frames, decoded
 when its LM is done.
+
+A model whose vocoder streams with a state of its own (a codec with causal caches, e.g.
+MOSS-TTS-Nano's decode_step) offers `Backend.open_stream() -> decoder` (`push(frames) ->
+samples`, `close()`): each streamed request then gets one such decoder, fed each window's new
+frames in order (no overlap, no crossfade: the state carries the context), on the stage's
+thread.
 """
 
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import queue
 import threading
 import time
@@ -60,6 +67,7 @@ def threads_per_stage(cores: int) -> dict[str, int]:
 
 Vocode = Callable[[np.ndarray, Mapping[str, np.ndarray]], np.ndarray]
 VocodeWindows = Callable[[Sequence[np.ndarray], Sequence[Mapping[str, np.ndarray]]], list]
+OpenStream = Callable[[], Any]  # a stateful decoder: push(frames) -> samples, close()
 
 
 class VocoderStream:
@@ -74,6 +82,14 @@ class VocoderStream:
         hop_length: int,
     ) -> None:
         self.stage, self.request = stage, request
+        # A windowed stream of a model with a stateful decoder feeds it only new frames.
+        self.stateful = window is not None and stage.open_stream is not None
+        if self.stateful:
+            assert window is not None
+            window = dataclasses.replace(
+                window, overlap_frames=0, holdback_frames=0, crossfade_samples=0
+            )
+        self._state: Any = None  # the stateful decoder, opened at the first window
         # None: one-shot, a single window of every frame once the LM is done.
         self.decoder = StreamingDecoder(window, hop_length) if window is not None else None
         self.frames: list[np.ndarray] = []  # one-shot frames
@@ -153,6 +169,18 @@ class VocoderStream:
         self._queue(_END)
         return len(samples)
 
+    def decode_stateful(self, codes: np.ndarray) -> np.ndarray:
+        """(on the stage's thread) the next frames through this stream's own decoder."""
+        if self._state is None:
+            self._state = self.stage.open_stream()  # type: ignore[misc]
+        return self._state.push(codes)
+
+    def release_state(self) -> None:
+        """(on the stage's thread) hand the stateful decoder back once the stream ended."""
+        if self._state is not None:
+            state, self._state = self._state, None
+            state.close()
+
     def fail(self, error: BaseException) -> None:
         self.failed = error
         self.done = True
@@ -203,10 +231,12 @@ class VocoderStage:
         vocode: Vocode,
         vocode_windows: VocodeWindows | None = None,
         scheduler_wake: Callable[[], None] = lambda: None,
+        open_stream: OpenStream | None = None,
         gather_seconds: float = DEFAULT_GATHER_SECONDS,
         max_batch: int = MAX_VOCODER_BATCH,
     ) -> None:
         self.vocode, self.vocode_windows = vocode, vocode_windows
+        self.open_stream = open_stream
         self.scheduler_wake = scheduler_wake
         self.gather_seconds, self.max_batch = gather_seconds, max_batch
         self.lock = threading.Lock()
@@ -301,6 +331,7 @@ class VocoderStage:
         work = []
         for stream in sorted(self._due, key=lambda s: s.request.urgency()):
             if stream.failed is not None and not stream.done:
+                stream.release_state()
                 stream.fail(stream.failed)
                 self.streams.discard(stream)
                 continue
@@ -315,6 +346,8 @@ class VocoderStage:
         in the order of each batch's most urgent window."""
         if self.vocode_windows is None:
             return [[item] for item in work]
+        stateful = [[item] for item in work if item[0].stateful]  # each has its own state
+        work = [item for item in work if not item[0].stateful]
         groups: dict[int, list[tuple]] = {}
         order: list[list[tuple]] = []
         for item in work:
@@ -328,7 +361,7 @@ class VocoderStage:
                 group = groups[len(codes)] = []
                 order.append(group)
             group.append(item)
-        return order
+        return order + stateful
 
     def _decode(self, batch: list[tuple[VocoderStream, Any]]) -> None:
         codes = [w.codes if isinstance(w, Window) else w for _, w in batch]
@@ -337,7 +370,10 @@ class VocoderStage:
         filled = [i for i, c in enumerate(codes) if len(c)]  # a flush may hold no new frames
         try:
             waveforms: list[np.ndarray] = [empty] * len(batch)
-            if len(filled) > 1 and self.vocode_windows is not None:
+            if batch[0][0].stateful:  # a stream with its own decoder is always alone
+                for index in filled:
+                    waveforms[index] = batch[0][0].decode_stateful(codes[index])
+            elif len(filled) > 1 and self.vocode_windows is not None:
                 decoded = self.vocode_windows(
                     [codes[i] for i in filled], [voices[i] for i in filled]
                 )
@@ -352,6 +388,7 @@ class VocoderStage:
         except Exception as error:  # the streams of this call fail, the others go on
             with self._cv:
                 for stream, _ in batch:
+                    stream.release_state()
                     stream.fail(error)
                     stream.request.cancel.cancel()
                     self.streams.discard(stream)
@@ -368,6 +405,7 @@ class VocoderStage:
                 except Exception as error:
                     stream.fail(error)
                 if stream.done:
+                    stream.release_state()
                     self.streams.discard(stream)
                 elif stream.is_due():
                     self._due.add(stream)  # more was due than one window

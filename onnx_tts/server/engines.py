@@ -97,6 +97,11 @@ class SpeechModel:
         return int(getattr(self.engine.backend, "hop_length", 0) or 0)
 
     @property
+    def builtin_voices(self) -> list[str]:
+        """Voices the model itself ships (e.g. MOSS-TTS-Nano's manifest voices), by name."""
+        return list(getattr(self.engine.backend, "voice_names", []))
+
+    @property
     def voice_rate(self) -> int:
         return int(self.engine.backend.encoder.sample_rate)
 
@@ -110,8 +115,9 @@ class SpeechModel:
         low, high = self.voice_limits()
         return load_audio(path, self.voice_rate, min_seconds=low, max_seconds=high, on_trim=on_trim)
 
-    def encode_voice(self, audio: np.ndarray | None) -> dict[str, np.ndarray]:
-        """Encoder outputs through the content-addressed reference cache (None = default)."""
+    def encode_voice(self, audio: np.ndarray | str | None) -> dict[str, np.ndarray]:
+        """Encoder outputs through the content-addressed reference cache (None = default, a
+        string = one of `builtin_voices`)."""
         return self.engine.voice(audio)
 
     def stream(

@@ -12,11 +12,9 @@ the codec (`codec`); `model.MossTTSNano` is the backend.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from onnx_tts.errors import InputError
 from onnx_tts.families.base import Detection, Family, LoadSettings, Option
 from onnx_tts.families.moss_tts_nano.layout import (
     FAMILY,
@@ -40,17 +38,10 @@ def detect(root: Path, options: Mapping[str, Any]) -> Detection | None:
 
 
 def load(detection: Detection, settings: LoadSettings, options: Mapping[str, Any]) -> Any:
-    """The backend as `onnx_tts.load` builds it. Until the batch scheduler takes this family's
-    input_ids rows, an Engine would build a scheduler for an in-place LM: so through the Engine
-    the KV mode is chain (or copy), and `open_model` is the way to the in-place cache."""
+    """The backend as `onnx_tts.load` builds it (KV in place when decode_step was converted
+    with `onnx-tts convert --inplace-kv`, else chained)."""
     from onnx_tts.families.moss_tts_nano.model import MossTTSNano
 
-    if settings.kv == "inplace":
-        raise InputError(
-            f"{FAMILY} runs --kv inplace through open_model(DIR) for now (the batch scheduler "
-            "does not take its input_ids rows yet); use --kv chain or copy here"
-        )
-    settings = replace(settings, kv=settings.kv or "chain")
     return MossTTSNano(detection.inspected, settings, **options)
 
 
@@ -60,8 +51,9 @@ def open_model(
     threads: int = 0,
     **options: Any,
 ) -> Any:
-    """The backend of a MOSS-TTS-Nano directory, without an Engine (its own synthesize and
-    stream), checked like `onnx_tts.load` checks it."""
+    """The backend of a MOSS-TTS-Nano directory without an Engine: its own synthesize() and
+    stream() decode chunk after chunk on a scheduler of one row with one generator for the
+    text, as the published runtime does. `onnx_tts.load(DIR)` gives the batched Engine."""
     from onnx_tts.families.moss_tts_nano.model import MossTTSNano
 
     layout: MossLayout = inspect_layout(Path(path))

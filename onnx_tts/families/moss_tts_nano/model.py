@@ -20,7 +20,14 @@ from typing import Any
 import numpy as np
 
 from onnx_tts.cache.reference import ReferenceCache
-from onnx_tts.decoding import SamplingOptions, check_seed, resolve_kv_mode
+from onnx_tts.decoding import (
+    CapacityPolicy,
+    KVPool,
+    SamplingOptions,
+    check_seed,
+    resolve_kv_mode,
+)
+from onnx_tts.decoding.scheduler import DecodeScheduler
 from onnx_tts.errors import AudioError, InputError
 from onnx_tts.families.base import LoadSettings
 from onnx_tts.families.chatterbox.model import model_identity
@@ -42,12 +49,7 @@ from onnx_tts.families.moss_tts_nano.local import (
     LocalPath,
     dispatch,
 )
-from onnx_tts.families.moss_tts_nano.program import (
-    GlobalLM,
-    MossProgram,
-    MossRequest,
-    decode_request,
-)
+from onnx_tts.families.moss_tts_nano.program import POSITION_LIMIT, MossProgram, MossRequest
 from onnx_tts.families.moss_tts_nano.sampling import MossSampling
 from onnx_tts.families.moss_tts_nano.text import (
     DEFAULT_CHUNK_TOKENS,
@@ -56,6 +58,7 @@ from onnx_tts.families.moss_tts_nano.text import (
 )
 from onnx_tts.frontend import check_text
 from onnx_tts.graph_io import kv_layout
+from onnx_tts.request import Request
 
 SAMPLING_NAMES = (
     "text_temperature",
@@ -101,9 +104,11 @@ class MossTTSNano:
                 layout, self.sessions["local_cached_step"], local_mode
             )
         paths["decoder"] = Decoder(layout, self.sessions["local_decoder"])
-        self.program = MossProgram(layout, paths)
-        self.lm = GlobalLM(prefill, decode, self.kv, self.kv_mode)
-        self.pool = self.lm.pool
+        self.program = MossProgram(layout, paths, prefill, decode, self._engine_request)
+        self.pool = KVPool(decode, self.kv, self.kv_mode, CapacityPolicy(None, POSITION_LIMIT))
+        # This backend's own synthesize()/stream() decode one chunk at a time on a scheduler
+        # of one row (made on first use): the published order of one generator's draws.
+        self._solo: DecodeScheduler | None = None
         self.codec = CodecDecoder(
             layout,
             self.codec_sessions["decode_full"],
@@ -276,6 +281,16 @@ class MossTTSNano:
             generator=generator,
         )
 
+    def _engine_request(self, request: Request) -> MossRequest:
+        """A scheduler request of the Engine (its chunk is text) as the program takes it: the
+        chunk's seed (the text's seed + the chunk index) seeds the row's generator."""
+        options = request.options
+        if "sampling" not in options:
+            options = self.request_options(options)
+        sampling = options["sampling"]
+        generator = np.random.default_rng(request.sampling.seed) if sampling.do_sample else None
+        return self.request(str(request.chunk), request.voice, options, generator)
+
     def frames(
         self,
         chunk: str,
@@ -283,14 +298,28 @@ class MossTTSNano:
         options: Mapping[str, Any],
         generator: np.random.Generator | None,
     ) -> Iterator[np.ndarray]:
-        """Frames [n_vq] of one text chunk as they are made (close to stop)."""
-        return decode_request(self.program, self.lm, self.request(chunk, voice, options, generator))
+        """Frames [n_vq] of one text chunk as they are made (close to stop), from this
+        backend's one-row scheduler."""
+        moss = self.request(chunk, voice, options, generator)
+        if self._solo is None:
+            self._solo = DecodeScheduler(self.program, self.pool, max_batch=1)
+        return self._solo.submit(Request(moss, voice, self.sampling_defaults(), options))
+
+    def close(self) -> None:
+        """Stop this backend's own scheduler (an Engine has its own)."""
+        if self._solo is not None:
+            self._solo.close()
 
     def vocode(
         self, frames: np.ndarray, voice: Mapping[str, np.ndarray] | None = None
     ) -> np.ndarray:
         """[F, n_vq] codes -> [F x 3840, 2] float32 (the voice plays no part in decoding)."""
         return self.codec.decode(np.asarray(frames).reshape(-1, self.layout.config.n_vq))
+
+    def open_stream(self) -> Any:
+        """A streaming codec decoder for the Engine's vocoder stage: `push(frames)` -> their
+        audio [n, channels] with the codec's state chained in the core, `close()`."""
+        return self.codec.stream()
 
     def _plan(self, text: Any, voice: Any, seed: Any, options: Mapping[str, Any], cache):
         text = check_text(text)
@@ -301,6 +330,11 @@ class MossTTSNano:
         # One generator for the whole text, used by its chunks in order (as published).
         generator = np.random.default_rng(seed) if checked["sampling"].do_sample else None
         return chunks, checked, prompt, generator
+
+    def pause_seconds(self, chunk: object) -> float:
+        """The published silence after a text chunk (0.40 s after a short one, else 0.24 s):
+        the Engine puts it between chunks too."""
+        return pause_seconds(str(chunk))
 
     def _pause(self, chunk: str) -> np.ndarray:
         return np.zeros((round(self.sample_rate * pause_seconds(chunk)), self.channels), np.float32)

@@ -1,36 +1,33 @@
-"""MOSS-TTS-Nano generation as a per-row program, and the global transformer it steps.
+"""MOSS-TTS-Nano generation as a decode program of the engine's scheduler.
 
 The program is a state machine over rows (arrays indexed by row, one random generator per
-row), so that many requests can later be rows of one batch:
+row), so that many requests are rows of one batch:
 
-  admit(row, request)  -> the prefill feeds of the request's prompt rows
-                          (`input_ids` [1, S, 17] int32, `attention_mask` [1, S] int32)
-  consume(rows, hidden)-> each row's last `global_hidden` [n, hidden] through the local depth
-                          transformer: its frame (16 codes) or its end (`should_continue` 0,
-                          text token audio_end, or max_new_frames frames made)
-  step_feeds(rows)     -> the next decode_step feeds: `input_ids` [n, 1, 17] = [assistant
-                          slot, frame codes] and `past_valid_lengths` [n] = positions cached
+  admit(row, request)    -> the request's prompt rows `input_ids` [1, S, 17] int32, run by the
+                            prefill graph (`prefill_lm`), whose presents become the row's KV
+  consume(rows, hidden)  -> each row's last `global_hidden` [n, hidden] through the local depth
+                            transformer: its frame (16 codes) or its end (`should_continue` 0,
+                            text token audio_end, or max_new_frames frames made)
+  step_inputs(rows)      -> the next decode_step `input_ids` [n, 1, 17] = [assistant slot,
+                            frame codes]; the scheduler's row homes add `past_valid_lengths`
 
-`GlobalLM` runs the prefill graph and the decode_step graph on one KV cache in the core: the
-prefill's presents are handed to the step graph's cache (`KVCache.prefill`), then each step
-chains present -> past by IO binding ("chain"), or copies them through the host ("copy", as
-published). `decode_request` is the solo loop that drives the two.
+The scheduler keeps the global KV (in place in shared slot rows, or a cache per request
+chained present -> past by the core, or copied through the host as published).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from onnx_tts.decoding import CapacityPolicy, KVPool, StepOutput
-from onnx_tts.errors import ModelError
-from onnx_tts.families.moss_tts_nano.layout import FAMILY, MossLayout
+from onnx_tts.decoding import Admission, DecodeProgram, StepOutput
+from onnx_tts.families.moss_tts_nano.layout import MossLayout
 from onnx_tts.families.moss_tts_nano.local import LocalPath, LocalRows
 from onnx_tts.families.moss_tts_nano.sampling import MossSampling
-from onnx_tts.graph_io import KVLayout
-from onnx_tts.session import KVCache, Session
+from onnx_tts.request import Request
+from onnx_tts.session import Session
 
 GLOBAL_HIDDEN = "global_hidden"
 # Positions one sequence may cache (prompt + frames): far beyond a 75-token chunk, a 30 s
@@ -61,7 +58,6 @@ class FrameState:
     last: np.ndarray  # [rows, n_vq] int32: the last frame
     frames: np.ndarray  # [rows] frames produced
     limit: np.ndarray  # [rows] max_new_frames
-    length: np.ndarray  # [rows] positions in the row's KV cache
     path: list[str]
     rngs: list[np.random.Generator | None]
     options: dict[str, np.ndarray] = field(default_factory=dict)
@@ -78,17 +74,27 @@ SAMPLING_ARRAYS = {
 }
 
 
-class MossProgram:
-    """The family's decode program (see the module docstring)."""
+class MossProgram(DecodeProgram):
+    """The family's decode program (see the module docstring). `make_request` turns a
+    scheduler request (its chunk: text, or an already built MossRequest) into a MossRequest."""
 
+    input_name = "input_ids"
     output_name = GLOBAL_HIDDEN
-    prefill_inputs = ("input_ids", "attention_mask")
-    step_inputs = ("input_ids", "past_valid_lengths")
 
-    def __init__(self, layout: MossLayout, paths: Mapping[str, LocalPath]) -> None:
+    def __init__(
+        self,
+        layout: MossLayout,
+        paths: Mapping[str, LocalPath],
+        prefill: Session,
+        decode: Session,
+        make_request: Callable[[Request], MossRequest],
+    ) -> None:
         self.layout = layout
         self.config = layout.config
         self.paths = dict(paths)
+        self.lm = decode
+        self.prefill_lm = prefill
+        self.make_request = make_request
 
     def new_state(self, rows: int) -> FrameState:
         c = self.config
@@ -98,7 +104,6 @@ class MossProgram:
             last=np.zeros((rows, c.n_vq), np.int32),
             frames=np.zeros(rows, np.int64),
             limit=np.zeros(rows, np.int64),
-            length=np.zeros(rows, np.int64),
             path=[""] * rows,
             rngs=[None] * rows,
             options={
@@ -124,32 +129,20 @@ class MossProgram:
         rows[audio.stop :, 0] = suffix
         return rows
 
-    def admit(
-        self, state: FrameState, row: int, request: MossRequest
-    ) -> tuple[dict[str, np.ndarray], int]:
-        """Start `request` in `row`: (prefill feeds, KV positions it may need)."""
-        if not isinstance(request, MossRequest):
-            # The generic decode loop feeds inputs_embeds and reads logits; this family steps
-            # input_ids rows on a separate prefill graph and reads global_hidden.
-            raise ModelError(
-                f"{FAMILY} does not run through the generic decode loop yet: use "
-                "onnx_tts.families.moss_tts_nano.open_model(DIR).synthesize() or .stream()"
-            )
-        rows = self.prompt_rows(request.text_ids, request.prompt_codes)
+    def admit(self, state: FrameState, row: int, request: Request) -> Admission:
+        """Start `request` in `row`: its prompt rows, and the KV positions it may need."""
+        moss = request.chunk if isinstance(request.chunk, MossRequest) else None
+        moss = moss or self.make_request(request)
+        rows = self.prompt_rows(moss.text_ids, moss.prompt_codes)
         state.seen[row] = False
         state.frames[row] = 0
-        state.limit[row] = request.max_new_frames
-        state.length[row] = len(rows)
-        state.path[row] = request.path
-        state.rngs[row] = request.generator
+        state.limit[row] = moss.max_new_frames
+        state.path[row] = moss.path
+        state.rngs[row] = moss.generator
         for name in SAMPLING_ARRAYS:
-            state.options[name][row] = getattr(request.sampling, name)
-        state.options["do_sample"][row] = request.sampling.do_sample
-        feeds = {
-            "input_ids": rows[None],
-            "attention_mask": np.ones((1, len(rows)), np.int32),
-        }
-        return feeds, len(rows) + request.max_new_frames
+            state.options[name][row] = getattr(moss.sampling, name)
+        state.options["do_sample"][row] = moss.sampling.do_sample
+        return Admission(rows[None], len(rows) + moss.max_new_frames)
 
     def _local_rows(self, state: FrameState, rows: np.ndarray) -> LocalRows:
         o = state.options
@@ -189,74 +182,14 @@ class MossProgram:
         done = ~going | (state.frames[rows] >= state.limit[rows])
         return StepOutput(frames=frames, done=done)
 
-    def step_feeds(self, state: FrameState, rows: np.ndarray) -> dict[str, np.ndarray]:
-        """The decode_step inputs of `rows` (each row's cache then holds one more position)."""
+    def step_inputs(self, state: FrameState, rows: np.ndarray) -> np.ndarray:
+        """The decode_step `input_ids` [n, 1, 17] of `rows`: the assistant slot and the row's
+        last frame."""
         rows = np.asarray(rows, np.int64)
         ids = np.empty((len(rows), 1, self.config.row_width), np.int32)
         ids[:, 0, 0] = self.config.assistant_slot
         ids[:, 0, 1:] = state.last[rows]
-        lengths = state.length[rows].astype(np.int32)
-        state.length[rows] += 1
-        return {"input_ids": ids, "past_valid_lengths": lengths}
+        return ids
 
 
-class GlobalLM:
-    """The global transformer: prefill graph + decode_step graph on one KV cache each request
-    (from a pool, so buffers are reused)."""
-
-    def __init__(self, prefill: Session, decode: Session, layout: KVLayout, mode: str) -> None:
-        self.prefill_session = prefill
-        self.decode_session = decode
-        self.layout = layout
-        self.mode = mode
-        self.pool = KVPool(decode, layout, mode, CapacityPolicy(None, POSITION_LIMIT))
-
-    def acquire(self, needed: int) -> KVCache:
-        return self.pool.acquire(needed)
-
-    def release(self, cache: KVCache) -> None:
-        self.pool.release(cache)
-
-    def prefill(self, cache: KVCache, feeds: Mapping[str, np.ndarray]) -> np.ndarray:
-        """Run the prompt; the cache then holds its positions. Returns the last position's
-        global hidden state [batch, hidden]."""
-        out = cache.prefill(self.prefill_session, feeds, [GLOBAL_HIDDEN])
-        return out[GLOBAL_HIDDEN][:, -1]
-
-    def step(self, cache: KVCache, feeds: Mapping[str, np.ndarray]) -> np.ndarray:
-        out = cache.step(feeds, output_names=[GLOBAL_HIDDEN])
-        return out[GLOBAL_HIDDEN][:, -1]
-
-
-def decode_request(
-    program: MossProgram,
-    lm: GlobalLM,
-    request: MossRequest,
-    should_stop: Callable[[], bool] | None = None,
-) -> Iterator[np.ndarray]:
-    """Frames [n_vq] int32 of one request, as they are made, on a KV cache of its own.
-    Closing the iterator stops generation and returns the cache to the pool."""
-    state = program.new_state(1)
-    rows = np.zeros(1, np.int64)
-    feeds, needed = program.admit(state, 0, request)
-    cache = lm.acquire(needed)
-    try:
-        hidden = lm.prefill(cache, feeds)
-        while True:
-            result = program.consume(state, rows, hidden)
-            yield from result.frames[0]
-            if result.done[0] or (should_stop is not None and should_stop()):
-                return
-            hidden = lm.step(cache, program.step_feeds(state, rows))
-    finally:
-        lm.release(cache)
-
-
-__all__ = [
-    "GLOBAL_HIDDEN",
-    "FrameState",
-    "GlobalLM",
-    "MossProgram",
-    "MossRequest",
-    "decode_request",
-]
+__all__ = ["GLOBAL_HIDDEN", "POSITION_LIMIT", "FrameState", "MossProgram", "MossRequest"]
