@@ -346,6 +346,7 @@ class VocoderStage:
         in the order of each batch's most urgent window."""
         if self.vocode_windows is None:
             return [[item] for item in work]
+        rank = {id(item): index for index, item in enumerate(work)}
         stateful = [[item] for item in work if item[0].stateful]  # each has its own state
         work = [item for item in work if not item[0].stateful]
         groups: dict[int, list[tuple]] = {}
@@ -361,7 +362,7 @@ class VocoderStage:
                 group = groups[len(codes)] = []
                 order.append(group)
             group.append(item)
-        return order + stateful
+        return sorted(order + stateful, key=lambda batch: rank[id(batch[0])])
 
     def _decode(self, batch: list[tuple[VocoderStream, Any]]) -> None:
         codes = [w.codes if isinstance(w, Window) else w for _, w in batch]
