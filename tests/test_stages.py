@@ -243,6 +243,46 @@ def test_admission_holds_new_streams_while_a_listener_runs_dry():
     assert admission.try_admit(ticket)
 
 
+def test_a_listener_running_dry_lowers_the_limit_and_comfort_raises_it(monkeypatch):
+    """What the costs miss, the listeners show: a sample in which one of 6 active listeners
+    was about to stall caps admission at 5; each comfortable sample allows one more."""
+    clock = [1000.0]
+    monkeypatch.setattr("onnx_tts.pipeline.admission.time.monotonic", lambda: clock[0])
+    lead = [5.0]
+    admission = _admission(_Load(), max_streams=64, lead=lambda: lead[0])
+    for _ in range(6):
+        assert admission.try_admit(admission.enqueue())
+    admission.capacity()  # first sample
+    lead[0] = 0.1
+    clock[0] += 1.0
+    assert admission.capacity() == 5
+    assert admission.stats()["limit_lowered"] == 1
+    admission.release()
+    admission.release()  # 4 active, the limit is 5
+    lead[0] = 3.0
+    clock[0] += 1.0
+    assert admission.capacity() == 6
+    waiting = [admission.enqueue() for _ in range(3)]
+    assert [admission.try_admit(t) for t in waiting] == [True, True, False]
+
+
+def test_a_model_slower_than_real_time_is_not_held_to_one_stream(monkeypatch):
+    """A stage busy 1.5 s per second of audio cannot keep even one listener fed: holding the
+    rest back would only serialise them, so every stream is admitted (to be batched) and the
+    stats say the model is not real-time here."""
+    clock = [1000.0]
+    monkeypatch.setattr("onnx_tts.pipeline.admission.time.monotonic", lambda: clock[0])
+    load = _Load()
+    admission = _admission(load, max_streams=8, lead=lambda: 0.0, cores=2)
+    assert admission.try_admit(admission.enqueue())
+    admission.capacity()
+    clock[0] += 1.0
+    load.busy, load.audio = [0.9, 0.0], 0.6  # 1.5 s of decode per second of audio
+    assert admission.capacity() == 8
+    assert [admission.try_admit(admission.enqueue()) for _ in range(8)] == [True] * 7 + [False]
+    assert admission.stats()["real_time"] is False
+
+
 def test_admission_queue_is_bounded_and_first_come_first_served():
     admission = _admission(_Load(), max_streams=1, max_waiting=2)
     assert admission.try_admit(admission.enqueue())

@@ -14,6 +14,17 @@ admitted at 0.85 stalled). The estimate is smoothed and, when some active
 stream is about to run dry (its player's lead below `min_lead_seconds`), nothing new starts: a
 stall for an admitted listener is worse than a wait before the first byte. Until the engine has
 been busy enough to measure, streams are admitted up to `max_streams`.
+
+The costs do not see everything that shares the cores (the server's event loop, output
+encoding, other processes), so the capacity is also capped by what the listeners say: each
+sample in which some listener was about to run dry lowers a limit to one below the streams
+active then; each sample in which every listener held more than `comfortable_lead_seconds`
+raises it by one (additive increase, prompt decrease).
+
+A model that cannot make even one real-time stream here (capacity below 1: a big LM on few
+cores) stalls every listener whatever admission does; then nothing is held back, and the
+scheduler batches as many streams as it can (most audio per second for everyone), and
+`stats()["real_time"]` says so.
 """
 
 from __future__ import annotations
@@ -46,6 +57,7 @@ class Admission:
         min_lead_seconds: float = 0.3,
         lead: Callable[[], float | None] = lambda: None,
         cores: int = 1,
+        comfortable_lead_seconds: float = 1.0,
     ) -> None:
         """`busy_seconds`: each stage's busy seconds so far; `audio_seconds`: seconds of audio
         the stages made so far; `cores`: the CPUs the stages share."""
@@ -62,6 +74,9 @@ class Admission:
         self._sample: tuple[float, tuple[float, ...], float] | None = None
         self._utilisation = 0.0
         self._capacity: float | None = None
+        self.comfortable_lead = comfortable_lead_seconds
+        self._limit: int | None = None  # from the listeners' leads (module docstring)
+        self._limit_lowered = 0
         self._stats = {"admitted": 0, "refused_queue_full": 0, "refused_timeout": 0}
 
     # -- measuring ---------------------------------------------------------------------------
@@ -76,6 +91,7 @@ class Admission:
             return
         then, before, audio_before = self._sample
         self._sample = (now, busy, audio)
+        self._follow_leads()
         used = [max(0.0, b - a) for a, b in zip(before, busy, strict=True)]
         made = audio - audio_before
         self._utilisation = min(1.0, max(used, default=0.0) / (now - then))
@@ -90,6 +106,19 @@ class Admission:
             estimate if previous is None else previous + SMOOTHING * (estimate - previous)
         )
 
+    def _follow_leads(self) -> None:
+        """(under the lock, once per sample) lower the limit when a listener is about to run
+        dry, raise it when every listener is comfortably ahead."""
+        if not self._real_time():
+            self._limit = None
+            return
+        lead = self.lead() if self.active else None
+        if lead is not None and lead < self.min_lead:
+            self._limit = max(1, min(self._limit or self.active, self.active) - 1)
+            self._limit_lowered += 1
+        elif self._limit is not None and (lead is None or lead > self.comfortable_lead):
+            self._limit = min(self.max_streams, self._limit + 1)
+
     def capacity(self) -> int:
         """Streams the machine is estimated to sustain in real time (max_streams until
         measured)."""
@@ -97,10 +126,16 @@ class Admission:
             self._measure()
             return self._capacity_now()
 
+    def _real_time(self) -> bool:
+        return self._capacity is None or self._capacity >= 1.0
+
     def _capacity_now(self) -> int:
+        limit = self.max_streams if self._limit is None else self._limit
         if self._capacity is None:
+            return limit
+        if not self._real_time():
             return self.max_streams
-        return max(1, min(self.max_streams, math.floor(self._capacity)))
+        return max(1, min(limit, math.floor(self._capacity)))
 
     # -- admitting ---------------------------------------------------------------------------
     def enqueue(self) -> int | None:
@@ -139,7 +174,7 @@ class Admission:
             return False
         lead = self.lead()
         # A listener about to run dry is served first.
-        return not (self.active and lead is not None and lead < self.min_lead)
+        return not (self._real_time() and self.active and lead is not None and lead < self.min_lead)
 
     def _admit(self) -> None:
         self.active += 1
@@ -166,6 +201,9 @@ class Admission:
                 "waiting": len(self._queue),
                 "capacity": self._capacity_now(),
                 "utilisation": round(self._utilisation, 3),
+                "real_time": self._real_time(),
+                "limit_from_leads": self._limit,
+                "limit_lowered": self._limit_lowered,
                 **self._stats,
             }
 
