@@ -243,17 +243,21 @@ def test_admission_holds_new_streams_while_a_listener_runs_dry():
     assert admission.try_admit(ticket)
 
 
-def test_a_listener_running_dry_lowers_the_limit_and_comfort_raises_it(monkeypatch):
+def test_a_stalled_listener_lowers_the_limit_and_comfort_raises_it(monkeypatch):
     """What the costs miss, the listeners show: a sample in which one of 6 active listeners
-    was about to stall caps admission at 5; each comfortable sample allows one more."""
+    stalled caps admission at 5 (a short lead alone does not: a new stream always has one);
+    each comfortable sample allows one more."""
     clock = [1000.0]
     monkeypatch.setattr("onnx_tts.pipeline.admission.time.monotonic", lambda: clock[0])
-    lead = [5.0]
-    admission = _admission(_Load(), max_streams=64, lead=lambda: lead[0])
+    lead, stalls = [5.0], [0]
+    admission = _admission(_Load(), max_streams=64, lead=lambda: lead[0], stalls=lambda: stalls[0])
     for _ in range(6):
         assert admission.try_admit(admission.enqueue())
     admission.capacity()  # first sample
     lead[0] = 0.1
+    clock[0] += 1.0
+    assert admission.capacity() == 64  # about to run dry, not stalled
+    stalls[0] = 2
     clock[0] += 1.0
     assert admission.capacity() == 5
     assert admission.stats()["limit_lowered"] == 1

@@ -17,9 +17,11 @@ been busy enough to measure, streams are admitted up to `max_streams`.
 
 The costs do not see everything that shares the cores (the server's event loop, output
 encoding, other processes), so the capacity is also capped by what the listeners say: each
-sample in which some listener was about to run dry lowers a limit to one below the streams
-active then; each sample in which every listener held more than `comfortable_lead_seconds`
-raises it by one (additive increase, prompt decrease).
+sample in which an admitted listener stalled (`stalls`, a running count) lowers a limit to one
+below the streams active then; each sample without a stall in which every listener held more
+than `comfortable_lead_seconds` raises it by one (additive increase, prompt decrease). A
+listener that just started has little audio ahead of it by nature, so a short lead alone is
+no reason to lower the limit (it only holds new streams back for a moment).
 
 A model that cannot make even one real-time stream here (capacity below 1: a big LM on few
 cores) stalls every listener whatever admission does; then nothing is held back, and the
@@ -58,6 +60,7 @@ class Admission:
         lead: Callable[[], float | None] = lambda: None,
         cores: int = 1,
         comfortable_lead_seconds: float = 1.0,
+        stalls: Callable[[], int] = lambda: 0,
     ) -> None:
         """`busy_seconds`: each stage's busy seconds so far; `audio_seconds`: seconds of audio
         the stages made so far; `cores`: the CPUs the stages share."""
@@ -77,6 +80,8 @@ class Admission:
         self.comfortable_lead = comfortable_lead_seconds
         self._limit: int | None = None  # from the listeners' leads (module docstring)
         self._limit_lowered = 0
+        self.stalls = stalls
+        self._stalls_seen = 0
         self._stats = {"admitted": 0, "refused_queue_full": 0, "refused_timeout": 0}
 
     # -- measuring ---------------------------------------------------------------------------
@@ -107,13 +112,14 @@ class Admission:
         )
 
     def _follow_leads(self) -> None:
-        """(under the lock, once per sample) lower the limit when a listener is about to run
-        dry, raise it when every listener is comfortably ahead."""
+        """(under the lock, once per sample) lower the limit when a listener stalled, raise it
+        when every listener is comfortably ahead."""
         if not self._real_time():
             self._limit = None
             return
+        stalls, self._stalls_seen = self.stalls() - self._stalls_seen, self.stalls()
         lead = self.lead() if self.active else None
-        if lead is not None and lead < self.min_lead:
+        if stalls > 0 and self.active:
             self._limit = max(1, min(self._limit or self.active, self.active) - 1)
             self._limit_lowered += 1
         elif self._limit is not None and (lead is None or lead > self.comfortable_lead):
