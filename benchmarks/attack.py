@@ -66,6 +66,7 @@ PERMISSION_SETUPS = {"unreadable", "read-only dir"}
 SIGNALS = {"SIGTERM": signal.SIGTERM, "SIGHUP": signal.SIGHUP, "SIGINT": signal.SIGINT}
 FULL_FS_BYTES = 64 * 1024
 OUTSIDE_VOCODER = "/tmp/other_vocoder.onnx"  # the path the bundle case names
+DECOY = b"root:x:0:0:decoy:/root:/bin/bash\n"  # what a cache entry links to (never the real file)
 
 
 @dataclass
@@ -282,8 +283,11 @@ def tamper_disk_cache(tamper: str, seed_dir: Path, cache: Path) -> Path:
         entry.unlink()
         entry.mkdir()
     elif tamper == "symlink_to_etc_passwd":
+        # A decoy with passwd's look: a runner as root must never aim a writer at the real one.
+        decoy = cache.parent / "decoy-passwd"
+        decoy.write_bytes(DECOY)
         entry.unlink()
-        entry.symlink_to("/etc/passwd")
+        entry.symlink_to(decoy)
     elif tamper == "unreadable_mode_000":
         entry.chmod(0)
     else:
@@ -584,7 +588,8 @@ def run_cli_case(case: dict[str, Any], world: World, directory: Path) -> Verdict
         _write_wav(target, np.zeros(100, np.float32), 24000)
         target.chmod(0o644)
     if setup.startswith("link.wav"):
-        (directory / "link.wav").symlink_to("/etc/passwd")
+        _write_wav(directory / "target.wav", np.zeros(100, np.float32), 24000)
+        (directory / "link.wav").symlink_to(directory / "target.wav")
     passwd = Path("/etc/passwd").read_bytes()
     if case["category"] == "signals":
         # An earlier good file at {out}: a stopped run must leave it intact.
@@ -638,7 +643,11 @@ def run_cli_case(case: dict[str, Any], world: World, directory: Path) -> Verdict
         if not path.exists():
             return Verdict("data lost", f"{path.name} removed", runs)
     if Path("/etc/passwd").read_bytes() != passwd:
-        return Verdict("data lost", "/etc/passwd changed", runs)
+        Path("/etc/passwd").write_bytes(passwd)  # put it back at once: the machine needs it
+        return Verdict("data lost", "/etc/passwd changed (restored by the runner)", runs)
+    decoy = directory / "decoy-passwd"
+    if decoy.exists() and decoy.read_bytes() != DECOY:
+        return Verdict("data lost", "wrote through a cache entry's link", runs)
     if verdict.outcome != "correct" or expect not in ("ok", "ok-warn"):
         return verdict
     # -- expected ok: the output and the case's own "then" ---------------------------------------
@@ -702,8 +711,12 @@ def check_then(
         actual = out.stat().st_mode & 0o777
         if actual != int(mode.group(1), 8):
             return Verdict("silently wrong", f"mode {actual:04o}, expected {mode.group(1)}", runs)
-    if "symlink replaced" in then and out is not None and out.is_symlink():
-        return Verdict("silently wrong", "wrote through the symlink", runs)
+    if "link kept" in then and out is not None:
+        if not out.is_symlink():
+            return Verdict("silently wrong", "the link was replaced by a file", runs)
+        written, _ = soundfile.read(str(directory / "target.wav"))
+        if len(written) <= 100:
+            return Verdict("silently wrong", "the link's target was not rewritten", runs)
     if "same pcm16 rounding" in then and out is not None:
         plain = directory / "plain.wav"
         # The same command without --stream and its window flags, writing plain.wav.
