@@ -656,7 +656,10 @@ def audio_problem(content: bytes, fmt: str) -> str:
         elif fmt in ("mp3", "aac"):
             samples = decode_with_ffmpeg(content, fmt)
         else:
-            samples, _ = soundfile.read(io.BytesIO(content), dtype="float32")
+            # Streamed FLAC says "length unknown": read blocks until the end.
+            with soundfile.SoundFile(io.BytesIO(content)) as sound:
+                blocks = iter(lambda: sound.read(24000, dtype="float32"), None)
+                samples = np.concatenate([np.zeros(0, np.float32), *_until_empty(blocks)])
     except Exception as error:
         return f"{fmt} audio unreadable: {type(error).__name__}: {error}"[:200]
     if samples.size < 1000:
@@ -666,6 +669,13 @@ def audio_problem(content: bytes, fmt: str) -> str:
     if float(np.abs(samples).max()) < 1e-3:
         return "silent audio"
     return ""
+
+
+def _until_empty(blocks: Iterator[np.ndarray]) -> Iterator[np.ndarray]:
+    for block in blocks:
+        if not len(block):
+            return
+        yield block.reshape(len(block), -1).mean(axis=1)
 
 
 def decode_with_ffmpeg(content: bytes, fmt: str) -> np.ndarray:

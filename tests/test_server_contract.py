@@ -311,6 +311,24 @@ def test_unbounded_or_coerced_fields_are_400(server: LiveServer, field: str, val
     assert error["param"] == field and len(error["message"]) < 200
 
 
+@pytest.mark.parametrize("name", ["a\x00b", "two\nlines", "bell\x07", "esc\x1b[31m"])
+def test_voice_names_with_control_characters_are_400(server: LiveServer, name: str) -> None:
+    """A name with NUL or a newline was stored and listed (and a newline can forge log lines
+    or break the web page's list)."""
+    wav = io.BytesIO()
+    soundfile.write(wav, speechlike(2.0, RATE, seed=31), RATE, format="WAV")
+    response = httpx.post(
+        server.url + "/v1/audio/voices",
+        files={"audio_sample": ("voice.wav", wav.getvalue(), "audio/wav")},
+        data={"name": name},
+        timeout=60,
+    )
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == "name"
+    listed = httpx.get(server.url + "/v1/audio/voices", timeout=30).json()["voices"]
+    assert name not in [v["name"] for v in listed]
+
+
 def test_a_name_taken_by_another_clip_is_409_and_keeps_its_voice(server: LiveServer) -> None:
     def upload(seed: int) -> httpx.Response:
         wav = io.BytesIO()
