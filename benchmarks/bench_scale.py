@@ -35,7 +35,7 @@ if __package__ in (None, ""):  # run as a script: make `benchmarks` and `onnx_tt
 
 from benchmarks import live_server
 from benchmarks.bench_cache import redis_for_benchmark
-from benchmarks.bench_serve import reference_lengths, run_level
+from benchmarks.bench_serve import run_level, warm_up
 from benchmarks.bench_streaming import machine_info, write_atomically
 from benchmarks.live_server import LiveServer
 from benchmarks.ray_cluster import RayCluster
@@ -166,7 +166,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="1 and 4 clients, 1 request each")
     parser.add_argument("--clients", default="1,4,8", help="client counts (1,4,8)")
-    parser.add_argument("--requests", type=int, default=1, help="requests per client (1)")
+    parser.add_argument(
+        "--seconds", type=float, default=10.0, help="each level's window, seconds (10)"
+    )
     parser.add_argument("--setups", default=",".join(SETUPS), help=f"of {', '.join(SETUPS)}")
     parser.add_argument("--redis-url", help="a Redis to share (default: a throwaway one)")
     parser.add_argument("--json", type=Path, default=RESULTS_DIR / "scale.json")
@@ -182,14 +184,14 @@ def main(argv: list[str] | None = None) -> int:
     if set(setups) - set(SETUPS):
         parser.error(f"--setups takes some of {', '.join(SETUPS)}")
     if args.quick:
-        levels, args.requests = [c for c in levels if c <= 4], 1
-    if not levels or min(levels) < 1 or max(levels) > 64 or args.requests < 1:
-        parser.error("client counts must be 1-64 and --requests >= 1")
+        levels, args.seconds = [c for c in levels if c <= 4], 4.0
+    if not levels or min(levels) < 1 or max(levels) > 64 or not 1 <= args.seconds <= 3600:
+        parser.error("client counts must be 1-64 and --seconds 1-3600")
 
     results: dict[str, Any] = {
         "benchmark": "scale",
         "machine": machine_info(),
-        "requests_per_client": args.requests,
+        "window_s": args.seconds,
         "setups": {},
     }
     with tempfile.TemporaryDirectory(prefix="onnx-tts-bench-scale-") as tmp, ExitStack() as keep:
@@ -200,10 +202,10 @@ def main(argv: list[str] | None = None) -> int:
             with ExitStack() as stack:
                 server = start(setup, work, redis_url, stack)
                 startup = time.perf_counter() - began
-                expected = reference_lengths(server.url)
+                warm_up(server.url)
                 entry: dict[str, Any] = {"startup_s": startup, "levels": []}
                 for clients in levels:
-                    level = run_level(server.url, clients, args.requests, expected)
+                    level = run_level(server.url, clients, args.seconds)
                     entry["levels"].append(level)
                     print(
                         f"{setup:12s} {clients:2d} clients: {level['audio_s_per_s']:5.1f} audio "

@@ -1,16 +1,38 @@
-"""Load benchmark of `onnx-tts serve` (issue 15): concurrent streaming HTTP clients.
+"""Load benchmark of `onnx-tts serve` (issues 15, 28): real-time streaming players against a live
+server, before (an older checkout) and after, side by side in one run, with the machine's
+ceiling measured in the same run.
 
-``onnx-tts bench serve`` wraps :func:`main`; it also runs as ``python benchmarks/bench_serve.py``.
+``onnx-tts bench serve [--quick] [--json PATH] [--plot PATH]``
+``    [--before-python PY --before-repo DIR] [--threads-variants 1] [--before-threads-variants 0]``
 
-A live server process on a free port (or ``--url`` of a running one); for each client count
-(1, 4, 8, 16) every client thread sends ``--requests`` streaming requests one after another
-(``response_format: pcm``, ``stream_format: audio``, the default voice) and reads the bytes as
-they come. Per request, on the client side: time to first audio (request sent -> first audio
-byte), underruns (a chunk that arrives after a player that started at the first byte has
-played everything before it: onnx_tts.request.PlaybackClock) and errors (a status other
-than 200, a broken stream, or audio of the wrong length). Per level: audio seconds delivered per
-wall second, TTFA p50/p95. Goals (issue 15): TTFA p95 <= 150 ms, no underruns and no errors
-at 8 clients.
+Models: the bundled default voice, and a Turbo-shape Chatterbox bundle (synthetic weights at
+Turbo's LM size, converted for the in-place KV cache: benchmarks/serve_models.py).
+
+Clients: for each count (1, 4, 8, 16, 32) every client thread sends streaming requests one after
+another (``response_format: pcm``, ``stream_format: audio``, the model's default voice) for a
+window of `--seconds` and plays them as a real-time player would: playback starts 100 ms after
+the first byte (``PlaybackClock(buffer_seconds=0.1)``); an underrun is a chunk that arrives after
+the player ran dry. The strict count (a player that starts at the first byte) is reported too.
+A refused request (429) is counted, and the client waits its ``Retry-After`` before its next
+request. At the window's end, streams still playing are cut (their bytes up to then count).
+
+Per level: audio seconds received per wall second of the window, time to first audio (request
+sent -> first audio byte, including any wait for admission) p50/p95/p99, underruns (100 ms
+buffer, strict) counted over admitted streams, refused, errors; from /metrics deltas over the
+window: each stage's busy fraction and mean batch (decode: rows per LM step; vocoder: windows
+per call), the admission's capacity estimate.
+
+Servers: "after" is this tree's server with its defaults; "before" (with --before-python and
+--before-repo) the older checkout's server with its defaults; both stay up and the levels
+alternate between them (before/after, then after/before), so they see the same machine load.
+`--threads-variants` adds servers with other `--threads` settings at `--threads-levels`.
+
+Ceiling (this tree's engine, in this process, before the servers start): each stage's busy
+seconds per audio second for one stream alone (batch 1) and for `max_batch` streams at once
+(the batched per-row cost). A stage is one worker thread, so the pipeline sustains at most
+1 / (the busier stage's batched cost) audio seconds per second; `cores / (sum of both stages'
+batched costs)` is the bound if all the work could spread over every core. Levels report their
+throughput as a fraction of the pipeline ceiling.
 """
 
 from __future__ import annotations
@@ -19,11 +41,11 @@ import argparse
 import io
 import json
 import os
-import statistics
 import sys
 import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +55,7 @@ if __package__ in (None, ""):  # run as a script: make `benchmarks` and `onnx_tt
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_streaming import machine_info, write_atomically
-from benchmarks.live_server import LiveServer
+from benchmarks.live_server import LiveServer, ServerFailed
 from onnx_tts.request import PlaybackClock
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -43,102 +65,433 @@ TEXTS = (
     "A rainbow is a division of white light into many beautiful colors.",
     "When the sunlight strikes raindrops in the air, they act as a prism and form a rainbow.",
 )
+LEVELS = (1, 4, 8, 16, 32)
+PLAYER_BUFFER_S = 0.1
+# Seconds of each level's window (the quick run's in brackets): Turbo's requests take seconds.
+WINDOW_S = {"voice": 20.0, "turbo": 40.0}
+QUICK_WINDOW_S = {"voice": 6.0, "turbo": 15.0}
+SETTLE_LIMIT_S = 90.0
+# Goals (issue 28, default voice).
 GOAL_TTFA_P95_S = 0.150
-GOAL_CLIENTS = 8
+GOAL_SPEEDUP_16 = 1.5
+# Metrics read from /metrics (both trees have the first ones; the stage metrics are new).
+STAGE_METRICS = ("onnx_tts_stage_busy_seconds", "onnx_tts_stage_items", "onnx_tts_stage_runs")
 
 
-def stream_once(client: httpx.Client, url: str, text: str, expected_bytes: int) -> dict[str, Any]:
+# -- one client -----------------------------------------------------------------------------------
+def stream_once(client: httpx.Client, url: str, text: str, stop_at: float) -> dict[str, Any]:
+    """One streamed request, played by a 100 ms-buffer player and a strict one; cut at
+    `stop_at` (perf_counter) if still playing."""
     body = {"input": text, "response_format": "pcm", "stream_format": "audio"}
-    clock = PlaybackClock()
+    player, strict = PlaybackClock(PLAYER_BUFFER_S), PlaybackClock(0.0)
     start = time.perf_counter()
     first: float | None = None
     received = 0
-    error = None
+    outcome: dict[str, Any] = {"status": None, "error": None, "retry_after": None, "cut": False}
     rate = 1
     try:
         with client.stream("POST", url + "/v1/audio/speech", json=body) as response:
+            outcome["status"] = response.status_code
             if response.status_code != 200:
                 response.read()
-                error = f"HTTP {response.status_code}: {response.text[:120]}"
+                if response.status_code == 429:
+                    outcome["retry_after"] = float(response.headers.get("retry-after", "1"))
+                else:
+                    outcome["error"] = f"HTTP {response.status_code}: {response.text[:120]}"
             else:
                 rate = int(response.headers["x-sample-rate"])
                 for chunk in response.iter_bytes():
                     now = time.perf_counter()
+                    if now >= stop_at:
+                        outcome["cut"] = True
+                        break
                     if first is None:
                         first = now - start
                     received += len(chunk)
-                    clock.chunk(now, len(chunk) / 2 / rate)
+                    seconds = len(chunk) / 2 / rate
+                    player.chunk(now, seconds)
+                    strict.chunk(now, seconds)
     except httpx.HTTPError as failure:
-        error = f"{type(failure).__name__}: {failure}"
-    if error is None and received != expected_bytes:
-        error = f"got {received} bytes of audio, expected {expected_bytes}"
+        outcome["error"] = f"{type(failure).__name__}: {failure}"
     return {
+        **outcome,
         "ttfa_s": first,
-        "total_s": time.perf_counter() - start,
         "audio_s": received / 2 / rate,
-        "underruns": clock.underruns,
-        "underrun_s": clock.stalled,
-        "error": error,
+        "underruns": player.underruns,
+        "underrun_s": player.stalled,
+        "strict_underruns": strict.underruns,
     }
 
 
-def run_level(url: str, clients: int, requests: int, expected: dict[str, int]) -> dict[str, Any]:
+def run_level(url: str, clients: int, window: float) -> dict[str, Any]:
+    """`clients` real-time players for `window` seconds; stage counters from /metrics."""
     results: list[dict[str, Any]] = []
     lock = threading.Lock()
-    barrier = threading.Barrier(clients)
+    barrier = threading.Barrier(clients + 1)
+    times: dict[str, float] = {}
 
     def client_thread(index: int) -> None:
-        with httpx.Client(timeout=120) as client:
+        with httpx.Client(timeout=httpx.Timeout(600.0, connect=30.0)) as client:
             barrier.wait()
-            for n in range(requests):
-                text = TEXTS[(index + n) % len(TEXTS)]
-                outcome = stream_once(client, url, text, expected[text])
+            stop_at = times["stop"]
+            n = 0
+            while time.perf_counter() < stop_at:
+                outcome = stream_once(client, url, TEXTS[(index + n) % len(TEXTS)], stop_at)
+                n += 1
                 with lock:
                     results.append(outcome)
+                if outcome["retry_after"] is not None:  # honour Retry-After (within the window)
+                    time.sleep(max(0.0, min(outcome["retry_after"], stop_at - time.perf_counter())))
+                elif outcome["error"] is not None:
+                    time.sleep(0.5)
 
     threads = [threading.Thread(target=client_thread, args=(i,)) for i in range(clients)]
-    start = time.perf_counter()
     for thread in threads:
         thread.start()
+    metrics_before = scrape(url)
+    load_before = os.getloadavg()[0]
+    times["start"] = time.perf_counter()
+    times["stop"] = times["start"] + window
+    barrier.wait()
+    time.sleep(window)
+    metrics_after = scrape(url)
+    load_after = os.getloadavg()[0]
     for thread in threads:
         thread.join()
-    wall = time.perf_counter() - start
-    ttfa = sorted(r["ttfa_s"] for r in results if r["ttfa_s"] is not None)
-    errors = [r["error"] for r in results if r["error"]]
-    return {
-        "clients": clients,
-        "requests": len(results),
-        "wall_s": wall,
-        "audio_s": sum(r["audio_s"] for r in results),
-        "audio_s_per_s": sum(r["audio_s"] for r in results) / wall,
-        "ttfa_p50_s": statistics.median(ttfa) if ttfa else None,
-        "ttfa_p95_s": _percentile(ttfa, 0.95),
-        "ttfa_max_s": ttfa[-1] if ttfa else None,
-        "underruns": sum(r["underruns"] for r in results),
-        "underrun_s": sum(r["underrun_s"] for r in results),
-        "streams_with_underrun": sum(1 for r in results if r["underruns"]),
-        "errors": len(errors),
-        "error_examples": errors[:3],
+    tail = time.perf_counter() - times["stop"]
+    return summarize_level(clients, window, results, metrics_before, metrics_after) | {
+        "tail_s": tail,
+        "loadavg_1m": [round(load_before, 2), round(load_after, 2)],
     }
 
 
-def _percentile(values: list[float], q: float) -> float | None:
+def percentile(values: list[float], q: float) -> float | None:
+    """Nearest rank: the value at or above q of the samples (no interpolation)."""
     if not values:
         return None
-    # Nearest rank: the value at or above q of the samples (no interpolation).
-    rank = max(0, min(len(values) - 1, int(-(-q * len(values) // 1)) - 1))
-    return values[rank]
+    ordered = sorted(values)
+    rank = max(0, min(len(ordered) - 1, int(-(-q * len(ordered) // 1)) - 1))
+    return ordered[rank]
 
 
-def reference_lengths(url: str) -> dict[str, int]:
-    """Bytes of pcm each text produces (non-streamed); also warms the server up."""
-    out = {}
-    with httpx.Client(timeout=120) as client:
-        for text in TEXTS:
-            body = {"input": text, "response_format": "pcm"}
-            response = client.post(url + "/v1/audio/speech", json=body)
-            response.raise_for_status()
-            out[text] = len(response.content)
+def summarize_level(
+    clients: int,
+    window: float,
+    results: list[dict[str, Any]],
+    before: dict[str, float],
+    after: dict[str, float],
+) -> dict[str, Any]:
+    admitted = [r for r in results if r["status"] == 200]
+    ttfa = [r["ttfa_s"] for r in admitted if r["ttfa_s"] is not None]
+    errors = [r["error"] for r in results if r["error"]]
+    audio = sum(r["audio_s"] for r in results)
+    level: dict[str, Any] = {
+        "clients": clients,
+        "window_s": window,
+        "requests": len(results),
+        "admitted": len(admitted),
+        "completed": sum(1 for r in admitted if not r["cut"] and not r["error"]),
+        "cut_at_window_end": sum(1 for r in admitted if r["cut"]),
+        "refused": sum(1 for r in results if r["status"] == 429),
+        "errors": len(errors),
+        "error_examples": errors[:3],
+        "audio_s": audio,
+        "audio_s_per_s": audio / window,
+        "ttfa_p50_s": percentile(ttfa, 0.50),
+        "ttfa_p95_s": percentile(ttfa, 0.95),
+        "ttfa_p99_s": percentile(ttfa, 0.99),
+        "ttfa_max_s": max(ttfa) if ttfa else None,
+        "underruns": sum(r["underruns"] for r in admitted),
+        "underrun_s": sum(r["underrun_s"] for r in admitted),
+        "streams_with_underrun": sum(1 for r in admitted if r["underruns"]),
+        "strict_underruns": sum(r["strict_underruns"] for r in admitted),
+        "streams_with_strict_underrun": sum(1 for r in admitted if r["strict_underruns"]),
+    }
+    delta = {key: after.get(key, 0.0) - before.get(key, 0.0) for key in after}
+    for stage in ("decode", "vocoder"):
+        busy = delta.get(f"onnx_tts_stage_busy_seconds{{stage={stage}}}")
+        items = delta.get(f"onnx_tts_stage_items{{stage={stage}}}")
+        runs = delta.get(f"onnx_tts_stage_runs{{stage={stage}}}")
+        level[f"{stage}_busy_fraction"] = None if busy is None else busy / window
+        level[f"{stage}_mean_batch"] = items / runs if items is not None and runs else None
+    level["admission_capacity"] = after.get("onnx_tts_admission_capacity")
+    level["server_refused"] = delta.get("onnx_tts_refused_requests_total")
+    return level
+
+
+def scrape(url: str) -> dict[str, float]:
+    """The /metrics samples this benchmark reads, summed over models: `name{stage=...}` for the
+    stage metrics, `name` for the others."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        text = httpx.get(url + "/metrics", timeout=30).text
+    except httpx.HTTPError:
+        return {}
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            name = sample.name
+            if name.startswith(STAGE_METRICS):
+                name = f"{name.removesuffix('_total')}{{stage={sample.labels.get('stage')}}}"
+            elif name not in (
+                "onnx_tts_admission_capacity",
+                "onnx_tts_refused_requests_total",
+                "onnx_tts_active_generations",
+                "onnx_tts_queue_depth",
+            ):
+                continue
+            out[name] = out.get(name, 0.0) + sample.value
+    return out
+
+
+def settle(url: str) -> None:
+    """Wait until the server generates nothing (cut streams of the last level wound down)."""
+    deadline = time.monotonic() + SETTLE_LIMIT_S
+    while time.monotonic() < deadline:
+        metrics = scrape(url)
+        if not metrics.get("onnx_tts_active_generations") and not metrics.get(
+            "onnx_tts_queue_depth"
+        ):
+            return
+        time.sleep(0.25)
+
+
+def warm_up(url: str) -> None:
+    """A few requests, one and then several at once (sessions, voice, batch shapes)."""
+    with httpx.Client(timeout=600) as client:
+        for text in TEXTS[:2]:
+            stream_once(client, url, text, float("inf"))
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(lambda i: warm_up_one(url, TEXTS[i % len(TEXTS)]), range(4)))
+
+
+def warm_up_one(url: str, text: str) -> None:
+    with httpx.Client(timeout=600) as client:
+        stream_once(client, url, text, float("inf"))
+
+
+# -- the machine's ceiling ------------------------------------------------------------------------
+def measure_ceiling(model: str | None, batch: int, requests_alone: int) -> dict[str, Any]:
+    """Per-stage busy seconds per audio second, one stream alone and `batch` at once, on this
+    tree's engine with the server's default settings."""
+    import onnx_tts
+
+    engine = onnx_tts.load(model, cache_dir=None, result_cache_dir=None, max_batch=batch)
+
+    def one(index: int) -> float:
+        samples = 0
+        for chunk in engine.stream(TEXTS[index % len(TEXTS)], seed=index):
+            samples += len(chunk)
+        return samples / engine.sample_rate
+
+    def run(concurrency: int, count: int) -> dict[str, float]:
+        before = engine.stats()
+        start = time.perf_counter()
+        with ThreadPoolExecutor(concurrency) as pool:
+            audio = sum(pool.map(one, range(count)))
+        wall = time.perf_counter() - start
+        after = engine.stats()
+        steps = after["steps"] - before["steps"]
+        calls = after["vocoder"]["calls"] - before["vocoder"]["calls"]
+        return {
+            "audio_s": audio,
+            "wall_s": wall,
+            "audio_s_per_s": audio / wall,
+            "decode_s_per_audio_s": (after["busy_seconds"] - before["busy_seconds"]) / audio,
+            "vocoder_s_per_audio_s": (
+                after["vocoder"]["busy_seconds"] - before["vocoder"]["busy_seconds"]
+            )
+            / audio,
+            "decode_ms_per_step": 1000
+            * (after["busy_seconds"] - before["busy_seconds"])
+            / max(1, steps),
+            "mean_batch": (after["row_steps"] - before["row_steps"]) / max(1, steps),
+            "mean_vocoder_batch": (after["vocoder"]["windows"] - before["vocoder"]["windows"])
+            / max(1, calls),
+        }
+
+    try:
+        run(min(batch, 4), min(batch, 4))  # warm-up
+        alone = run(1, requests_alone)
+        batched = run(batch, batch * max(1, requests_alone // 2))
+    finally:
+        engine.close()
+    cores = os.cpu_count() or 1
+    busiest = max(batched["decode_s_per_audio_s"], batched["vocoder_s_per_audio_s"])
+    total = batched["decode_s_per_audio_s"] + batched["vocoder_s_per_audio_s"]
+    return {
+        "batch": batch,
+        "cores": cores,
+        "alone": alone,
+        "batched": batched,
+        "pipeline_ceiling_audio_s_per_s": 1 / busiest,
+        "all_cores_ceiling_audio_s_per_s": cores / total,
+        "loadavg_1m": round(os.getloadavg()[0], 2),
+    }
+
+
+# -- servers --------------------------------------------------------------------------------------
+class OldTreeServer(LiveServer):
+    """The 'before' checkout's server, run by its own interpreter from its own directory."""
+
+    def __init__(self, python: str, repo: Path, workdir: Path, *extra: str) -> None:
+        self._python, self._repo = python, repo
+        super().__init__(workdir, *extra)
+
+    def _command(self) -> tuple[list[str], dict[str, str], Path | None]:
+        env = {**os.environ, "PYTHONPATH": str(self._repo)}
+        return [self._python, "-m", "onnx_tts.server"], env, self._repo
+
+
+def start_servers(
+    args: argparse.Namespace, model: str | None, workdir: Path
+) -> dict[str, LiveServer]:
+    common = ["--log-level", "warning", "--result-cache-dir", "none"]
+    if model:
+        common += ["--model", model]
+    servers: dict[str, LiveServer] = {}
+    try:
+        if args.before_python:
+            servers["before"] = OldTreeServer(
+                args.before_python, Path(args.before_repo), workdir / "before", *common
+            )
+        servers["after"] = LiveServer(workdir / "after", *common, *args.server_args.split())
+        for threads in args.threads_variants:
+            servers[f"after --threads {threads}"] = LiveServer(
+                workdir / f"after-t{threads}", *common, "--threads", str(threads)
+            )
+        for threads in args.before_threads_variants if args.before_python else ():
+            servers[f"before --threads {threads}"] = OldTreeServer(
+                args.before_python,
+                Path(args.before_repo),
+                workdir / f"before-t{threads}",
+                *common,
+                "--threads",
+                str(threads),
+            )
+    except ServerFailed:
+        for server in servers.values():
+            server.stop()
+        raise
+    return servers
+
+
+def bench_model(args: argparse.Namespace, name: str, model: str | None) -> dict[str, Any]:
+    alone = 2 if name == "turbo" else 4
+    ceilings = [measure_ceiling(model, args.max_batch, alone)]
+    print(_ceiling_line(name, "start", ceilings[0]), flush=True)
+    window = (QUICK_WINDOW_S if args.quick else WINDOW_S)[name]
+    workdir = tempfile.TemporaryDirectory(prefix="onnx-tts-bench-serve-")
+    servers = start_servers(args, model, Path(workdir.name))
+    results: dict[str, Any] = {
+        "model": model or "bundled default voice",
+        "window_s": window,
+        "servers": {label: {"levels": []} for label in servers},
+    }
+    try:
+        for server in servers.values():
+            warm_up(server.url)
+        for index, clients in enumerate(args.levels):
+            labels = [
+                label
+                for label in servers
+                if label in ("before", "after") or clients in args.threads_levels
+            ]
+            if index % 2:
+                labels.reverse()
+            for label in labels:
+                settle(servers[label].url)
+                level = run_level(servers[label].url, clients, window)
+                results["servers"][label]["levels"].append(level)
+                print(_line(name, label, level), flush=True)
+    finally:
+        for server in servers.values():
+            server.stop()
+        workdir.cleanup()
+    # The machine is shared: its ceiling is measured before and after the levels.
+    ceilings.append(measure_ceiling(model, args.max_batch, alone))
+    print(_ceiling_line(name, "end", ceilings[1]), flush=True)
+    key = "pipeline_ceiling_audio_s_per_s"
+    results["ceiling"] = {
+        "start": ceilings[0],
+        "end": ceilings[1],
+        key: (ceilings[0][key] + ceilings[1][key]) / 2,
+        "all_cores_ceiling_audio_s_per_s": (
+            ceilings[0]["all_cores_ceiling_audio_s_per_s"]
+            + ceilings[1]["all_cores_ceiling_audio_s_per_s"]
+        )
+        / 2,
+    }
+    for server in results["servers"].values():
+        for level in server["levels"]:
+            level["fraction_of_ceiling"] = level["audio_s_per_s"] / results["ceiling"][key]
+    return results
+
+
+def _ceiling_line(name: str, when: str, ceiling: dict[str, Any]) -> str:
+    return (
+        f"[bench-serve] {name}: ceiling ({when}) {ceiling['pipeline_ceiling_audio_s_per_s']:.1f} "
+        f"audio s/s (one stream alone {ceiling['alone']['audio_s_per_s']:.1f}; decode "
+        f"{ceiling['batched']['decode_s_per_audio_s']:.3f}, vocoder "
+        f"{ceiling['batched']['vocoder_s_per_audio_s']:.3f} s per audio s at mean batch "
+        f"{ceiling['batched']['mean_batch']:.1f}; load {ceiling['loadavg_1m']})"
+    )
+
+
+def _ms(value: float | None) -> str:
+    return "   -  " if value is None else f"{1000 * value:6.0f}"
+
+
+def _line(model: str, label: str, level: dict[str, Any]) -> str:
+    batch = level.get("decode_mean_batch")
+    return (
+        f"[bench-serve] {model:5s} {label:18s} {level['clients']:3d} clients: "
+        f"{level['audio_s_per_s']:6.1f} audio s/s  TTFA p50/p95/p99 "
+        f"{_ms(level['ttfa_p50_s'])}{_ms(level['ttfa_p95_s'])}"
+        f"{_ms(level['ttfa_p99_s'])} ms  underruns {level['underruns']} (strict "
+        f"{level['strict_underruns']})  refused {level['refused']}  errors {level['errors']}  "
+        f"batch {'-' if batch is None else f'{batch:.1f}'}  load {level['loadavg_1m'][1]}"
+    )
+
+
+# -- goals, plot ----------------------------------------------------------------------------------
+def level_of(results: dict[str, Any], model: str, label: str, clients: int) -> dict | None:
+    server = results["models"].get(model, {}).get("servers", {}).get(label)
+    if server is None:
+        return None
+    return next((lv for lv in server["levels"] if lv["clients"] == clients), None)
+
+
+def goals(results: dict[str, Any]) -> dict[str, Any]:
+    """The issue's server goals on the default voice, from this run's numbers."""
+    out: dict[str, Any] = {}
+    after8 = level_of(results, "voice", "after", 8)
+    after16 = level_of(results, "voice", "after", 16)
+    before16 = level_of(results, "voice", "before", 16)
+    if after16 and before16:
+        ratio = after16["audio_s_per_s"] / before16["audio_s_per_s"]
+        out["throughput_16_over_before"] = {"value": ratio, "met": ratio >= GOAL_SPEEDUP_16}
+    if after16 and after8:
+        out["throughput_16_not_below_8"] = {
+            "value": [after8["audio_s_per_s"], after16["audio_s_per_s"]],
+            "met": after16["audio_s_per_s"] >= after8["audio_s_per_s"],
+        }
+    if after8:
+        p95 = after8["ttfa_p95_s"]
+        met = p95 is not None and p95 <= GOAL_TTFA_P95_S
+        out["ttfa_p95_8_clients"] = {"value": p95, "met": met}
+        out["no_underruns_8_clients"] = {
+            "value": after8["underruns"],
+            "met": after8["underruns"] == 0,
+        }
+    for clients in (16, 32):
+        level = level_of(results, "voice", "after", clients)
+        if level:
+            out[f"no_underruns_admitted_{clients}_clients"] = {
+                "value": level["underruns"],
+                "met": level["underruns"] == 0,
+            }
     return out
 
 
@@ -148,94 +501,120 @@ def plot(results: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    levels = results["levels"]
-    clients = [level["clients"] for level in levels]
-    figure, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-    left.plot(clients, [1000 * (lv["ttfa_p50_s"] or 0) for lv in levels], "o-", label="p50")
-    left.plot(clients, [1000 * (lv["ttfa_p95_s"] or 0) for lv in levels], "s-", label="p95")
-    left.axhline(1000 * GOAL_TTFA_P95_S, color="grey", ls="--", label="goal p95 (8 clients)")
-    left.set_xlabel("concurrent streaming clients")
-    left.set_ylabel("time to first audio (ms)")
-    left.set_xticks(clients)
-    left.legend()
-    right.plot(clients, [lv["audio_s_per_s"] for lv in levels], "o-")
-    for level in levels:
-        if level["underruns"] or level["errors"]:
-            right.annotate(
-                f"{level['underruns']} underruns, {level['errors']} errors",
-                (level["clients"], level["audio_s_per_s"]),
-                fontsize=8,
-            )
-    right.set_xlabel("concurrent streaming clients")
-    right.set_ylabel("audio seconds per wall second")
-    right.set_ylim(bottom=0)
-    right.set_xticks(clients)
-    figure.suptitle(f"onnx-tts serve: streaming pcm, default voice, {os.cpu_count()} cores")
+    models = list(results["models"])
+    figure, axes = plt.subplots(len(models), 3, figsize=(15, 4 * len(models)), squeeze=False)
+    markers = {"before": "o--", "after": "s-"}
+    for row, name in enumerate(models):
+        data = results["models"][name]
+        for index, (label, server) in enumerate(data["servers"].items()):
+            levels = server["levels"]
+            clients = [lv["clients"] for lv in levels]
+            style = {"color": f"C{index}", "label": label}
+            fmt = markers.get(label, "^:")
+            axes[row][0].plot(clients, [lv["audio_s_per_s"] for lv in levels], fmt, **style)
+            ttfa = [1000 * (lv["ttfa_p95_s"] or 0) for lv in levels]
+            axes[row][1].plot(clients, ttfa, fmt, **style)
+            axes[row][2].plot(clients, [lv["underruns"] for lv in levels], fmt, **style)
+            if any(lv["refused"] for lv in levels):
+                axes[row][2].plot(
+                    clients,
+                    [lv["refused"] for lv in levels],
+                    "x:",
+                    color=f"C{index}",
+                    alpha=0.6,
+                    label=f"{label}: refused (429)",
+                )
+        ceiling = data["ceiling"]["pipeline_ceiling_audio_s_per_s"]
+        axes[row][0].axhline(ceiling, color="grey", ls="--", label="pipeline ceiling")
+        axes[row][0].set_ylabel("audio seconds per wall second")
+        axes[row][1].set_ylabel("time to first audio p95 (ms)")
+        axes[row][2].set_ylabel("underruns, 100 ms buffer (and 429s)")
+        if name == "voice":
+            axes[row][1].axhline(1000 * GOAL_TTFA_P95_S, color="grey", ls=":", label="goal at 8")
+        for column, axis in enumerate(axes[row]):
+            axis.set_xscale("log", base=2)
+            axis.set_xticks(LEVELS, [str(c) for c in LEVELS])
+            axis.set_xlabel("concurrent real-time players")
+            axis.set_ylim(bottom=0)
+            axis.grid(alpha=0.3)
+            axis.set_title(f"{name}: {('throughput', 'first audio', 'underruns')[column]}")
+            axis.legend(fontsize=7)
+    figure.suptitle(
+        f"onnx-tts serve, streaming pcm, {os.cpu_count()} cores shared "
+        f"(load {results['machine']['loadavg_start'][0]}-{results['machine']['loadavg_end'][0]})"
+    )
     figure.tight_layout()
     buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=110)
+    figure.savefig(buffer, format="png", dpi=100)
     plt.close(figure)
     write_atomically(path, buffer.getvalue())
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="1, 4, 8 clients, 1 request each")
-    parser.add_argument("--clients", default="1,4,8,16", help="client counts (1,4,8,16)")
-    parser.add_argument("--requests", type=int, default=4, help="requests per client (4)")
-    parser.add_argument("--url", help="benchmark a running server instead of starting one")
-    parser.add_argument("--server-args", default="", help="extra `serve` arguments, quoted")
-    parser.add_argument("--json", type=Path, default=RESULTS_DIR / "serve.json")
-    parser.add_argument("--plot", type=Path, default=RESULTS_DIR / "serve.png")
+    parser.add_argument("--quick", action="store_true", help="1/4/8 clients, short windows")
+    parser.add_argument("--clients", default=",".join(map(str, LEVELS)), help="client counts")
+    parser.add_argument(
+        "--models", default="voice,turbo", help="voice (bundled) and/or turbo (Turbo shape)"
+    )
+    parser.add_argument("--max-batch", type=int, default=8, help="ceiling: rows at once (8)")
+    parser.add_argument("--server-args", default="", help="extra `serve` arguments of 'after'")
+    parser.add_argument("--before-python", help="interpreter of the 'before' checkout")
+    parser.add_argument("--before-repo", help="the 'before' checkout (run from its directory)")
+    parser.add_argument(
+        "--threads-variants", default="", help="extra 'after' servers with these --threads (1)"
+    )
+    parser.add_argument(
+        "--before-threads-variants", default="", help="extra 'before' servers: --threads (0)"
+    )
+    parser.add_argument("--threads-levels", default="8,16", help="levels of the extra servers")
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--plot", type=Path)
     args = parser.parse_args(argv)
     try:
-        levels = [int(c) for c in args.clients.split(",")]
+        args.levels = [int(c) for c in args.clients.split(",")]
+        args.threads_levels = [int(c) for c in args.threads_levels.split(",") if c]
+        args.threads_variants = [int(c) for c in args.threads_variants.split(",") if c]
+        args.before_threads_variants = [
+            int(c) for c in args.before_threads_variants.split(",") if c
+        ]
     except ValueError:
-        parser.error("--clients takes a comma-separated list of integers")
+        parser.error("--clients, --threads-* take comma-separated integers")
+    models = [m for m in args.models.split(",") if m]
+    if not models or set(models) - {"voice", "turbo"}:
+        parser.error("--models takes voice and/or turbo")
+    if bool(args.before_python) != bool(args.before_repo):
+        parser.error("--before-python and --before-repo go together")
     if args.quick:
-        levels, args.requests = [c for c in levels if c <= 8], 1
-    if not levels or min(levels) < 1 or max(levels) > 256 or args.requests < 1:
-        parser.error("client counts must be 1-256 and --requests >= 1")
+        args.levels = [c for c in args.levels if c <= 8]
+    if not args.levels or min(args.levels) < 1 or max(args.levels) > 256:
+        parser.error("client counts must be 1-256")
+    suffix = "_quick" if args.quick else ""
+    args.json = args.json or RESULTS_DIR / f"serve{suffix}.json"
+    args.plot = args.plot or args.json.with_suffix(".png")
 
-    workdir = tempfile.TemporaryDirectory(prefix="onnx-tts-bench-serve-")
-    server = None
-    if not args.url:
-        server = LiveServer(Path(workdir.name), "--log-level", "warning", *args.server_args.split())
-    url = args.url or server.url  # type: ignore[union-attr]
-    try:
-        expected = reference_lengths(url)
-        results: dict[str, Any] = {
-            "benchmark": "serve",
-            "machine": machine_info(),
-            "server_args": args.server_args,
-            "requests_per_client": args.requests,
-            "texts": list(TEXTS),
-            "levels": [],
-        }
-        for clients in levels:
-            level = run_level(url, clients, args.requests, expected)
-            results["levels"].append(level)
-            print(
-                f"{clients:3d} clients: {level['audio_s_per_s']:6.1f} audio s/s   "
-                f"TTFA p50 {1000 * (level['ttfa_p50_s'] or 0):6.1f} ms "
-                f"p95 {1000 * (level['ttfa_p95_s'] or 0):6.1f} ms   "
-                f"underruns {level['underruns']}   errors {level['errors']}",
-                flush=True,
-            )
-    finally:
-        if server is not None:
-            server.stop()
-        workdir.cleanup()
+    results: dict[str, Any] = {
+        "benchmark": "serve",
+        "machine": machine_info(),
+        "quick": args.quick,
+        "texts": list(TEXTS),
+        "player_buffer_s": PLAYER_BUFFER_S,
+        "before": {"python": args.before_python, "repo": args.before_repo},
+        "after_server_args": args.server_args,
+        "models": {},
+    }
+    for name in models:
+        model = None
+        if name == "turbo":
+            from benchmarks.serve_models import turbo_bundle
+
+            model = str(turbo_bundle())
+        results["models"][name] = bench_model(args, name, model)
     results["machine"]["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
-    goal = next((lv for lv in results["levels"] if lv["clients"] == GOAL_CLIENTS), None)
-    if goal is not None:
-        results["goal_8_clients"] = {
-            "ttfa_p95_ok": goal["ttfa_p95_s"] is not None and goal["ttfa_p95_s"] <= GOAL_TTFA_P95_S,
-            "no_underruns": goal["underruns"] == 0,
-            "no_errors": goal["errors"] == 0,
-        }
+    results["goals"] = goals(results)
     write_atomically(args.json, (json.dumps(results, indent=2) + "\n").encode("utf-8"))
     plot(results, args.plot)
+    print(json.dumps(results["goals"], indent=2))
     print(f"results: {args.json}, {args.plot}")
     return 0
 

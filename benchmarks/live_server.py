@@ -33,10 +33,13 @@ class LiveServer:
         self.url = f"http://127.0.0.1:{self.port}"
         workdir.mkdir(parents=True, exist_ok=True)
         self.log_path = workdir / f"server-{self.port}.log"
-        command = [sys.executable, "-m", "onnx_tts.server", "--port", str(self.port)]
+        command, env, cwd = self._command()
+        command += ["--port", str(self.port)]
         command += ["--voices-dir", str(workdir / "voices"), "--cache-dir", str(workdir / "cache")]
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
-        self.process = subprocess.Popen([*command, *extra], stdout=self._log, stderr=self._log)
+        self.process = subprocess.Popen(
+            [*command, *extra], stdout=self._log, stderr=self._log, env=env, cwd=cwd
+        )
         deadline = time.monotonic() + STARTUP_SECONDS
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -50,6 +53,11 @@ class LiveServer:
             time.sleep(0.2)
         self.stop()
         raise ServerFailed(f"server did not become healthy in {STARTUP_SECONDS} s:\n{self.log()}")
+
+    def _command(self) -> tuple[list[str], dict[str, str] | None, Path | None]:
+        """The interpreter command that starts the server, its environment and directory
+        (None: this process's); a subclass runs another checkout's server."""
+        return [sys.executable, "-m", "onnx_tts.server"], None, None
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")

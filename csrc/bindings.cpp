@@ -7,6 +7,7 @@
 //   Value                    an OrtValue kept in ORT memory between runs
 //   KVCache                  an LM session's KV cache in copy / chain / inplace mode
 //   KVSlots                  in-place KV slot buffers for batched decoding across requests
+//   StateChain               a graph's fixed-size recurrent state fed back from run to run
 
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
@@ -24,6 +25,7 @@
 #include "numpy_convert.h"
 #include "runtime.h"
 #include "session.h"
+#include "state_chain.h"
 
 namespace py = pybind11;
 using namespace onnx_tts;
@@ -99,6 +101,18 @@ py::dict kv_slots_step(KVSlots& slots, Session& session, const py::dict& feeds, 
   return outputs_to_python(outputs);
 }
 
+py::dict kv_cache_prefill(KVCache& cache, Session& source, const py::dict& feeds,
+                          const OutputNames& names) {
+  std::vector<py::object> keep_alive;
+  std::vector<Feed> prepared = feeds_from_python(source, feeds, keep_alive);
+  std::vector<NamedValue> outputs;
+  {
+    py::gil_scoped_release release;
+    outputs = cache.prefill(source, std::move(prepared), names);
+  }
+  return outputs_to_python(outputs);
+}
+
 // The caches keep their session alive; the bindings need it to convert feeds.
 struct PyKVCache {
   std::shared_ptr<Session> session;
@@ -108,6 +122,11 @@ struct PyKVCache {
 struct PyKVSlots {
   std::shared_ptr<Session> session;
   std::unique_ptr<KVSlots> slots;
+};
+
+struct PyStateChain {
+  std::shared_ptr<Session> session;
+  std::unique_ptr<StateChain> chain;
 };
 
 }  // namespace
@@ -192,6 +211,13 @@ PYBIND11_MODULE(_core, m) {
           py::arg("feeds"), py::arg("new_tokens") = py::none(), py::arg("output_names") = py::none())
       .def("reset", [](PyKVCache& c) { c.cache->reset(); })
       .def(
+          "prefill",
+          [](PyKVCache& c, std::shared_ptr<Session> source, const py::dict& feeds,
+             const OutputNames& names) {
+            return kv_cache_prefill(*c.cache, *source, feeds, names);
+          },
+          py::arg("session"), py::arg("feeds"), py::arg("output_names") = py::none())
+      .def(
           "load_prefix",
           [](PyKVCache& c, const py::sequence& arrays) {
             std::vector<py::object> keep_alive;
@@ -262,4 +288,34 @@ PYBIND11_MODULE(_core, m) {
           },
           py::arg("row"), py::arg("values"))
       .def("stats", [](const PyKVSlots& s) { return stats_to_python(s.slots->stats()); });
+
+  py::class_<PyStateChain>(m, "StateChain")
+      .def(py::init([](std::shared_ptr<Session> session, const std::string& mode,
+                       const KVNames& pairs, const py::sequence& initial) {
+             std::vector<py::object> keep_alive;
+             std::vector<KVValues> values = kv_values_from_python(initial, keep_alive);
+             auto chain = std::make_unique<StateChain>(session, mode, pairs, values);
+             return PyStateChain{std::move(session), std::move(chain)};
+           }),
+           py::arg("session"), py::arg("mode"), py::arg("pairs"), py::arg("initial"))
+      .def_property_readonly("mode", [](const PyStateChain& s) { return s.chain->mode(); })
+      .def_property_readonly("steps", [](const PyStateChain& s) { return s.chain->steps(); })
+      .def_property_readonly("pairs",
+                             [](const PyStateChain& s) { return pairs_to_python(s.chain->pair_names()); })
+      .def("reset", [](PyStateChain& s) { s.chain->reset(); })
+      .def(
+          "step",
+          [](PyStateChain& s, const py::dict& feeds, const OutputNames& names) {
+            std::vector<py::object> keep_alive;
+            std::vector<Feed> prepared = feeds_from_python(*s.session, feeds, keep_alive);
+            std::vector<NamedValue> outputs;
+            {
+              py::gil_scoped_release release;
+              outputs = s.chain->step(std::move(prepared), names);
+            }
+            return outputs_to_python(outputs);
+          },
+          py::arg("feeds"), py::arg("output_names") = py::none())
+      .def("state_data_ptrs", [](const PyStateChain& s) { return s.chain->state_ptrs(); })
+      .def("output_data_ptrs", [](const PyStateChain& s) { return s.chain->output_ptrs(); });
 }

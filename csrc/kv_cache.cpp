@@ -47,6 +47,88 @@ void KVCache::reset() {
   strategy_->clear();
 }
 
+std::vector<NamedValue> KVCache::prefill(Session& source, std::vector<Feed> feeds,
+                                         const std::optional<std::vector<std::string>>& requested) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto step_start = Clock::now();
+  for (const auto& pair : pairs_) {
+    const TensorSpec* out = source.find_output(pair.present);
+    if (out == nullptr) {
+      throw RunError(cat("prefill graph ", source.path(), " has no output '", pair.present,
+                         "' (the KV output of ", session_->path(), "); its outputs are: ",
+                         source.output_names()));
+    }
+    if (out->type != pair.type) {
+      throw RunError(cat("prefill output '", pair.present, "' is ", dtype_name(out->type),
+                         " but the cache holds ", dtype_name(pair.type)));
+    }
+  }
+  std::vector<std::string> outputs;
+  if (requested) {
+    outputs = *requested;
+  } else {
+    for (const auto& spec : source.outputs()) {
+      if (present_set_.count(spec.name) == 0) outputs.push_back(spec.name);
+    }
+  }
+  source.check_outputs_requested(outputs);
+  for (const auto& name : outputs) {
+    if (present_set_.count(name)) {
+      throw RunError(cat("output '", name, "' is a KV output the cache takes; read it with "
+                         "KVCache.read()"));
+    }
+  }
+  source.check_all_inputs_fed(feeds);
+  length_ = 0;
+  last_present_ptrs_.clear();
+  forget_binding();
+  strategy_->clear();
+
+  Ort::IoBinding binding(source.ort());
+  for (const auto& feed : feeds) binding.BindInput(feed.name.c_str(), *feed.value);
+  for (const auto& pair : pairs_) binding.BindOutput(pair.present.c_str(), source.kv_memory());
+  for (const auto& name : outputs) binding.BindOutput(name.c_str(), cpu_memory());
+  auto run_start = Clock::now();
+  source.run_binding(binding);
+  auto run_end = Clock::now();
+  std::vector<Ort::Value> values = binding.GetOutputValues();
+  if (values.size() != pairs_.size() + outputs.size()) {
+    throw RunError(cat("ONNX Runtime returned ", values.size(), " outputs, expected ",
+                       pairs_.size() + outputs.size()));
+  }
+  // The prefill graph may lay its KV out differently from the step graph (MOSS-TTS-Nano's
+  // prefill is [B, S, H, D], a converted in-place decode_step [B, H, S, D]): read its layout
+  // from its declared output, as the step graph's is read from its inputs.
+  const TensorSpec* declared = source.find_output(pairs_[0].present);
+  int source_axis = declared->shape.size() == 4 && declared->shape[1] < 0 && declared->shape[2] >= 0
+                        ? 1
+                        : 2;
+  std::vector<int64_t> first = values[0].GetTensorTypeAndShapeInfo().GetShape();
+  int64_t total = first.size() == 4 ? first[static_cast<size_t>(source_axis)] : -1;
+  if (total < 1 || (capacity_ && total > *capacity_)) {
+    throw RunError(cat("prefill output '", pairs_[0].present, "' has shape ", shape_string(first),
+                       capacity_ ? cat("; the cache holds 1 to ", *capacity_, " tokens")
+                                 : std::string("; expected at least one token")));
+  }
+  try {
+    last_present_ptrs_.assign(pairs_.size(), 0);
+    for (size_t i = 0; i < pairs_.size(); ++i) {
+      last_present_ptrs_[i] = reinterpret_cast<uintptr_t>(values[i].GetTensorRawData());
+      strategy_->adopt(i, std::move(values[i]), total, source_axis);
+    }
+  } catch (...) {
+    last_present_ptrs_.clear();
+    strategy_->clear();
+    throw;
+  }
+  length_ = total;
+  std::vector<NamedValue> result = named_values(values, pairs_.size(), outputs);
+  stats_.steps += 1;
+  stats_.run_ns += nanoseconds(run_start, run_end);
+  stats_.step_ns += nanoseconds(step_start, Clock::now());
+  return result;
+}
+
 void KVCache::load_prefix(const std::vector<KVValues>& values) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (session_->on_device()) throw RunError("loading a KV prefix on a device is not supported");
@@ -206,9 +288,8 @@ std::vector<NamedValue> KVCache::collect(const std::vector<std::string>& outputs
     last_present_ptrs_[i] = reinterpret_cast<uintptr_t>(values[i].GetTensorRawData());
     strategy_->accept(i, std::move(values[i]), total);
   }
-  for (size_t i = 0; i < outputs.size(); ++i) {
-    result.push_back({outputs[i], std::make_shared<Ort::Value>(std::move(values[pairs_.size() + i]))});
-  }
+  std::vector<NamedValue> named = named_values(values, pairs_.size(), outputs);
+  result.insert(result.end(), named.begin(), named.end());
   if (strategy_->static_binding()) {
     fixed_outputs_.clear();
     for (const auto& output : result) fixed_outputs_.push_back(output.value);
@@ -227,13 +308,13 @@ std::vector<uintptr_t> KVCache::past_ptrs() const {
 
 std::vector<int64_t> KVCache::read_shape(size_t index) const {
   if (index >= pairs_.size()) throw RunError(cat("KV tensor index ", index, " out of range"));
-  return {batch_, pairs_[index].heads, length_, pairs_[index].head_dim};
+  return pairs_[index].shape(batch_, length_);
 }
 
 void KVCache::read(size_t index, void* dst) const {
   read_shape(index);  // range check
   if (session_->on_device()) throw RunError("reading KV tensors on a device is not supported");
-  copy_sequence_prefix(strategy_->past(index), 0, batch_, length_, dst);
+  copy_sequence_prefix(strategy_->past(index), 0, batch_, length_, dst, pairs_[index].seq_axis);
 }
 
 }  // namespace onnx_tts

@@ -39,6 +39,12 @@ class KVCache {
   std::vector<NamedValue> step(std::vector<Feed> feeds, std::optional<int64_t> new_tokens,
                                const std::optional<std::vector<std::string>>& requested);
   void reset();
+  // Empties the cache, runs `source` (a prefill graph: it has the pairs' present outputs and no
+  // past inputs) over `feeds` and keeps its presents as the cache's first tokens, handed over by
+  // the strategy (chain: the OrtValues themselves, no copy). Returns the requested other outputs
+  // of `source` (all of them by default).
+  std::vector<NamedValue> prefill(Session& source, std::vector<Feed> feeds,
+                                  const std::optional<std::vector<std::string>>& requested);
   // Empties the cache, then fills it with `values` (one per pair, [batch, heads, L, head_dim]):
   // the next step continues after those L tokens as if they had been run.
   void load_prefix(const std::vector<KVValues>& values);

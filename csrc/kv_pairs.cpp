@@ -8,6 +8,15 @@
 
 namespace onnx_tts {
 
+std::vector<int64_t> KVPair::shape(int64_t batch, int64_t tokens) const {
+  if (seq_axis == 1) return {batch, tokens, heads, head_dim};
+  return {batch, heads, tokens, head_dim};
+}
+
+const char* KVPair::layout() const {
+  return seq_axis == 1 ? "[batch, sequence, heads, head_dim]" : "[batch, heads, sequence, head_dim]";
+}
+
 std::vector<KVPair> resolve_kv_pairs(const Session& session, const KVNames& names) {
   if (names.empty()) {
     throw RunError(cat("no KV inputs given for graph ", session.path(),
@@ -31,9 +40,13 @@ std::vector<KVPair> resolve_kv_pairs(const Session& session, const KVNames& name
     }
     if (in->shape.size() != 4) {
       throw RunError(cat("KV input '", past, "' has rank ", in->shape.size(),
-                         "; expected [batch, heads, sequence, head_dim]"));
+                         "; expected [batch, heads, sequence, head_dim] or [batch, sequence, "
+                         "heads, head_dim]"));
     }
-    if (in->shape[1] < 0 || in->shape[3] < 0) {
+    // The sequence is the symbolic one of axes 1 and 2 (axis 2 when both are fixed).
+    int seq_axis = in->shape[1] < 0 && in->shape[2] >= 0 ? 1 : 2;
+    int heads_axis = 3 - seq_axis;
+    if (in->shape[heads_axis] < 0 || in->shape[3] < 0) {
       throw RunError(cat("KV input '", past, "' has symbolic heads or head_dim (", spec_string(*in),
                          "); the cache needs them fixed"));
     }
@@ -41,14 +54,20 @@ std::vector<KVPair> resolve_kv_pairs(const Session& session, const KVNames& name
       throw RunError(cat("KV input '", past, "' is ", dtype_name(in->type), " but output '",
                          present, "' is ", dtype_name(out->type)));
     }
-    bool same_heads = out->shape.size() == 4 && (out->shape[1] < 0 || out->shape[1] == in->shape[1]) &&
+    bool same_heads = out->shape.size() == 4 &&
+                      (out->shape[heads_axis] < 0 || out->shape[heads_axis] == in->shape[heads_axis]) &&
                       (out->shape[3] < 0 || out->shape[3] == in->shape[3]);
     if (!same_heads) {
       throw RunError(cat("KV output '", present, "' has shape ", spec_string(*out), " but input '",
                          past, "' has ", spec_string(*in), "; a pair must agree on heads and head_dim"));
     }
-    pairs.push_back(KVPair{past, present, in->type, in->shape[1], in->shape[3],
-                           element_type_of(in->type, past).size});
+    if (!pairs.empty() && pairs[0].seq_axis != seq_axis) {
+      throw RunError(cat("KV input '", past, "' is laid out ", seq_axis == 1 ? "[batch, sequence, "
+                         "heads, head_dim]" : "[batch, heads, sequence, head_dim]", " but '",
+                         pairs[0].past, "' is ", pairs[0].layout(), "; all pairs need one layout"));
+    }
+    pairs.push_back(KVPair{past, present, in->type, in->shape[heads_axis], in->shape[3],
+                           element_type_of(in->type, past).size, seq_axis});
   }
   return pairs;
 }
@@ -75,14 +94,16 @@ int64_t checked_prefix_length(const std::vector<KVPair>& pairs, const std::vecto
     throw RunError(cat("a KV prefix needs one array per KV pair (", pairs.size(), "), got ",
                        values.size()));
   }
-  int64_t length = values.empty() || values[0].shape.size() != 4 ? -1 : values[0].shape[2];
+  int64_t length = values.empty() || values[0].shape.size() != 4 || pairs.empty()
+                       ? -1
+                       : values[0].shape[pairs[0].seq_axis];
   for (size_t i = 0; i < pairs.size(); ++i) {
     const KVPair& pair = pairs[i];
-    std::vector<int64_t> expected{batch, pair.heads, length, pair.head_dim};
+    std::vector<int64_t> expected = pair.shape(batch, length);
     if (values[i].shape != expected || length < 1) {
       throw RunError(cat("KV prefix array ", i, " ('", pair.past, "') has shape ",
-                         shape_string(values[i].shape), ", expected [", batch, ", ", pair.heads,
-                         ", length >= 1, ", pair.head_dim, "] with one length for every pair"));
+                         shape_string(values[i].shape), ", expected ", shape_string(expected),
+                         " ", pair.layout(), " with a length >= 1, one for every pair"));
     }
     if (values[i].type != pair.type) {
       throw RunError(cat("KV prefix array ", i, " ('", pair.past, "') is ",

@@ -20,12 +20,21 @@ struct KVPair {
   int64_t heads;
   int64_t head_dim;
   size_t element_size;
+  // Axis of the sequence: 2 for [batch, heads, sequence, head_dim] (Hugging Face, GQA), 1 for
+  // [batch, sequence, heads, head_dim] (e.g. MOSS-TTS-Nano's Concat graphs).
+  int seq_axis = 2;
+
+  // The shape of `tokens` cached tokens of `batch` rows in this pair's layout.
+  std::vector<int64_t> shape(int64_t batch, int64_t tokens) const;
+  // "[batch, heads, sequence, head_dim]" or "[batch, sequence, heads, head_dim]".
+  const char* layout() const;
 };
 
 using KVNames = std::vector<std::pair<std::string, std::string>>;
 
-// Checks each pair: both tensors exist, rank 4 [batch, heads, sequence, head_dim] with fixed
-// and equal heads and head_dim, one dtype; no tensor in two pairs.
+// Checks each pair: both tensors exist, rank 4 [batch, heads, sequence, head_dim] or [batch,
+// sequence, heads, head_dim] (the symbolic one of axes 1 and 2 is the sequence) with fixed and
+// equal heads and head_dim, one dtype; no tensor in two pairs.
 std::vector<KVPair> resolve_kv_pairs(const Session& session, const KVNames& names);
 
 // Largest KV allocation the core makes for one cache (all pairs, all rows).
@@ -35,8 +44,8 @@ constexpr int64_t kMaxKVBytes = int64_t{16} << 30;
 // the number when it exceeds kMaxKVBytes.
 int64_t checked_kv_bytes(const std::vector<KVPair>& pairs, int64_t rows, int64_t capacity);
 
-// Checks values to load into a cache of `batch` rows: one per pair, each [batch, heads, L,
-// head_dim] of the pair's dtype with one L, 1 <= L <= capacity (when given). Returns L.
+// Checks values to load into a cache of `batch` rows: one per pair, each of the pair's shape
+// for L tokens and dtype with one L, 1 <= L <= capacity (when given). Returns L.
 int64_t checked_prefix_length(const std::vector<KVPair>& pairs, const std::vector<KVValues>& values,
                               int64_t batch, std::optional<int64_t> capacity);
 

@@ -41,6 +41,12 @@ KVSlots::KVSlots(std::shared_ptr<Session> session, int64_t rows, int64_t capacit
   }
   if (capacity_ < 1) throw RunError(cat("capacity must be >= 1 token, got ", capacity_));
   pairs_ = resolve_kv_pairs(*session_, pairs);
+  for (const auto& pair : pairs_) {
+    if (pair.seq_axis != 2) {
+      throw RunError(cat("KVSlots needs in-place [rows, heads, capacity, head_dim] buffers; '",
+                         pair.past, "' is ", pair.layout(), ", a Concat-grown cache"));
+    }
+  }
   if (!length_inputs_.any() && !attention_mask_) {
     throw RunError(cat("graph ", session_->path(), " takes neither seqlens_k / "
                        "total_sequence_length nor attention_mask, so its rows cannot hold "
@@ -193,10 +199,7 @@ std::vector<NamedValue> KVSlots::step(std::vector<Feed> feeds, int64_t first_row
   }
   last_first_ = first_row;
   last_count_ = count;
-  std::vector<NamedValue> result;
-  for (size_t i = 0; i < outputs.size(); ++i) {
-    result.push_back({outputs[i], std::make_shared<Ort::Value>(std::move(values[pairs_.size() + i]))});
-  }
+  std::vector<NamedValue> result = named_values(values, pairs_.size(), outputs);
   stats_.steps += 1;
   stats_.run_ns += nanoseconds(run_start, run_end);
   stats_.step_ns += nanoseconds(step_start, Clock::now());

@@ -10,7 +10,7 @@ KVStrategy::KVStrategy(Session& session, const std::vector<KVPair>& pairs, int64
     : session_(session), pairs_(pairs), batch_(batch), past_(pairs.size()) {}
 
 std::vector<int64_t> KVStrategy::shape_with(size_t i, int64_t tokens) const {
-  return {batch_, pairs_[i].heads, tokens, pairs_[i].head_dim};
+  return pairs_[i].shape(batch_, tokens);
 }
 
 void KVStrategy::check_grown(size_t i, const Ort::Value& present, int64_t total) const {
@@ -18,7 +18,7 @@ void KVStrategy::check_grown(size_t i, const Ort::Value& present, int64_t total)
   std::vector<int64_t> expected = shape_with(i, total);
   if (shape != expected) {
     throw RunError(cat("output '", pairs_[i].present, "' has shape ", shape_string(shape),
-                       ", expected ", shape_string(expected),
+                       ", expected ", shape_string(expected), " ", pairs_[i].layout(),
                        " (past length + new tokens); is this a Concat-KV graph?"));
   }
 }
@@ -26,6 +26,60 @@ void KVStrategy::check_grown(size_t i, const Ort::Value& present, int64_t total)
 Ort::Allocator& KVStrategy::kv_allocator() {
   if (!allocator_) allocator_ = std::make_unique<Ort::Allocator>(session_.ort(), session_.kv_memory());
   return *allocator_;
+}
+
+void KVStrategy::check_adopted(size_t i, const Ort::Value& present, int64_t total,
+                               int source_axis) const {
+  KVPair source = pairs_[i];
+  source.seq_axis = source_axis;
+  std::vector<int64_t> shape = present.GetTensorTypeAndShapeInfo().GetShape();
+  std::vector<int64_t> expected = source.shape(batch_, total);
+  if (shape != expected) {
+    throw RunError(cat("prefill output '", pairs_[i].present, "' has shape ", shape_string(shape),
+                       ", expected ", shape_string(expected), " ", source.layout()));
+  }
+  if (present.GetTensorMemoryInfo().GetDeviceType() != OrtMemoryInfoDeviceType_CPU &&
+      source_axis != pairs_[i].seq_axis) {
+    throw RunError("transposing a prefill graph's KV on a device is not supported");
+  }
+}
+
+void KVStrategy::write_transposed(size_t i, const Ort::Value& src, int64_t total,
+                                  Ort::Value& dst) const {
+  const KVPair& pair = pairs_[i];
+  std::vector<int64_t> dst_shape = dst.GetTensorTypeAndShapeInfo().GetShape();
+  int64_t capacity = dst_shape[static_cast<size_t>(pair.seq_axis)];
+  size_t row = static_cast<size_t>(pair.head_dim) * pair.element_size;
+  const auto* from = static_cast<const uint8_t*>(src.GetTensorRawData());
+  auto* to = static_cast<uint8_t*>(dst.GetTensorMutableRawData());
+  // Element (b, s, h) of a [B, S, H, D] or [B, H, S, D] tensor whose sequence holds `length`.
+  auto offset = [&](int axis, int64_t length, int64_t b, int64_t s, int64_t h) {
+    int64_t index = axis == 1 ? (b * length + s) * pair.heads + h
+                              : (b * pair.heads + h) * length + s;
+    return static_cast<size_t>(index) * row;
+  };
+  int source_axis = pair.seq_axis == 1 ? 2 : 1;
+  for (int64_t b = 0; b < batch_; ++b) {
+    for (int64_t s = 0; s < total; ++s) {
+      for (int64_t h = 0; h < pair.heads; ++h) {
+        std::memcpy(to + offset(pair.seq_axis, capacity, b, s, h),
+                    from + offset(source_axis, total, b, s, h), row);
+      }
+    }
+  }
+}
+
+void KVStrategy::adopt(size_t i, Ort::Value&& present, int64_t total, int source_axis) {
+  check_adopted(i, present, total, source_axis);
+  if (source_axis == pairs_[i].seq_axis) {
+    accept(i, std::move(present), total);
+    return;
+  }
+  std::vector<int64_t> shape = shape_with(i, total);
+  Ort::Value transposed =
+      Ort::Value::CreateTensor(kv_allocator(), shape.data(), shape.size(), pairs_[i].type);
+  write_transposed(i, present, total, transposed);
+  accept(i, std::move(transposed), total);
 }
 
 // As if a run had returned the values as its present.
@@ -118,6 +172,11 @@ class InPlaceKV final : public KVStrategy {
   InPlaceKV(Session& session, const std::vector<KVPair>& pairs, int64_t batch, int64_t capacity)
       : KVStrategy(session, pairs, batch) {
     for (size_t i = 0; i < pairs_.size(); ++i) {
+      if (pairs_[i].seq_axis != 2) {
+        throw RunError(cat("KV mode 'inplace' binds one [batch, heads, capacity, head_dim] buffer "
+                           "as past and present (GroupQueryAttention); '", pairs_[i].past, "' is ",
+                           pairs_[i].layout(), ", a Concat-grown cache: use 'chain' or 'copy'"));
+      }
       std::vector<int64_t> shape = shape_with(i, capacity);
       past_[i] = std::make_shared<Ort::Value>(
           Ort::Value::CreateTensor(kv_allocator(), shape.data(), shape.size(), pairs_[i].type));
@@ -141,6 +200,20 @@ class InPlaceKV final : public KVStrategy {
 
   void load(size_t i, const void* src, int64_t length) override {
     write_sequence_prefix(*past_[i], 0, batch_, length, src);
+  }
+
+  // A prefill graph's present is its own tensor: copied into the buffer's first tokens.
+  void adopt(size_t i, Ort::Value&& present, int64_t total, int source_axis) override {
+    check_adopted(i, present, total, source_axis);
+    if (session_.on_device() ||
+        present.GetTensorMemoryInfo().GetDeviceType() != OrtMemoryInfoDeviceType_CPU) {
+      throw RunError("handing a prefill graph's KV to an in-place cache on a device is not supported");
+    }
+    if (source_axis == pairs_[i].seq_axis) {
+      write_sequence_prefix(*past_[i], 0, batch_, total, present.GetTensorRawData());
+    } else {
+      write_transposed(i, present, total, *past_[i]);
+    }
   }
 };
 

@@ -35,6 +35,11 @@ class KVStrategy {
   virtual void bind(Ort::IoBinding& binding, size_t i) = 0;
   // Takes pair i's present output after a run that left `total` tokens cached.
   virtual void accept(size_t i, Ort::Value&& present, int64_t total) = 0;
+  // Takes the present of another graph (a prefill graph without pasts) as pair i's cache of
+  // `total` tokens, laid out with its sequence on `source_axis` (1 or 2); the cache was cleared
+  // before. Chain keeps the value, copy fetches it to the host, in place copies it into the
+  // buffer; a present laid out differently from the pair is transposed on the way (once).
+  virtual void adopt(size_t i, Ort::Value&& present, int64_t total, int source_axis);
   // Makes pair i's cache hold `length` tokens copied from host memory [batch, heads, length,
   // head_dim] (a cached prefix); the cache was cleared before.
   virtual void load(size_t i, const void* src, int64_t length);
@@ -44,6 +49,11 @@ class KVStrategy {
  protected:
   // RunError unless `present` is [batch, heads, total, head_dim] (what a Concat graph returns).
   void check_grown(size_t i, const Ort::Value& present, int64_t total) const;
+  // RunError unless `present` holds `total` tokens of pair i laid out with `source_axis`.
+  void check_adopted(size_t i, const Ort::Value& present, int64_t total, int source_axis) const;
+  // `src` (host, [batch, total, heads, head_dim] or [batch, heads, total, head_dim]) written as
+  // the first `total` tokens of each row of `dst`, whose sequence axis is the pair's.
+  void write_transposed(size_t i, const Ort::Value& src, int64_t total, Ort::Value& dst) const;
   std::vector<int64_t> shape_with(size_t i, int64_t tokens) const;
   Ort::Allocator& kv_allocator();
 

@@ -96,37 +96,59 @@ const OrtMemoryInfo* cpu_memory() {
   return info;
 }
 
-void copy_sequence_prefix(const Ort::Value& src, int64_t first_row, int64_t rows, int64_t length,
-                          void* dst) {
-  auto info = src.GetTensorTypeAndShapeInfo();
-  std::vector<int64_t> shape = info.GetShape();
-  size_t element = element_type_of(info.GetElementType(), "KV").size;
-  // Per (row, head): `length` tokens of head_dim elements out of a stride of shape[2] tokens.
-  size_t chunk = static_cast<size_t>(length * shape[3]) * element;
-  size_t stride = static_cast<size_t>(shape[2] * shape[3]) * element;
-  const auto* from = static_cast<const uint8_t*>(src.GetTensorRawData()) +
-                     static_cast<size_t>(first_row * shape[1]) * stride;
-  auto* to = static_cast<uint8_t*>(dst);
-  if (chunk == 0) return;
-  for (int64_t i = 0; i < rows * shape[1]; ++i) {
-    std::memcpy(to + static_cast<size_t>(i) * chunk, from + static_cast<size_t>(i) * stride, chunk);
+std::vector<NamedValue> named_values(std::vector<Ort::Value>& values, size_t first,
+                                     const std::vector<std::string>& names) {
+  std::vector<NamedValue> out;
+  out.reserve(names.size());
+  for (size_t i = 0; i < names.size(); ++i) {
+    out.push_back({names[i], std::make_shared<Ort::Value>(std::move(values[first + i]))});
   }
+  return out;
+}
+
+namespace {
+
+// A rank-4 tensor's sequence prefix as equal chunks: `count` chunks of `chunk` bytes, `stride`
+// bytes apart, starting `start` bytes in.
+struct PrefixChunks {
+  size_t count, chunk, stride, start;
+};
+
+PrefixChunks prefix_chunks(const Ort::Value& value, int64_t first_row, int64_t rows,
+                           int64_t length, int seq_axis) {
+  auto info = value.GetTensorTypeAndShapeInfo();
+  std::vector<int64_t> shape = info.GetShape();
+  auto element = static_cast<int64_t>(element_type_of(info.GetElementType(), "KV").size);
+  // Per chunk: the axes after the sequence; chunks per row: the axes between batch and it.
+  int64_t inner = element;
+  for (size_t axis = static_cast<size_t>(seq_axis) + 1; axis < shape.size(); ++axis) {
+    inner *= shape[axis];
+  }
+  int64_t per_row = 1;
+  for (int axis = 1; axis < seq_axis; ++axis) per_row *= shape[static_cast<size_t>(axis)];
+  int64_t stride = shape[static_cast<size_t>(seq_axis)] * inner;
+  return {static_cast<size_t>(rows * per_row), static_cast<size_t>(length * inner),
+          static_cast<size_t>(stride), static_cast<size_t>(first_row * per_row * stride)};
+}
+
+}  // namespace
+
+void copy_sequence_prefix(const Ort::Value& src, int64_t first_row, int64_t rows, int64_t length,
+                          void* dst, int seq_axis) {
+  PrefixChunks c = prefix_chunks(src, first_row, rows, length, seq_axis);
+  if (c.chunk == 0) return;
+  const auto* from = static_cast<const uint8_t*>(src.GetTensorRawData()) + c.start;
+  auto* to = static_cast<uint8_t*>(dst);
+  for (size_t i = 0; i < c.count; ++i) std::memcpy(to + i * c.chunk, from + i * c.stride, c.chunk);
 }
 
 void write_sequence_prefix(Ort::Value& dst, int64_t first_row, int64_t rows, int64_t length,
-                           const void* src) {
-  auto info = dst.GetTensorTypeAndShapeInfo();
-  std::vector<int64_t> shape = info.GetShape();
-  size_t element = element_type_of(info.GetElementType(), "KV").size;
-  size_t chunk = static_cast<size_t>(length * shape[3]) * element;
-  size_t stride = static_cast<size_t>(shape[2] * shape[3]) * element;
-  auto* to = static_cast<uint8_t*>(dst.GetTensorMutableRawData()) +
-             static_cast<size_t>(first_row * shape[1]) * stride;
+                           const void* src, int seq_axis) {
+  PrefixChunks c = prefix_chunks(dst, first_row, rows, length, seq_axis);
+  if (c.chunk == 0) return;
+  auto* to = static_cast<uint8_t*>(dst.GetTensorMutableRawData()) + c.start;
   const auto* from = static_cast<const uint8_t*>(src);
-  if (chunk == 0) return;
-  for (int64_t i = 0; i < rows * shape[1]; ++i) {
-    std::memcpy(to + static_cast<size_t>(i) * stride, from + static_cast<size_t>(i) * chunk, chunk);
-  }
+  for (size_t i = 0; i < c.count; ++i) std::memcpy(to + i * c.stride, from + i * c.chunk, c.chunk);
 }
 
 }  // namespace onnx_tts

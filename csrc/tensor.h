@@ -71,14 +71,20 @@ struct Value {
 
 const OrtMemoryInfo* cpu_memory();
 
-// Copies rows [first_row, first_row + rows) of a host tensor [B, H, T, D], keeping the first
-// `length` steps of axis 2, into `dst` laid out [rows, H, length, D].
+// `values[first + i]` named `names[i]`, moved out of `values` (a run's outputs after the ones
+// a cache or chain keeps).
+std::vector<NamedValue> named_values(std::vector<Ort::Value>& values, size_t first,
+                                     const std::vector<std::string>& names);
+
+// Copies rows [first_row, first_row + rows) of a host rank-4 tensor, keeping the first
+// `length` steps of its sequence axis `seq_axis` (2: [B, H, T, D], 1: [B, T, H, D]), into `dst`
+// laid out the same way with T = length.
 void copy_sequence_prefix(const Ort::Value& src, int64_t first_row, int64_t rows, int64_t length,
-                          void* dst);
-// The reverse: `src` laid out [rows, H, length, D] into the first `length` steps of rows
-// [first_row, first_row + rows) of a host tensor [B, H, T, D].
+                          void* dst, int seq_axis = 2);
+// The reverse: `src` laid out with T = length into the first `length` steps of rows
+// [first_row, first_row + rows) of a host tensor.
 void write_sequence_prefix(Ort::Value& dst, int64_t first_row, int64_t rows, int64_t length,
-                           const void* src);
+                           const void* src, int seq_axis = 2);
 
 // Host KV values for one (past, present) pair, [batch, heads, length, head_dim] contiguous,
 // to load into a cache (a cached voice prefix).

@@ -131,8 +131,16 @@ def as_mono_float32(audio: np.ndarray, dtype: str = "float32") -> np.ndarray:
     return np.ascontiguousarray(samples, dtype=dtype)
 
 
+def downmix(samples: np.ndarray) -> np.ndarray:
+    """[N] mono float32 of [N] or [N, channels] samples (the channels' mean)."""
+    array = np.asarray(samples, dtype=np.float32)
+    if array.ndim == 2:
+        return array.mean(axis=1, dtype=np.float32) if array.shape[1] > 1 else array[:, 0]
+    return array
+
+
 def resample(samples: np.ndarray, from_rate: int, to_rate: int) -> np.ndarray:
-    """Resample mono float32 audio with soxr (high quality)."""
+    """Resample float32 audio, [N] or [N, channels], with soxr (high quality)."""
     samples = np.asarray(samples, dtype=np.float32)
     if from_rate == to_rate:
         return samples
@@ -198,8 +206,11 @@ def load_audio(
     min_seconds: float | None = None,
     max_seconds: float | None = None,
     on_trim: Trimmed | None = None,
+    channels: int = 1,
 ) -> np.ndarray:
-    """Decode an audio file to mono float32 at `sample_rate`.
+    """Decode an audio file to float32 at `sample_rate`: mono [N] (channels averaged), or with
+    `channels=2` stereo [N, 2] for stereo models (a mono file duplicated, a stereo one kept, more
+    channels refused).
 
     Raises AudioError for a missing, unreadable, unsupported, truncated, empty, silent or too
     short file, a sample rate outside 8-384 kHz, and non-finite or absurd (> 16) peaks. Audio
@@ -250,17 +261,26 @@ def load_audio(
         raise NonFiniteAudioError(
             f"reference audio {path} contains NaN or infinite samples; re-export the file"
         )
-    mono = data.mean(axis=1) if data.shape[1] > 1 else data[:, 0]
+    if channels not in (1, 2):
+        raise AudioError(f"cannot decode to {channels} channels: 1 (mono) or 2 (stereo)")
+    if channels == 1:
+        samples = downmix(data)
+    elif data.shape[1] <= 2:
+        samples = np.repeat(data, 2 // data.shape[1], axis=1)
+    else:
+        raise AudioError(
+            f"reference audio {path} has {data.shape[1]} channels; give a mono or stereo file"
+        )
     if info.frames > max_frames:
         reference_trimmed(info.frames / rate, limit, f"reference audio {path}", on_trim)
-    seconds = len(mono) / rate
+    seconds = len(samples) / rate
     needed = max(MIN_CLIP_SECONDS, min_seconds or 0.0)
     if seconds < needed:
         raise AudioError(
             f"reference audio {path} is {seconds:.2f} s long; at least {needed:g} s of speech "
             "is needed"
         )
-    peak = float(np.max(np.abs(mono)))
+    peak = float(np.max(np.abs(samples)))
     if peak > MAX_REFERENCE_PEAK:
         raise AudioError(
             f"reference audio {path} peaks at {peak:.3g} (full scale is 1.0); the file is "
@@ -268,7 +288,7 @@ def load_audio(
         )
     if peak < SILENCE_PEAK:
         raise AudioError(f"reference audio {path} is silent; record a few seconds of speech")
-    return resample(np.ascontiguousarray(mono), rate, sample_rate)
+    return resample(np.ascontiguousarray(samples), rate, sample_rate)
 
 
 # -- writing ------------------------------------------------------------------------------------
@@ -398,28 +418,30 @@ def encode_for(target: object, samples: np.ndarray, sample_rate: int, fmt: str) 
         raise OutputError(f"cannot encode {target} as {fmt}: {error}") from None
 
 
-def wav_header(sample_rate: int, data_bytes: int | None) -> bytes:
-    """The 44-byte header of a 16-bit mono PCM WAV holding `data_bytes` of samples; None =
-    a stream of unknown length (both sizes 0xFFFFFFFF, which ffmpeg, sox and browsers read to
-    the end)."""
+def wav_header(sample_rate: int, data_bytes: int | None, channels: int = 1) -> bytes:
+    """The 44-byte header of a 16-bit PCM WAV (mono, or `channels` interleaved) holding
+    `data_bytes` of samples; None = a stream of unknown length (both sizes 0xFFFFFFFF, which
+    ffmpeg, sox and browsers read to the end)."""
     riff, data = (0xFFFFFFFF, 0xFFFFFFFF) if data_bytes is None else (36 + data_bytes, data_bytes)
+    block = 2 * channels
     return (
         b"RIFF"
         + struct.pack("<I", riff)
         + b"WAVEfmt "
-        + struct.pack("<IHHIIHH", 16, 1, 1, sample_rate, sample_rate * 2, 2, 16)
+        + struct.pack("<IHHIIHH", 16, 1, channels, sample_rate, sample_rate * block, block, 16)
         + b"data"
         + struct.pack("<I", data)
     )
 
 
 class ProgressiveWavWriter:
-    """A 16-bit mono WAV written as chunks arrive: to a unique temporary file in the target
-    directory; the header is fixed at :meth:`finish`, which renames it over `path`.
+    """A 16-bit WAV (mono, or `channels` interleaved: chunks [N, channels]) written as chunks
+    arrive: to a unique temporary file in the target directory; the header is fixed at
+    :meth:`finish`, which renames it over `path`.
     :meth:`abort` (or leaving a ``with`` block by an exception) removes the temp file, so
     `path` only ever holds a complete file."""
 
-    def __init__(self, path: str | os.PathLike[str], sample_rate: int) -> None:
+    def __init__(self, path: str | os.PathLike[str], sample_rate: int, channels: int = 1) -> None:
         if Path(path).suffix.lower() != ".wav":
             raise OutputError(
                 f"cannot stream to {path}: streaming writes WAV or raw PCM (-o -), not "
@@ -427,6 +449,7 @@ class ProgressiveWavWriter:
             )
         self.path = check_output_path(path)  # a symbolic link's target
         self.sample_rate = int(sample_rate)
+        self.channels = int(channels)
         self.data_bytes = 0
         fd, name = temp_beside(self.path)
         self.tmp = Path(name)
@@ -438,16 +461,21 @@ class ProgressiveWavWriter:
             raise write_error(self.path, error) from None
 
     def _header(self, data_bytes: int) -> bytes:
-        return wav_header(self.sample_rate, data_bytes)
+        return wav_header(self.sample_rate, data_bytes, self.channels)
 
     @property
     def samples_written(self) -> int:
-        return self.data_bytes // 2
+        return self.data_bytes // (2 * self.channels)
 
     def write(self, samples: np.ndarray) -> None:
         """Append float samples (checked finite, converted with :func:`pcm16`)."""
         if self._file is None:
             raise OutputError(f"cannot write {self.path}: the writer is closed")
+        samples = np.asarray(samples)
+        if (samples.shape[1] if samples.ndim == 2 else 1) != self.channels:
+            raise OutputError(
+                f"cannot write {self.path}: chunks must have {self.channels} channel(s)"
+            )
         data = pcm16(samples).tobytes()
         if self.data_bytes + len(data) > MAX_WAV_DATA_BYTES:
             raise OutputError(

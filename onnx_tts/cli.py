@@ -120,7 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = commands.add_parser("bench", help="benchmarks (run from a source checkout)")
     bench.add_argument(
-        "suite", choices=("kv", "refcache", "streaming", "batch", "serve", "cache", "scale")
+        "suite",
+        choices=("kv", "refcache", "streaming", "batch", "serve", "cache", "scale", "moss", "api"),
     )
     bench.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the benchmark")
 
@@ -258,13 +259,14 @@ def _synth_stream(
     """Write the chunks of engine.stream as they come; (samples, time to first audio)."""
     from onnx_tts.audio import save_audio, wav_header
 
+    channels = int(getattr(engine.backend, "channels", 1))  # stereo models write stereo
     if args.output == "-":
         sink = RawPcmWriter()
         if fmt == "wav":
-            sink.write_bytes(wav_header(engine.sample_rate, None))
+            sink.write_bytes(wav_header(engine.sample_rate, None, channels))
         return _write_stream(chunks, sink)
     if fmt == "wav":
-        with ProgressiveWavWriter(args.output, engine.sample_rate) as writer:
+        with ProgressiveWavWriter(args.output, engine.sample_rate, channels) as writer:
             return _write_stream(chunks, writer)
     # Compressed formats are encoded whole at the end (the file appears only complete).
     kept: list[np.ndarray] = []

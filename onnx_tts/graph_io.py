@@ -24,6 +24,10 @@ Dim = int | str | None
 # optimum, onnxruntime-genai); "past.N.*" and "present_key_values.N.*" spellings also occur.
 PAST_NAME = re.compile(r"^(?:past_key_values|past)[._](\d+)[._](key|value)$")
 PRESENT_NAME = re.compile(r"^(?:present|present_key_values)[._](\d+)[._](key|value)$")
+# Kind before layer: "past_key_N" / "present_key_N" (MOSS-TTS-Nano; "local_" for its local
+# transformer's graphs).
+PAST_KIND_FIRST = re.compile(r"^(?:local_)?past_(key|value)_(\d+)$")
+PRESENT_KIND_FIRST = re.compile(r"^(?:local_)?present_(key|value)_(\d+)$")
 
 # Inputs an LM step takes besides embeddings/ids and the KV cache; the decode loop fills them.
 LENGTH_INPUTS = ("seqlens_k", "total_sequence_length")
@@ -152,6 +156,10 @@ def parse_kv_name(name: str) -> tuple[str, int, str] | None:
         match = pattern.match(name)
         if match:
             return side, int(match.group(1)), match.group(2)
+    for side, pattern in (("past", PAST_KIND_FIRST), ("present", PRESENT_KIND_FIRST)):
+        match = pattern.match(name)
+        if match:
+            return side, int(match.group(2)), match.group(1)
     return None
 
 
@@ -198,6 +206,9 @@ class KVLayout:
                  (onnxruntime-genai builds, e.g. the published Chatterbox original and
                  multilingual LMs);
       "concat"   the cache grows by Concat (in-place KV impossible).
+
+    sequence_axis: 2 for [batch, heads, sequence, head_dim], 1 for [batch, sequence, heads,
+    head_dim] (MOSS-TTS-Nano).
     """
 
     pairs: tuple[tuple[str, str], ...]
@@ -206,6 +217,7 @@ class KVLayout:
     head_dim: int
     dtype: np.dtype
     attention: str
+    sequence_axis: int = 2
 
     @property
     def in_place(self) -> bool:
@@ -224,18 +236,22 @@ def kv_layout(spec: GraphSpec) -> KVLayout:
     pairs = kv_pairs(spec.input_names, spec.output_names)
     name = spec.path.name
     first = spec.inputs[pairs[0][0]]
-    heads, head_dim = first.dim(1), first.dim(3)
+    # The sequence is the symbolic one of axes 1 and 2 (as the C++ core decides it).
+    sequence_axis = 1 if first.dim(1) is None and first.dim(2) is not None else 2
+    heads_axis = 3 - sequence_axis
+    heads, head_dim = first.dim(heads_axis), first.dim(3)
     if len(first.shape) != 4 or heads is None or head_dim is None:
         raise ModelError(
-            f"{name}: KV input {first.name!r} must be [batch, heads, sequence, head_dim] with "
-            f"fixed heads and head_dim, found {list(first.shape)}"
+            f"{name}: KV input {first.name!r} must be [batch, heads, sequence, head_dim] (or "
+            f"[batch, sequence, heads, head_dim]) with fixed heads and head_dim, found "
+            f"{list(first.shape)}"
         )
     problems = []
     for past, present in pairs:
         for tensor in (spec.inputs[past], spec.outputs[present]):
             if tensor.dtype != first.dtype:
                 problems.append(f"{tensor.name!r} is {tensor.dtype}, {first.name!r} {first.dtype}")
-            if len(tensor.shape) != 4 or (tensor.dim(1), tensor.dim(3)) not in (
+            if len(tensor.shape) != 4 or (tensor.dim(heads_axis), tensor.dim(3)) not in (
                 (heads, head_dim),
                 (None, None),
             ):
@@ -249,7 +265,7 @@ def kv_layout(spec: GraphSpec) -> KVLayout:
     else:
         attention = "concat"
     layers = len({parse_kv_name(past)[1] for past, _ in pairs})  # type: ignore[index]
-    return KVLayout(tuple(pairs), layers, heads, head_dim, first.dtype, attention)
+    return KVLayout(tuple(pairs), layers, heads, head_dim, first.dtype, attention, sequence_axis)
 
 
 # -- checks against a manifest ----------------------------------------------------------------

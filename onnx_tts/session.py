@@ -246,17 +246,37 @@ class KVCache:
     def reset(self) -> None:
         self._core.reset()
 
+    def prefill(
+        self,
+        session: Session,
+        feeds: Mapping[str, Any],
+        output_names: Sequence[str] | None = None,
+    ) -> dict[str, np.ndarray]:
+        """Empty the cache, run `session` (a prefill graph with this cache's present outputs
+        and no past inputs, e.g. MOSS-TTS-Nano's prefill beside its decode_step) over `feeds`,
+        and keep its presents as the cache's first tokens: in chain mode the values themselves
+        become the step graph's pasts, no host copy. Returns the other outputs (all unless
+        named)."""
+        try:
+            return self._core.prefill(
+                session.core, dict(feeds), None if output_names is None else list(output_names)
+            )
+        except _core.RunError as error:
+            raise SessionError(str(error)) from None
+
     def load_prefix(self, values: Sequence[np.ndarray]) -> None:
-        """Empty the cache, then hold `values` (one array per pair in `pairs` order, [batch,
-        heads, L, head_dim], as `read` returns them): the next step continues after those L
-        tokens exactly as if they had been run (a cached voice prefix)."""
+        """Empty the cache, then hold `values` (one array per pair in `pairs` order, shaped
+        like the pair's past input for L tokens, as `read` returns them): the next step
+        continues after those L tokens exactly as if they had been run (a cached voice
+        prefix)."""
         try:
             self._core.load_prefix(list(values))
         except _core.RunError as error:
             raise SessionError(str(error)) from None
 
     def read(self, index: int) -> np.ndarray:
-        """Copy of KV tensor `index` (in `pairs` order), [batch, heads, length, head_dim]."""
+        """Copy of KV tensor `index` (in `pairs` order): [batch, heads, length, head_dim], or
+        [batch, length, heads, head_dim] for graphs laid out that way."""
         return self._core.read(index)
 
     def past_data_ptrs(self) -> list[int]:
@@ -370,6 +390,68 @@ class KVSlots:
             return method(*(int(a) for a in args))
         except _core.RunError as error:
             raise SessionError(str(error)) from None
+
+
+class StateChain:
+    """A graph's fixed-size recurrent state, fed back from run to run by the core: each state
+    output becomes the next step's state input ("chain": the value itself, no copy; "copy":
+    fetched to host memory and fed back, the published scripts' way). `pairs` are (state
+    input, state output) names, `initial` one array per pair (what `reset()` returns to).
+
+    For streaming decoders whose state is named by a metadata file rather than by a naming
+    pattern, e.g. the MOSS audio tokenizer's decode_step (offsets, sliding attention caches)."""
+
+    def __init__(
+        self,
+        session: Session,
+        pairs: Sequence[tuple[str, str]],
+        initial: Sequence[np.ndarray],
+        mode: str = "chain",
+    ) -> None:
+        self.session = session
+        try:
+            self._core = _core.StateChain(
+                session.core,
+                mode,
+                [(str(i), str(o)) for i, o in pairs],
+                [np.ascontiguousarray(a) for a in initial],
+            )
+        except _core.RunError as error:
+            raise SessionError(str(error)) from None
+
+    @property
+    def mode(self) -> str:
+        return self._core.mode
+
+    @property
+    def steps(self) -> int:
+        """Steps run since construction or the last reset()."""
+        return self._core.steps
+
+    @property
+    def pairs(self) -> list[tuple[str, str]]:
+        return list(self._core.pairs)
+
+    def reset(self) -> None:
+        self._core.reset()
+
+    def step(
+        self, feeds: Mapping[str, Any], output_names: Sequence[str] | None = None
+    ) -> dict[str, np.ndarray]:
+        """Run over the non-state `feeds` and the current state; returns the non-state outputs
+        (all unless named)."""
+        try:
+            names = None if output_names is None else list(output_names)
+            return self._core.step(dict(feeds), names)
+        except _core.RunError as error:
+            raise SessionError(str(error)) from None
+
+    def state_data_ptrs(self) -> list[int]:
+        return list(self._core.state_data_ptrs())
+
+    def output_data_ptrs(self) -> list[int]:
+        """Where the last step wrote each state output."""
+        return list(self._core.output_data_ptrs())
 
 
 def _require_in_place(session: Session, pairs: Sequence[tuple[str, str]]) -> None:

@@ -11,8 +11,12 @@ Streaming decodes overlapping windows of complete frames as they arrive:
 * crossfade: the last `crossfade_samples` a window would emit are kept back and faded (linear)
   into the next window's re-decoding of the same samples, which lies inside its overlap.
 
-Windows are placed at fixed frame counts (first at `first_chunk_frames`, then every
-`stride_frames`), so the output depends only on the frames and the options, never on timing.
+Windows are placed at fixed frame counts, so the output depends only on the frames and the
+options, never on timing: the first at `first_chunk_frames`; each next one adds as many new
+frames as have been emitted so far (at least `overlap_frames`, at most `stride_frames`). The
+windows grow geometrically to the stride, so a listener always holds about as much audio as the
+next window has to generate: under load (many streams sharing the LM) a fixed long stride right
+after a short first chunk made every listener run dry.
 With a causal vocoder whose left context is R frames, `overlap_frames * hop >=
 R * hop + crossfade_samples` gives exactly the one-shot waveform; a vocoder with look-ahead L
 also needs `holdback_frames >= L`.
@@ -148,6 +152,7 @@ class StreamingDecoder:
         self._frames: list[np.ndarray] = []
         self._base = 0  # absolute index of self._frames[0]; older frames are dropped
         self._windows = 0  # windows accepted so far
+        self._boundary = self.options.first_chunk_frames  # frame count of the next window
         self._emitted_frames = 0  # audio up to this frame is sent or held as the tail
         self._tail = np.zeros(0, np.float32)  # last samples before _emitted_frames, unsent
         self._finished = False
@@ -179,7 +184,7 @@ class StreamingDecoder:
         self._finished = True
 
     def _next_boundary(self) -> int:
-        return self.options.first_chunk_frames + self._windows * self.options.stride_frames
+        return self._boundary
 
     def window_due(self) -> bool:
         """Whether next_window() has a window now (cheap: no frames are copied)."""
@@ -216,7 +221,9 @@ class StreamingDecoder:
         """Take the decoded waveform of `window` (from next_window) and return the samples
         that are final now (float32, possibly empty)."""
         hop = self.hop_length
-        waveform = np.asarray(waveform, dtype=np.float32).reshape(-1)
+        waveform = np.asarray(waveform, dtype=np.float32)
+        if waveform.ndim != 2:  # mono [N]; multichannel [N, channels] is kept as it is
+            waveform = waveform.reshape(-1)
         if len(waveform) != (window.end - window.start) * hop:
             raise InputError(
                 f"window of {window.end - window.start} frames must decode to "
@@ -232,6 +239,7 @@ class StreamingDecoder:
             # The tail and this window's re-decoded head cover the same samples: fade across.
             head = waveform[seam - len(tail) - offset : seam - offset]
             fade_in = (np.arange(len(tail), dtype=np.float32) + 0.5) / len(tail)
+            fade_in = fade_in.reshape((-1,) + (1,) * (tail.ndim - 1))
             pieces.append(tail * (1.0 - fade_in) + head * fade_in)
         elif len(tail):
             pieces.append(tail)  # no new frames: the tail was already right
@@ -241,6 +249,9 @@ class StreamingDecoder:
         self._tail = waveform[stop - offset : window.emit_end * hop - offset].copy()
         self._emitted_frames = window.emit_end
         self._windows += 1
+        if not window.final:
+            grow = max(self.options.overlap_frames, 1, self._emitted_frames)
+            self._boundary += min(self.options.stride_frames, grow)
         self._done = window.final
         # Frames before the next window's overlap are never decoded again.
         drop = max(0, window.emit_end - self.options.overlap_frames) - self._base
@@ -248,6 +259,36 @@ class StreamingDecoder:
             del self._frames[:drop]
             self._base += drop
         return np.concatenate(pieces).astype(np.float32, copy=False)
+
+
+def decode_in_batches(
+    windows: Sequence[np.ndarray],
+    decode_batch: Callable[[np.ndarray], np.ndarray],
+    samples_per_frame: int,
+    pad_shorter: bool = False,
+) -> list[np.ndarray]:
+    """Decode several [F_i, ...] frame windows with as few `decode_batch` runs ([B, F, ...] ->
+    [B, F * samples_per_frame]) as exactness allows: windows of one length share a run; with
+    `pad_shorter` (a causal vocoder, whose samples never depend on later frames) shorter
+    windows are right-padded into the longest one's run. Returns one waveform per window, in
+    order (empty windows give empty waveforms)."""
+    results: list[np.ndarray] = [np.zeros(0, np.float32) for _ in windows]
+    pending = [index for index, window in enumerate(windows) if len(window)]
+    groups: dict[int, list[int]] = {}
+    if pad_shorter and pending:
+        groups[max(len(windows[index]) for index in pending)] = pending
+    else:
+        for index in pending:
+            groups.setdefault(len(windows[index]), []).append(index)
+    for length, members in groups.items():
+        first = np.asarray(windows[members[0]])
+        batch = np.zeros((len(members), length, *first.shape[1:]), first.dtype)
+        for row, index in enumerate(members):
+            batch[row, : len(windows[index])] = windows[index]
+        waveforms = decode_batch(batch)
+        for row, index in enumerate(members):
+            results[index] = waveforms[row, : len(windows[index]) * samples_per_frame].copy()
+    return results
 
 
 class WindowVocoder(Protocol):

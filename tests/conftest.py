@@ -56,3 +56,32 @@ def codec_lm_engine():
     import onnx_tts
 
     return onnx_tts.load(codec_lm_dir(), kv="inplace", cache_dir=None)
+
+
+@pytest.fixture(scope="session")
+def moss_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Small stand-in MOSS-TTS-Nano directories (published layout, random weights), built
+    once per session, with the optional greedy frame graph as well as the official five."""
+    from dataclasses import replace
+
+    from export.moss_tts_nano import build, small
+
+    return build(tmp_path_factory.mktemp("moss"), replace(small(), greedy_frame=True))
+
+
+@pytest.fixture(scope="session")
+def moss_official(moss_models: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The stand-in with exactly the official graph set (no greedy frame graph in the meta)."""
+    import json
+    import shutil
+
+    target = tmp_path_factory.mktemp("moss-official")
+    for name in ("MOSS-TTS-Nano-100M-ONNX", "MOSS-Audio-Tokenizer-Nano-ONNX"):
+        shutil.copytree(moss_models / name, target / name)
+    meta_path = target / "MOSS-TTS-Nano-100M-ONNX" / "tts_browser_onnx_meta.json"
+    meta = json.loads(meta_path.read_text())
+    removed = meta["files"].pop("local_greedy_frame")
+    meta["external_data_files"].pop(removed)
+    meta_path.write_text(json.dumps(meta, indent=2))
+    (meta_path.parent / removed).unlink()
+    return target

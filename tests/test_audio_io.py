@@ -338,3 +338,25 @@ def test_a_link_loop_and_a_read_only_file_are_refused_before_any_work(tmp_path: 
             audio_io.write_atomically(path, b"data")
     assert locked.read_bytes() == b"keep me" and stat.S_IMODE(locked.stat().st_mode) == 0o444
     assert _leftovers(tmp_path) == []
+
+
+def test_load_audio_in_stereo(tmp_path):
+    """channels=2 keeps a stereo file, duplicates a mono one, refuses more channels."""
+    from onnx_tts.audio import load_audio
+    from onnx_tts.errors import AudioError
+
+    t = np.arange(24000) / 24000
+    left, right = 0.3 * np.sin(2 * np.pi * 200 * t), 0.2 * np.sin(2 * np.pi * 300 * t)
+    soundfile.write(tmp_path / "st.wav", np.stack([left, right], 1), 24000, subtype="FLOAT")
+    soundfile.write(tmp_path / "mono.wav", left, 24000, subtype="FLOAT")
+    soundfile.write(tmp_path / "three.wav", np.stack([left] * 3, 1), 24000, subtype="FLOAT")
+    stereo = load_audio(tmp_path / "st.wav", 24000, channels=2)
+    assert stereo.shape == (24000, 2)
+    np.testing.assert_allclose(stereo[:, 1], right, atol=1e-6)
+    duplicated = load_audio(tmp_path / "mono.wav", 48000, channels=2)
+    assert duplicated.shape == (48000, 2)
+    np.testing.assert_array_equal(duplicated[:, 0], duplicated[:, 1])
+    np.testing.assert_allclose(duplicated[:, 0], load_audio(tmp_path / "mono.wav", 48000))
+    assert load_audio(tmp_path / "st.wav", 24000).ndim == 1  # mono by default
+    with pytest.raises(AudioError, match="3 channels"):
+        load_audio(tmp_path / "three.wav", 24000, channels=2)

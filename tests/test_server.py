@@ -352,11 +352,16 @@ def test_metrics(server: LiveServer) -> None:
     assert metric(text, "onnx_tts_batch_size_count") >= 1
     assert "onnx_tts_queue_depth" in text and "onnx_tts_stream_underruns_total" in text
     assert 'onnx_tts_reference_cache_lookups_total{model="onnx-tts-voice",tier="memory"}' in text
-    # The stages' work: the decode worker and the vocoder stage were busy and did items.
+    # Each stage's work (its busy time, items and runs: items / runs is its mean batch).
     for stage in ("decode", "vocoder"):
-        labels = {"model": "onnx-tts-voice", "stage": stage}
-        assert metric(text, "onnx_tts_stage_busy_seconds_total", **labels) > 0
-        assert metric(text, "onnx_tts_stage_items_total", **labels) >= 1
+        assert (
+            metric(text, "onnx_tts_stage_busy_seconds_total", model="onnx-tts-voice", stage=stage)
+            > 0
+        )
+        assert metric(text, "onnx_tts_stage_runs_total", model="onnx-tts-voice", stage=stage) >= 1
+        assert metric(
+            text, "onnx_tts_stage_items_total", model="onnx-tts-voice", stage=stage
+        ) >= metric(text, "onnx_tts_stage_runs_total", stage=stage)
     assert metric(text, "onnx_tts_admission_capacity", model="onnx-tts-voice") >= 1
 
 

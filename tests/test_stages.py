@@ -45,21 +45,25 @@ def codec_engine():
     engine.close()
 
 
-def test_batched_vocoder_windows_equal_each_stream_alone(codec_engine):
+@pytest.mark.parametrize("model", ["codec-lm", "default voice"])
+def test_batched_vocoder_windows_equal_each_stream_alone(model, codec_engine):
     """Eight concurrent streams: their windows went through shared vocoder calls (mean batch
-    above 1) and every stream's audio equals the same stream decoded alone."""
-    alone = onnx_tts.load(codec_lm_dir(), cache_dir=None, max_batch=1)
+    above 1) and every stream's audio equals the same stream decoded alone (the codec-lm
+    vocoder pads shorter windows, the default voice's batches windows of one length)."""
+    path = codec_lm_dir() if model == "codec-lm" else None
+    alone = onnx_tts.load(path, cache_dir=None, max_batch=1)
+    engine = codec_engine if model == "codec-lm" else onnx_tts.load(cache_dir=None, max_batch=8)
     jobs = [(TEXTS[i % 4], i) for i in range(8)]
     expected = [np.concatenate(list(alone.stream(t, seed=s))) for t, s in jobs]
     alone.close()
-    before = codec_engine.stats()["vocoder"]
+    before = engine.stats()["vocoder"]
     with ThreadPoolExecutor(8) as pool:
-        got = list(
-            pool.map(lambda j: np.concatenate(list(codec_engine.stream(j[0], seed=j[1]))), jobs)
-        )
+        got = list(pool.map(lambda j: np.concatenate(list(engine.stream(j[0], seed=j[1]))), jobs))
     for want, have in zip(expected, got, strict=True):
         np.testing.assert_array_equal(have, want)
-    after = codec_engine.stats()["vocoder"]
+    after = engine.stats()["vocoder"]
+    if engine is not codec_engine:
+        engine.close()
     calls = after["calls"] - before["calls"]
     windows = after["windows"] - before["windows"]
     assert windows > calls, "no vocoder call decoded more than one stream's window"
@@ -163,35 +167,74 @@ def test_a_cancelled_stream_stops_in_both_stages(codec_engine):
 
 
 class _Load:
-    """Busy seconds of two stages, advanced by hand."""
+    """Busy seconds of two stages and the audio seconds they made, advanced by hand."""
 
     def __init__(self) -> None:
         self.busy = [0.0, 0.0]
+        self.audio = 0.0
 
     def __call__(self) -> tuple[float, ...]:
         return tuple(self.busy)
 
+    def made(self) -> float:
+        return self.audio
 
-def test_admission_learns_capacity_from_utilisation(monkeypatch):
+
+def _admission(load: _Load, **settings) -> Admission:
+    settings = {"max_streams": 64, "max_waiting": 8, **settings}
+    return Admission(load, load.made, **settings)
+
+
+def test_admission_learns_capacity_from_the_cost_of_a_second_of_audio(monkeypatch):
     clock = [1000.0]
     monkeypatch.setattr("onnx_tts.pipeline.admission.time.monotonic", lambda: clock[0])
     load = _Load()
-    admission = Admission(load, max_streams=64, max_waiting=8, target_utilisation=0.8)
+    admission = _admission(load, target_utilisation=0.8, cores=2)
     for _ in range(4):  # unmeasured: admitted up to max_streams
         assert admission.try_admit(admission.enqueue())
     admission.capacity()  # first sample
     clock[0] += 1.0
-    load.busy = [0.2, 0.8]  # 4 streams keep the busier stage 80% busy
-    assert admission.capacity() == 4  # 4 * 0.8 / 0.8
+    load.busy = [0.2, 0.8]  # 4 s of audio kept the vocoder 80% busy: 0.2 s per audio second
+    load.audio = 4.0
+    assert admission.capacity() == 4  # 0.8 / 0.2 real-time streams (cores: 2 * 0.8 / 0.25)
     waiting = admission.enqueue()
     assert not admission.try_admit(waiting)  # full: it waits
     admission.release()
     assert admission.try_admit(waiting)
 
 
+def test_one_fast_stream_is_not_taken_for_a_full_machine(monkeypatch):
+    """A stream is generated faster than it plays: one stream that keeps a stage 80% busy
+    while making 10 s of audio a second costs 0.08 of that stage per real-time listener, so
+    about 10 such listeners fit, not 1 (the estimate per active stream said 1)."""
+    clock = [1000.0]
+    monkeypatch.setattr("onnx_tts.pipeline.admission.time.monotonic", lambda: clock[0])
+    load = _Load()
+    admission = _admission(load, target_utilisation=0.8, cores=2)
+    assert admission.try_admit(admission.enqueue())
+    admission.capacity()
+    clock[0] += 1.0
+    load.busy, load.audio = [0.6, 0.8], 10.0  # 0.06 and 0.08 s per second of audio
+    assert admission.capacity() == 10  # 0.8 / 0.08 (all cores: 2 * 0.8 / 0.14 = 11.4)
+    assert admission.stats()["utilisation"] == 0.8
+
+
+def test_the_cores_bound_capacity_when_both_stages_are_costly(monkeypatch):
+    """Two stages on one core cannot both run: their costs add up."""
+    clock = [1000.0]
+    monkeypatch.setattr("onnx_tts.pipeline.admission.time.monotonic", lambda: clock[0])
+    load = _Load()
+    admission = _admission(load, target_utilisation=0.8, cores=1)
+    assert admission.try_admit(admission.enqueue())
+    admission.capacity()
+    clock[0] += 1.0
+    load.busy, load.audio = [0.5, 0.5], 5.0  # 0.1 s each per second of audio
+    assert admission.capacity() == 4  # 1 * 0.8 / 0.2 (each stage alone: 0.8 / 0.1 = 8)
+
+
 def test_admission_holds_new_streams_while_a_listener_runs_dry():
     lead = [5.0]
-    admission = Admission(_Load(), max_streams=8, max_waiting=4, lead=lambda: lead[0])
+    admission = _admission(_Load(), max_streams=8, max_waiting=4, lead=lambda: lead[0])
     assert admission.try_admit(admission.enqueue())
     lead[0] = 0.05  # the playing listener is about to stall
     ticket = admission.enqueue()
@@ -201,7 +244,7 @@ def test_admission_holds_new_streams_while_a_listener_runs_dry():
 
 
 def test_admission_queue_is_bounded_and_first_come_first_served():
-    admission = Admission(_Load(), max_streams=1, max_waiting=2)
+    admission = _admission(_Load(), max_streams=1, max_waiting=2)
     assert admission.try_admit(admission.enqueue())
     first, second = admission.enqueue(), admission.enqueue()
     assert admission.enqueue() is None  # the queue holds two

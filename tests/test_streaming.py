@@ -172,10 +172,16 @@ def test_seam_check_catches_clicks_and_crossfade_removes_them() -> None:
         holdback_frames=1,
         crossfade_samples=2 * TOY_HOP,
     )
-    faded = toy_stream(frames, **short)
-    assert worst_seam_ratio(faded, 2 * TOY_HOP) <= 1.0
-    # Same windows without the crossfade: the seams click again.
-    assert worst_seam_ratio(toy_stream(frames, **{**short, "crossfade_samples": 0}), 0) > 1.5
+    # Same windows without the crossfade: the seams click again (how loud depends on where the
+    # seams fall in the signal, so over several signals).
+    clicks = []
+    for seed in range(2, 6):
+        signal = toy_frames(120, seed=seed)
+        faded = worst_seam_ratio(toy_stream(signal, **short), 2 * TOY_HOP)
+        bare = worst_seam_ratio(toy_stream(signal, **{**short, "crossfade_samples": 0}), 0)
+        assert faded <= 1.0 and bare > 10 * faded, (seed, faded, bare)
+        clicks.append(bare)
+    assert np.mean(clicks) > 1.5
     assert worst_seam_ratio(toy_stream(frames, **TOY_EXACT), 64) <= 1.0
 
 
@@ -206,7 +212,9 @@ def test_windows_sit_at_fixed_frame_counts_whatever_the_arrival_pattern() -> Non
     # First chunk: frames 0..first-holdback, less the crossfade tail kept for the next seam.
     first = TOY_EXACT["first_chunk_frames"] - TOY_EXACT["holdback_frames"]
     assert len(one_by_one[0]) == first * TOY_HOP - TOY_EXACT["crossfade_samples"]
-    assert [len(c) for c in one_by_one[1:-1]] == [TOY_EXACT["stride_frames"] * TOY_HOP] * 4
+    # Then each window adds as many frames as were emitted before it (4, then 8), up to the
+    # stride (10): the listener always holds about what the next window has to generate.
+    assert [len(c) // TOY_HOP for c in one_by_one[1:-1]] == [4, 8, 10, 10, 10]
 
 
 def test_decode_windows_groups_equal_lengths_and_matches_single_decodes() -> None:

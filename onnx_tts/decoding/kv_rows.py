@@ -12,6 +12,11 @@ Two homes, one interface (`prefill`, `step`, `release`):
 
 A request of `lm_rows` LM rows (classifier-free guidance: 2) takes that many consecutive slot
 rows, or one cache of batch `lm_rows`.
+
+A program with a separate prefill graph (`DecodeProgram.prefill_lm`) prefills through it: its
+presents become the row's first tokens (in a slot row: copied in once, transposed when the
+prefill graph lays them out [B, S, H, D]). Its prefixes are not cached (the step graph cannot
+continue a cached prefix over several new tokens the way the prefill graph would).
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from onnx_tts.cache.prefix import PrefixCache
 from onnx_tts.decoding.kv_pool import CapacityPolicy, KVPool
 from onnx_tts.decoding.program import Admission, DecodeProgram, length_feeds
 from onnx_tts.graph_io import KVLayout
-from onnx_tts.session import KVCache, KVSlots
+from onnx_tts.session import KVCache, KVSlots, Session
 
 # Slot buffers never hold less than this many tokens per row (a short sentence fits at once).
 MIN_SLOT_CAPACITY = 256
@@ -39,6 +44,23 @@ def _power_of_two_at_least(value: int) -> int:
 
 def _last(outputs: dict[str, np.ndarray], name: str) -> np.ndarray:
     return outputs[name][:, -1]
+
+
+def _prefill_feeds(program: DecodeProgram, inputs: np.ndarray) -> dict[str, np.ndarray]:
+    """The feeds of the program's prefill graph for `inputs` [batch, S, ...] on empty rows."""
+    prefill = program.prefill_lm
+    assert prefill is not None
+    dtype = np.dtype(prefill.spec.inputs[program.input_name].dtype)
+    feeds = {program.input_name: np.ascontiguousarray(inputs, dtype)}
+    feeds.update(length_feeds(prefill, np.zeros(inputs.shape[0], np.int64), inputs.shape[1]))
+    return feeds
+
+
+def _sequence_axis(session: Session, name: str) -> int:
+    """Where a KV output lays its sequence out (1: [B, S, H, D], else [B, H, S, D]), from its
+    declared shape, as the core decides it."""
+    spec = session.spec.outputs[name]
+    return 1 if spec.dim(1) is None and spec.dim(2) is not None else 2
 
 
 @dataclass(frozen=True)
@@ -138,7 +160,9 @@ class SlotRows:
                 return _last(result, self.program.output_name)
 
             row_inputs = inputs[index : index + 1]
-            if prefix_cache is None:
+            if self.program.prefill_lm is not None:
+                outputs.append(self._prefill_graph(lm_row, row_inputs))
+            elif prefix_cache is None:
                 outputs.append(run(row_inputs, 0))
             else:
                 outputs.append(
@@ -156,13 +180,31 @@ class SlotRows:
         self.live[row] = True
         return np.concatenate(outputs, axis=0)
 
+    def _prefill_graph(self, lm_row: int, inputs: np.ndarray) -> np.ndarray:
+        """Run the program's prefill graph at batch 1 and load its presents as slot row
+        `lm_row`'s first tokens; returns the last output [1, ...]."""
+        assert self.slots is not None
+        prefill = self.program.prefill_lm
+        assert prefill is not None
+        name = self.program.output_name
+        presents = [present for _, present in self.layout.pairs]
+        result = prefill.run(_prefill_feeds(self.program, inputs), [name, *presents])
+        values = []
+        for present in presents:
+            value = np.asarray(result[present])
+            if _sequence_axis(prefill, present) == 1:  # [1, S, H, D] -> the slots' [1, H, S, D]
+                value = value.transpose(0, 2, 1, 3)
+            values.append(np.ascontiguousarray(value, self.layout.dtype))
+        self.slots.load_prefix(lm_row, values)
+        return _last(result, name)
+
     def fits_next_step(self, rows: np.ndarray) -> np.ndarray:
         return self.lengths[rows] < self.capacity
 
     def prepare(self, rows: np.ndarray, inputs: np.ndarray) -> SlotRun:
         """The feeds of one LM run over the slot span covering request `rows` (sorted);
-        `inputs` holds lm_rows entries per row. A free row inside the span computes a
-        throwaway token at position 0 of its own buffer. Built before the run, so the run
+        `inputs` holds lm_rows entries per row. Another row inside the span computes a
+        throwaway token (see below). Built before the run, so the run
         itself may go on in another thread while rows that left the step are released."""
         lm = self.lm_rows
         first, last = int(rows[0]), int(rows[-1])
@@ -176,7 +218,12 @@ class SlotRows:
             batch[positions] = inputs
         taking_part = np.zeros(last - first + 1, bool)
         taking_part[rows - first] = True
-        lengths = np.repeat(np.where(taking_part, self.lengths[first : last + 1], 0), lm)
+        # A row of the span that sits this step out (paced, or its frames await hand-over)
+        # writes its throwaway token where its own next token will go (overwritten then),
+        # never over its cached tokens; a free row at position 0.
+        held = self.lengths[first : last + 1]
+        spare = np.where(self.live[first : last + 1] & (held < self.capacity), held, 0)
+        lengths = np.repeat(np.where(taking_part, held, spare), lm)
         feeds = {self.program.input_name: batch}
         feeds.update(length_feeds(self.program.lm, lengths, batch.shape[1]))
         return SlotRun(rows, feeds, first * lm, lengths, positions)
@@ -230,6 +277,10 @@ class OwnCaches:
         inputs = admission.inputs
         cache = self.pool.acquire(admission.max_tokens, batch=inputs.shape[0])
         self.caches[row] = cache
+        if self.program.prefill_lm is not None:
+            feeds = _prefill_feeds(self.program, inputs)
+            name = self.program.output_name
+            return _last(cache.prefill(self.program.prefill_lm, feeds, [name]), name)
         # GroupQueryAttention refuses several new tokens after a past at batch > 1, so a
         # guided (two-row) request on such a graph prefills in one run, whatever the KV mode.
         one_run = inputs.shape[0] > 1 and self.layout.attention != "concat"

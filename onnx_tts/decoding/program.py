@@ -55,6 +55,9 @@ class DecodeProgram(ABC):
     taking part in a step, in the order of the LM batch (or of the outputs)."""
 
     lm: Session
+    # A separate graph that runs the prompt (with the LM's present outputs and no pasts, e.g.
+    # MOSS-TTS-Nano's prefill beside its decode_step); None: the LM itself prefills.
+    prefill_lm: Session | None = None
     lm_rows: int = 1  # LM rows per request (2 for classifier-free guidance)
     input_name: str = INPUTS_EMBEDS  # the LM input a step feeds (besides KV and lengths)
     output_name: str = LOGITS  # the LM output `consume` reads (its last position)

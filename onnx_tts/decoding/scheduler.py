@@ -44,6 +44,11 @@ from onnx_tts.request import Request
 log = logging.getLogger("onnx_tts.decoding")
 
 MAX_BATCH_LIMIT = 256
+# Pacing (DecodeScheduler._paced): a row is urgent when its listener runs dry (or its first
+# audio is due) within this many seconds; rows with more audio buffered than AHEAD_SECONDS
+# then wait.
+URGENT_SECONDS = 0.5
+AHEAD_SECONDS = 1.0
 # Requests waiting for a row beyond this many are refused (QueueFull) instead of queued.
 DEFAULT_MAX_WAITING = 1024
 MAX_WAITING_LIMIT = 1 << 20
@@ -154,6 +159,7 @@ class DecodeScheduler:
             "row_steps": 0,
             "prefills": 0,
             "own_kv": 0,
+            "paced_rows": 0,
             "busy_seconds": 0.0,
         }
 
@@ -242,7 +248,7 @@ class DecodeScheduler:
             for row in admitted:
                 self._prefill(row)
             self._drop_cancelled()
-            rows = self._active_rows()
+            rows = self._paced(self._active_rows())
             if rows.size:
                 self._step(rows)
             if not self._active_rows().size:
@@ -256,6 +262,23 @@ class DecodeScheduler:
             [i for i, r in enumerate(self.requests) if r is not None and not self.finishing[i]],
             np.int64,
         )
+
+    def _paced(self, rows: np.ndarray) -> np.ndarray:
+        """The rows of the next step. Work-conserving deadline pacing: while some row is
+        urgent (its listener runs dry, or its first audio is due, within URGENT_SECONDS),
+        rows whose listeners hold more than AHEAD_SECONDS of audio sit the step out, so the
+        cores go to the streams that would stall. Otherwise every row steps."""
+        if rows.size < 2:
+            return rows
+        now = time.monotonic()
+        slack = np.array([self.requests[row].due() - now for row in rows])  # type: ignore[union-attr]
+        if slack.min() >= URGENT_SECONDS:
+            return rows
+        keep = slack <= AHEAD_SECONDS
+        if not keep.all():
+            with self._cv:
+                self._stats["paced_rows"] += int((~keep).sum())
+        return rows[keep]
 
     def _take_waiting(self) -> list[int]:
         """Admit the most urgent waiting requests into the free rows, lowest row first."""

@@ -4,7 +4,8 @@ module with a `Family` entry and listing it in `FAMILIES` below.
 
 Detection reads each thing once: a directory with `bundle.json` is parsed and checked as the
 family its manifest names; any other directory is offered to the layout detectors of
-third-party exports (Chatterbox), which read its graph specs. The loader gets what detection
+third-party exports (MOSS-TTS-Nano, Chatterbox), which read its graph
+specs. The loader gets what detection
 read.
 """
 
@@ -16,7 +17,7 @@ from typing import Any
 
 from onnx_tts.bundle import MANIFEST, Bundle
 from onnx_tts.errors import ModelError
-from onnx_tts.families import chatterbox, codec_lm, phoneme_mel
+from onnx_tts.families import chatterbox, codec_lm, moss_tts_nano, phoneme_mel
 from onnx_tts.families.base import Backend, Detection, Family, LoadSettings, Option
 
 FAMILIES: dict[str, Family] = {
@@ -25,10 +26,12 @@ FAMILIES: dict[str, Family] = {
         codec_lm.REGISTRY_ENTRY,
         phoneme_mel.REGISTRY_ENTRY,
         *chatterbox.REGISTRY_ENTRIES,
+        moss_tts_nano.REGISTRY_ENTRY,
     )
 }
 # Recognisers of model directories that carry no bundle.json, tried in order.
 LAYOUT_DETECTORS: tuple[Callable[[Path, Mapping[str, Any]], Detection | None], ...] = (
+    moss_tts_nano.detect,
     chatterbox.detect,
 )
 
@@ -41,7 +44,8 @@ def detect(model_dir: Path | str, options: Mapping[str, Any] | None = None) -> D
     if not root.is_dir():
         raise ModelError(
             f"model directory {root} does not exist or is not a directory; pass --model "
-            "a directory holding bundle.json or a Chatterbox ONNX download"
+            "a directory holding bundle.json, a Chatterbox ONNX download or MOSS-TTS-Nano's "
+            "ONNX directories"
         )
     if (root / MANIFEST).is_file():
         bundle = Bundle.read(root)
@@ -60,8 +64,9 @@ def detect(model_dir: Path | str, options: Mapping[str, Any] | None = None) -> D
             return detection
     raise ModelError(
         f"{root} is not a model directory: it has no bundle.json and no Chatterbox graphs "
-        "(onnx/language_model*.onnx, ...). Point --model at an onnx-tts bundle or a "
-        "Chatterbox ONNX download."
+        "(onnx/language_model*.onnx, ...), nor a MOSS-TTS-Nano browser_poc_manifest.json. "
+        "Point --model at an onnx-tts bundle, a Chatterbox ONNX download or the parent of "
+        "MOSS-TTS-Nano-100M-ONNX and MOSS-Audio-Tokenizer-Nano-ONNX."
     )
 
 

@@ -123,6 +123,10 @@ class Backend(Protocol):
 
     # Optional: `vocode_windows(windows, voices) -> list[np.ndarray]`, several streams' windows
     # in fewer runs, equal to vocoding each alone (the vocoder stage batches with it).
+    # Optional: `open_stream() -> decoder` (`push(frames) -> samples`, `close()`), a streaming
+    # decoder with its own state, one per stream (fed new frames only); `channels` (audio is
+    # [N, channels] when > 1); `pause_seconds(chunk)`, the silence after a chunk; `voice(voice,
+    # cache)`, the family's own voice resolution (builtin names, multichannel references).
 
 
 Loader = Callable[[Detection, LoadSettings, Mapping[str, Any]], Backend]

@@ -30,6 +30,7 @@ from onnx_tts.frontend import TextTokenizer, normalize_text, split_sentences
 from onnx_tts.graph_io import check_graph_io, kv_layout
 from onnx_tts.request import Request
 from onnx_tts.session import Session, describe_graphs
+from onnx_tts.vocoder import decode_in_batches
 
 FAMILY = "codec-lm"
 SECTIONS = ("graphs", "kv", "codec", "text", "sampling", "streaming", "vocoder")
@@ -89,22 +90,9 @@ class CodecVocoder:
                     f"window {index}: codes must be [frames, {self.codebooks}], got shape "
                     f"{codes.shape}"
                 )
-        results: list[np.ndarray] = [np.zeros(0, np.float32) for _ in arrays]
-        pending = [index for index, codes in enumerate(arrays) if len(codes)]
-        groups: dict[int, list[int]] = {}
-        if self.lookahead_frames == 0 and pending:
-            groups[max(len(arrays[index]) for index in pending)] = pending
-        else:
-            for index in pending:
-                groups.setdefault(len(arrays[index]), []).append(index)
-        for length, members in groups.items():
-            batch = np.zeros((len(members), length, self.codebooks), np.int64)
-            for row, index in enumerate(members):
-                batch[row, : len(arrays[index])] = arrays[index]
-            waveforms = self.decode(batch)
-            for row, index in enumerate(members):
-                results[index] = waveforms[row, : len(arrays[index]) * self.hop_length].copy()
-        return results
+        return decode_in_batches(
+            arrays, self.decode, self.hop_length, pad_shorter=self.lookahead_frames == 0
+        )
 
 
 class DelayPattern:

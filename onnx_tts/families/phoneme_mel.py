@@ -34,6 +34,7 @@ from onnx_tts.frontend import PhonemeTable, Phonemizer, normalize_text, split_se
 from onnx_tts.graph_io import check_graph_io, kv_layout
 from onnx_tts.request import Request
 from onnx_tts.session import Session, describe_graphs
+from onnx_tts.vocoder import decode_in_batches
 
 FAMILY = "phoneme-mel"
 GRAPH_ROLES = ("encoder", "embed", "lm", "vocoder")
@@ -325,7 +326,19 @@ class PhonemeMelModel:
         mel = np.asarray(frames, np.float32).reshape(1, -1, self.n_mels)
         if mel.shape[1] == 0:
             return np.zeros(0, np.float32)
-        return self.sessions["vocoder"].run({"mel": mel}, ["waveform"])["waveform"][0]
+        return self._vocode_batch(mel)[0]
+
+    def _vocode_batch(self, mel: np.ndarray) -> np.ndarray:
+        return self.sessions["vocoder"].run({"mel": mel}, ["waveform"])["waveform"]
+
+    def vocode_windows(
+        self, windows: Sequence[np.ndarray], voices: Sequence[Mapping[str, np.ndarray]]
+    ) -> list[np.ndarray]:
+        """Several streams' mel windows, one vocoder run per window length: the vocoder does
+        not depend on the voice, and B windows of one length in one run give each window's own
+        bits (tests/test_vocoder_fft.py); padding would change a window's last samples."""
+        mels = [np.asarray(w, np.float32).reshape(-1, self.n_mels) for w in windows]
+        return decode_in_batches(mels, self._vocode_batch, self.hop_length)
 
 
 def load(

@@ -2,13 +2,18 @@
 time, so that admitted listeners never stall; the excess waits (bounded) or is refused.
 
 The engine measures how busy its two workers are (the decode scheduler's and the vocoder
-stage's busy seconds per wall second: each is one thread, so 1.0 is a full core) while `n`
-streams are active. If the busiest stage is at utilisation `u`, one stream costs about `u / n`
-of it, and `n * target / u` streams fill it to the target (0.85 leaves headroom for a stream's
-costlier moments). The estimate is smoothed and, when some active stream is about to run dry
-(its player's lead below `min_lead_seconds`), nothing new starts: a stall for an admitted
-listener is worse than a wait before the first byte. Until the engine has been busy enough to
-measure, streams are admitted up to `max_streams`.
+stage's busy seconds) and how much audio they made. Over each sample, a stage's busy seconds
+per second of audio made is its cost of one real-time stream (a stream generates faster than
+its listener plays, so "busy per active stream" would call one fast stream a full machine). A
+stage is one worker thread, so it carries `target / cost` real-time streams; the stages
+together carry `cores * target / (sum of costs)`; the capacity is the smaller. The target,
+0.65, leaves headroom for what the costs do not see: a stream's start wants audio faster than
+real time, and the server's event loop and its clients share the cores (measured with `bench
+serve` on 2 cores: 16 concurrent streams of the default voice played without a stall, 22
+admitted at 0.85 stalled). The estimate is smoothed and, when some active
+stream is about to run dry (its player's lead below `min_lead_seconds`), nothing new starts: a
+stall for an admitted listener is worse than a wait before the first byte. Until the engine has
+been busy enough to measure, streams are admitted up to `max_streams`.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ from typing import Any
 
 # Utilisation below this says too little about the cost of a stream to extrapolate from.
 MIN_MEASURABLE_UTILISATION = 0.15
+# Nor does a sample in which less audio than this was made (seconds).
+MIN_MEASURABLE_AUDIO_SECONDS = 0.5
 SAMPLE_SECONDS = 0.5
 SMOOTHING = 0.3  # weight of a new estimate
 
@@ -32,13 +39,18 @@ class Admission:
     def __init__(
         self,
         busy_seconds: Callable[[], tuple[float, ...]],
+        audio_seconds: Callable[[], float],
         max_streams: int,
         max_waiting: int,
-        target_utilisation: float = 0.85,
+        target_utilisation: float = 0.65,
         min_lead_seconds: float = 0.3,
         lead: Callable[[], float | None] = lambda: None,
+        cores: int = 1,
     ) -> None:
-        self.busy_seconds, self.lead = busy_seconds, lead
+        """`busy_seconds`: each stage's busy seconds so far; `audio_seconds`: seconds of audio
+        the stages made so far; `cores`: the CPUs the stages share."""
+        self.busy_seconds, self.audio_seconds, self.lead = busy_seconds, audio_seconds, lead
+        self.cores = max(1, cores)
         self.max_streams, self.max_waiting = max_streams, max_waiting
         self.target, self.min_lead = target_utilisation, min_lead_seconds
         self.active = 0
@@ -47,7 +59,7 @@ class Admission:
         self._queue: list[int] = []  # waiting tickets, first come first served
         self._admitted_at_once: set[int] = set()
         self._lock = threading.Lock()
-        self._sample: tuple[float, tuple[float, ...]] | None = None
+        self._sample: tuple[float, tuple[float, ...], float] | None = None
         self._utilisation = 0.0
         self._capacity: float | None = None
         self._stats = {"admitted": 0, "refused_queue_full": 0, "refused_timeout": 0}
@@ -56,23 +68,27 @@ class Admission:
     def _measure(self) -> None:
         """(under the lock) refresh the utilisation and the capacity estimate."""
         now = time.monotonic()
-        busy = self.busy_seconds()
+        if self._sample is not None and now - self._sample[0] < SAMPLE_SECONDS:
+            return  # (cheap: waiting requests ask often)
+        busy, audio = self.busy_seconds(), self.audio_seconds()
         if self._sample is None:
-            self._sample = (now, busy)
+            self._sample = (now, busy, audio)
             return
-        then, before = self._sample
-        if now - then < SAMPLE_SECONDS:
+        then, before, audio_before = self._sample
+        self._sample = (now, busy, audio)
+        used = [max(0.0, b - a) for a, b in zip(before, busy, strict=True)]
+        made = audio - audio_before
+        self._utilisation = min(1.0, max(used, default=0.0) / (now - then))
+        if self._utilisation < MIN_MEASURABLE_UTILISATION or made < MIN_MEASURABLE_AUDIO_SECONDS:
             return
-        self._sample = (now, busy)
-        used = max((b - a for a, b in zip(before, busy, strict=True)), default=0.0)
-        utilisation = min(1.0, max(0.0, used / (now - then)))
-        self._utilisation = utilisation
-        if utilisation >= MIN_MEASURABLE_UTILISATION and self.active > 0:
-            estimate = self.active * self.target / utilisation
-            previous = self._capacity
-            self._capacity = (
-                estimate if previous is None else previous + SMOOTHING * (estimate - previous)
-            )
+        costs = [u / made for u in used]  # each stage's seconds per second of audio
+        per_stage = 1.0 / max(costs)
+        all_cores = self.cores / sum(costs)
+        estimate = self.target * min(per_stage, all_cores)
+        previous = self._capacity
+        self._capacity = (
+            estimate if previous is None else previous + SMOOTHING * (estimate - previous)
+        )
 
     def capacity(self) -> int:
         """Streams the machine is estimated to sustain in real time (max_streams until

@@ -35,15 +35,29 @@ class Executor:
             lambda frames, voice: backend.vocode(frames, voice),
             (lambda frames, voices: backend.vocode_windows(frames, voices)) if batched else None,
             scheduler_wake=scheduler.wake,
+            open_stream=getattr(backend, "open_stream", None),
         )
 
     @property
     def sample_rate(self) -> int:
         return self.backend.sample_rate
 
-    def pause(self) -> np.ndarray:
-        """The silence between separately generated sentences (same in synthesize and stream)."""
-        return np.zeros(int(SENTENCE_PAUSE_SECONDS * self.sample_rate), np.float32)
+    @property
+    def channels(self) -> int:
+        """Channels of the model's audio: samples are [N] (mono) or [N, channels]."""
+        return int(getattr(self.backend, "channels", 1))
+
+    def silence(self, samples: int = 0) -> np.ndarray:
+        """`samples` zeros shaped like the model's audio."""
+        shape = (samples,) if self.channels == 1 else (samples, self.channels)
+        return np.zeros(shape, np.float32)
+
+    def pause(self, chunk: object = None) -> np.ndarray:
+        """The silence after sentence `chunk`, generated separately from the next (same in
+        synthesize and stream): the family's own rule when it has one (`pause_seconds`)."""
+        rule = getattr(self.backend, "pause_seconds", None)
+        seconds = rule(chunk) if rule is not None else SENTENCE_PAUSE_SECONDS
+        return self.silence(int(seconds * self.sample_rate))
 
     def frames(self, request: Request) -> FrameStream:
         """Complete frames of one request as they are generated (closing stops it): the LM
@@ -91,13 +105,14 @@ class Executor:
                 if index in known:
                     samples = known[index]
                 else:
-                    samples = np.concatenate([np.zeros(0, np.float32), *streams[index]])
+                    parts = [piece for piece in streams[index] if len(piece)]
+                    samples = np.concatenate([self.silence(), *parts])
                     if not samples.size:
                         raise no_audio(requests[index].chunk, index, len(requests))
                     if made is not None:
                         made(index, samples)
                 if index:
-                    pieces.append(self.pause())
+                    pieces.append(self.pause(requests[index - 1].chunk))
                 if samples.size:
                     pieces.append(samples)
                 if progress is not None:
@@ -105,7 +120,7 @@ class Executor:
         finally:
             for stream in streams.values():  # on an error, the others stop at once
                 stream.close()
-        samples = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
+        samples = np.concatenate(pieces) if pieces else self.silence()
         return samples.astype(np.float32, copy=False)
 
     def stream(
@@ -196,7 +211,7 @@ class AudioStream:
                 raise StopIteration
             if self._pause_due:
                 self._pause_due = False
-                return self._keep(self.executor.pause())
+                return self._keep(self.executor.pause(self.requests[self._index - 1].chunk))
             if self._index >= len(self.requests):
                 self._finish()
                 raise StopIteration
@@ -238,7 +253,7 @@ class AudioStream:
     def _finish(self) -> None:
         self._closed = True
         if self.on_complete is not None:
-            samples = np.concatenate(self._pieces) if self._pieces else np.zeros(0, np.float32)
+            samples = np.concatenate(self._pieces) if self._pieces else self.executor.silence()
             self._pieces = []
             self.on_complete(samples)
 

@@ -12,11 +12,18 @@ wait in its own queue.
 
 A one-shot request (`synthesize`) is a stream with a single window: all its frames, decoded
 when its LM is done.
+
+A model whose vocoder streams with a state of its own (a codec with causal caches, e.g.
+MOSS-TTS-Nano's decode_step) offers `Backend.open_stream() -> decoder` (`push(frames) ->
+samples`, `close()`): each streamed request then gets one such decoder, fed each window's new
+frames in order (no overlap, no crossfade: the state carries the context), on the stage's
+thread.
 """
 
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import queue
 import threading
 import time
@@ -35,6 +42,10 @@ from onnx_tts.vocoder import StreamingDecoder, StreamingOptions, Window
 DEFAULT_GATHER_SECONDS = 0.002
 # Most windows of one vocoder call.
 MAX_VOCODER_BATCH = 16
+# Most frames of one batched call: a call cannot be interrupted, so a long one holds up a
+# window that becomes urgent meanwhile (a new stream's first); batching saves 10-15% per frame
+# on short windows of the default voice and nothing on long ones (measured).
+MAX_VOCODER_BATCH_FRAMES = 160
 _END = object()
 _LIVE: weakref.WeakSet[VocoderStage] = weakref.WeakSet()
 
@@ -56,6 +67,7 @@ def threads_per_stage(cores: int) -> dict[str, int]:
 
 Vocode = Callable[[np.ndarray, Mapping[str, np.ndarray]], np.ndarray]
 VocodeWindows = Callable[[Sequence[np.ndarray], Sequence[Mapping[str, np.ndarray]]], list]
+OpenStream = Callable[[], Any]  # a stateful decoder: push(frames) -> samples, close()
 
 
 class VocoderStream:
@@ -70,6 +82,14 @@ class VocoderStream:
         hop_length: int,
     ) -> None:
         self.stage, self.request = stage, request
+        # A windowed stream of a model with a stateful decoder feeds it only new frames.
+        self.stateful = window is not None and stage.open_stream is not None
+        if self.stateful:
+            assert window is not None
+            window = dataclasses.replace(
+                window, overlap_frames=0, holdback_frames=0, crossfade_samples=0
+            )
+        self._state: Any = None  # the stateful decoder, opened at the first window
         # None: one-shot, a single window of every frame once the LM is done.
         self.decoder = StreamingDecoder(window, hop_length) if window is not None else None
         self.frames: list[np.ndarray] = []  # one-shot frames
@@ -131,8 +151,9 @@ class VocoderStream:
             return np.stack(self.frames) if self.frames else np.zeros((0, 1), np.float32)
         return None
 
-    def accept(self, window: Window | np.ndarray, waveform: np.ndarray) -> None:
-        """(under the stage lock) the decoded waveform of `window`."""
+    def accept(self, window: Window | np.ndarray, waveform: np.ndarray) -> int:
+        """(under the stage lock) the decoded waveform of `window`; returns the samples it
+        handed to the consumer."""
         if self.decoder is not None:
             assert isinstance(window, Window)
             chunk = self.decoder.accept(window, waveform)
@@ -141,10 +162,24 @@ class VocoderStream:
             if self.decoder.done:
                 self.done = True
                 self._queue(_END)
-        else:
-            self._queue(np.asarray(waveform, np.float32))
-            self.done = True
-            self._queue(_END)
+            return len(chunk)
+        samples = np.asarray(waveform, np.float32)
+        self._queue(samples)
+        self.done = True
+        self._queue(_END)
+        return len(samples)
+
+    def decode_stateful(self, codes: np.ndarray) -> np.ndarray:
+        """(on the stage's thread) the next frames through this stream's own decoder."""
+        if self._state is None:
+            self._state = self.stage.open_stream()  # type: ignore[misc]
+        return self._state.push(codes)
+
+    def release_state(self) -> None:
+        """(on the stage's thread) hand the stateful decoder back once the stream ended."""
+        if self._state is not None:
+            state, self._state = self._state, None
+            state.close()
 
     def fail(self, error: BaseException) -> None:
         self.failed = error
@@ -196,10 +231,12 @@ class VocoderStage:
         vocode: Vocode,
         vocode_windows: VocodeWindows | None = None,
         scheduler_wake: Callable[[], None] = lambda: None,
+        open_stream: OpenStream | None = None,
         gather_seconds: float = DEFAULT_GATHER_SECONDS,
         max_batch: int = MAX_VOCODER_BATCH,
     ) -> None:
         self.vocode, self.vocode_windows = vocode, vocode_windows
+        self.open_stream = open_stream
         self.scheduler_wake = scheduler_wake
         self.gather_seconds, self.max_batch = gather_seconds, max_batch
         self.lock = threading.Lock()
@@ -208,7 +245,8 @@ class VocoderStage:
         self._due: set[VocoderStream] = set()
         self._closed = False
         self._thread: threading.Thread | None = None
-        self._stats = {"rounds": 0, "calls": 0, "windows": 0, "busy_seconds": 0.0}
+        # samples: audio handed to consumers (admission's cost per second of audio).
+        self._stats = {"rounds": 0, "calls": 0, "windows": 0, "samples": 0, "busy_seconds": 0.0}
 
     def open(
         self, request: Request, window: StreamingOptions | None, hop_length: int
@@ -258,6 +296,7 @@ class VocoderStage:
 
     # -- worker ------------------------------------------------------------------------------
     def _run(self) -> None:
+        leftover = False  # windows of the last round still wait: no need to gather more
         while True:
             with self._cv:
                 while not self._closed and not self._due:
@@ -267,14 +306,22 @@ class VocoderStage:
                     for stream in self.streams:
                         stream.fail(closed)
                     return
-            if self.gather_seconds > 0:
+            if self.gather_seconds > 0 and not leftover:
                 time.sleep(self.gather_seconds)  # let windows due at about the same time join
             with self._cv:
                 work = self._take_due()
             started = time.perf_counter()
-            for batch in self._batches(work):
-                self._decode(batch)
+            # Only the most urgent batch per round: a window that became due meanwhile (a new
+            # stream's first, a listener about to run dry) goes before the rest of this round.
+            batches = self._batches(work)
+            if batches:
+                self._decode(batches[0])
             with self._cv:
+                # (their windows are taken again next round: a window depends only on the
+                # frames, so it is the same one)
+                waiting = [stream for batch in batches[1:] for stream, _ in batch]
+                self._due.update(stream for stream in waiting if stream in self.streams)
+                leftover = bool(waiting)
                 self._stats["rounds"] += 1
                 self._stats["busy_seconds"] += time.perf_counter() - started
 
@@ -284,6 +331,7 @@ class VocoderStage:
         work = []
         for stream in sorted(self._due, key=lambda s: s.request.urgency()):
             if stream.failed is not None and not stream.done:
+                stream.release_state()
                 stream.fail(stream.failed)
                 self.streams.discard(stream)
                 continue
@@ -298,16 +346,23 @@ class VocoderStage:
         in the order of each batch's most urgent window."""
         if self.vocode_windows is None:
             return [[item] for item in work]
+        rank = {id(item): index for index, item in enumerate(work)}
+        stateful = [[item] for item in work if item[0].stateful]  # each has its own state
+        work = [item for item in work if not item[0].stateful]
         groups: dict[int, list[tuple]] = {}
         order: list[list[tuple]] = []
         for item in work:
             codes = item[1].codes if isinstance(item[1], Window) else item[1]
             group = groups.get(len(codes))
-            if group is None or len(group) >= self.max_batch:
+            if (
+                group is None
+                or len(group) >= self.max_batch
+                or (len(group) + 1) * len(codes) > MAX_VOCODER_BATCH_FRAMES
+            ):
                 group = groups[len(codes)] = []
                 order.append(group)
             group.append(item)
-        return order
+        return sorted(order + stateful, key=lambda batch: rank[id(batch[0])])
 
     def _decode(self, batch: list[tuple[VocoderStream, Any]]) -> None:
         codes = [w.codes if isinstance(w, Window) else w for _, w in batch]
@@ -316,7 +371,10 @@ class VocoderStage:
         filled = [i for i, c in enumerate(codes) if len(c)]  # a flush may hold no new frames
         try:
             waveforms: list[np.ndarray] = [empty] * len(batch)
-            if len(filled) > 1 and self.vocode_windows is not None:
+            if batch[0][0].stateful:  # a stream with its own decoder is always alone
+                for index in filled:
+                    waveforms[index] = batch[0][0].decode_stateful(codes[index])
+            elif len(filled) > 1 and self.vocode_windows is not None:
                 decoded = self.vocode_windows(
                     [codes[i] for i in filled], [voices[i] for i in filled]
                 )
@@ -331,6 +389,7 @@ class VocoderStage:
         except Exception as error:  # the streams of this call fail, the others go on
             with self._cv:
                 for stream, _ in batch:
+                    stream.release_state()
                     stream.fail(error)
                     stream.request.cancel.cancel()
                     self.streams.discard(stream)
@@ -343,10 +402,11 @@ class VocoderStage:
                 if stream not in self.streams:
                     continue  # closed meanwhile
                 try:
-                    stream.accept(window, waveform)
+                    self._stats["samples"] += stream.accept(window, waveform)
                 except Exception as error:
                     stream.fail(error)
                 if stream.done:
+                    stream.release_state()
                     self.streams.discard(stream)
                 elif stream.is_due():
                     self._due.add(stream)  # more was due than one window

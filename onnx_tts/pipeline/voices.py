@@ -30,6 +30,9 @@ class Voices:
         an already-encoded dict (checked). None is the model's default voice."""
         if voice is None:
             return self.backend.default_voice()
+        own = getattr(self.backend, "voice", None)
+        if own is not None:  # the family resolves its voices (builtin names, stereo references)
+            return own(voice, self.cache)
         if isinstance(voice, Mapping):
             return self._encoded(voice)
         encoder = self.backend.encoder

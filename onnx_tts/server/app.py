@@ -156,7 +156,12 @@ def create_app(config: ServerConfig, registry: ModelRegistry | None = None) -> F
     @app.get("/v1/audio/voices")
     async def list_voices() -> dict[str, Any]:
         stored = [{"id": v.id, "name": v.name} for v in state.voices.list()]
-        return {"voices": [{"id": "default", "name": "default"}, *stored]}
+        builtin = [
+            {"id": name, "name": name, "model": model.name}
+            for model in state.registry.models.values()
+            for name in model.builtin_voices
+        ]
+        return {"voices": [{"id": "default", "name": "default"}, *builtin, *stored]}
 
     @app.post("/v1/audio/voices")
     async def upload_voice(request: Request) -> JSONResponse:

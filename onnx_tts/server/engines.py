@@ -19,7 +19,7 @@ import numpy as np
 import onnx_tts
 from onnx_tts.audio import Trimmed, load_audio
 from onnx_tts.config import CacheConfig, EngineConfig
-from onnx_tts.pipeline import build_engine
+from onnx_tts.pipeline import available_cores, build_engine
 from onnx_tts.pipeline.admission import Admission, retry_after_seconds
 from onnx_tts.pipeline.execution import ReadyChunks
 
@@ -57,7 +57,12 @@ class SpeechModel:
             stats = engine.stats()
             return (stats["busy_seconds"], stats["vocoder"]["busy_seconds"])
 
-        self.admission = Admission(busy, max_streams, max_waiting, lead=self.lead)
+        def audio() -> float:
+            return engine.stats()["vocoder"]["samples"] / engine.sample_rate
+
+        self.admission = Admission(
+            busy, audio, max_streams, max_waiting, lead=self.lead, cores=available_cores()
+        )
 
     def lead(self) -> float | None:
         """Seconds until the first of this model's listeners runs dry (None: none plays)."""
@@ -92,6 +97,11 @@ class SpeechModel:
         return int(getattr(self.engine.backend, "hop_length", 0) or 0)
 
     @property
+    def builtin_voices(self) -> list[str]:
+        """Voices the model itself ships (e.g. MOSS-TTS-Nano's manifest voices), by name."""
+        return list(getattr(self.engine.backend, "voice_names", []))
+
+    @property
     def voice_rate(self) -> int:
         return int(self.engine.backend.encoder.sample_rate)
 
@@ -105,8 +115,9 @@ class SpeechModel:
         low, high = self.voice_limits()
         return load_audio(path, self.voice_rate, min_seconds=low, max_seconds=high, on_trim=on_trim)
 
-    def encode_voice(self, audio: np.ndarray | None) -> dict[str, np.ndarray]:
-        """Encoder outputs through the content-addressed reference cache (None = default)."""
+    def encode_voice(self, audio: np.ndarray | str | None) -> dict[str, np.ndarray]:
+        """Encoder outputs through the content-addressed reference cache (None = default, a
+        string = one of `builtin_voices`)."""
         return self.engine.voice(audio)
 
     def stream(

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import soxr
 
+from onnx_tts.audio import downmix
 from onnx_tts.errors import SessionError
 from onnx_tts.request import CancelToken, PlaybackClock
 from onnx_tts.server.engines import SpeechModel
@@ -47,7 +48,7 @@ class Generation:
 
     model: SpeechModel
     text: str
-    voice_audio: np.ndarray | None
+    voice_audio: np.ndarray | str | None  # samples, a builtin voice's name, or the default
     seed: int | None
     options: dict[str, Any]
     speed: float
@@ -160,7 +161,9 @@ class Generation:
                 await ready.wait()
                 ready.clear()
                 continue
-            chunk = np.asarray(chunk, np.float32)
+            # Every response format here is mono (OpenAI's pcm is 24 kHz s16le mono): a
+            # stereo model's audio is downmixed, then resampled to the response's rate.
+            chunk = downmix(chunk)
             if not np.all(np.isfinite(chunk)):
                 raise SessionError("the model produced non-finite samples; output stopped")
             self.generated_samples += len(chunk)

@@ -63,9 +63,11 @@ def plan_speech(state: Any, request: SpeechRequest, received: float) -> tuple[Ge
     styling = interpret(request.instructions, model.options)
     for key, value in styling.options.items():
         options.setdefault(key, value)  # a field in the request wins over the instructions
-    voice_audio = None
+    voice_audio: np.ndarray | str | None = None
     name = request.voice_id
-    if name not in DEFAULT_VOICE_NAMES and name not in OPENAI_VOICES:
+    if name in model.builtin_voices:
+        voice_audio = name  # resolved by the model itself
+    elif name not in DEFAULT_VOICE_NAMES and name not in OPENAI_VOICES:
         voice = state.voices.find(name)
         if voice is None:
             raise APIError(

@@ -8,7 +8,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from onnx_tts.errors import InputError, OnnxTTSError
-from onnx_tts.tools.convert.inplace_kv import convert_bundle_inplace_kv, convert_inplace_kv
+from onnx_tts.tools.convert.inplace_kv import (
+    convert_bundle_inplace_kv,
+    convert_inplace_kv,
+    convert_moss_inplace_kv,
+)
 
 
 def add_convert_arguments(parser: argparse.ArgumentParser) -> None:
@@ -21,7 +25,8 @@ def add_convert_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "source",
         type=Path,
-        help="LM graph with a Concat KV cache (.onnx), or a Chatterbox model directory",
+        help="LM graph with a Concat KV cache (.onnx), a Chatterbox model directory, or a "
+        "MOSS-TTS-Nano layout (the parent of its two directories)",
     )
     parser.add_argument(
         "output",
@@ -56,6 +61,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def run_convert(args: argparse.Namespace) -> int:
     if args.check_steps < 1:
         raise InputError(f"--check-steps must be at least 1, got {args.check_steps}")
+    from onnx_tts.families.moss_tts_nano.layout import looks_like_moss
+
+    if Path(args.source).is_dir() and looks_like_moss(Path(args.source)):
+        report = convert_moss_inplace_kv(
+            args.source, args.output, check=not args.no_check, check_steps=args.check_steps
+        )
+        print(report.summary())
+        print(f"wrote {args.output}: the MOSS-TTS-Nano directories with decode_step in place")
+        return 0
     if Path(args.source).is_dir():
         reports = convert_bundle_inplace_kv(
             args.source, args.output, check=not args.no_check, check_steps=args.check_steps

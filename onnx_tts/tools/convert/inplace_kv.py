@@ -1,5 +1,6 @@
-"""`onnx-tts convert --inplace-kv`: one LM graph file, or every ``language_model*.onnx`` of a
-Chatterbox-style model directory, rewritten so its KV cache can be written in place.
+"""`onnx-tts convert --inplace-kv`: one LM graph file, every ``language_model*.onnx`` of a
+Chatterbox-style model directory, or the decode_step graph of a MOSS-TTS-Nano layout, rewritten
+so its KV cache can be written in place.
 
 Files are staged in a temporary directory beside the target and moved into place only after
 the rewrite is valid ONNX and (with ``check``) its logits match the source's, so a failure
@@ -232,3 +233,77 @@ def convert_bundle_inplace_kv(
         dataclasses.replace(r, destination=dst / r.destination.relative_to(staging))
         for r in reports
     ]
+
+
+def convert_moss_inplace_kv(
+    src: Path, dst: Path, *, check: bool = True, check_steps: int = 20
+) -> ConvertReport:
+    """Convert a MOSS-TTS-Nano layout (the parent of its two directories, or the TTS directory
+    with its codec beside it): its ``decode_step`` graph becomes GroupQueryAttention over
+    [batch, heads, capacity, head_dim] buffers; everything else is copied unchanged into `dst`,
+    a new directory that receives both model directories.
+
+    The converted graph keeps its weights where the source keeps them, in the shared
+    ``moss_tts_global_shared.data`` beside the prefill graph, so the metas stay valid and the
+    weights are stored once. `dst` appears in one rename after the check passed."""
+    from onnx import external_data_helper
+
+    from onnx_tts.families.moss_tts_nano.layout import inspect_layout
+
+    src, dst = Path(src), Path(dst)
+    if dst.exists():
+        raise InputError(f"{dst} already exists: give a new directory for the converted model")
+    if not dst.parent.is_dir():
+        raise InputError(f"output directory does not exist: {dst.parent}")
+    layout = inspect_layout(src)
+    source = layout.tts_graphs["decode_step"].path
+    model = onnx.load(str(source), load_external_data=True)
+    nodes_before = len(model.graph.node)
+    stored = {
+        t.name: {e.key: e.value for e in t.external_data}
+        for t in onnx.load(str(source), load_external_data=False).graph.initializer
+        if t.data_location == TensorProto.EXTERNAL
+    }
+    staging = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", dir=dst.parent))
+    try:
+        for directory in dict.fromkeys((layout.tts_dir, layout.codec_dir)):
+            shutil.copytree(directory, staging / directory.name)
+        target = staging / layout.tts_dir.name / source.name
+        with tempfile.TemporaryDirectory(prefix="onnx-tts-probe-") as scratch:
+            layers, unused, kv_dtype = rewrite_inplace_kv(model, Path(scratch))
+        for tensor in model.graph.initializer:
+            entry = stored.get(tensor.name)
+            if entry is None:
+                continue  # a constant the rewrite added: small, kept in the graph
+            external_data_helper.set_external_data(
+                tensor, entry["location"], int(entry.get("offset", 0)), int(entry["length"])
+            )
+            tensor.data_location = TensorProto.EXTERNAL
+            tensor.ClearField("raw_data")
+        target.write_bytes(model.SerializeToString())
+        del model
+        try:
+            onnx.checker.check_model(str(target))
+        except onnx.checker.ValidationError as error:
+            raise ModelError(f"the converted graph is not valid ONNX: {error}") from None
+        result = compare_logits(source, target, decode_steps=check_steps) if check else None
+        staging.chmod(0o755)
+        os.replace(staging, dst)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    converted = onnx.load(str(dst / layout.tts_dir.name / source.name), load_external_data=False)
+    return ConvertReport(
+        source=source,
+        destination=dst / layout.tts_dir.name / source.name,
+        layers=tuple(layers),
+        kv_dtype=kv_dtype,
+        nodes_before=nodes_before,
+        nodes_after=len(converted.graph.node),
+        unused_inputs=unused,
+        external_data=True,
+        check=result,
+        notes=(
+            "past_valid_lengths still places each token (RoPE); GroupQueryAttention attends to "
+            "every cached position up to it, as the source's mask does",
+        ),
+    )

@@ -132,11 +132,14 @@ class AttentionMatch:
     past: dict[str, str]  # kind -> graph input name
     present: dict[str, str]  # kind -> graph output name
     inner: dict[str, str]  # kind -> Concat output (present in the graph's compute dtype)
-    new: dict[str, str]  # kind -> new key/value [B, Hkv, S, Dh]
+    new: dict[str, str]  # kind -> new key/value [B, Hkv, S, Dh] (or [B, S, Hkv, Dh])
     replaced: list[onnx.NodeProto]  # Concat nodes and Casts to present outputs
     query: str
     factors: list[ScaleFactor]
     context_node: onnx.NodeProto
+    # 2: KV laid out [batch, heads, sequence, head_dim]; 1: [batch, sequence, heads, head_dim]
+    # (MOSS-TTS-Nano). The rewrite writes [batch, heads, capacity, head_dim] either way.
+    sequence_axis: int = 2
 
 
 def layer_error(layer: int, what: str) -> ModelError:
@@ -168,8 +171,8 @@ def trace_back_through(index: GraphIndex, name: str, ops: frozenset[str]) -> str
 
 def _match_concat(
     index: GraphIndex, layer: int, kind: str, past: str, present: str
-) -> tuple[str, str, list[onnx.NodeProto]]:
-    """(Concat output, new tensor, nodes to replace) for one present output."""
+) -> tuple[str, str, list[onnx.NodeProto], int]:
+    """(Concat output, new tensor, nodes to replace, sequence axis) for one present output."""
     replaced: list[onnx.NodeProto] = []
     name = present
     node = index.producer.get(name)
@@ -186,16 +189,18 @@ def _match_concat(
         found = "a graph input" if node is None else f"a {node.op_type} node"
         raise layer_error(layer, f"output {present!r} comes from {found}, not a Concat")
     axis = next((a.i for a in node.attribute if a.name == "axis"), None)
-    if len(node.input) != 2 or axis not in (2, -2):
+    # Axis 2 of [B, H, S, D], or axis 1 of [B, S, H, D].
+    sequence_axis = {2: 2, -2: 2, 1: 1, -3: 1}.get(axis)  # type: ignore[arg-type]
+    if len(node.input) != 2 or sequence_axis is None:
         raise layer_error(
             layer,
             f"{present!r} is a Concat of {len(node.input)} inputs on axis {axis}, expected "
-            "Concat(past, new) on the sequence axis (2)",
+            "Concat(past, new) on the sequence axis (2 of [B, H, S, D] or 1 of [B, S, H, D])",
         )
     if trace_back_through(index, node.input[0], frozenset({"Cast", "Identity"})) != past:
         raise layer_error(layer, f"the Concat producing {present!r} does not start with {past!r}")
     replaced.append(node)
-    return name, node.input[1], replaced
+    return name, node.input[1], replaced, sequence_axis
 
 
 def _find_score_matmul(
@@ -318,10 +323,15 @@ def _find_context_matmul(index: GraphIndex, layer: int, probs: str) -> onnx.Node
 def _match_layer(
     index: GraphIndex, layer: int, past: Mapping[str, str], present: Mapping[str, str]
 ) -> AttentionMatch:
-    inner, new, replaced = {}, {}, []
+    inner, new, replaced, axes = {}, {}, [], set()
     for kind in ("key", "value"):
-        inner[kind], new[kind], nodes = _match_concat(index, layer, kind, past[kind], present[kind])
+        inner[kind], new[kind], nodes, axis = _match_concat(
+            index, layer, kind, past[kind], present[kind]
+        )
         replaced.extend(nodes)
+        axes.add(axis)
+    if len(axes) != 1:
+        raise layer_error(layer, "key and value grow along different axes")
     score_node, key_factors = _find_score_matmul(index, layer, inner["key"])
     query, query_factors = _trace_query(index, layer, score_node.input[0])
     softmax, score_factors = _follow_scores(index, layer, score_node.output[0])
@@ -343,6 +353,7 @@ def _match_layer(
         query=query,
         factors=key_factors + query_factors + score_factors,
         context_node=context_node,
+        sequence_axis=axes.pop(),
     )
 
 

@@ -58,20 +58,25 @@ def _attention_nodes(
     prefix = f"/onnx_tts/layers.{match.layer}/gqa"
     first = len(b.nodes)
 
-    def packed(tensor: str, heads: int, dtype: np.dtype, part: str) -> str:
-        # [B, heads, S, Dh] -> [B, S, heads * Dh], the layout GroupQueryAttention reads.
-        transposed = b.node(
-            "Transpose", [tensor], name=f"{prefix}/{part}_transpose", perm=[0, 2, 1, 3]
-        )
+    def packed(tensor: str, heads: int, dtype: np.dtype, part: str, axis: int = 2) -> str:
+        # [B, heads, S, Dh] (or [B, S, heads, Dh] for axis 1) -> [B, S, heads * Dh], the
+        # layout GroupQueryAttention reads.
+        if axis == 2:
+            tensor = b.node(
+                "Transpose", [tensor], name=f"{prefix}/{part}_transpose", perm=[0, 2, 1, 3]
+            )
         shape = b.const([0, 0, heads * layer.head_dim])
-        result = b.node("Reshape", [transposed, shape], name=f"{prefix}/{part}_reshape")
+        result = b.node("Reshape", [tensor, shape], name=f"{prefix}/{part}_reshape")
         if dtype != kv_dtype:
             result = b.node("Cast", [result], name=f"{prefix}/{part}_cast", to=_elem_type(kv_dtype))
         return result
 
     query = packed(match.query, layer.num_heads, dtypes[match.query], "query")
-    key = packed(match.new["key"], layer.kv_num_heads, dtypes[match.inner["key"]], "key")
-    value = packed(match.new["value"], layer.kv_num_heads, dtypes[match.inner["value"]], "value")
+    axis = match.sequence_axis
+    key = packed(match.new["key"], layer.kv_num_heads, dtypes[match.inner["key"]], "key", axis)
+    value = packed(
+        match.new["value"], layer.kv_num_heads, dtypes[match.inner["value"]], "value", axis
+    )
     result = b.node(
         "GroupQueryAttention",
         [
@@ -170,20 +175,26 @@ def _check_cache_tensors_private(graph: onnx.GraphProto, matches: Sequence[Atten
             )
 
 
-def _set_kv_shapes(graph: onnx.GraphProto, matches: Sequence[AttentionMatch]) -> None:
-    """Declared KV lengths are symbolic and independent: in place both are the capacity."""
+def _set_kv_shapes(
+    graph: onnx.GraphProto, matches: Sequence[AttentionMatch], layers: Sequence[LayerAttention]
+) -> None:
+    """Declared KV lengths are symbolic and independent: in place both are the capacity. KV
+    laid out [B, S, H, D] becomes [B, H, S, D], the layout GroupQueryAttention keeps."""
     renames = {}
-    for match in matches:
+    for match, layer in zip(matches, layers, strict=True):
         for name in match.past.values():
-            renames[name] = "past_sequence_length"
+            renames[name] = ("past_sequence_length", layer.kv_num_heads)
         for name in match.present.values():
-            renames[name] = "present_sequence_length"
+            renames[name] = ("present_sequence_length", layer.kv_num_heads)
     for value in list(graph.input) + list(graph.output):
         if value.name in renames:
             dims = value.type.tensor_type.shape.dim
             if len(dims) == 4:
+                length, heads = renames[value.name]
+                dims[1].Clear()
+                dims[1].dim_value = heads
                 dims[2].Clear()
-                dims[2].dim_param = renames[value.name]
+                dims[2].dim_param = length
 
 
 def rewrite_inplace_kv(
@@ -239,7 +250,7 @@ def rewrite_inplace_kv(
     _remove_dead_nodes(graph)
     _topological_order(graph)
     _check_cache_tensors_private(graph, matches)
-    _set_kv_shapes(graph, matches)
+    _set_kv_shapes(graph, matches, layers)
     del graph.value_info[:]  # shapes inferred for the old graph may not hold any more
 
     read = set()

@@ -90,12 +90,21 @@ def _vocab_size(model: onnx.ModelProto, input_name: str) -> int:
     return 2
 
 
+# A step graph whose queries all sit at `past_valid_lengths` (MOSS-TTS-Nano's decode_step) runs
+# one token per step: its prefill is a sequence of single steps.
+PAST_VALID_LENGTHS = "past_valid_lengths"
+
+
 @dataclass(frozen=True)
 class FeedSpec:
     """How to build numpy feeds for one LM graph."""
 
     inputs: tuple[onnx.ValueInfoProto, ...]
     vocab: int
+
+    @property
+    def single_token(self) -> bool:
+        return any(v.name == PAST_VALID_LENGTHS for v in self.inputs)
 
     @classmethod
     def of(cls, model: onnx.ModelProto) -> FeedSpec:
@@ -120,7 +129,10 @@ class FeedSpec:
                     value_dtype(value)
                 )
             elif value.name == "input_ids":
-                feeds[value.name] = rng.integers(0, max(self.vocab, 1), (batch, new)).astype(
+                # [batch, tokens], or [batch, tokens, width] rows of ids (MOSS-TTS-Nano).
+                dims = _value_dims(value)
+                shape = (batch, new) if len(dims) < 3 else (batch, new, dims[2] or 1)
+                feeds[value.name] = rng.integers(0, max(self.vocab, 1), shape).astype(
                     value_dtype(value)
                 )
         if not feeds:
@@ -128,10 +140,13 @@ class FeedSpec:
         return feeds
 
     def step_inputs(self, batch: int, past: int, new: int) -> dict[str, np.ndarray]:
-        """attention_mask / position_ids as the Chatterbox loop feeds them (no padding)."""
+        """attention_mask / position_ids as the Chatterbox loop feeds them (no padding), and
+        past_valid_lengths (the cached positions) as MOSS-TTS-Nano's loop does."""
         feeds: dict[str, np.ndarray] = {}
         for value in self.inputs:
-            if value.name == "attention_mask":
+            if value.name == PAST_VALID_LENGTHS:
+                feeds[value.name] = np.full((batch,), past, value_dtype(value))
+            elif value.name == "attention_mask":
                 feeds[value.name] = np.ones((batch, past + new), value_dtype(value))
             elif value.name == "position_ids":
                 positions = np.arange(past, past + new, dtype=value_dtype(value))
@@ -141,10 +156,12 @@ class FeedSpec:
     def kv_shape(self, name: str, batch: int, length: int) -> tuple[int, int, int, int]:
         value = next(v for v in self.inputs if v.name == name)
         dims = _value_dims(value)
+        if len(dims) == 4 and dims[1] is None and dims[2] is not None and dims[3] is not None:
+            return batch, length, int(dims[2]), int(dims[3])  # [batch, past, heads, head_dim]
         if len(dims) != 4 or dims[1] is None or dims[3] is None:
             raise ModelError(
-                f"input {name!r} must be [batch, kv_heads, past, head_dim] with fixed kv_heads "
-                f"and head_dim, found {dims}"
+                f"input {name!r} must be [batch, kv_heads, past, head_dim] (or [batch, past, "
+                f"kv_heads, head_dim]) with fixed kv_heads and head_dim, found {dims}"
             )
         return batch, int(dims[1]), length, int(dims[3])
 
@@ -152,14 +169,22 @@ class FeedSpec:
         return value_dtype(next(v for v in self.inputs if v.name == name))
 
     def check_known(self, extra: Iterable[str] = ()) -> None:
-        known = {"inputs_embeds", "input_ids", "attention_mask", "position_ids", *extra}
+        known = {
+            "inputs_embeds",
+            "input_ids",
+            "attention_mask",
+            "position_ids",
+            PAST_VALID_LENGTHS,
+            *extra,
+        }
         unknown = [
             v.name for v in self.inputs if v.name not in known and parse_kv_name(v.name) is None
         ]
         if unknown:
             raise ModelError(
                 f"cannot build test inputs for graph input(s) {unknown}: the converter knows "
-                "inputs_embeds, input_ids, attention_mask, position_ids and past_key_values.*"
+                "inputs_embeds, input_ids, attention_mask, position_ids, past_valid_lengths "
+                "and past_key_values.*"
             )
 
 
@@ -215,7 +240,7 @@ def probe(
     spec = FeedSpec.of(model)
     spec.check_known()
     rng = np.random.default_rng(1234)
-    batch, past_len, new_len = 1, 3, 4
+    batch, past_len, new_len = 1, 3, 1 if spec.single_token else 4
     feeds: dict[str, Any] = spec.token_inputs(rng, batch, new_len)
     feeds.update(spec.step_inputs(batch, past_len, new_len))
     for value in spec.inputs:
@@ -243,6 +268,8 @@ def probe(
     for match in matches:
         query = tensor(match.query)
         key, value = tensor(match.inner["key"]), tensor(match.inner["value"])
+        if match.sequence_axis == 1 and key.ndim == 4 and value.ndim == 4:
+            key, value = key.transpose(0, 2, 1, 3), value.transpose(0, 2, 1, 3)
         context = tensor(match.context_node.output[0])
         if query.ndim != 4 or key.ndim != 4 or query.shape[2] != new_len:
             raise layer_error(
@@ -331,7 +358,10 @@ def compare_logits(
     del source_model
 
     rng = np.random.default_rng(seed)
-    lengths = [prefill_tokens] + [1] * decode_steps
+    if spec.single_token:
+        lengths = [1] * (prefill_tokens + decode_steps)
+    else:
+        lengths = [prefill_tokens] + [1] * decode_steps
     tokens = [spec.token_inputs(rng, batch_size, n) for n in lengths]
 
     source_session = Session(source)

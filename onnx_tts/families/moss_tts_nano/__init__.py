@@ -1,0 +1,121 @@
+"""MOSS-TTS-Nano ONNX exports (OpenMOSS-Team/MOSS-TTS-Nano-100M-ONNX with its
+MOSS-Audio-Tokenizer-Nano-ONNX codec), run unmodified: the published layout is recognised and
+checked (`layout`), text is tokenized and chunked as published (`text`), frames come from the
+global transformer and the local depth transformer (`program`, `local`, `sampling`), audio from
+the codec (`codec`); `model.MossTTSNano` is the backend.
+
+    from onnx_tts.families.moss_tts_nano import open_model
+    model = open_model("models/")                        # the parent of both directories
+    audio = model.synthesize("Hello.", voice="Junhao", seed=1)   # float32 [samples, 2], 48 kHz
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from onnx_tts.families.base import Detection, Family, LoadSettings, Option
+from onnx_tts.families.moss_tts_nano.layout import (
+    FAMILY,
+    MAX_NEW_FRAMES,
+    SAMPLE_MODES,
+    MossLayout,
+    inspect_layout,
+    looks_like_moss,
+)
+from onnx_tts.families.moss_tts_nano.local import PATH_CHOICES
+from onnx_tts.families.moss_tts_nano.text import MAX_CHUNK_TOKENS
+from onnx_tts.session import SessionOptions
+
+
+def detect(root: Path, options: Mapping[str, Any]) -> Detection | None:
+    """A Detection when `root` is a MOSS-TTS-Nano layout (the models/ parent or the TTS
+    directory), None when it is none; a broken one is a ModelError naming the file."""
+    if not looks_like_moss(root):
+        return None
+    return Detection(FAMILY, root, inspect_layout(root))
+
+
+def load(detection: Detection, settings: LoadSettings, options: Mapping[str, Any]) -> Any:
+    """The backend as `onnx_tts.load` builds it (KV in place when decode_step was converted
+    with `onnx-tts convert --inplace-kv`, else chained)."""
+    from onnx_tts.families.moss_tts_nano.model import MossTTSNano
+
+    return MossTTSNano(detection.inspected, settings, **options)
+
+
+def open_model(
+    path: str | Path,
+    kv: str | None = None,
+    threads: int = 0,
+    **options: Any,
+) -> Any:
+    """The backend of a MOSS-TTS-Nano directory without an Engine: its own synthesize() and
+    stream() decode chunk after chunk on a scheduler of one row with one generator for the
+    text, as the published runtime does. `onnx_tts.load(DIR)` gives the batched Engine."""
+    from onnx_tts.families.moss_tts_nano.model import MossTTSNano
+
+    layout: MossLayout = inspect_layout(Path(path))
+    checked = REGISTRY_ENTRY.check_options(options, "load")
+    settings = LoadSettings(kv, SessionOptions(intra_op_threads=threads))
+    return MossTTSNano(layout, settings, **checked)
+
+
+_OPTIONS = (
+    Option(
+        "sample_mode",
+        str,
+        "greedy, fixed (sampled inside the local frame graph) or full (host sampling)",
+        "both",
+        choices=SAMPLE_MODES,
+    ),
+    Option(
+        "max_new_frames",
+        int,
+        "frame limit per text chunk (12.5 frames = 1 s)",
+        "both",
+        1,
+        MAX_NEW_FRAMES,
+    ),
+    Option(
+        "voice_clone_max_text_tokens",
+        int,
+        "text tokens per chunk (longer text is split at sentences)",
+        "both",
+        1,
+        MAX_CHUNK_TOKENS,
+    ),
+    Option(
+        "local_path",
+        str,
+        "local depth transformer graph (auto = the published dispatch, the fastest present)",
+        "both",
+        choices=PATH_CHOICES,
+    ),
+    Option(
+        "text_temperature", float, "continue/stop temperature (host sampling)", "both", 1e-6, 100.0
+    ),
+    Option("text_top_p", float, "continue/stop nucleus (host sampling)", "both", 0.0, 1.0),
+    Option("text_top_k", int, "continue/stop top-k (host sampling)", "both", 0, 1 << 20),
+    Option("audio_temperature", float, "code temperature (host sampling)", "both", 1e-6, 100.0),
+    Option("audio_top_p", float, "code nucleus (host sampling)", "both", 0.0, 1.0),
+    Option("audio_top_k", int, "code top-k (host sampling)", "both", 0, 1 << 20),
+    Option(
+        "audio_repetition_penalty",
+        float,
+        "penalty on codes already made in the chunk",
+        "both",
+        1e-6,
+        100.0,
+    ),
+)
+
+REGISTRY_ENTRY = Family(
+    FAMILY,
+    "MOSS-TTS-Nano ONNX (global + local depth transformer, 48 kHz stereo codec)",
+    load,
+    _OPTIONS,
+)
+
+__all__ = ["FAMILY", "REGISTRY_ENTRY", "detect", "inspect_layout", "open_model"]
