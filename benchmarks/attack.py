@@ -1,15 +1,19 @@
-"""Attack runner: every hostile case of benchmarks/attack_cases.py against the CLI and the API.
+"""Attack runner: every hostile case of benchmarks/attack_cases.py (CLI and API) and of
+benchmarks/attack_live.py (live HTTP and Wyoming servers, the web page, the staged pipeline).
 
-Each case runs in its own subprocess (CLI: `python -m onnx_tts.cli`; API: this file with
---api-case) under a timeout and an address-space limit, in a fresh directory, and its outcome
-is classified as exactly one of:
+Each CLI/API/pipeline case runs in its own subprocess (CLI: `python -m onnx_tts.cli`; API and
+pipeline: this file with --api-case / --pipeline-case) under a timeout and an address-space
+limit, in a fresh directory; live cases run against servers started once per configuration
+(one after another within a configuration). Each outcome is exactly one of:
 
   correct       as expected (ok with finite audio in [-1, 1], or the expected quiet/signal exit)
-  clear error   exit 2 with one stderr line and no output file
-  silently wrong exit 0 but wrong: bad audio, an error was expected, a file left behind
-  traceback     exit 1 / other codes, "Traceback" on stderr, or several lines for an error
-  hang          timeout or memory limit
-  data lost     an existing file damaged or removed, a *.part / temp file left behind
+  clear error   exit 2 with one stderr line and no output file; for servers the promised 4xx
+                in OpenAI's envelope, a Wyoming error event, or a closed connection
+  silently wrong exit 0 / 2xx but wrong: bad audio, an error was expected, a wrong status
+  traceback     exit 1 / other codes, "Traceback" on stderr or in a server log, a 5xx for a
+                client's mistake, or several lines for an error
+  runaway       timeout or memory limit; a generation still running after its client left
+  data lost     an existing file, voice or cache entry damaged or removed, a temp file left
 
     python benchmarks/attack.py [--jobs 2] [--category text] [--ids text-000,bundle-300]
 
@@ -48,11 +52,12 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.attack_cases import CASES  # noqa: E402
+from benchmarks.attack_live import LIVE_CASES  # noqa: E402
 
 MODELS = REPO / "onnx_tts" / "models"
 GOOD_VOICE_SOURCE = REPO / "tests" / "data" / "heldout_voice_joe_x0.92.flac"
 RESULTS = REPO / "benchmarks" / "results" / "attack.json"
-OUTCOMES = ("correct", "clear error", "silently wrong", "traceback", "hang", "data lost")
+OUTCOMES = ("correct", "clear error", "silently wrong", "traceback", "runaway", "data lost")
 TIMEOUT_SECONDS = 120
 MEMORY_LIMIT_BYTES = 6 << 30
 AS_ROOT = os.geteuid() == 0
@@ -61,6 +66,7 @@ PERMISSION_SETUPS = {"unreadable", "read-only dir"}
 SIGNALS = {"SIGTERM": signal.SIGTERM, "SIGHUP": signal.SIGHUP, "SIGINT": signal.SIGINT}
 FULL_FS_BYTES = 64 * 1024
 OUTSIDE_VOCODER = "/tmp/other_vocoder.onnx"  # the path the bundle case names
+DECOY = b"root:x:0:0:decoy:/root:/bin/bash\n"  # what a cache entry links to (never the real file)
 
 
 @dataclass
@@ -277,8 +283,11 @@ def tamper_disk_cache(tamper: str, seed_dir: Path, cache: Path) -> Path:
         entry.unlink()
         entry.mkdir()
     elif tamper == "symlink_to_etc_passwd":
+        # A decoy with passwd's look: a runner as root must never aim a writer at the real one.
+        decoy = cache.parent / "decoy-passwd"
+        decoy.write_bytes(DECOY)
         entry.unlink()
-        entry.symlink_to("/etc/passwd")
+        entry.symlink_to(decoy)
     elif tamper == "unreadable_mode_000":
         entry.chmod(0)
     else:
@@ -440,10 +449,10 @@ def check_audio(path: Path) -> str:
 def classify(case: dict[str, Any], run: Run, out: Path | None, expect: str) -> Verdict:
     """Outcome of one run against the case's expectation (output files checked by caller)."""
     if run.code is None:
-        return Verdict("hang", "timed out")
+        return Verdict("runaway", "timed out")
     text = run.stderr
     if "MemoryError" in text or "bad_alloc" in text or run.code == -signal.SIGKILL:
-        return Verdict("hang", "memory limit")
+        return Verdict("runaway", "memory limit")
     lines = [
         line
         for line in error_lines(text)
@@ -579,7 +588,8 @@ def run_cli_case(case: dict[str, Any], world: World, directory: Path) -> Verdict
         _write_wav(target, np.zeros(100, np.float32), 24000)
         target.chmod(0o644)
     if setup.startswith("link.wav"):
-        (directory / "link.wav").symlink_to("/etc/passwd")
+        _write_wav(directory / "target.wav", np.zeros(100, np.float32), 24000)
+        (directory / "link.wav").symlink_to(directory / "target.wav")
     passwd = Path("/etc/passwd").read_bytes()
     if case["category"] == "signals":
         # An earlier good file at {out}: a stopped run must leave it intact.
@@ -633,7 +643,11 @@ def run_cli_case(case: dict[str, Any], world: World, directory: Path) -> Verdict
         if not path.exists():
             return Verdict("data lost", f"{path.name} removed", runs)
     if Path("/etc/passwd").read_bytes() != passwd:
-        return Verdict("data lost", "/etc/passwd changed", runs)
+        Path("/etc/passwd").write_bytes(passwd)  # put it back at once: the machine needs it
+        return Verdict("data lost", "/etc/passwd changed (restored by the runner)", runs)
+    decoy = directory / "decoy-passwd"
+    if decoy.exists() and decoy.read_bytes() != DECOY:
+        return Verdict("data lost", "wrote through a cache entry's link", runs)
     if verdict.outcome != "correct" or expect not in ("ok", "ok-warn"):
         return verdict
     # -- expected ok: the output and the case's own "then" ---------------------------------------
@@ -697,8 +711,12 @@ def check_then(
         actual = out.stat().st_mode & 0o777
         if actual != int(mode.group(1), 8):
             return Verdict("silently wrong", f"mode {actual:04o}, expected {mode.group(1)}", runs)
-    if "symlink replaced" in then and out is not None and out.is_symlink():
-        return Verdict("silently wrong", "wrote through the symlink", runs)
+    if "link kept" in then and out is not None:
+        if not out.is_symlink():
+            return Verdict("silently wrong", "the link was replaced by a file", runs)
+        written, _ = soundfile.read(str(directory / "target.wav"))
+        if len(written) <= 100:
+            return Verdict("silently wrong", "the link's target was not rewritten", runs)
     if "same pcm16 rounding" in then and out is not None:
         plain = directory / "plain.wav"
         # The same command without --stream and its window flags, writing plain.wav.
@@ -856,6 +874,77 @@ def print_table(results: list[dict[str, Any]]) -> None:
         print(f"  {r['id']:<14} {r['outcome']:<14} {r['why'][:70]} | {r['stderr_first_line'][:90]}")
 
 
+# -- live and pipeline cases ---------------------------------------------------------------
+def run_pipeline_case(case: dict[str, Any], world: World, directory: Path) -> Verdict:
+    command = [sys.executable, str(Path(__file__).resolve()), "--pipeline-case", case["id"]]
+    run = run_process(command, world.env, directory, timeout=case.get("timeout", 600))
+    verdict = classify(case, run, None, case["expect"])
+    verdict.runs = [run]
+    if verdict.outcome == "correct" and run.stdout.strip() not in (b"", b"ok"):
+        return Verdict("silently wrong", run.stdout.decode()[:200], [run])
+    return verdict
+
+
+def _live_result(case: dict[str, Any], outcome: str, why: str, seconds: float) -> dict[str, Any]:
+    wanted = "correct" if case["expect"] == "ok" else "clear error"
+    return {
+        "id": case["id"],
+        "category": case["category"],
+        "expect": case["expect"],
+        "outcome": outcome,
+        "as_expected": outcome == wanted,
+        "why": why if outcome != wanted else "",
+        "exit_code": None,
+        "stderr_first_line": case.get("note", ""),
+        "seconds": round(seconds, 2),
+    }
+
+
+def run_live_config(config: str, cases: list[dict[str, Any]], world: World) -> list[dict]:
+    """The cases of one server configuration, one after another against its servers."""
+    from benchmarks import attack_live
+
+    root = world.root / "live" / config
+    shutil.rmtree(root, ignore_errors=True)
+    results = []
+    try:
+        ctx = attack_live.start_config(config, root)
+    except Exception as error:
+        why = "RUNNER: cannot start the server: " + " ".join(str(error).split())[:300]
+        return [_live_result(c, "traceback", why, 0.0) for c in cases]
+    with ctx.stack:
+        for case in cases:
+            started = time.perf_counter()
+            verdict = attack_live.run_live_case(ctx, case)
+            elapsed = time.perf_counter() - started
+            results.append(_live_result(case, verdict.outcome, verdict.why, elapsed))
+            print(f"  {case['id']:<14} {verdict.outcome:<14} {verdict.why[:80]}", flush=True)
+    return results
+
+
+def run_unit(unit: Any, world: World) -> list[dict[str, Any]]:
+    """A unit of work: one subprocess case, or every case of one live configuration."""
+    if isinstance(unit, tuple):
+        return run_live_config(unit[0], unit[1], world)
+    if unit.get("config") == "subprocess":
+        directory = world.root / "cases" / unit["id"]
+        shutil.rmtree(directory, ignore_errors=True)
+        directory.mkdir(parents=True)
+        started = time.perf_counter()
+        try:
+            verdict = run_pipeline_case(unit, world, directory)
+        except Exception:
+            verdict = Verdict("traceback", "RUNNER: " + traceback.format_exc().splitlines()[-1])
+        last = verdict.runs[-1] if verdict.runs else Run(None, b"", "")
+        result = _live_result(unit, verdict.outcome, verdict.why, time.perf_counter() - started)
+        lines = error_lines(last.stderr)
+        result["exit_code"] = last.code
+        if lines:
+            result["stderr_first_line"] = lines[-1][:300]
+        return [result]
+    return [run_case(unit, world)]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=2, choices=(1, 2))
@@ -863,15 +952,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ids", help="comma-separated case ids")
     parser.add_argument("--root", type=Path, help="work directory (default: a temp dir)")
     parser.add_argument("--api-case", help=argparse.SUPPRESS)
+    parser.add_argument("--pipeline-case", help=argparse.SUPPRESS)
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     if args.api_case:
         return api_case_main(args.api_case, args.root)
-    cases = CASES
+    if args.pipeline_case:
+        from benchmarks.attack_live import pipeline_case_main
+
+        return pipeline_case_main(args.pipeline_case)
+    every = CASES + LIVE_CASES
+    cases = every
     if args.category:
         cases = [c for c in cases if c["category"] in args.category.split(",")]
     if args.ids:
         cases = [c for c in cases if c["id"] in args.ids.split(",")]
+    # Live configurations first (they take longest), then the subprocess cases.
+    configs: dict[str, list[dict[str, Any]]] = {}
+    units: list[Any] = []
+    for case in cases:
+        if case["kind"] == "live" and case["config"] != "subprocess":
+            configs.setdefault(case["config"], []).append(case)
+        else:
+            units.append(case)
+    units = [*configs.items(), *units]
     root = args.root or Path(tempfile.mkdtemp(prefix="onnx-tts-attack-"))
     with contextlib.ExitStack() as stack:
         need_redis = any("{redis}" in " ".join(c.get("argv", [])) for c in cases)
@@ -879,18 +983,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{len(cases)} cases in {root} (redis: {world.redis or 'none'}, "
               f"full fs: {world.full_fs or 'none'})", flush=True)  # fmt: skip
         with ThreadPoolExecutor(args.jobs) as pool:
-            results = list(pool.map(lambda c: run_case(c, world), cases))
+            results = [r for rs in pool.map(lambda u: run_unit(u, world), units) for r in rs]
     # Bundle copies take ~1 GB: keep them only when the caller chose the directory.
     if args.root is None:
         shutil.rmtree(root, ignore_errors=True)
     Path(OUTSIDE_VOCODER).unlink(missing_ok=True)
+    order = {c["id"]: i for i, c in enumerate(every)}
+    results.sort(key=lambda r: order[r["id"]])
     if not args.ids and not args.category:
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text(json.dumps({"cases": results}, indent=1) + "\n")
     elif args.output.exists():
         merged = {r["id"]: r for r in json.loads(args.output.read_text())["cases"]}
         merged.update({r["id"]: r for r in results})
-        ordered = [merged[c["id"]] for c in CASES if c["id"] in merged]
+        ordered = [merged[c["id"]] for c in every if c["id"] in merged]
         args.output.write_text(json.dumps({"cases": ordered}, indent=1) + "\n")
     print_table(results)
     return 0

@@ -262,6 +262,27 @@ def test_redis_voices_are_shared_between_stores(redis_url: str) -> None:
     assert first.get(voice.id) is None and first.list() == []
 
 
+@pytest.mark.parametrize("store_kind", ["disk", "redis"])
+def test_another_clip_under_a_taken_name_is_refused(
+    store_kind: str, redis_url: str, tmp_path: Path
+) -> None:
+    """A second voice of the same name made the name resolve to nothing (find() needs one
+    match): the upload is refused, and the name keeps addressing the first voice."""
+    from onnx_tts.server.redis_voices import RedisVoiceStore
+    from onnx_tts.server.voices import VoiceNameTaken, VoiceStore
+
+    store = (
+        VoiceStore(tmp_path / "voices")
+        if store_kind == "disk"
+        else RedisVoiceStore(redis_url, namespace="t-name")
+    )
+    first, _ = store.add("carol", _clip(6), 16000)
+    with pytest.raises(VoiceNameTaken, match=f"'carol' is already the voice {first.id}"):
+        store.add("carol", _clip(7), 16000)
+    assert [v.id for v in store.list()] == [first.id]
+    assert store.find("carol") == first
+
+
 def test_damaged_redis_voices_are_never_used(redis_url: str) -> None:
     import redis
 

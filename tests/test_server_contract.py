@@ -23,6 +23,7 @@ import soundfile
 from soundfile import _ffi, _snd
 
 from benchmarks.live_server import LiveServer, free_port
+from tests.conftest import speechlike
 
 RATE = 16000  # the default voice's own rate
 TEXT = "The quick brown fox jumps over the lazy dog. Then it naps in the sun."
@@ -274,6 +275,78 @@ def _raw_request(port: int, body: bytes) -> socket.socket:
         + body
     )
     return sock
+
+
+@pytest.mark.parametrize(
+    "values",
+    [("Bearer wrong", "Bearer sekrit"), ("Bearer sekrit", "Bearer wrong"), ("Bearer sekrit", "")],
+    ids=["wrong-then-right", "right-then-wrong", "right-then-empty"],
+)
+def test_several_authorization_headers_are_401(keyed: LiveServer, values: tuple) -> None:
+    """Only the last of several Authorization headers was read: a wrong key followed by the
+    right one got in. Which one counts differs between proxies and servers, so several are
+    refused whatever they hold."""
+    body = json.dumps({"input": "Hello.", "response_format": "pcm"}).encode()
+    head = b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    head += b"".join(b"Authorization: " + v.encode() + b"\r\n" for v in values)
+    head += f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+    with socket.create_connection(("127.0.0.1", keyed.port), timeout=60) as sock:
+        sock.sendall(head + body)
+        answer = _read_until_closed(sock)
+    assert answer.startswith(b"HTTP/1.1 401 "), answer[:200]
+    assert b'"invalid_api_key"' in answer
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("voice", "v" * 100_000), ("voice", ""), ("seed", "7"), ("speed", "1.5")],
+    ids=["voice-100k", "voice-empty", "seed-string", "speed-string"],
+)
+def test_unbounded_or_coerced_fields_are_400(server: LiveServer, field: str, value: str) -> None:
+    """A 100,000-character voice name was looked up and echoed in a 404; numbers sent as
+    strings were coerced and served. Both are the client's mistake, said in one line."""
+    response = speech(server, input="Hello.", response_format="pcm", **{field: value})
+    assert response.status_code == 400, response.text[:200]
+    error = response.json()["error"]
+    assert error["param"] == field and len(error["message"]) < 200
+
+
+@pytest.mark.parametrize("name", ["a\x00b", "two\nlines", "bell\x07", "esc\x1b[31m"])
+def test_voice_names_with_control_characters_are_400(server: LiveServer, name: str) -> None:
+    """A name with NUL or a newline was stored and listed (and a newline can forge log lines
+    or break the web page's list)."""
+    wav = io.BytesIO()
+    soundfile.write(wav, speechlike(2.0, RATE, seed=31), RATE, format="WAV")
+    response = httpx.post(
+        server.url + "/v1/audio/voices",
+        files={"audio_sample": ("voice.wav", wav.getvalue(), "audio/wav")},
+        data={"name": name},
+        timeout=60,
+    )
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == "name"
+    listed = httpx.get(server.url + "/v1/audio/voices", timeout=30).json()["voices"]
+    assert name not in [v["name"] for v in listed]
+
+
+def test_a_name_taken_by_another_clip_is_409_and_keeps_its_voice(server: LiveServer) -> None:
+    def upload(seed: int) -> httpx.Response:
+        wav = io.BytesIO()
+        soundfile.write(wav, speechlike(2.0, RATE, seed=seed), RATE, format="WAV")
+        return httpx.post(
+            server.url + "/v1/audio/voices",
+            files={"audio_sample": ("voice.wav", wav.getvalue(), "audio/wav")},
+            data={"name": "taken-name"},
+            timeout=60,
+        )
+
+    first = upload(21)
+    assert first.status_code == 201, first.text
+    second = upload(22)
+    assert second.status_code == 409, second.text
+    assert first.json()["id"] in second.json()["error"]["message"]
+    by_name = speech(server, input="Hello.", voice="taken-name", response_format="pcm")
+    assert by_name.status_code == 200, by_name.text
 
 
 @pytest.mark.parametrize("read_status", [False, True])

@@ -8,6 +8,7 @@ import json
 import logging
 import tempfile
 import time
+import unicodedata
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -121,6 +122,14 @@ async def read_voice_upload(request: Request, limit: int) -> tuple[str, bytes]:
         if len(name) > MAX_NAME_CHARS:
             raise APIError(
                 400, f"name: at most {MAX_NAME_CHARS} characters", param="name", code="too_long"
+            )
+        if any(unicodedata.category(c) == "Cc" for c in name):
+            # NUL, newlines, escapes: a name is shown in lists, logs and the web page.
+            raise APIError(
+                400,
+                "name: no control characters (NUL, newlines, escapes)",
+                param="name",
+                code="invalid_value",
             )
         if sample is None or isinstance(sample, str):
             raise APIError(

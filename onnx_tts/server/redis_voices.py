@@ -33,6 +33,7 @@ from onnx_tts.server.voices import (
     MAX_VOICES,
     Voice,
     VoiceExists,
+    VoiceNameTaken,
     voice_id,
 )
 
@@ -139,7 +140,7 @@ class RedisVoiceStore:
     def add(self, name: str, audio: np.ndarray, sample_rate: int) -> tuple[Voice, bool]:
         """Store `audio` (already decoded and checked) under its content id; returns the voice
         and whether it is new, with `VoiceStore.add`'s rule: the same clip under another name
-        is VoiceExists."""
+        is VoiceExists, another clip under a name already taken VoiceNameTaken."""
         samples = np.ascontiguousarray(audio, "<f4")
         if samples.ndim != 1 or not 0 < len(samples) <= MAX_STORED_SAMPLES:
             raise ValueError(f"a voice is 1 to {MAX_STORED_SAMPLES} mono samples")
@@ -162,7 +163,10 @@ class RedisVoiceStore:
                         if existing[0].name != name:
                             raise VoiceExists(existing[0])
                         return existing[0], False
-                    if existing is None and pipe.hlen(self._meta_key) >= MAX_VOICES:
+                    taken = _named(pipe.hgetall(self._meta_key), name)
+                    if taken is not None:
+                        raise VoiceNameTaken(taken)
+                    if pipe.hlen(self._meta_key) >= MAX_VOICES:
                         raise OverflowError(
                             f"the server stores at most {MAX_VOICES} voices; delete some first"
                         )
@@ -190,6 +194,16 @@ class RedisVoiceStore:
             for key in [k for k in self._audio if k[0] == ident]:
                 del self._audio[key]
         return bool(removed)
+
+
+def _named(entries: dict[bytes, bytes], name: str) -> Voice | None:
+    """The stored voice called `name` among raw metadata entries, if any."""
+    for key, raw in entries.items():
+        ident = key.decode("ascii", "replace")
+        entry = _parse_meta(ident, raw) if _ID_PATTERN.match(ident) else None
+        if entry is not None and entry[0].name == name:
+            return entry[0]
+    return None
 
 
 def _parse_meta(ident: str, raw: bytes | None) -> tuple[Voice, str] | None:

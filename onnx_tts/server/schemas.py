@@ -19,9 +19,13 @@ OPENAI_VOICES = frozenset(
 )
 
 
+# A voice is named by an id or a name of at most this many characters (either form).
+MAX_VOICE_REF_CHARS = 200
+
+
 class VoiceRef(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    id: str = Field(min_length=1, max_length=200)
+    id: str = Field(min_length=1, max_length=MAX_VOICE_REF_CHARS)
 
 
 class SpeechRequest(BaseModel):
@@ -34,10 +38,18 @@ class SpeechRequest(BaseModel):
     input: str = Field(min_length=1, max_length=MAX_INPUT_CHARS)
     voice: str | VoiceRef = "default"
     response_format: str = "mp3"
-    speed: float = Field(default=1.0, ge=MIN_SPEED, le=MAX_SPEED, allow_inf_nan=False)
+    # Numbers are JSON numbers: "7" is not a seed (strict: no coercion from strings).
+    speed: float = Field(default=1.0, ge=MIN_SPEED, le=MAX_SPEED, allow_inf_nan=False, strict=True)
     stream_format: Literal["audio", "sse"] | None = None
     instructions: str | None = Field(default=None, max_length=MAX_INPUT_CHARS)
-    seed: int | None = Field(default=None, ge=0, lt=2**63)
+    seed: int | None = Field(default=None, ge=0, lt=2**63, strict=True)
+
+    @field_validator("voice", mode="before")
+    @classmethod
+    def _voice_name_bounded(cls, value: Any) -> Any:
+        if isinstance(value, str) and not 0 < len(value) <= MAX_VOICE_REF_CHARS:
+            raise ValueError(f"a voice id or name is 1 to {MAX_VOICE_REF_CHARS} characters")
+        return value
 
     @field_validator("response_format")
     @classmethod

@@ -56,6 +56,19 @@ class VoiceExists(Exception):
         self.voice = voice
 
 
+class VoiceNameTaken(VoiceExists):
+    """Another clip is already stored under the uploaded name: a second voice of that name
+    would make the name resolve to nothing (names address one voice), so it is refused."""
+
+    def __init__(self, voice: Voice) -> None:
+        Exception.__init__(
+            self,
+            f"the name {voice.name!r} is already the voice {voice.id}; choose another name, "
+            f"or delete that voice first",
+        )
+        self.voice = voice
+
+
 def voice_id(audio: np.ndarray, sample_rate: int) -> str:
     digest = hashlib.sha256(f"onnx-tts/voice/v1|{sample_rate}|".encode())
     digest.update(np.ascontiguousarray(audio, "<f4").tobytes())
@@ -90,7 +103,8 @@ class VoiceStore:
         """Store `audio` (already decoded and checked) under its content id; returns the voice
         and whether it is new. The same clip under the same name is the stored voice; under
         another name it is VoiceExists: one content has one id and one name, and renaming it
-        would break clients that address it by its name."""
+        would break clients that address it by its name. Another clip under a name already
+        taken is VoiceNameTaken, for the same reason."""
         ident = voice_id(audio, sample_rate)
         with self._lock:
             existing = self.get(ident)
@@ -98,7 +112,11 @@ class VoiceStore:
                 if existing.name != name:
                     raise VoiceExists(existing)
                 return existing, False
-            if len(self.list()) >= MAX_VOICES:
+            stored = self.list()
+            taken = next((v for v in stored if v.name == name), None)
+            if taken is not None:
+                raise VoiceNameTaken(taken)
+            if len(stored) >= MAX_VOICES:
                 raise OverflowError(
                     f"the server stores at most {MAX_VOICES} voices; delete some first"
                 )
