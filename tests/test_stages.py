@@ -287,6 +287,26 @@ def test_a_model_slower_than_real_time_is_not_held_to_one_stream(monkeypatch):
     assert admission.stats()["real_time"] is False
 
 
+def test_a_model_whose_one_stream_is_slower_than_real_time_admits_all(monkeypatch):
+    """A big LM that batches well (its cost per audio second at 8 rows says 2 streams fit)
+    but whose every stream, even alone, gets only 0.5 s of audio per second: no listener can
+    be kept fed, so admission stops holding streams back (and the stats say why)."""
+    clock = [1000.0]
+    monkeypatch.setattr("onnx_tts.pipeline.admission.time.monotonic", lambda: clock[0])
+    load = _Load()
+    admission = _admission(load, max_streams=8, cores=2)
+    assert admission.try_admit(admission.enqueue())
+    admission.capacity()
+    for _ in range(8):  # one stream alone: 0.4 s busy, 0.25 s of audio per 0.5 s sample
+        clock[0] += 0.5
+        load.busy = [load.busy[0] + 0.4, load.busy[1]]
+        load.audio += 0.25
+        admission.capacity()
+    stats = admission.stats()
+    assert stats["real_time"] is False and stats["stream_rate"] == 0.5
+    assert stats["capacity"] == 8
+
+
 def test_admission_queue_is_bounded_and_first_come_first_served():
     admission = _admission(_Load(), max_streams=1, max_waiting=2)
     assert admission.try_admit(admission.enqueue())

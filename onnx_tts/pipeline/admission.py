@@ -23,8 +23,9 @@ than `comfortable_lead_seconds` raises it by one (additive increase, prompt decr
 listener that just started has little audio ahead of it by nature, so a short lead alone is
 no reason to lower the limit (it only holds new streams back for a moment).
 
-A model that cannot make even one real-time stream here (capacity below 1: a big LM on few
-cores) stalls every listener whatever admission does; then nothing is held back, and the
+A model that cannot make even one real-time stream here (capacity below 1, or no stream ever
+seen getting a second of audio per second, alone or batched: a big LM on few cores) stalls
+every listener whatever admission does; then nothing is held back, and the
 scheduler batches as many streams as it can (most audio per second for everyone), and
 `stats()["real_time"]` says so.
 """
@@ -44,6 +45,7 @@ MIN_MEASURABLE_UTILISATION = 0.15
 MIN_MEASURABLE_AUDIO_SECONDS = 0.5
 SAMPLE_SECONDS = 0.5
 SMOOTHING = 0.3  # weight of a new estimate
+RATE_SAMPLES = 6  # busy samples before a stream's rate counts (3 s)
 
 
 class Admission:
@@ -80,6 +82,9 @@ class Admission:
         self.comfortable_lead = comfortable_lead_seconds
         self._limit: int | None = None  # from the listeners' leads (module docstring)
         self._limit_lowered = 0
+        self._stream_rate: float | None = None  # best audio seconds per second of one stream
+        self._rate_smoothed: float | None = None
+        self._rate_samples = 0
         self.stalls = stalls
         self._stalls_seen = 0
         self._stats = {"admitted": 0, "refused_queue_full": 0, "refused_timeout": 0}
@@ -100,6 +105,8 @@ class Admission:
         used = [max(0.0, b - a) for a, b in zip(before, busy, strict=True)]
         made = audio - audio_before
         self._utilisation = min(1.0, max(used, default=0.0) / (now - then))
+        if self._utilisation >= MIN_MEASURABLE_UTILISATION and self.active:
+            self._follow_stream_rate(made / (now - then) / self.active)
         if self._utilisation < MIN_MEASURABLE_UTILISATION or made < MIN_MEASURABLE_AUDIO_SECONDS:
             return
         costs = [u / made for u in used]  # each stage's seconds per second of audio
@@ -110,6 +117,15 @@ class Admission:
         self._capacity = (
             estimate if previous is None else previous + SMOOTHING * (estimate - previous)
         )
+
+    def _follow_stream_rate(self, rate: float) -> None:
+        """(under the lock) the best smoothed audio seconds per second one busy stream got
+        (audio comes in windows: one sample may hold a whole window, the next none)."""
+        self._rate_samples += 1
+        previous = self._rate_smoothed
+        self._rate_smoothed = rate if previous is None else previous + SMOOTHING * (rate - previous)
+        if self._rate_samples >= RATE_SAMPLES:
+            self._stream_rate = max(self._stream_rate or 0.0, self._rate_smoothed)
 
     def _follow_leads(self) -> None:
         """(under the lock, once per sample) lower the limit when a listener stalled, raise it
@@ -133,6 +149,8 @@ class Admission:
             return self._capacity_now()
 
     def _real_time(self) -> bool:
+        if self._stream_rate is not None and self._stream_rate < 1.0:
+            return False
         return self._capacity is None or self._capacity >= 1.0
 
     def _capacity_now(self) -> int:
@@ -208,6 +226,7 @@ class Admission:
                 "capacity": self._capacity_now(),
                 "utilisation": round(self._utilisation, 3),
                 "real_time": self._real_time(),
+                "stream_rate": None if self._stream_rate is None else round(self._stream_rate, 3),
                 "limit_from_leads": self._limit,
                 "limit_lowered": self._limit_lowered,
                 **self._stats,
