@@ -11,12 +11,16 @@ Streaming decodes overlapping windows of complete frames as they arrive:
 * crossfade: the last `crossfade_samples` a window would emit are kept back and faded (linear)
   into the next window's re-decoding of the same samples, which lies inside its overlap.
 
-Windows are placed at fixed frame counts, so the output depends only on the frames and the
-options, never on timing: the first at `first_chunk_frames`; each next one adds as many new
-frames as have been emitted so far (at least `overlap_frames`, at most `stride_frames`). The
-windows grow geometrically to the stride, so a listener always holds about as much audio as the
-next window has to generate: under load (many streams sharing the LM) a fixed long stride right
-after a short first chunk made every listener run dry.
+Windows are placed at fixed frame counts, so the output depends only on the frames, the
+options and whether the stream grows, never on timing: the first at `first_chunk_frames`, then
+every `stride_frames`. A growing stream (a listener playing in real time: a request with a
+playback clock, as every server stream has) instead adds as many new frames per window as have
+been emitted so far (at least `overlap_frames`, at most `stride_frames`): its windows grow
+geometrically to the stride, so the listener always holds about as much audio as the next
+window has to generate (under load, a fixed long stride right after a short first chunk made
+every listener run dry). A stream read as fast as it is made keeps the fixed stride: fewer
+windows, less overlap decoded twice (growing costs the default voice's vocoder ~1.6x the work
+on a short sentence).
 With a causal vocoder whose left context is R frames, `overlap_frames * hop >=
 R * hop + crossfade_samples` gives exactly the one-shot waveform; a vocoder with look-ahead L
 also needs `holdback_frames >= L`.
@@ -146,13 +150,14 @@ class StreamingDecoder:
     call (`decode_streams`). Emitted chunks concatenate to exactly `frames * hop` samples.
     """
 
-    def __init__(self, options: StreamingOptions, hop_length: int) -> None:
+    def __init__(self, options: StreamingOptions, hop_length: int, grow: bool = False) -> None:
         self.options = options.checked(hop_length)
         self.hop_length = hop_length
         self._frames: list[np.ndarray] = []
         self._base = 0  # absolute index of self._frames[0]; older frames are dropped
         self._windows = 0  # windows accepted so far
         self._boundary = self.options.first_chunk_frames  # frame count of the next window
+        self.grow = grow
         self._emitted_frames = 0  # audio up to this frame is sent or held as the tail
         self._tail = np.zeros(0, np.float32)  # last samples before _emitted_frames, unsent
         self._finished = False
@@ -250,8 +255,10 @@ class StreamingDecoder:
         self._emitted_frames = window.emit_end
         self._windows += 1
         if not window.final:
-            grow = max(self.options.overlap_frames, 1, self._emitted_frames)
-            self._boundary += min(self.options.stride_frames, grow)
+            stride = self.options.stride_frames
+            if self.grow:
+                stride = min(stride, max(self.options.overlap_frames, 1, self._emitted_frames))
+            self._boundary += stride
         self._done = window.final
         # Frames before the next window's overlap are never decoded again.
         drop = max(0, window.emit_end - self.options.overlap_frames) - self._base

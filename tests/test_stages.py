@@ -346,3 +346,19 @@ def test_threads_zero_gives_each_stage_its_share_of_the_cores():
     explicit.close()
     assert threads_per_stage(8) == {"decode": 4, "vocoder": 4, "encoder": 4}
     assert threads_per_stage(1) == {"decode": 1, "vocoder": 1, "encoder": 1}
+
+
+def test_a_listener_with_a_clock_gets_growing_windows_a_reader_the_fixed_stride():
+    """Server streams carry their listener's clock: after the short first chunk their windows
+    grow to the stride (the listener holds what the next window needs); a stream read as fast
+    as it is made keeps the fixed stride (fewer windows to decode)."""
+    from onnx_tts.request import PlaybackClock
+
+    engine = onnx_tts.load(cache_dir=None, max_batch=1)
+    text = " ".join(TEXTS)
+    played = [len(c) for c in engine.stream(text, seed=3, clock=PlaybackClock(0.1))]
+    read = [len(c) for c in engine.stream(text, seed=3)]
+    engine.close()
+    assert sum(played) == sum(read)
+    assert played[0] == read[0]  # the same first chunk
+    assert len(played) > len(read) and played[1] < read[1]

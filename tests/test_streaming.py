@@ -190,8 +190,8 @@ def test_windows_sit_at_fixed_frame_counts_whatever_the_arrival_pattern() -> Non
     params = StreamingOptions(**TOY_EXACT)
     vocoder, _ = toy_vocoder()
 
-    def run(batches: list[int]) -> list[np.ndarray]:
-        decoder = StreamingDecoder(params, TOY_HOP)
+    def run(batches: list[int], grow: bool = True) -> list[np.ndarray]:
+        decoder = StreamingDecoder(params, TOY_HOP, grow=grow)
         out, position = [], 0
         for size in batches:
             decoder.push(frames[position : position + size])
@@ -215,6 +215,10 @@ def test_windows_sit_at_fixed_frame_counts_whatever_the_arrival_pattern() -> Non
     # Then each window adds as many frames as were emitted before it (4, then 8), up to the
     # stride (10): the listener always holds about what the next window has to generate.
     assert [len(c) // TOY_HOP for c in one_by_one[1:-1]] == [4, 8, 10, 10, 10]
+    # A stream read as fast as it is made keeps the fixed stride from the start.
+    fixed = run([1] * 50, grow=False)
+    assert [len(c) // TOY_HOP for c in fixed[1:-1]] == [10, 10, 10, 10]
+    assert np.array_equal(np.concatenate(fixed), np.concatenate(run([50], grow=False)))
 
 
 def test_decode_windows_groups_equal_lengths_and_matches_single_decodes() -> None:

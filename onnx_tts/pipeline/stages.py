@@ -91,7 +91,12 @@ class VocoderStream:
             )
         self._state: Any = None  # the stateful decoder, opened at the first window
         # None: one-shot, a single window of every frame once the LM is done.
-        self.decoder = StreamingDecoder(window, hop_length) if window is not None else None
+        # A listener playing in real time (a clock) gets windows that grow to the stride.
+        self.decoder = (
+            StreamingDecoder(window, hop_length, grow=request.clock is not None)
+            if window is not None
+            else None
+        )
         self.frames: list[np.ndarray] = []  # one-shot frames
         self.finished = False  # the LM is done (no more frames)
         self.failed: BaseException | None = None
