@@ -655,11 +655,12 @@ def audio_problem(content: bytes, fmt: str) -> str:
             samples = np.frombuffer(pcm, "<i2").astype(np.float32) / 32768
         elif fmt in ("mp3", "aac"):
             samples = decode_with_ffmpeg(content, fmt)
+        elif fmt == "flac":
+            # Streamed FLAC says "length unknown", and soundfile's reader then seeks after each
+            # block, which libFLAC cannot do: decode it with ffmpeg's library (PyAV) instead.
+            samples = decode_with_av(content)
         else:
-            # Streamed FLAC says "length unknown": read blocks until the end.
-            with soundfile.SoundFile(io.BytesIO(content)) as sound:
-                blocks = iter(lambda: sound.read(24000, dtype="float32"), None)
-                samples = np.concatenate([np.zeros(0, np.float32), *_until_empty(blocks)])
+            samples, _ = soundfile.read(io.BytesIO(content), dtype="float32")
     except Exception as error:
         return f"{fmt} audio unreadable: {type(error).__name__}: {error}"[:200]
     if samples.size < 1000:
@@ -671,11 +672,16 @@ def audio_problem(content: bytes, fmt: str) -> str:
     return ""
 
 
-def _until_empty(blocks: Iterator[np.ndarray]) -> Iterator[np.ndarray]:
-    for block in blocks:
-        if not len(block):
-            return
-        yield block.reshape(len(block), -1).mean(axis=1)
+def decode_with_av(content: bytes) -> np.ndarray:
+    """Mono float32 samples of an audio file, decoded by PyAV (ffmpeg's libraries)."""
+    import av
+
+    with av.open(io.BytesIO(content)) as container:
+        frames = [f.to_ndarray() for f in container.decode(audio=0)]
+    samples = np.concatenate([f.reshape(f.shape[0], -1) for f in frames], axis=1)
+    if samples.dtype.kind == "i":
+        samples = samples / float(np.iinfo(samples.dtype).max + 1)
+    return samples.astype(np.float32).mean(axis=0)
 
 
 def decode_with_ffmpeg(content: bytes, fmt: str) -> np.ndarray:
@@ -1467,10 +1473,12 @@ def parse_wyoming(data: bytes) -> list[dict]:
             continue
         body: dict = dict(header.get("data") or {})
         length = header.get("data_length") or 0
+        payload_length = header.get("payload_length") or 0
+        if len(data) < length + payload_length:
+            break  # the rest of this event has not arrived yet
         if length:
             body.update(json.loads(data[:length]))
             data = data[length:]
-        payload_length = header.get("payload_length") or 0
         payload, data = data[:payload_length], data[payload_length:]
         events.append({"type": header.get("type"), "data": body, "payload": payload})
     return events

@@ -170,6 +170,37 @@ def test_errors_keep_the_connection(wyoming: LiveWyoming) -> None:
     assert AudioStop.is_type(events[-1].type)
 
 
+def test_events_with_fields_of_the_wrong_type_are_errors_and_keep_the_connection(
+    wyoming: LiveWyoming,
+) -> None:
+    """The library's from_event trusts the fields: a number as text, no text, or a number as
+    the voice's name ended the handler with no answer (attack round three). Now each is an
+    error event and the connection goes on."""
+
+    async def attempts() -> list[Event]:
+        async with AsyncTcpClient("127.0.0.1", wyoming.port) as client:
+            out = []
+            for data in (
+                {"text": 5},
+                {},
+                {"text": "Hi.", "voice": {"name": 7}},
+                {"text": "Hi.", "voice": "default"},
+            ):
+                await client.write_event(Event(type="synthesize", data=data))
+                out += await _until(client, Error(text="").event().type)
+            await client.write_event(Event(type="synthesize-chunk", data={"text": None}))
+            out += await _until(client, Error(text="").event().type)
+            await client.write_event(Synthesize(text="Still here.").event())
+            out += await _until(client, AudioStop().event().type)
+            return out
+
+    events = run(attempts())
+    errors = [Error.from_event(e) for e in events if Error.is_type(e.type)]
+    assert [e.code for e in errors] == ["bad_event"] * 5
+    assert '"text" must be a string' in errors[0].text and "voice" in errors[2].text
+    assert AudioStop.is_type(events[-1].type)
+
+
 @pytest.mark.parametrize(
     ("raw", "reason"),
     [

@@ -181,6 +181,28 @@ class WyomingService:
         )
 
 
+# Fields of the events this server reads, and the JSON types they must have.
+_TEXT_EVENTS = ("synthesize", "synthesize-chunk")
+_VOICE_EVENTS = ("synthesize", "synthesize-start")
+
+
+def _malformed(event: Event) -> str:
+    """What is wrong with the fields of an event this server reads ('' when nothing): the
+    wyoming library's from_event trusts them, so a number as text or a missing text would
+    otherwise end the connection with no answer."""
+    data = event.data if isinstance(event.data, dict) else {}
+    if event.type in _TEXT_EVENTS and not isinstance(data.get("text"), str):
+        return '"text" must be a string'
+    if event.type in _VOICE_EVENTS and data.get("voice") is not None:
+        voice = data["voice"]
+        if not isinstance(voice, dict):
+            return '"voice" must be an object such as {"name": "default"}'
+        for key in ("name", "language", "speaker"):
+            if voice.get(key) is not None and not isinstance(voice[key], str):
+                return f'"voice.{key}" must be a string'
+    return ""
+
+
 class WyomingHandler(AsyncEventHandler):
     """One client connection."""
 
@@ -231,6 +253,11 @@ class WyomingHandler(AsyncEventHandler):
         await async_write_event(event, self.writer)
 
     async def handle_event(self, event: Event) -> bool:
+        problem = _malformed(event)
+        if problem:  # one error event; the connection stays open (the event was whole)
+            log.info("wyoming client sent a malformed %s event: %s", event.type, problem)
+            await self._error(f"malformed {event.type} event: {problem}", "bad_event")
+            return True
         if Describe.is_type(event.type):
             await self._send(self.service.info().event())
             return True
