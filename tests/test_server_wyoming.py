@@ -230,6 +230,30 @@ def test_bad_events_get_an_error_and_a_closed_connection(
     assert data["code"] == "bad_event" and reason in data["text"]
 
 
+@pytest.mark.parametrize("uri", ["tcp://127.0.0.1:99999", "tcp://127.0.0.1", "udp://x:1"])
+def test_a_bad_uri_is_one_line_and_exit_2(uri: str, tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "onnx_tts.server.wyoming", "--uri", uri, "--cache-dir", "none"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        f"onnx-tts wyoming: --uri must be tcp://HOST:PORT with a port in 0-65535, got {uri!r}"
+    ]
+
+
+def test_a_stop_before_a_start_is_an_error(wyoming: LiveWyoming) -> None:
+    async def attempt() -> list[Event]:
+        async with AsyncTcpClient("127.0.0.1", wyoming.port) as client:
+            await client.write_event(SynthesizeStop().event())
+            return await _until(client, Error(text="").event().type)
+
+    errors = [Error.from_event(e) for e in run(attempt()) if Error.is_type(e.type)]
+    assert [e.code for e in errors] == ["bad_order"]
+
+
 def test_address_in_use_is_one_line_and_exit_2(tmp_path: Path) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", free_port()))

@@ -283,7 +283,10 @@ class WyomingHandler(AsyncEventHandler):
                 self._stream_text = sentences[-1]
             return True
         if SynthesizeStop.is_type(event.type):
-            rest, self._stream_text = (self._stream_text or "").strip(), None
+            if self._stream_text is None:
+                await self._error("synthesize-stop before synthesize-start", "bad_order")
+                return True
+            rest, self._stream_text = self._stream_text.strip(), None
             if rest and not await self._speak(rest, self._stream_voice):
                 return False
             await self._send(Event(type="synthesize-stopped"))
@@ -365,6 +368,22 @@ def _version() -> str:
     return __version__
 
 
+def _check_uri(uri: str) -> None:
+    """InputError unless `uri` is tcp://HOST:PORT with a port in 0-65535."""
+    from urllib.parse import urlsplit
+
+    from onnx_tts.errors import InputError
+
+    try:
+        parts = urlsplit(uri)
+        port = parts.port
+    except ValueError:
+        port = None
+        parts = None
+    if parts is None or parts.scheme != "tcp" or not parts.hostname or port is None:
+        raise InputError(f"--uri must be tcp://HOST:PORT with a port in 0-65535, got {uri!r}")
+
+
 def run(args: argparse.Namespace) -> int:
     """Serve until SIGINT/SIGTERM (exit 0); 2 with one line for bad arguments, a model that
     cannot load or an address in use."""
@@ -377,8 +396,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = from_flags(WyomingConfig, args)
         engine, caches = engine_configs(args)
-        if not config.uri.startswith("tcp://"):
-            raise InputError("--uri must be tcp://HOST:PORT")
+        _check_uri(config.uri)
     except InputError as error:
         print(f"onnx-tts wyoming: {error}", file=sys.stderr)
         return 2
