@@ -254,6 +254,21 @@ def test_a_stop_before_a_start_is_an_error(wyoming: LiveWyoming) -> None:
     assert [e.code for e in errors] == ["bad_order"]
 
 
+def test_a_second_start_while_a_stream_is_open_is_an_error(wyoming: LiveWyoming) -> None:
+    async def attempt() -> list[Event]:
+        async with AsyncTcpClient("127.0.0.1", wyoming.port) as client:
+            await client.write_event(SynthesizeStart().event())
+            await client.write_event(SynthesizeStart().event())
+            out = await _until(client, Error(text="").event().type)
+            await client.write_event(SynthesizeStop().event())
+            return out + await _until(client, "synthesize-stopped")
+
+    events = run(attempt())
+    errors = [Error.from_event(e) for e in events if Error.is_type(e.type)]
+    assert [e.code for e in errors] == ["bad_order"]
+    assert events[-1].type == "synthesize-stopped"  # the first stream is still open
+
+
 def test_address_in_use_is_one_line_and_exit_2(tmp_path: Path) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", free_port()))

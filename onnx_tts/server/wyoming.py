@@ -211,6 +211,7 @@ class WyomingHandler(AsyncEventHandler):
         self.service = service
         self._stream_voice: str | None = None
         self._stream_text: str | None = None  # not None while a streamed text is open
+        self._stream_chars = 0  # characters received in the open streamed text
 
     async def run(self) -> None:
         # The library's loop, reading through the bounded reader above; a client that sends
@@ -262,16 +263,22 @@ class WyomingHandler(AsyncEventHandler):
             await self._send(self.service.info().event())
             return True
         if SynthesizeStart.is_type(event.type):
+            if self._stream_text is not None:
+                await self._error("synthesize-start while a streamed text is open", "bad_order")
+                return True
             start = SynthesizeStart.from_event(event)
             self._stream_voice = start.voice.name if start.voice else None
             self._stream_text = ""
+            self._stream_chars = 0
             return True
         if SynthesizeChunk.is_type(event.type):
             if self._stream_text is None:
                 await self._error("synthesize-chunk before synthesize-start", "bad_order")
                 return True
-            self._stream_text += SynthesizeChunk.from_event(event).text
-            if len(self._stream_text) > MAX_STREAM_CHARS:
+            chunk = SynthesizeChunk.from_event(event).text
+            self._stream_text += chunk
+            self._stream_chars += len(chunk)  # the whole stream is bounded, spoken or not
+            if self._stream_chars > MAX_STREAM_CHARS:
                 await self._error(f"a streamed text holds at most {MAX_STREAM_CHARS} characters")
                 self._stream_text = None
                 return True
