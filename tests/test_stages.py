@@ -362,3 +362,35 @@ def test_a_listener_with_a_clock_gets_growing_windows_a_reader_the_fixed_stride(
     assert sum(played) == sum(read)
     assert played[0] == read[0]  # the same first chunk
     assert len(played) > len(read) and played[1] < read[1]
+
+
+def test_a_fault_in_the_decode_step_fails_its_requests_and_the_worker_lives_on(monkeypatch):
+    """A fault outside any row's own work (here: the step itself raises) killed the worker
+    thread, and every stream then waited forever (attack round three). Now the requests of
+    that step get the error and the next request decodes."""
+    from onnx_tts.decoding.scheduler import DecodeScheduler
+    from onnx_tts.errors import SessionError
+
+    engine = onnx_tts.load(codec_lm_dir(), cache_dir=None, max_batch=8)
+    original, calls = DecodeScheduler._step, {"n": 0}
+
+    def flaky(self, rows):
+        calls["n"] += 1
+        if calls["n"] == 6:
+            raise SessionError("injected LM fault")
+        return original(self, rows)
+
+    monkeypatch.setattr(DecodeScheduler, "_step", flaky)
+
+    def listen(seed: int) -> object:
+        try:
+            return np.concatenate(list(engine.stream(TEXTS[seed % 4], seed=seed)))
+        except SessionError as error:
+            return error
+
+    with ThreadPoolExecutor(8) as pool:
+        outcomes = list(pool.map(listen, range(8)))
+    assert any(isinstance(o, SessionError) for o in outcomes)
+    assert len(engine.synthesize("After the fault.", seed=1).samples) > 0
+    assert _wait(lambda: engine.stats()["active_rows"] == 0)
+    engine.close()

@@ -245,14 +245,23 @@ class DecodeScheduler:
                     return
                 admitted = self._take_waiting()
             started = time.perf_counter()
-            for row in admitted:
-                self._prefill(row)
-            self._drop_cancelled()
-            rows = self._paced(self._active_rows())
-            if rows.size:
-                self._step(rows)
-            if not self._active_rows().size:
-                self._hand_over_pending()  # nothing to overlap it with
+            try:
+                for row in admitted:
+                    self._prefill(row)
+                self._drop_cancelled()
+                rows = self._paced(self._active_rows())
+                if rows.size:
+                    self._step(rows)
+                if not self._active_rows().size:
+                    self._hand_over_pending()  # nothing to overlap it with
+            except Exception as error:  # a fault outside any row's own work: the requests
+                # in the scheduler fail, the worker lives on (a dead worker would leave every
+                # stream waiting forever)
+                log.error("decode step failed, its requests get the error: %r", error)
+                self._pending = None
+                for row, request in enumerate(self.requests):
+                    if request is not None:
+                        self._free(row, error)
             with self._cv:  # for admission control: how busy this worker is
                 self._stats["busy_seconds"] += time.perf_counter() - started
 
