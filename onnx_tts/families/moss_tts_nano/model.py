@@ -79,13 +79,18 @@ class MossTTSNano:
 
     def __init__(self, layout: MossLayout, settings: LoadSettings, **options: Any) -> None:
         self.layout = layout
-        session_options = settings.session_options
-        # The global transformer loads now; local paths and codec graphs on first use.
+        # The global transformer loads now; local paths and codec graphs on first use. Each
+        # stage's graphs get its share of the cores (`--threads 0`): the LM and the codec run
+        # at the same time on their own threads.
+        decode_options = settings.options_for("decode")
         self.sessions = {
-            role: LazySession(spec, session_options) for role, spec in layout.tts_graphs.items()
+            role: LazySession(spec, decode_options) for role, spec in layout.tts_graphs.items()
         }
         self.codec_sessions = {
-            role: LazySession(spec, session_options) for role, spec in layout.codec_graphs.items()
+            role: LazySession(
+                spec, settings.options_for("encoder" if role == "encode" else "vocoder")
+            )
+            for role, spec in layout.codec_graphs.items()
         }
         prefill = self.sessions["prefill"].get()
         decode = self.sessions["decode_step"].get()
