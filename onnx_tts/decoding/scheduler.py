@@ -206,6 +206,11 @@ class DecodeScheduler:
         with self._cv:
             self._cv.notify()
 
+    def idle(self) -> bool:
+        """Whether no request waits or decodes now (its core is free for other work)."""
+        with self._cv:
+            return not self.waiting and all(request is None for request in self.requests)
+
     def stats(self) -> dict[str, Any]:
         with self._cv:
             steps = self._stats["steps"]
