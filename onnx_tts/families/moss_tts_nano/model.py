@@ -129,10 +129,12 @@ class MossTTSNano:
         self.channels = layout.codec.channels
         self.hop_length = layout.codec.downsample
         # The codec decodes with its own state, so windows need no overlap (the generic
-        # windowed streamer only reads these until the stateful stream is plugged in).
+        # windowed streamer only reads these until the stateful stream is plugged in). A
+        # decode_step of 4 frames costs about what 8 cost per frame (~5% more), and halves
+        # what is left to decode when the LM ends (measured: 8 streams ending together).
         self.streaming_defaults = {
             "first_chunk_frames": 1,
-            "stride_frames": 8,
+            "stride_frames": 4,
             "overlap_frames": 0,
             "holdback_frames": 0,
             "crossfade_samples": 0,
