@@ -35,8 +35,9 @@ with its own seed and reading every chunk as it comes, as a server does), the pr
 streams that arrive together through the prefill graph side by side (one per core), the global
 decode rows of all streams in one in-place run per step, the local frame graph for all rows in
 one run, each stream's codec decode_step with its own state on the vocoder stage's thread (two
-streams at once while the decode scheduler idles). Rounds alternate it with one published run (the published runtime
-serves one request at a time, so its audio s/s at N streams is its one-stream rate); reported:
+streams at once while the decode scheduler idles). Rounds alternate it with one published run
+(the published runtime serves one request at a time, so its audio s/s at N streams is its
+one-stream rate); reported:
 audio s/s, the speed-up in audio s/s over the published loop within the round, ms per frame
 (wall per frame of one stream), RTF, time to first audio (median over streams) and peak RSS of a
 process streaming 8 at once.
