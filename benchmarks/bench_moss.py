@@ -30,11 +30,14 @@ of a separate process that loads only that contender and streams once (the publi
 loads every graph at start, onnx-tts the ones a request uses).
 
 Batched (``bench_batched``): ``batched`` is the Engine (``onnx_tts.load`` on the converted
-graphs, ``max_batch=8``): 1, 4 and 8 streams at once (each a thread streaming the text with its
-own seed), the global decode rows of all streams in one in-place run per step, the local frame
-graph for all rows in one run, each stream's codec decode_step with its own state on the
-vocoder stage's thread. Rounds alternate it with one published run (the published runtime
-serves one request at a time, so its audio s/s at N streams is its one-stream rate); reported:
+graphs, ``max_batch=8``): 1, 4 and 8 streams at once (each a thread calling ``Engine.stream()``
+with its own seed and reading every chunk as it comes, as a server does), the prompts of
+streams that arrive together through the prefill graph side by side (one per core), the global
+decode rows of all streams in one in-place run per step, the local frame graph for all rows in
+one run, each stream's codec decode_step with its own state on the vocoder stage's thread (two
+streams at once while the decode scheduler idles). Rounds alternate it with one published run
+(the published runtime serves one request at a time, so its audio s/s at N streams is its
+one-stream rate); reported:
 audio s/s, the speed-up in audio s/s over the published loop within the round, ms per frame
 (wall per frame of one stream), RTF, time to first audio (median over streams) and peak RSS of a
 process streaming 8 at once.

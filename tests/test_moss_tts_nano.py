@@ -767,6 +767,35 @@ def test_engine_batch_is_invariant(engines):
     assert (stats["row_steps"] - row_steps) / (stats["steps"] - steps) > 2  # really batched
 
 
+def test_prompts_admitted_together_prefill_side_by_side(engines):
+    """Requests admitted in one round run their prompts through the prefill graph on the
+    prefill workers at once, each into its own slot row, and make the frames each makes
+    alone."""
+    from onnx_tts.decoding.scheduler import DecodeScheduler
+    from onnx_tts.request import Request
+
+    engine = engines["inplace"]
+    backend = engine.backend
+    jobs = [(TEXTS[i % len(TEXTS)], i, "full" if i % 2 else "fixed") for i in range(5)]
+    alone = [_engine_frames(engine, text, seed, sample_mode=mode) for text, seed, mode in jobs]
+    scheduler = DecodeScheduler(backend.program, backend.pool, max_batch=8, prefill_workers=3)
+    try:
+        requests = []
+        for text, seed, mode in jobs:
+            options = backend.request_options({"max_new_frames": FRAMES, "sample_mode": mode})
+            [chunk] = backend.text_chunks(text, options)
+            sampling = backend.sampling_defaults().with_overrides({"seed": seed})
+            requests.append(Request(chunk, engine.voice("Ava"), sampling, options))
+        with scheduler._cv:  # the worker waits for the lock: all five are admitted at once
+            streams = [scheduler.submit(request) for request in requests]
+        together = [[list(map(int, frame)) for frame in stream] for stream in streams]
+        stats = scheduler.stats()
+    finally:
+        scheduler.close()
+    assert together == alone
+    assert stats["prefills"] == stats["parallel_prefills"] == len(jobs)
+
+
 @pytest.mark.parametrize("kv", ["inplace", "chain"])
 def test_engine_stream_equals_one_shot(engines, kv):
     engine = engines[kv]

@@ -296,6 +296,13 @@ def test_max_batch_is_bounded(bad):
         _load(max_batch=bad)
 
 
+@pytest.mark.parametrize("bad", [0, -1, 65, True, 1.5, "2"])
+def test_prefill_workers_are_bounded(batched_voice, bad):
+    backend = batched_voice.backend
+    with pytest.raises(InputError, match="prefill_workers"):
+        DecodeScheduler(backend.program, backend.pool, max_batch=2, prefill_workers=bad)
+
+
 def _speaker(engine, texts: list[str], voice):
     return lambda i: engine.synthesize(texts[i], voice=voice, seed=i)
 

@@ -18,6 +18,7 @@ from onnx_tts.errors import InputError
 from onnx_tts.pipeline.admission import Admission, retry_after_seconds
 from onnx_tts.pipeline.stages import VocoderStage
 from onnx_tts.request import CancelToken, PlaybackClock, Request
+from onnx_tts.vocoder import StreamingOptions
 from tests.conftest import codec_lm_dir
 
 TEXTS = [
@@ -119,6 +120,55 @@ def test_stage_decodes_the_most_urgent_stream_first_and_a_failure_stays_alone():
     assert all(results[name] == [4] for name in ("batch", "later", "soon", "starving"))
     # The first round took them in urgency order (the gate held the worker until all were due).
     assert vocoder.order == ["starving", "soon", "later", "batch"]
+    stage.close()
+
+
+class _Decoders:
+    """Stateful stand-in decoders (one per stream, as `open_stream` makes them) that count
+    how many pushes run at once; with `meet`, every push waits (bounded) for another push to
+    run at the same time and fails if none does."""
+
+    def __init__(self, meet: bool) -> None:
+        self.meeting = threading.Barrier(2, timeout=30) if meet else None
+        self.lock = threading.Lock()
+        self.running = self.most = self.pushes = 0
+
+    def open(self) -> Any:
+        return self
+
+    def push(self, codes: np.ndarray) -> np.ndarray:
+        with self.lock:
+            self.running += 1
+            self.pushes += 1
+            self.most = max(self.most, self.running)
+        try:
+            if self.meeting is not None:
+                self.meeting.wait()
+        finally:
+            with self.lock:
+                self.running -= 1
+        return np.zeros((len(codes) * 4, 2), np.float32)
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("lm_idle", [True, False])
+def test_streams_with_decoders_of_their_own_decode_two_at_once_while_the_lm_idles(lm_idle):
+    decoders = _Decoders(meet=lm_idle)
+    stage = VocoderStage(
+        lambda frames, voice: np.zeros(0, np.float32),
+        open_stream=decoders.open,
+        gather_seconds=0.5,  # the four windows below are all due in the first round
+        lm_idle=lambda: lm_idle,
+    )
+    window = StreamingOptions(2, 2, 0, 0, 0)
+    streams = [stage.open(_one_shot_request(f"s{i}"), window, hop_length=4) for i in range(4)]
+    for stream in streams:
+        stream.put(np.zeros((2, 3), np.int64))
+        stream.end()
+    assert [sum(len(chunk) for chunk in stream) for stream in streams] == [8] * 4
+    assert decoders.pushes == 4 and decoders.most == (2 if lm_idle else 1)
     stage.close()
 
 

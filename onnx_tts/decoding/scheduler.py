@@ -3,7 +3,8 @@
 Requests (from any thread) wait in a bounded queue and are admitted, most urgent first
 (`Request.urgency()`: priority, then the earliest due time: a stream whose player would run
 dry, a first-audio deadline, or a no-deadline request's arrival plus slack), into free rows.
-A worker thread prefills each admitted request and then runs one decode step for every
+A worker thread prefills the admitted requests (their prompts at once on the prefill workers
+when the program has a prefill graph of its own) and then runs one decode step for every
 active row: rows kept in the shared in-place slot buffer in one LM run, rows with a cache of
 their own one run each (`kv_rows.py`), then the family's program consumes all rows'
 outputs at once. `max_batch=1` is a solo engine; a graph that cannot batch gets caches of its
@@ -37,13 +38,16 @@ from onnx_tts.cache.prefix import PrefixCache
 from onnx_tts.decoding.batch_probe import batch_invariance_problem
 from onnx_tts.decoding.kv_pool import KVPool
 from onnx_tts.decoding.kv_rows import DEFAULT_SLOT_BYTES, OwnCaches, RowHome, SlotRows, SlotRun
-from onnx_tts.decoding.program import DecodeProgram
+from onnx_tts.decoding.program import Admission, DecodeProgram
 from onnx_tts.errors import InputError, OnnxTTSError
 from onnx_tts.request import Request
 
 log = logging.getLogger("onnx_tts.decoding")
 
 MAX_BATCH_LIMIT = 256
+# Threads that run the prompts of requests admitted together (bound: far above the cores of
+# any machine this runs on).
+MAX_PREFILL_WORKERS = 64
 # Pacing (DecodeScheduler._paced): a row is urgent when its listener runs dry (or its first
 # audio is due) within this many seconds; rows with more audio buffered than AHEAD_SECONDS
 # then wait.
@@ -123,11 +127,10 @@ class DecodeScheduler:
         slot_bytes: int = DEFAULT_SLOT_BYTES,
         max_waiting: int = DEFAULT_MAX_WAITING,
         lookahead: bool = False,
+        prefill_workers: int = 1,
     ) -> None:
-        if isinstance(max_batch, bool) or not isinstance(max_batch, int):
-            raise InputError(f"max_batch must be an integer, got {max_batch!r}")
-        if not 1 <= max_batch <= MAX_BATCH_LIMIT:
-            raise InputError(f"max_batch must be in [1, {MAX_BATCH_LIMIT}], got {max_batch}")
+        _check_count("max_batch", max_batch, MAX_BATCH_LIMIT)
+        _check_count("prefill_workers", prefill_workers, MAX_PREFILL_WORKERS)
         self.program, self.pool, self.max_batch = program, pool, max_batch
         self.layout = pool.layout
         self.prefix_cache = prefix_cache
@@ -150,6 +153,12 @@ class DecodeScheduler:
             ThreadPoolExecutor(1, thread_name_prefix="onnx-tts-lm") if lookahead else None
         )
         self._pending: tuple[np.ndarray, list[Request | None], Any] | None = None
+        # Prompts admitted together run on this many threads at once (see _prefill).
+        self._prefill_pool = (
+            ThreadPoolExecutor(prefill_workers, thread_name_prefix="onnx-tts-prefill")
+            if prefill_workers > 1
+            else None
+        )
         self._cv = threading.Condition()
         self._closed = False
         self._thread: threading.Thread | None = None
@@ -158,6 +167,7 @@ class DecodeScheduler:
             "steps": 0,
             "row_steps": 0,
             "prefills": 0,
+            "parallel_prefills": 0,  # prompts that ran beside others on the prefill workers
             "own_kv": 0,
             "paced_rows": 0,
             "busy_seconds": 0.0,
@@ -196,6 +206,11 @@ class DecodeScheduler:
         with self._cv:
             self._cv.notify()
 
+    def idle(self) -> bool:
+        """Whether no request waits or decodes now (its core is free for other work)."""
+        with self._cv:
+            return not self.waiting and all(request is None for request in self.requests)
+
     def stats(self) -> dict[str, Any]:
         with self._cv:
             steps = self._stats["steps"]
@@ -229,6 +244,8 @@ class DecodeScheduler:
             self._thread.join()
         if self._helper is not None:
             self._helper.shutdown(wait=True)
+        if self._prefill_pool is not None:
+            self._prefill_pool.shutdown(wait=True)
 
     # -- worker ------------------------------------------------------------------------------
     def _run(self) -> None:
@@ -246,8 +263,8 @@ class DecodeScheduler:
                 admitted = self._take_waiting()
             started = time.perf_counter()
             try:
-                for row in admitted:
-                    self._prefill(row)
+                if admitted:
+                    self._prefill(admitted)
                 self._drop_cancelled()
                 rows = self._paced(self._active_rows())
                 if rows.size:
@@ -324,13 +341,57 @@ class DecodeScheduler:
             if request is not None and request.cancel.cancelled:
                 self._free(row)
 
-    def _prefill(self, row: int) -> None:
+    def _prefill(self, rows: list[int]) -> None:
+        """Prefill the rows admitted together, then let the program consume all their outputs
+        in one call (one batched run of its per-step work, as a step does). Prompts run on
+        the prefill workers at once when the program has a prefill graph of its own (each in
+        its own slot row; a burst of arrivals otherwise waits for one prompt after another on
+        one core while the others idle). A request whose prefill fails fails alone."""
+        started: list[tuple[int, Admission]] = []
+        for row in rows:
+            admission = self._admit(row)
+            if admission is not None:
+                started.append((row, admission))
+
+        def run(item: tuple[int, Admission]) -> tuple[int, np.ndarray | None, Exception | None]:
+            row, admission = item
+            try:
+                home = self.homes[row]
+                assert home is not None
+                return row, home.prefill(row, admission, self.prefix_cache), None
+            except Exception as error:
+                return row, None, error
+
+        parallel = [item for item in started if self._parallel_prefill(item[0])]
+        alone = [item for item in started if not self._parallel_prefill(item[0])]
+        results = [run(item) for item in alone]
+        if len(parallel) > 1 and self._prefill_pool is not None:
+            results += self._prefill_pool.map(run, parallel)
+            with self._cv:
+                self._stats["parallel_prefills"] += len(parallel)
+        else:
+            results += [run(item) for item in parallel]
+        done, outputs = [], []
+        for row, output, error in sorted(results, key=lambda result: result[0]):
+            if output is None:
+                self._free(row, error)
+            else:
+                done.append(row)
+                outputs.append(output)
+        if done:
+            with self._cv:
+                self._stats["prefills"] += len(done)
+            self._deliver(np.array(done, np.int64), np.concatenate(outputs, axis=0))
+
+    def _admit(self, row: int) -> Admission | None:
+        """The program's admission of row `row`'s request, with its KV home reserved (slot
+        buffers grow here, before any prefill runs); None when it was cancelled or failed."""
         request = self.requests[row]
         assert request is not None
         try:
             if request.cancel.cancelled:
                 self._free(row)
-                return
+                return None
             admission = self.program.admit(self.state, row, request)
             if admission.inputs.shape[0] != self.program.lm_rows:
                 raise InputError(
@@ -345,12 +406,20 @@ class DecodeScheduler:
                     with self._cv:
                         self._stats["own_kv"] += 1
             self.homes[row] = home
-            outputs = home.prefill(row, admission, self.prefix_cache)
-            with self._cv:
-                self._stats["prefills"] += 1
-            self._deliver(np.array([row], np.int64), outputs)
+            return admission
         except Exception as error:  # that request fails alone
             self._free(row, error)
+            return None
+
+    def _parallel_prefill(self, row: int) -> bool:
+        """Whether row `row` may prefill beside others: its prompt runs through the program's
+        own prefill graph (one session run, thread-safe) into its own slot row."""
+        return (
+            self._prefill_pool is not None
+            and self.program.prefill_lm is not None
+            and self.slots is not None
+            and self.homes[row] is self.slots
+        )
 
     def _lm_positions(self, selected: np.ndarray) -> np.ndarray:
         """LM-row indices (into a step's inputs/outputs) of the selected request indices."""
@@ -474,6 +543,13 @@ class DecodeScheduler:
 
     def __repr__(self) -> str:
         return f"DecodeScheduler(max_batch={self.max_batch}, slots={self.slots is not None})"
+
+
+def _check_count(name: str, value: Any, limit: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InputError(f"{name} must be an integer, got {value!r}")
+    if not 1 <= value <= limit:
+        raise InputError(f"{name} must be in [1, {limit}], got {value}")
 
 
 def _tell(call: Any, argument: Any) -> None:

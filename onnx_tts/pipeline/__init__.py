@@ -116,6 +116,9 @@ def build_engine(
             sample_rate=backend.sample_rate,
         )
     prefixes = PrefixCache(caches.prefix_cache_bytes) if caches.prefix_cache_bytes else None
+    # Prompts that arrive together run side by side, each with the decode stage's threads.
+    decode_threads = stages["decode"] if stages is not None else config.threads
+    prefill_workers = max(1, min(config.max_batch, available_cores() // max(1, decode_threads)))
     return Engine(
         backend,
         reference,
@@ -126,6 +129,7 @@ def build_engine(
         slot_bytes=config.slot_bytes,
         max_waiting=config.max_waiting,
         lookahead=config.lookahead,
+        prefill_workers=prefill_workers,
     )
 
 

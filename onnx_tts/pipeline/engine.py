@@ -71,6 +71,7 @@ class Engine:
         slot_bytes: int = DEFAULT_SLOT_BYTES,
         max_waiting: int = DEFAULT_MAX_WAITING,
         lookahead: bool = False,
+        prefill_workers: int = 1,
     ) -> None:
         self.backend = backend
         self.cache = cache
@@ -81,7 +82,14 @@ class Engine:
         # first stream after it passed every non-streaming test.
         self.streaming_options()
         self.scheduler = DecodeScheduler(
-            backend.program, backend.pool, max_batch, prefixes, slot_bytes, max_waiting, lookahead
+            backend.program,
+            backend.pool,
+            max_batch,
+            prefixes,
+            slot_bytes,
+            max_waiting,
+            lookahead,
+            prefill_workers,
         )
         self.planner = Planner(backend, self.family)
         self.voices = Voices(backend, cache)

@@ -36,6 +36,7 @@ class Executor:
             (lambda frames, voices: backend.vocode_windows(frames, voices)) if batched else None,
             scheduler_wake=scheduler.wake,
             open_stream=getattr(backend, "open_stream", None),
+            lm_idle=scheduler.idle,
         )
 
     @property

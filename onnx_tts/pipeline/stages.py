@@ -29,6 +29,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -239,9 +240,15 @@ class VocoderStage:
         open_stream: OpenStream | None = None,
         gather_seconds: float = DEFAULT_GATHER_SECONDS,
         max_batch: int = MAX_VOCODER_BATCH,
+        lm_idle: Callable[[], bool] | None = None,
     ) -> None:
         self.vocode, self.vocode_windows = vocode, vocode_windows
         self.open_stream = open_stream
+        # While the decode scheduler has nothing to run (`lm_idle`), its core is free: two
+        # streams with decoders of their own then decode at once (the windows left when a
+        # burst of streams ends together otherwise wait for one another on one core).
+        self.lm_idle = lm_idle
+        self._beside: ThreadPoolExecutor | None = None
         self.scheduler_wake = scheduler_wake
         self.gather_seconds, self.max_batch = gather_seconds, max_batch
         self.lock = threading.Lock()
@@ -298,6 +305,8 @@ class VocoderStage:
             self._cv.notify()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join()
+        if self._beside is not None:
+            self._beside.shutdown(wait=True)
 
     # -- worker ------------------------------------------------------------------------------
     def _run(self) -> None:
@@ -319,16 +328,34 @@ class VocoderStage:
             # Only the most urgent batch per round: a window that became due meanwhile (a new
             # stream's first, a listener about to run dry) goes before the rest of this round.
             batches = self._batches(work)
-            if batches:
+            taken = 2 if self._second_decoder_free(batches) else 1
+            if taken == 2:
+                if self._beside is None:
+                    self._beside = ThreadPoolExecutor(1, thread_name_prefix="onnx-tts-vocoder")
+                beside = self._beside.submit(self._decode, batches[1])
+                self._decode(batches[0])
+                beside.result()
+            elif batches:
                 self._decode(batches[0])
             with self._cv:
                 # (their windows are taken again next round: a window depends only on the
                 # frames, so it is the same one)
-                waiting = [stream for batch in batches[1:] for stream, _ in batch]
+                waiting = [stream for batch in batches[taken:] for stream, _ in batch]
                 self._due.update(stream for stream in waiting if stream in self.streams)
                 leftover = bool(waiting)
                 self._stats["rounds"] += 1
                 self._stats["busy_seconds"] += time.perf_counter() - started
+
+    def _second_decoder_free(self, batches: list[list[tuple]]) -> bool:
+        """Whether the two most urgent batches are windows of two streams with decoders of
+        their own and the decode scheduler idles (see `lm_idle`)."""
+        return (
+            len(batches) > 1
+            and batches[0][0][0].stateful
+            and batches[1][0][0].stateful
+            and self.lm_idle is not None
+            and self.lm_idle()
+        )
 
     def _take_due(self) -> list[tuple[VocoderStream, Any]]:
         """(under the lock) every due (stream, window), most urgent first; failed streams

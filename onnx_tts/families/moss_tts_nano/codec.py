@@ -9,6 +9,7 @@ published) and this module hands out [N, 2] float32, the layout audio files use.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -171,6 +172,7 @@ class CodecDecoder:
         self.codebook = layout.config.codebook
         self.state_mode = state_mode
         self._idle: list[StateChain] = []
+        self._idle_lock = threading.Lock()  # streams open and close on several threads
 
     def _codes(self, frames: np.ndarray) -> np.ndarray:
         codes = np.asarray(frames)
@@ -201,7 +203,10 @@ class CodecDecoder:
     def stream(self) -> CodecStream:
         """A fresh streaming decoder (state zeroed, positions -1); use it as a context
         manager (or close it) so its state is reused by the next stream."""
-        chain = self._idle.pop() if self._idle else self._new_chain()
+        with self._idle_lock:
+            chain = self._idle.pop() if self._idle else None
+        if chain is None:
+            chain = self._new_chain()
         chain.reset()
         return CodecStream(self, chain)
 
@@ -215,9 +220,10 @@ class CodecDecoder:
         )
 
     def _release(self, chain: StateChain) -> None:
-        if len(self._idle) < 4:
-            chain.reset()
-            self._idle.append(chain)
+        chain.reset()
+        with self._idle_lock:
+            if len(self._idle) < 4:
+                self._idle.append(chain)
 
 
 class CodecStream:
