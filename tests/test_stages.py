@@ -444,3 +444,55 @@ def test_a_fault_in_the_decode_step_fails_its_requests_and_the_worker_lives_on(m
     assert len(engine.synthesize("After the fault.", seed=1).samples) > 0
     assert _wait(lambda: engine.stats()["active_rows"] == 0)
     engine.close()
+
+
+@pytest.mark.parametrize("fault", ["raises", "nan"])
+def test_one_bad_window_in_a_batched_call_fails_its_stream_alone(fault):
+    """Eight streams share batched vocoder calls; the vocoder breaks (or returns NaN) for one
+    of them: that stream fails, the seven others get exactly their own audio (the batched call
+    failed as a whole before, taking its other streams with it)."""
+    from onnx_tts.errors import OnnxTTSError
+
+    engine = onnx_tts.load(codec_lm_dir(), cache_dir=None, max_batch=8)
+    alone = [np.concatenate(list(engine.stream(TEXTS[i % 4], seed=i))) for i in range(8)]
+    backend = engine.backend
+    original_windows, original_one = backend.vocode_windows, backend.vocode
+
+    def is_bad(voice) -> bool:
+        return np.array_equal(np.asarray(voice["speaker_embedding"]), marked)
+
+    def broken(waveform_or_codes, voice):
+        if is_bad(voice):
+            if fault == "raises":
+                raise RuntimeError("injected vocoder fault")
+            return np.full(len(waveform_or_codes) * backend.hop_length, np.nan, np.float32)
+        return original_one(waveform_or_codes, voice)
+
+    def broken_windows(windows, voices):
+        if any(is_bad(v) for v in voices):
+            if fault == "raises":
+                raise RuntimeError("injected vocoder fault")
+            out = original_windows(windows, voices)
+            pairs = zip(out, voices, strict=True)
+            return [np.full_like(w, np.nan) if is_bad(v) else w for w, v in pairs]
+        return original_windows(windows, voices)
+
+    backend.vocode, backend.vocode_windows = broken, broken_windows
+    voice = engine.voice(None)
+    marked = np.asarray(voice["speaker_embedding"], np.float32) + np.float32(0.25)
+    bad_voice = {**voice, "speaker_embedding": marked}
+
+    def listen(i: int) -> object:
+        try:
+            v = bad_voice if i == 3 else voice
+            return np.concatenate(list(engine.stream(TEXTS[i % 4], seed=i, voice=v)))
+        except (OnnxTTSError, RuntimeError) as error:
+            return error
+
+    with ThreadPoolExecutor(8) as pool:
+        outcomes = list(pool.map(listen, range(8)))
+    engine.close()
+    assert isinstance(outcomes[3], Exception)
+    for i, outcome in enumerate(outcomes):
+        if i != 3:
+            np.testing.assert_array_equal(outcome, alone[i])

@@ -274,7 +274,7 @@ class DecodeScheduler:
             except Exception as error:  # a fault outside any row's own work: the requests
                 # in the scheduler fail, the worker lives on (a dead worker would leave every
                 # stream waiting forever)
-                log.error("decode step failed, its requests get the error: %r", error)
+                log.info("decode step failed, its requests get the error: %r", error)
                 self._pending = None
                 for row, request in enumerate(self.requests):
                     if request is not None:

@@ -401,40 +401,53 @@ class VocoderStage:
         voices = [stream.request.voice for stream, _ in batch]
         empty = np.zeros(0, np.float32)
         filled = [i for i, c in enumerate(codes) if len(c)]  # a flush may hold no new frames
-        try:
-            waveforms: list[np.ndarray] = [empty] * len(batch)
-            if batch[0][0].stateful:  # a stream with its own decoder is always alone
-                for index in filled:
-                    waveforms[index] = batch[0][0].decode_stateful(codes[index])
-            elif len(filled) > 1 and self.vocode_windows is not None:
+        # Per window: its waveform, or the error that fails its stream (and only its stream).
+        results: list[np.ndarray | Exception] = [empty] * len(batch)
+
+        def alone(index: int) -> np.ndarray | Exception:
+            try:
+                stream = batch[index][0]
+                if stream.stateful:  # a stream with its own decoder
+                    return stream.decode_stateful(codes[index])
+                return self.vocode(codes[index], voices[index])
+            except Exception as error:
+                return error
+
+        if len(filled) > 1 and self.vocode_windows is not None and not batch[0][0].stateful:
+            try:
                 decoded = self.vocode_windows(
                     [codes[i] for i in filled], [voices[i] for i in filled]
                 )
                 for index, waveform in zip(filled, decoded, strict=True):
-                    waveforms[index] = waveform
-            else:
+                    results[index] = waveform
+            except Exception:  # one window may break the batch: each alone finds which
                 for index in filled:
-                    waveforms[index] = self.vocode(codes[index], voices[index])
-            for waveform in waveforms:
-                # A model that yields NaN/inf must never reach a speaker, a file or a cache.
-                check_finite(np.asarray(waveform), "the model's audio")
-        except Exception as error:  # the streams of this call fail, the others go on
-            with self._cv:
-                for stream, _ in batch:
-                    stream.release_state()
-                    stream.fail(error)
-                    stream.request.cancel.cancel()
-                    self.streams.discard(stream)
-            self.scheduler_wake()
-            return
+                    results[index] = alone(index)
+        else:
+            for index in filled:
+                results[index] = alone(index)
+        for index, result in enumerate(results):
+            if not isinstance(result, Exception):
+                try:  # NaN/inf must never reach a speaker, a file or a cache
+                    check_finite(np.asarray(result), "the model's audio")
+                except Exception as error:
+                    results[index] = error
+        failed = False
         with self._cv:
             self._stats["calls"] += 1 if filled else 0
             self._stats["windows"] += len(filled)
-            for (stream, window), waveform in zip(batch, waveforms, strict=True):
+            for (stream, window), result in zip(batch, results, strict=True):
+                if isinstance(result, Exception):  # this stream fails, the others go on
+                    failed = True
+                    stream.release_state()
+                    stream.fail(result)
+                    stream.request.cancel.cancel()
+                    self.streams.discard(stream)
+                    continue
                 if stream not in self.streams:
                     continue  # closed meanwhile
                 try:
-                    self._stats["samples"] += stream.accept(window, waveform)
+                    self._stats["samples"] += stream.accept(window, result)
                 except Exception as error:
                     stream.fail(error)
                 if stream.done:
@@ -442,6 +455,8 @@ class VocoderStage:
                     self.streams.discard(stream)
                 elif stream.is_due():
                     self._due.add(stream)  # more was due than one window
+        if failed:
+            self.scheduler_wake()
 
 
 __all__ = [
