@@ -251,7 +251,10 @@ class VocoderStage:
         self._beside: ThreadPoolExecutor | None = None
         self.scheduler_wake = scheduler_wake
         self.gather_seconds, self.max_batch = gather_seconds, max_batch
-        self.lock = threading.Lock()
+        # Re-entrant: an AudioStream dropped without closing is closed by the garbage
+        # collector, which may run on this stage's thread while it holds the lock (its
+        # close -> forget takes the lock again: with a plain Lock the stage deadlocked).
+        self.lock = threading.RLock()
         self._cv = threading.Condition(self.lock)
         self.streams: set[VocoderStream] = set()
         self._due: set[VocoderStream] = set()
