@@ -269,6 +269,32 @@ def test_a_second_start_while_a_stream_is_open_is_an_error(wyoming: LiveWyoming)
     assert events[-1].type == "synthesize-stopped"  # the first stream is still open
 
 
+def test_a_streamed_text_past_its_bound_is_refused_while_it_is_spoken(
+    wyoming: LiveWyoming,
+) -> None:
+    """The connection keeps reading while it speaks: a streamed text that passes its bound
+    gets the error when the chunk arrives (it waited behind the speech of everything before
+    it), what was queued is dropped, and the connection goes on."""
+    from onnx_tts.server.wyoming import MAX_STREAM_CHARS
+
+    chunk = "Hello there, this is a sentence. " * 120  # 3960 characters
+    chunks = MAX_STREAM_CHARS // len(chunk) + 2
+
+    async def attempt() -> tuple[list[Event], list[Event]]:
+        async with AsyncTcpClient("127.0.0.1", wyoming.port) as client:
+            await client.write_event(SynthesizeStart().event())
+            for _ in range(chunks):
+                await client.write_event(SynthesizeChunk(text=chunk).event())
+            events = await _until(client, Error(text="").event().type)
+            await client.write_event(Describe().event())
+            return events, await _until(client, Info(tts=[]).event().type)
+
+    events, after = run(attempt())
+    errors = [Error.from_event(e) for e in events if Error.is_type(e.type)]
+    assert len(errors) == 1 and str(MAX_STREAM_CHARS) in errors[0].text
+    assert Info.is_type(after[-1].type)
+
+
 def test_address_in_use_is_one_line_and_exit_2(tmp_path: Path) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", free_port()))

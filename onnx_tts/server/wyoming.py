@@ -212,6 +212,33 @@ class WyomingHandler(AsyncEventHandler):
         self._stream_voice: str | None = None
         self._stream_text: str | None = None  # not None while a streamed text is open
         self._stream_chars = 0  # characters received in the open streamed text
+        # What to say goes through one queue to one speaker task, in order, so that this
+        # connection keeps reading events (a streamed text's bound, describe) while it speaks.
+        self._queue: asyncio.Queue[tuple[str, str, str | None]] = asyncio.Queue()
+        self._speaker: asyncio.Task | None = None
+        self._client_gone = False
+
+    def _enqueue(self, kind: str, text: str = "", voice: str | None = None) -> None:
+        if self._speaker is None or self._speaker.done():
+            self._speaker = asyncio.create_task(self._speak_queued())
+        self._queue.put_nowait((kind, text, voice))
+
+    async def _speak_queued(self) -> None:
+        while True:
+            kind, text, voice = await self._queue.get()
+            if kind == "stopped":
+                await self._send(Event(type="synthesize-stopped"))
+            elif not await self._speak(text, voice):
+                self._client_gone = True
+                return
+
+    def _drop_queued(self) -> None:
+        """Stop speaking and forget what was queued (the stream broke its bound, or the
+        client left)."""
+        if self._speaker is not None:
+            self._speaker.cancel()
+            self._speaker = None
+        self._queue = asyncio.Queue()
 
     async def run(self) -> None:
         # The library's loop, reading through the bounded reader above; a client that sends
@@ -232,6 +259,7 @@ class WyomingHandler(AsyncEventHandler):
         except (ConnectionError, BrokenPipeError):
             log.info("wyoming client went away")
         finally:
+            self._drop_queued()
             with contextlib.suppress(Exception):
                 self.writer.close()
 
@@ -279,31 +307,32 @@ class WyomingHandler(AsyncEventHandler):
             self._stream_text += chunk
             self._stream_chars += len(chunk)  # the whole stream is bounded, spoken or not
             if self._stream_chars > MAX_STREAM_CHARS:
+                self._drop_queued()
                 await self._error(f"a streamed text holds at most {MAX_STREAM_CHARS} characters")
                 self._stream_text = None
                 return True
             sentences = split_sentences(self._stream_text)
             if len(sentences) > 1:  # all but the last are complete
                 for sentence in sentences[:-1]:
-                    if not await self._speak(sentence, self._stream_voice):
-                        return False
+                    self._enqueue("speak", sentence, self._stream_voice)
                 self._stream_text = sentences[-1]
-            return True
+            return not self._client_gone
         if SynthesizeStop.is_type(event.type):
             if self._stream_text is None:
                 await self._error("synthesize-stop before synthesize-start", "bad_order")
                 return True
             rest, self._stream_text = self._stream_text.strip(), None
-            if rest and not await self._speak(rest, self._stream_voice):
-                return False
-            await self._send(Event(type="synthesize-stopped"))
-            return True
+            if rest:
+                self._enqueue("speak", rest, self._stream_voice)
+            self._enqueue("stopped")
+            return not self._client_gone
         if Synthesize.is_type(event.type):
             if self._stream_text is not None:
                 return True  # sent beside a stream for older servers; the stream speaks
             synthesize = Synthesize.from_event(event)
             voice = synthesize.voice.name if synthesize.voice else None
-            return await self._speak(synthesize.text, voice)
+            self._enqueue("speak", synthesize.text, voice)
+            return not self._client_gone
         return True  # events for other services are not ours
 
     async def _error(self, text: str, code: str = "invalid_request") -> None:
