@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import queue
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -90,6 +91,40 @@ class PlaybackClock:
         return self.start + self.stalled + self.received
 
 
+class Handoff:
+    """Items from a producer thread to one consumer, then the end or an error (the frames of
+    a request to its reader, the samples of a stream to its listener)."""
+
+    _END = object()
+
+    def __init__(self) -> None:
+        self._items: queue.SimpleQueue = queue.SimpleQueue()
+        self.finished = False  # the end or an error was taken
+
+    def put(self, item: Any) -> None:
+        self._items.put(item)
+
+    def end(self, error: BaseException | None = None) -> None:
+        self._items.put(self._END if error is None else error)
+
+    def take(self, block: bool = True) -> Any:
+        """The next item (None when `block` is false and none is ready); StopIteration at the
+        end, the producer's error if it failed."""
+        if self.finished:
+            raise StopIteration
+        try:
+            item = self._items.get(block=block)
+        except queue.Empty:
+            return None
+        if item is self._END:
+            self.finished = True
+            raise StopIteration
+        if isinstance(item, BaseException):
+            self.finished = True
+            raise item
+        return item
+
+
 @dataclass(eq=False)
 class Request:
     """One text chunk to generate and everything the stages need to serve it.
@@ -128,4 +163,4 @@ class Request:
         return (self.priority, self.due(), self.order)
 
 
-__all__ = ["NO_DEADLINE_SLACK_SECONDS", "CancelToken", "PlaybackClock", "Request"]
+__all__ = ["NO_DEADLINE_SLACK_SECONDS", "CancelToken", "Handoff", "PlaybackClock", "Request"]

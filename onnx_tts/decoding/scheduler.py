@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import atexit
 import logging
-import queue
 import threading
 import time
 import weakref
@@ -40,7 +39,7 @@ from onnx_tts.decoding.kv_pool import KVPool
 from onnx_tts.decoding.kv_rows import DEFAULT_SLOT_BYTES, OwnCaches, RowHome, SlotRows, SlotRun
 from onnx_tts.decoding.program import Admission, DecodeProgram
 from onnx_tts.errors import InputError, OnnxTTSError
-from onnx_tts.request import Request
+from onnx_tts.request import Handoff, Request
 
 log = logging.getLogger("onnx_tts.decoding")
 
@@ -56,7 +55,6 @@ AHEAD_SECONDS = 1.0
 # Requests waiting for a row beyond this many are refused (QueueFull) instead of queued.
 DEFAULT_MAX_WAITING = 1024
 MAX_WAITING_LIMIT = 1 << 20
-_DONE = object()
 # Schedulers whose worker may be inside an ONNX Runtime run. At interpreter exit a daemon
 # worker still in a run aborts the process ("terminate called without an active exception",
 # exit 134) when the runtime's statics are destroyed under it: stop them first.
@@ -79,35 +77,25 @@ class FrameStream:
 
     def __init__(self, request: Request, scheduler: DecodeScheduler) -> None:
         self._request, self._scheduler = request, scheduler
-        self._items: queue.SimpleQueue = queue.SimpleQueue()
-        self._finished = False
+        self._items = Handoff()
 
     # -- producer side (the worker) ------------------------------------------------------------
     def put(self, frame: np.ndarray) -> None:
         self._items.put(frame)
 
     def end(self, error: BaseException | None = None) -> None:
-        self._items.put(_DONE if error is None else error)
+        self._items.end(error)
 
     # -- consumer side -------------------------------------------------------------------------
     def __iter__(self) -> Iterator[np.ndarray]:
         return self
 
     def __next__(self) -> np.ndarray:
-        if self._finished:
-            raise StopIteration
-        item = self._items.get()
-        if item is _DONE:
-            self._finished = True
-            raise StopIteration
-        if isinstance(item, BaseException):
-            self._finished = True
-            raise item
-        return item
+        return self._items.take()
 
     def close(self) -> None:
-        if not self._finished:
-            self._finished = True
+        if not self._items.finished:
+            self._items.finished = True
             self._request.cancel.cancel()
             self._scheduler.wake()
 

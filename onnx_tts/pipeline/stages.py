@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
-import queue
 import threading
 import time
 import weakref
@@ -36,7 +35,7 @@ import numpy as np
 
 from onnx_tts.audio import check_finite
 from onnx_tts.errors import OnnxTTSError
-from onnx_tts.request import Request
+from onnx_tts.request import Handoff, Request
 from onnx_tts.vocoder import StreamingDecoder, StreamingOptions, Window
 
 # Windows due within this long of the first one are decoded in the same round.
@@ -102,7 +101,7 @@ class VocoderStream:
         self.finished = False  # the LM is done (no more frames)
         self.failed: BaseException | None = None
         self.done = False  # every sample was handed out
-        self.samples: queue.SimpleQueue = queue.SimpleQueue()
+        self.samples = Handoff()
         self._closed = False
         # Called (from the stage's or the scheduler's thread) when samples, the end or an
         # error were queued, and when the LM finished this request: an async consumer wakes.
@@ -110,7 +109,12 @@ class VocoderStream:
         self.on_lm_done: Callable[[], None] | None = None
 
     def _queue(self, item: Any) -> None:
-        self.samples.put(item)
+        if item is _END:
+            self.samples.end()
+        elif isinstance(item, BaseException):
+            self.samples.end(item)
+        else:
+            self.samples.put(item)
         if self.on_ready is not None:
             try:
                 self.on_ready()
@@ -207,16 +211,10 @@ class VocoderStream:
         if self._closed:
             raise StopIteration
         try:
-            item = self.samples.get(block=block)
-        except queue.Empty:
-            return None
-        if item is _END:
+            return self.samples.take(block)
+        except BaseException:  # the end (StopIteration) or the request's error
             self._closed = True
-            raise StopIteration
-        if isinstance(item, BaseException):
-            self._closed = True
-            raise item
-        return item
+            raise
 
     def close(self) -> None:
         if not self._closed:
