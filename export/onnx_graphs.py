@@ -11,19 +11,20 @@ with random weights from :func:`random_lm_weights`.
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 import onnx
 
 from onnx_tts.errors import ModelError
+
+# The one bundle writer, re-exported for the recipes (it lives with the offline tools, since the
+# quantizer and the converter rewrite bundles too).
+from onnx_tts.tools.bundle_files import atomic_write_bytes as atomic_write_bytes
+from onnx_tts.tools.bundle_files import save_model as save_model
+from onnx_tts.tools.bundle_files import write_bundle as write_bundle
 from onnx_tts.tools.graph_builder import (
     BOOL,
     FLOAT,
@@ -448,45 +449,7 @@ def dequantized_initializers(values: Mapping[str, np.ndarray]) -> dict[str, np.n
     return out
 
 
-# files -------------------------------------------------------------------------------------
-def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
-    """Writes to a temp file in the same directory, then renames over the target."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600; bundle files must be readable by all
-        os.replace(tmp, target)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def save_model(model: onnx.ModelProto, path: str | os.PathLike[str]) -> bytes:
-    """Serialises deterministically, writes atomically, returns the bytes written."""
-    data = model.SerializeToString(deterministic=True)
-    atomic_write_bytes(path, data)
-    return data
-
-
-# Files a manifest can name; each one must be written (and hashed) by `write_bundle`.
-_BUNDLE_FILE_SUFFIXES = (".onnx", ".onnx_data", ".json", ".txt", ".wav")
-
-
-def _named_files(value: object) -> set[str]:
-    """Every string in a manifest that names a bundle file."""
-    if isinstance(value, str):
-        return {value} if value.endswith(_BUNDLE_FILE_SUFFIXES) else set()
-    if isinstance(value, Mapping):
-        return set().union(*(_named_files(v) for v in value.values()))
-    if isinstance(value, list | tuple):
-        return set().union(*(_named_files(v) for v in value))
-    return set()
-
-
+# manifests ---------------------------------------------------------------------------------
 def kv_manifest(cfg: Any, capacity: int) -> dict[str, object]:
     """bundle.json's "kv" section for an LM built by build_gqa_lm (`cfg` has layers, heads,
     kv_heads and head_dim): GroupQueryAttention, float32, in place by default."""
@@ -502,40 +465,3 @@ def kv_manifest(cfg: Any, capacity: int) -> dict[str, object]:
         "past_names": ["past_key_values.{i}.key", "past_key_values.{i}.value"],
         "present_names": ["present.{i}.key", "present.{i}.value"],
     }
-
-
-def write_bundle(
-    out_dir: str | os.PathLike[str],
-    manifest: Mapping[str, object],
-    files: Mapping[str, onnx.ModelProto | bytes],
-) -> tuple[dict[str, str], dict[str, int]]:
-    """The one bundle writer: every file (graphs serialised deterministically), then
-    bundle.json = `manifest` + "sha256" of every file, each written atomically (bundle.json
-    last, so a reader never sees a manifest whose files are not there yet).
-
-    Raises ModelError when the manifest names a file that is not in `files` (it would carry no
-    hash). Returns ({file: sha256 hex}, {file: size} including bundle.json)."""
-    unlisted = sorted(_named_files(manifest) - set(files))
-    if unlisted:
-        raise ModelError(
-            f"the manifest names {', '.join(unlisted)} but no such file is written: pass it in "
-            "`files` so it is hashed"
-        )
-    if "sha256" in manifest:
-        raise ModelError("the manifest must not carry 'sha256': write_bundle computes it")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    sha256: dict[str, str] = {}
-    sizes: dict[str, int] = {}
-    for filename, content in files.items():
-        if isinstance(content, bytes):
-            atomic_write_bytes(out / filename, content)
-            data = content
-        else:
-            data = save_model(content, out / filename)
-        sha256[filename] = hashlib.sha256(data).hexdigest()
-        sizes[filename] = len(data)
-    text = (json.dumps({**manifest, "sha256": sha256}, indent=2) + "\n").encode("utf-8")
-    atomic_write_bytes(out / "bundle.json", text)
-    sizes["bundle.json"] = len(text)
-    return sha256, sizes

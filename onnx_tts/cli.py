@@ -1,4 +1,4 @@
-"""`onnx-tts` command line: synth, info, bench, cache."""
+"""`onnx-tts` command line: synth, info, bench, cache, and the offline convert / quantize."""
 
 from __future__ import annotations
 
@@ -134,6 +134,13 @@ def build_parser() -> argparse.ArgumentParser:
         prefix_chars="\0",  # pass every argument, --help and flags included, through as is
     )
     convert.add_argument("args", nargs=argparse.REMAINDER)
+    quantize = commands.add_parser(
+        "quantize",
+        help="quantize a model's weights (int8 or int4) into a new directory of the same family",
+        add_help=False,
+        prefix_chars="\0",
+    )
+    quantize.add_argument("args", nargs=argparse.REMAINDER)
 
     from onnx_tts.server.cli import add_parser as add_serve_parser
     from onnx_tts.server.cli import add_wyoming_parser
@@ -435,6 +442,12 @@ def cmd_convert(args: argparse.Namespace) -> int:
     return int(run_convert(parse_args(args.args)) or 0)
 
 
+def cmd_quantize(args: argparse.Namespace) -> int:
+    from onnx_tts.tools.quantize.cli import parse_args, run_quantize
+
+    return int(run_quantize(parse_args(args.args)) or 0)
+
+
 def cmd_completion(args: argparse.Namespace) -> int:
     from onnx_tts.completion import script
 
@@ -461,6 +474,7 @@ COMMANDS = {
     "config": cmd_config,
     "bench": cmd_bench,
     "convert": cmd_convert,
+    "quantize": cmd_quantize,
     "serve": cmd_serve,
     "completion": cmd_completion,
     "wyoming": cmd_wyoming,

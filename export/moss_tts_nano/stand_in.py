@@ -15,7 +15,6 @@ with `torch.onnx.export` (TorchScript exporter, opset 17, as published), every i
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import shutil
@@ -444,34 +443,15 @@ def share_external_data(graphs: Sequence[Path], data_name: str) -> None:
     """Move every initializer of >= 1 KiB of `graphs` into one `data_name` file beside them,
     each distinct tensor (by sha256 of its bytes) stored once."""
     import onnx
-    from onnx import external_data_helper
 
+    from onnx_tts.tools.bundle_files import save_sharing_data
+
+    models = [(path, onnx.load(str(path), load_external_data=True)) for path in graphs]
     directory = graphs[0].parent
-    offsets: dict[str, tuple[int, int]] = {}
-    blob = bytearray()
-    models = []
     for path in graphs:
-        model = onnx.load(str(path), load_external_data=True)
-        for tensor in model.graph.initializer:
-            raw = tensor.raw_data
-            if not raw:
-                continue  # typed-field tensors are tiny constants; they stay inline
-            if len(raw) < EXTERNAL_THRESHOLD:
-                continue
-            digest = hashlib.sha256(raw).hexdigest()
-            if digest not in offsets:
-                offsets[digest] = (len(blob), len(raw))
-                blob.extend(raw)
-            offset, length = offsets[digest]
-            external_data_helper.set_external_data(tensor, data_name, offset, length)
-            tensor.data_location = onnx.TensorProto.EXTERNAL
-            tensor.ClearField("raw_data")
-        models.append((path, model))
-    (directory / data_name).write_bytes(bytes(blob))
-    for path, model in models:
         for stale in directory.glob(f"{path.name}*.data"):
             stale.unlink()
-        path.write_bytes(model.SerializeToString())
+    save_sharing_data(models, data_name, EXTERNAL_THRESHOLD)
 
 
 def _remove_torch_sidecars(directory: Path, keep: Iterable[str]) -> None:

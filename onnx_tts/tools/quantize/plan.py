@@ -1,0 +1,149 @@
+"""What the quantizer does to one model: the graphs it tries (`GraphJob`, from the family's
+layout), how each is checked, and the rule that keeps a quantized graph (`Thresholds`,
+`decide`): its outputs must agree with the float graph's and it must not be slower.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from onnx_tts.errors import InputError
+from onnx_tts.tools.quantize.agreement import Agreement
+from onnx_tts.tools.quantize.feeds import Hint
+
+CHECK_KINDS = ("cache", "calls")
+
+
+@dataclass(frozen=True)
+class Check:
+    """How one graph is compared with its quantized twin: "cache" (a prefill + decode steps
+    with a KV cache; with two `roles`, the first graph prefills the second's cache) or "calls"
+    (independent runs)."""
+
+    kind: str
+    roles: tuple[str, ...]
+    hints: Mapping[str, Hint] = field(default_factory=dict)
+    dims: Mapping[str, int] = field(default_factory=dict)
+    outputs: tuple[str, ...] = ()  # outputs compared (default: all; a state is not a result)
+
+    def __post_init__(self) -> None:
+        if self.kind not in CHECK_KINDS or not 1 <= len(self.roles) <= 2:
+            raise ValueError(f"bad check {self}")
+
+    @property
+    def name(self) -> str:
+        return "+".join(self.roles)
+
+
+@dataclass(frozen=True)
+class GraphJob:
+    """One decision of the quantizer: the graphs `roles` (files `sources`) are quantized
+    together and kept or left float together (graphs that share their weights in one file stay
+    sharing them), after every one of `checks`. No checks: left float, `note` says why."""
+
+    name: str
+    roles: tuple[str, ...]
+    sources: tuple[Path, ...]
+    checks: tuple[Check, ...] = ()
+    note: str = ""
+
+    def __post_init__(self) -> None:
+        if len(self.roles) != len(self.sources):
+            raise ValueError(f"bad job {self}")
+
+    def source(self, role: str) -> Path:
+        return self.sources[self.roles.index(role)]
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """When a quantized graph agrees with its float graph: every float output's mean cosine
+    >= `min_cosine`, every logits output's argmax agreement and every integer output's
+    (sampled codes) equality >= `min_top1`; and it is kept only when its measured time per
+    call is at most `max_speed_ratio` x the float graph's."""
+
+    min_cosine: float = 0.99
+    min_top1: float = 0.9
+    max_speed_ratio: float = 1.05
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.min_cosine <= 1.0 or not 0.0 <= self.min_top1 <= 1.0:
+            raise InputError("--min-cosine and --min-top1 must be between 0 and 1")
+        if self.max_speed_ratio <= 0:
+            raise InputError("--max-speed-ratio must be positive")
+
+    def problems(self, agreement: Agreement) -> list[str]:
+        found = []
+        for output in agreement.outputs:
+            if output.equal is not None and output.equal < self.min_top1:
+                found.append(f"{output.name}: {output.equal:.3f} of values equal")
+                continue
+            if output.cosine_mean < self.min_cosine:
+                found.append(f"{output.name}: mean cosine {output.cosine_mean:.4f}")
+            if output.top1 is not None and output.top1 < self.min_top1:
+                found.append(f"{output.name}: argmax agrees at {output.top1:.3f} of positions")
+        return found
+
+    def as_dict(self) -> dict[str, float]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class GraphResult:
+    """What happened to one job."""
+
+    job: GraphJob
+    kept: bool
+    reason: str
+    quantized_matmuls: int = 0
+    float_matmuls: int = 0
+    float_bytes: int = 0
+    quantized_bytes: int = 0
+    agreements: dict[str, Agreement] = field(default_factory=dict)  # by check name
+    candidates: dict[str, Path] = field(default_factory=dict)  # role -> quantized file
+
+    def as_dict(self, root: Path) -> dict[str, Any]:
+        def shown(path: Path) -> str:
+            try:
+                return str(path.relative_to(root))
+            except ValueError:
+                return str(path)
+
+        out: dict[str, Any] = {
+            "name": self.job.name,
+            "graphs": {
+                role: shown(p) for role, p in zip(self.job.roles, self.job.sources, strict=True)
+            },
+            "quantized": self.kept,
+            "decision": self.reason,
+        }
+        if self.job.checks:
+            out["matmuls"] = {"quantized": self.quantized_matmuls, "float": self.float_matmuls}
+            out["bytes"] = {"float": self.float_bytes, "quantized": self.quantized_bytes}
+            out["agreement"] = {name: a.as_dict() for name, a in self.agreements.items()}
+        return out
+
+
+def decide(agreements: Mapping[str, Agreement], thresholds: Thresholds) -> tuple[bool, str]:
+    """Keep the quantized graphs? And why, in one line with the numbers: every check must
+    agree, and the checked calls together must not be slower."""
+    problems = [
+        f"{name}: {problem}"
+        for name, agreement in agreements.items()
+        for problem in thresholds.problems(agreement)
+    ]
+    float_ms = sum(a.float_ms for a in agreements.values())
+    quantized_ms = sum(a.quantized_ms for a in agreements.values())
+    ratio = quantized_ms / max(float_ms, 1e-9)
+    timing = f"{quantized_ms:.3g} ms vs {float_ms:.3g} ms per call ({ratio:.2f}x the float time)"
+    if problems:
+        return False, f"kept float: outputs disagree ({'; '.join(problems)}); {timing}"
+    if ratio > thresholds.max_speed_ratio:
+        return False, f"kept float: not faster ({timing}), outputs agree"
+    return True, f"quantized: outputs agree, {timing}"
+
+
+__all__ = ["CHECK_KINDS", "Check", "GraphJob", "GraphResult", "Thresholds", "decide"]

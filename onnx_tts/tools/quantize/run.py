@@ -1,0 +1,273 @@
+"""`quantize_model(IN, OUT, spec)`: every graph of a model that pays to quantize, checked
+against its float original and written in the family's own layout, with a report.
+
+The output directory is built in a private staging directory beside OUT and appears with one
+rename after it loads as the same family, so a failure leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import onnx
+
+from onnx_tts.errors import InputError, ModelError
+from onnx_tts.tools.bundle_files import atomic_write_bytes, save_sharing_data
+from onnx_tts.tools.quantize.agreement import Agreement, compare_stateless, compare_with_cache
+from onnx_tts.tools.quantize.plan import Check, GraphJob, GraphResult, Thresholds, decide
+from onnx_tts.tools.quantize.weights import WeightsSpec, quantize_weights
+
+REPORT = "quantize_report.json"
+MIN_STEPS = 20  # decode steps (or calls) the agreement is measured over, at least
+PREFILL_TOKENS = 8
+
+
+class Target(Protocol):
+    """A family's layout, as the quantizer sees it (bundles.py, chatterbox.py, moss.py)."""
+
+    family: str
+    root: Path
+
+    def jobs(self) -> list[GraphJob]: ...
+
+    def settle(self, results: Sequence[GraphResult]) -> None:
+        """Last say on which results are kept (a layout's own constraints)."""
+
+    def write(self, out: Path, results: Sequence[GraphResult], spec: WeightsSpec) -> None: ...
+
+
+@dataclass(frozen=True)
+class QuantizeReport:
+    source: Path
+    destination: Path
+    family: str
+    spec: WeightsSpec
+    thresholds: Thresholds
+    results: tuple[GraphResult, ...]
+    source_bytes: int
+    output_bytes: int
+
+    def as_dict(self) -> dict[str, Any]:
+        import onnxruntime
+
+        return {
+            "tool": "onnx-tts quantize",
+            "onnxruntime": onnxruntime.__version__,
+            "source": str(self.source),
+            "family": self.family,
+            "weights": self.spec.describe(),
+            "thresholds": self.thresholds.as_dict(),
+            "graphs": [r.as_dict(self.source) for r in self.results],
+            "bytes": {"source": self.source_bytes, "output": self.output_bytes},
+        }
+
+    def summary(self) -> str:
+        lines = [
+            f"quantized {self.source} -> {self.destination} ({self.family}, {self.spec.kind} "
+            f"weights, blocks of {self.spec.block_size})"
+        ]
+        for result in self.results:
+            lines.append(f"  {result.job.name}: {result.reason}")
+            for name, agreement in result.agreements.items():
+                for output in agreement.outputs:
+                    if output.equal is not None:
+                        shown = f"{output.equal:.3f} equal"
+                    else:
+                        shown = f"cosine {output.cosine_mean:.5f} (min {output.cosine_min:.5f})"
+                        if output.top1 is not None:
+                            shown += f", argmax {output.top1:.3f}"
+                    lines.append(f"    {name} {output.name}: {shown}")
+        lines.append(
+            f"  size {self.source_bytes / 2**20:.1f} MiB -> {self.output_bytes / 2**20:.1f} MiB; "
+            f"report: {self.destination / REPORT}"
+        )
+        return "\n".join(lines)
+
+
+def _target(source: Path) -> Target:
+    """The family layout of `source`; a ModelError when it is no model onnx-tts runs."""
+    from onnx_tts.families import detect
+
+    try:
+        detection = detect(source, {"precision": "fp32"})
+    except ModelError as error:
+        raise ModelError(f"{source} is not a model onnx-tts can quantize: {error}") from None
+    if detection.family == "moss-tts-nano":
+        from onnx_tts.tools.quantize.moss import MossTarget
+
+        return MossTarget(source)
+    if detection.family.startswith("chatterbox"):
+        from onnx_tts.tools.quantize.chatterbox import ChatterboxTarget
+
+        return ChatterboxTarget(source)
+    from onnx_tts.tools.quantize.bundles import BundleTarget
+
+    return BundleTarget(detection.inspected)
+
+
+def _check_paths(source: Path, destination: Path) -> tuple[Path, Path]:
+    source, destination = Path(source), Path(destination)
+    if not source.is_dir():
+        raise InputError(
+            f"{source} is not a model directory: pass a directory holding bundle.json, a "
+            "Chatterbox ONNX download or MOSS-TTS-Nano's two directories"
+        )
+    inside = source.resolve()
+    if destination.resolve() == inside or inside in destination.resolve().parents:
+        raise InputError(
+            f"the output {destination} is inside the model {source}: write the quantized model "
+            "to a new directory outside it"
+        )
+    if destination.exists():
+        raise InputError(f"{destination} already exists: give a new directory for the output")
+    if not destination.parent.is_dir():
+        raise InputError(f"output directory does not exist: {destination.parent}")
+    return source, destination
+
+
+def _directory_bytes(root: Path) -> int:
+    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
+
+
+def _run_check(check: Check, job: GraphJob, candidates: dict[str, Path], steps: int) -> Agreement:
+    what = f"{job.name} ({check.name})"
+    if check.kind == "calls":
+        role = check.roles[0]
+        return compare_stateless(
+            job.source(role),
+            candidates[role],
+            calls=steps + 1,
+            hints=check.hints,
+            dims=check.dims,
+            outputs=check.outputs,
+            what=what,
+        )
+    step_role = check.roles[-1]
+    prefill = None
+    if len(check.roles) == 2:
+        first = check.roles[0]
+        prefill = (job.source(first), candidates[first])
+    return compare_with_cache(
+        job.source(step_role),
+        candidates[step_role],
+        prefill_tokens=PREFILL_TOKENS,
+        steps=steps,
+        hints=check.hints,
+        dims=check.dims,
+        prefill=prefill,
+        what=what,
+    )
+
+
+def _quantize_job(
+    job: GraphJob, spec: WeightsSpec, work: Path, steps: int, thresholds: Thresholds
+) -> GraphResult:
+    if not job.checks:
+        return GraphResult(job, False, f"kept float: {job.note}")
+    directory = work / job.name
+    directory.mkdir(parents=True)
+    result = GraphResult(job, False, "")
+    graphs = []
+    for role, source in zip(job.roles, job.sources, strict=True):
+        model = onnx.load(str(source), load_external_data=True)
+        result.float_bytes += model.ByteSize()
+        quantized = quantize_weights(model, spec)
+        del model
+        result.quantized_matmuls += quantized.quantized
+        result.float_matmuls += quantized.float_matmuls
+        result.quantized_bytes += quantized.model.ByteSize()
+        result.candidates[role] = directory / f"{role}.onnx"
+        graphs.append((result.candidates[role], quantized.model))
+    if result.quantized_matmuls == 0:
+        result.reason = "kept float: no MatMul with a constant weight large enough to quantize"
+        return result
+    save_sharing_data(graphs, "weights.data")
+    del graphs
+    for check in job.checks:
+        result.agreements[check.name] = _run_check(check, job, result.candidates, steps)
+    result.kept, result.reason = decide(result.agreements, thresholds)
+    return result
+
+
+def quantize_model(
+    source: Path,
+    destination: Path,
+    spec: WeightsSpec,
+    *,
+    steps: int = MIN_STEPS,
+    thresholds: Thresholds | None = None,
+    graphs: Sequence[str] | None = None,
+    log: Callable[[str], None] | None = None,
+) -> QuantizeReport:
+    """Quantize the model directory `source` into the new directory `destination` (same
+    family, same layout). `graphs`: the job names to try (default: all the family offers);
+    `steps`: decode steps (or calls) of the agreement check, at least 20."""
+    if steps < MIN_STEPS:
+        raise InputError(f"--check-steps must be at least {MIN_STEPS}, got {steps}")
+    thresholds = thresholds or Thresholds()
+    source, destination = _check_paths(source, destination)
+    target = _target(source)
+    jobs = target.jobs()
+    if graphs:
+        names = {job.name for job in jobs}
+        unknown = sorted(set(graphs) - names)
+        if unknown:
+            raise InputError(
+                f"--graphs {', '.join(unknown)}: this {target.family} model has "
+                f"{', '.join(sorted(names))}"
+            )
+        jobs = [
+            job
+            if job.name in graphs
+            else GraphJob(job.name, job.roles, job.sources, note="not selected (--graphs)")
+            for job in jobs
+        ]
+    staging = Path(tempfile.mkdtemp(prefix=f".{destination.name}.", dir=destination.parent))
+    try:
+        work, out = staging / "work", staging / "out"
+        work.mkdir()
+        results = []
+        for job in jobs:
+            if log and job.checks:
+                log(f"{job.name}: quantizing and checking ...")
+            results.append(_quantize_job(job, spec, work, steps, thresholds))
+        target.settle(results)
+        out.mkdir()
+        target.write(out, results, spec)
+        report = QuantizeReport(
+            source,
+            destination,
+            target.family,
+            spec,
+            thresholds,
+            tuple(results),
+            _directory_bytes(source),
+            _directory_bytes(out),
+        )
+        text = json.dumps(report.as_dict(), indent=2) + "\n"
+        atomic_write_bytes(out / REPORT, text.encode("utf-8"))
+        _check_loads_as(out, target.family)
+        out.chmod(0o755)
+        os.replace(out, destination)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return report
+
+
+def _check_loads_as(out: Path, family: str) -> None:
+    """The written directory is recognised as the same family (layout and files checked)."""
+    from onnx_tts.families import detect
+
+    found = detect(out).family
+    if found != family:
+        raise ModelError(f"the quantized model loads as {found}, not {family}: nothing was written")
+
+
+__all__ = ["REPORT", "QuantizeReport", "quantize_model"]
