@@ -11,6 +11,7 @@ from onnx_tts.errors import InputError, OnnxTTSError
 from onnx_tts.tools.convert.inplace_kv import (
     convert_bundle_inplace_kv,
     convert_inplace_kv,
+    convert_manifest_bundle_inplace_kv,
     convert_moss_inplace_kv,
 )
 
@@ -25,8 +26,9 @@ def add_convert_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "source",
         type=Path,
-        help="LM graph with a Concat KV cache (.onnx), a Chatterbox model directory, or a "
-        "MOSS-TTS-Nano layout (the parent of its two directories)",
+        help="LM graph with a Concat KV cache (.onnx), a Chatterbox model directory, an "
+        "onnx-tts bundle (bundle.json) or a MOSS-TTS-Nano layout (the parent of its two "
+        "directories)",
     )
     parser.add_argument(
         "output",
@@ -69,6 +71,14 @@ def run_convert(args: argparse.Namespace) -> int:
         )
         print(report.summary())
         print(f"wrote {args.output}: the MOSS-TTS-Nano directories with decode_step in place")
+        return 0
+    if (Path(args.source) / "bundle.json").is_file():
+        reports = convert_manifest_bundle_inplace_kv(
+            args.source, args.output, check=not args.no_check, check_steps=args.check_steps
+        )
+        for report in reports:
+            print(report.summary())
+        print(f"wrote {args.output}: the bundle with its Concat-KV graphs converted")
         return 0
     if Path(args.source).is_dir():
         reports = convert_bundle_inplace_kv(

@@ -23,6 +23,7 @@ from onnx import TensorProto
 from onnx_tts.errors import InputError, ModelError
 from onnx_tts.tools.convert.rewrite import rewrite_inplace_kv
 from onnx_tts.tools.convert.verify import LayerAttention, LogitsCheck, compare_logits
+from onnx_tts.tools.quantize.rows import RowChanges, independent_rows
 
 _EXTERNAL_DATA_THRESHOLD = 1 << 30  # inline graphs above 1 GiB are written with a sidecar
 
@@ -66,6 +67,29 @@ class ConvertReport:
             lines.append("  logits check: skipped")
         lines.extend(f"  note: {note}" for note in self.notes)
         return "\n".join(lines)
+
+
+# A row rewrite changes only how activations are quantized: its logits stay this close to the
+# source's (mean cosine over a prefill and the decode steps), or something went wrong.
+ROWS_MIN_COSINE = 0.99
+
+
+def _rows_note(source: Path, reference: Path, rows: RowChanges, steps: int) -> str:
+    """Measure the row rewrite against the source; a ModelError when it drifted."""
+    from onnx_tts.tools.quantize.agreement import compare_with_cache
+
+    agreement = compare_with_cache(source, reference, prefill_tokens=8, steps=steps)
+    logits = next(o for o in agreement.outputs if o.name == "logits")
+    measured = (
+        f"logits vs the source over an 8-token prefill + {steps} steps: mean cosine "
+        f"{logits.cosine_mean:.5f}, argmax {logits.top1:.3f}, max |diff| {logits.max_abs_diff:.3g}"
+    )
+    if logits.cosine_mean < ROWS_MIN_COSINE:
+        raise ModelError(
+            f"making the rows of {source.name} independent changed its logits too much "
+            f"({measured}); nothing was written"
+        )
+    return f"rows made independent for batching ({rows.describe()}); {measured}"
 
 
 def _has_external_data(model: onnx.ModelProto) -> bool:
@@ -130,6 +154,21 @@ def convert_inplace_kv(
 
     staging = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", dir=dst.parent))
     try:
+        # Quantized variants (q8 / q4) first get rows that do not depend on each other, so
+        # the converted LM can batch; the attention rewrite is then checked against that.
+        reference = src
+        rows = independent_rows(model)
+        if rows.changed:
+            reference = staging / "rows" / src.name
+            reference.parent.mkdir()
+            copy = onnx.ModelProto()
+            copy.CopyFrom(model)
+            _save(copy, reference, True)
+            del copy
+            if check:
+                notes.append(_rows_note(src, reference, rows, check_steps))
+            else:
+                notes.append(f"rows made independent for batching: {rows.describe()}")
         layers, unused, kv_dtype = rewrite_inplace_kv(model, staging)
         if external_data is None:
             external_data = had_external or model.ByteSize() > _EXTERNAL_DATA_THRESHOLD
@@ -141,7 +180,7 @@ def convert_inplace_kv(
             raise ModelError(f"the converted graph is not valid ONNX: {error}") from None
         result = None
         if check:
-            result = compare_logits(src, staging / dst.name, decode_steps=check_steps)
+            result = compare_logits(reference, staging / dst.name, decode_steps=check_steps)
         if "attention_mask" in unused:
             notes.append(
                 "attention_mask is no longer read: GroupQueryAttention attends causally to all "
@@ -233,6 +272,66 @@ def convert_bundle_inplace_kv(
         dataclasses.replace(r, destination=dst / r.destination.relative_to(staging))
         for r in reports
     ]
+
+
+def convert_manifest_bundle_inplace_kv(
+    src: Path, dst: Path, *, check: bool = True, check_steps: int = 20
+) -> list[ConvertReport]:
+    """Convert an onnx-tts bundle (bundle.json: codec-lm, phoneme-mel): every graph it lists
+    whose KV cache grows by Concat (codec-lm's `lm_concat`) is rewritten under its own name,
+    and bundle.json is written again by the one bundle writer with the new hashes. `dst`, a new
+    directory, appears in one rename once every graph passed its check."""
+    from onnx_tts.families import detect
+    from onnx_tts.graph_io import GQA_OP, kv_pairs, read_graph_spec
+    from onnx_tts.tools.bundle_files import manifest_files, write_bundle
+
+    src, dst = Path(src), Path(dst)
+    if dst.exists():
+        raise InputError(f"{dst} already exists: give a new directory for the converted model")
+    if not dst.parent.is_dir():
+        raise InputError(f"output directory does not exist: {dst.parent}")
+    bundle = detect(src).inspected
+    candidates = []
+    for role, name in bundle.section("graphs").items():
+        spec = read_graph_spec(bundle.graph_path(role))
+        try:
+            kv_pairs(spec.input_names, spec.output_names)
+        except ModelError:
+            continue  # not an LM
+        if not spec.uses(GQA_OP):
+            candidates.append(name)
+    if not candidates:
+        raise ModelError(
+            f"{src}: no graph of this bundle grows its KV cache by Concat (its LMs already keep "
+            "the cache in place); nothing to convert"
+        )
+    staging = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", dir=dst.parent))
+    reports: list[ConvertReport] = []
+    try:
+        converted, out = staging / "converted", staging / "out"
+        converted.mkdir()
+        for name in candidates:
+            reports.append(
+                convert_inplace_kv(
+                    src / name,
+                    converted / name,
+                    check=check,
+                    check_steps=check_steps,
+                    external_data=False,
+                )
+            )
+        manifest = {k: v for k, v in bundle.manifest.items() if k != "sha256"}
+        files = {name: (src / name).read_bytes() for name in sorted(manifest_files(manifest))}
+        files.update({name: (converted / name).read_bytes() for name in candidates})
+        write_bundle(out, manifest, files)
+        for path in sorted(src.iterdir()):  # files the manifest does not name
+            if path.is_file() and path.name != "bundle.json" and path.name not in files:
+                shutil.copy2(path, out / path.name)
+        out.chmod(0o755)
+        os.replace(out, dst)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return [dataclasses.replace(r, destination=dst / r.destination.name) for r in reports]
 
 
 def convert_moss_inplace_kv(

@@ -242,11 +242,22 @@ def _find_score_matmul(
     return found[0]
 
 
+def _grouped_heads(index: GraphIndex, node: onnx.NodeProto) -> bool:
+    """A Reshape of the query to 5 dims [B, kv heads, groups, S, D] (grouped-query exports
+    attend per kv head); the probe checks numerically that the heads group as
+    GroupQueryAttention groups them."""
+    shape = index.constant_value(node.input[1]) if len(node.input) > 1 else None
+    return shape is not None and np.asarray(shape).size == 5
+
+
 def _trace_query(index: GraphIndex, layer: int, name: str) -> tuple[str, list[ScaleFactor]]:
     """Walk back from the score MatMul's first input over scalar scales to the query."""
     factors: list[ScaleFactor] = []
     while True:
         node = index.producer.get(name)
+        if node is not None and node.op_type == "Reshape" and _grouped_heads(index, node):
+            name = node.input[0]  # [B, H, S, D] viewed as [B, kv heads, groups, S, D]
+            continue
         if node is None or node.op_type not in _SCALE_OPS:
             return name, factors
         if node.op_type == "Div":

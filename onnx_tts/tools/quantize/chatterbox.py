@@ -62,8 +62,9 @@ class ChatterboxTarget:
             if role == "speech_encoder":
                 jobs.append(GraphJob(role, (role,), (path,), note=ENCODER_NOTE))
                 continue
-            check = Check("cache" if role == "language_model" else "calls", (role,), DECODER_HINTS)
-            jobs.append(GraphJob(role, (role,), (path,), (check,)))
+            lm = role == "language_model"
+            check = Check("cache" if lm else "calls", (role,), DECODER_HINTS)
+            jobs.append(GraphJob(role, (role,), (path,), (check,), per_step=lm))
         return jobs
 
     def settle(self, results: Sequence[GraphResult]) -> None:

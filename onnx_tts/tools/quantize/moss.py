@@ -101,7 +101,8 @@ class MossTarget:
                 jobs.append(GraphJob(name, tuple(roles), sources, note=ENCODER_NOTE))
                 continue
             found = tuple(checks[role] for role in roles if role in checks)
-            jobs.append(GraphJob(name, tuple(roles), sources, found))
+            per_step = not any(role.startswith("codec_") for role in roles)
+            jobs.append(GraphJob(name, tuple(roles), sources, found, per_step=per_step))
         return jobs
 
     def settle(self, results: Sequence[GraphResult]) -> None:

@@ -192,7 +192,7 @@ def _quantize_job(
     del graphs
     for check in job.checks:
         result.agreements[check.name] = _run_check(check, job, result.candidates, steps)
-    result.kept, result.reason = decide(result.agreements, thresholds)
+    result.kept, result.reason = decide(result.agreements, thresholds, job.per_step)
     return result
 
 
