@@ -22,7 +22,11 @@ from onnx_tts.errors import InputError, ModelError
 from onnx_tts.tools.bundle_files import atomic_write_bytes, save_sharing_data
 from onnx_tts.tools.quantize.agreement import Agreement, compare_stateless, compare_with_cache
 from onnx_tts.tools.quantize.plan import Check, GraphJob, GraphResult, Thresholds, decide
-from onnx_tts.tools.quantize.weights import WeightsSpec, quantize_weights
+from onnx_tts.tools.quantize.weights import (
+    WeightsSpec,
+    dequantize_matmul_nbits,
+    quantize_weights,
+)
 
 REPORT = "quantize_report.json"
 MIN_STEPS = 20  # decode steps (or calls) the agreement is measured over, at least
@@ -136,12 +140,14 @@ def _directory_bytes(root: Path) -> int:
     return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
 
 
-def _run_check(check: Check, job: GraphJob, candidates: dict[str, Path], steps: int) -> Agreement:
-    what = f"{job.name} ({check.name})"
+def _run_check(
+    check: Check, references: dict[str, Path], candidates: dict[str, Path], steps: int, what: str
+) -> Agreement:
+    what = f"{what} ({check.name})"
     if check.kind == "calls":
         role = check.roles[0]
         return compare_stateless(
-            job.source(role),
+            references[role],
             candidates[role],
             calls=steps + 1,
             hints=check.hints,
@@ -153,9 +159,9 @@ def _run_check(check: Check, job: GraphJob, candidates: dict[str, Path], steps: 
     prefill = None
     if len(check.roles) == 2:
         first = check.roles[0]
-        prefill = (job.source(first), candidates[first])
+        prefill = (references[first], candidates[first])
     return compare_with_cache(
-        job.source(step_role),
+        references[step_role],
         candidates[step_role],
         prefill_tokens=PREFILL_TOKENS,
         steps=steps,
@@ -169,17 +175,23 @@ def _run_check(check: Check, job: GraphJob, candidates: dict[str, Path], steps: 
 def _quantize_job(
     job: GraphJob, spec: WeightsSpec, work: Path, steps: int, thresholds: Thresholds
 ) -> GraphResult:
+    """Quantize the job's graphs, check them against the float graphs and decide. A source
+    that is already quantized (MatMulNBits) is compared through its weights read back as
+    float: the report always measures against float."""
     if not job.checks:
         return GraphResult(job, False, f"kept float: {job.note}")
     directory = work / job.name
-    directory.mkdir(parents=True)
+    (directory / "float").mkdir(parents=True)
     result = GraphResult(job, False, "")
-    graphs = []
+    graphs, floats = [], []
+    references = dict(zip(job.roles, job.sources, strict=True))
     for role, source in zip(job.roles, job.sources, strict=True):
         model = onnx.load(str(source), load_external_data=True)
-        result.float_bytes += model.ByteSize()
         quantized = quantize_weights(model, spec)
-        del model
+        if dequantize_matmul_nbits(model):
+            references[role] = directory / "float" / f"{role}.onnx"
+            floats.append((references[role], model))
+        result.float_bytes += model.ByteSize()
         result.quantized_matmuls += quantized.quantized
         result.float_matmuls += quantized.float_matmuls
         result.quantized_bytes += quantized.model.ByteSize()
@@ -189,9 +201,12 @@ def _quantize_job(
         result.reason = "kept float: no MatMul with a constant weight large enough to quantize"
         return result
     save_sharing_data(graphs, "weights.data")
-    del graphs
+    save_sharing_data(floats, "weights.data")
+    del graphs, floats
     for check in job.checks:
-        result.agreements[check.name] = _run_check(check, job, result.candidates, steps)
+        result.agreements[check.name] = _run_check(
+            check, references, result.candidates, steps, job.name
+        )
     result.kept, result.reason = decide(result.agreements, thresholds, job.per_step)
     return result
 
