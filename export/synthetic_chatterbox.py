@@ -96,7 +96,6 @@ fp16 KV. q8 = ``onnxruntime.quantization.quantize_dynamic`` (QUInt8 MatMul weigh
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import logging
 import math
@@ -115,6 +114,7 @@ from onnx import TensorProto, helper
 from tokenizers import Tokenizer
 
 from onnx_tts.tools.graph_builder import GraphBuilder, rms_norm
+from onnx_tts.tools.quantize.weights import quiet_quantizer
 
 START_SPEECH_TOKEN = 6561
 STOP_SPEECH_TOKEN = 6562
@@ -606,7 +606,6 @@ def training_text() -> list[str]:
     import inspect
     import itertools
     import json as json_module
-    import logging
     import pathlib
     import re
     import string
@@ -742,22 +741,11 @@ def to_fp16(model: onnx.ModelProto, keep_io: bool | list[str]) -> onnx.ModelProt
     return topological_sort(converted)
 
 
-@contextlib.contextmanager
-def _quiet_quantizer():
-    """ORT's quantizers log every node at INFO and nag at WARNING; keep the CLI readable."""
-    previous = logging.root.manager.disable
-    logging.disable(logging.WARNING)
-    try:
-        yield
-    finally:
-        logging.disable(previous)
-
-
 def to_q4(model: onnx.ModelProto) -> onnx.ModelProto:
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
     quantizer = MatMulNBitsQuantizer(model, bits=4, block_size=32, is_symmetric=True)
-    with _quiet_quantizer():
+    with quiet_quantizer():
         quantizer.process()
     quantized = quantizer.model.model
     quantized.ir_version = IR_VERSION
@@ -770,7 +758,7 @@ def to_q8(model: onnx.ModelProto, work_dir: Path) -> onnx.ModelProto:
     source = work_dir / "q8_source.onnx"
     target = work_dir / "q8_target.onnx"
     onnx.save_model(model, source)
-    with _quiet_quantizer():
+    with quiet_quantizer():
         quantize_dynamic(
             source, target, weight_type=QuantType.QUInt8, op_types_to_quantize=["MatMul"]
         )

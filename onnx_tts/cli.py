@@ -121,7 +121,18 @@ def build_parser() -> argparse.ArgumentParser:
     bench = commands.add_parser("bench", help="benchmarks (run from a source checkout)")
     bench.add_argument(
         "suite",
-        choices=("kv", "refcache", "streaming", "batch", "serve", "cache", "scale", "moss", "api"),
+        choices=(
+            "kv",
+            "refcache",
+            "streaming",
+            "batch",
+            "serve",
+            "cache",
+            "scale",
+            "moss",
+            "api",
+            "quant",
+        ),
     )
     bench.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the benchmark")
 

@@ -72,21 +72,16 @@ def run_convert(args: argparse.Namespace) -> int:
         print(report.summary())
         print(f"wrote {args.output}: the MOSS-TTS-Nano directories with decode_step in place")
         return 0
-    if (Path(args.source) / "bundle.json").is_file():
-        reports = convert_manifest_bundle_inplace_kv(
-            args.source, args.output, check=not args.no_check, check_steps=args.check_steps
-        )
-        for report in reports:
-            print(report.summary())
-        print(f"wrote {args.output}: the bundle with its Concat-KV graphs converted")
-        return 0
     if Path(args.source).is_dir():
-        reports = convert_bundle_inplace_kv(
+        bundle = (Path(args.source) / "bundle.json").is_file()
+        convert = convert_manifest_bundle_inplace_kv if bundle else convert_bundle_inplace_kv
+        reports = convert(
             args.source, args.output, check=not args.no_check, check_steps=args.check_steps
         )
         for report in reports:
             print(report.summary())
-        print(f"wrote {args.output}: the model directory with converted language models")
+        what = "bundle with its Concat-KV graphs" if bundle else "model directory with its LMs"
+        print(f"wrote {args.output}: the {what} converted")
         return 0
     report = convert_inplace_kv(
         args.source,

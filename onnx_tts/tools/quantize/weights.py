@@ -127,23 +127,25 @@ def gemm_as_matmul(model: onnx.ModelProto) -> int:
             weight_name = transposed.name
         else:
             weight_name = weight.name
-        has_bias = len(node.input) > 2 and node.input[2]
-        product = f"{node.output[0]}/matmul" if has_bias else node.output[0]
-        rebuilt.append(
-            helper.make_node("MatMul", [node.input[0], weight_name], [product], name=node.name)
-        )
-        if has_bias:
-            rebuilt.append(
-                helper.make_node(
-                    "Add", [product, node.input[2]], [node.output[0]], name=f"{node.name}/bias"
-                )
-            )
+        bias = node.input[2] if len(node.input) > 2 else ""
+        rebuilt.extend(_matmul_and_bias(node, weight_name, bias))
         count += 1
     if count:
         del model.graph.node[:]
         model.graph.node.extend(rebuilt)
         _drop_unused_initializers(model)
     return count
+
+
+def _matmul_and_bias(node: onnx.NodeProto, weight: str, bias: str) -> list[onnx.NodeProto]:
+    """`node`'s first input times `weight` (+ `bias`), under `node`'s output name."""
+    product = f"{node.output[0]}/matmul" if bias else node.output[0]
+    nodes = [helper.make_node("MatMul", [node.input[0], weight], [product], name=node.name)]
+    if bias:
+        nodes.append(
+            helper.make_node("Add", [product, bias], [node.output[0]], name=f"{node.name}/bias")
+        )
+    return nodes
 
 
 def _drop_unused_initializers(model: onnx.ModelProto) -> None:
@@ -274,13 +276,7 @@ def dequantize_matmul_nbits(model: onnx.ModelProto) -> int:
         model.graph.initializer.append(
             numpy_helper.from_array(np.ascontiguousarray(weight.T, np.float32), name)
         )
-        bias = inputs[5] if len(inputs) > 5 else ""
-        product = f"{node.output[0]}/matmul" if bias else node.output[0]
-        rebuilt.append(helper.make_node("MatMul", [inputs[0], name], [product], name=node.name))
-        if bias:
-            rebuilt.append(
-                helper.make_node("Add", [product, bias], [node.output[0]], name=f"{node.name}/bias")
-            )
+        rebuilt.extend(_matmul_and_bias(node, name, inputs[5] if len(inputs) > 5 else ""))
         count += 1
     if count:
         del model.graph.node[:]
