@@ -137,6 +137,37 @@ def gemm_as_matmul(model: onnx.ModelProto) -> int:
     return count
 
 
+def read_weights_directly(model: onnx.ModelProto) -> int:
+    """Nodes that read a weight through `Identity(initializer)` read the initializer itself;
+    returns how many inputs changed. In place. (torch's exporter shares a weight used in an
+    unrolled loop that way: MOSS's local frame graph runs its layer 17 times, and only the
+    first MatMul would see a constant weight.)"""
+    inits = {t.name for t in model.graph.initializer}
+    aliases = {
+        n.output[0]: n.input[0]
+        for n in model.graph.node
+        if n.op_type == "Identity" and n.input[0] in inits
+    }
+    outputs = {o.name for o in model.graph.output}
+    changed = 0
+    for node in model.graph.node:
+        for index, name in enumerate(node.input):
+            if name in aliases:
+                node.input[index] = aliases[name]
+                changed += 1
+    if changed:
+        kept = [
+            n
+            for n in model.graph.node
+            if not (
+                n.op_type == "Identity" and n.output[0] in aliases and n.output[0] not in outputs
+            )
+        ]
+        del model.graph.node[:]
+        model.graph.node.extend(kept)
+    return changed
+
+
 def _matmul_and_bias(node: onnx.NodeProto, weight: str, bias: str) -> list[onnx.NodeProto]:
     """`node`'s first input times `weight` (+ `bias`), under `node`'s output name."""
     product = f"{node.output[0]}/matmul" if bias else node.output[0]
@@ -189,6 +220,7 @@ def quantize_weights(model: onnx.ModelProto, spec: WeightsSpec) -> QuantizedGrap
 
     work = onnx.ModelProto.FromString(model.SerializeToString())  # the quantizer edits its input
     dequantize_matmul_nbits(work)
+    read_weights_directly(work)
     gemm_as_matmul(work)
     candidates = constant_matmuls(work)
     unnamed = [n for n in work.graph.node if not n.name]
@@ -295,4 +327,5 @@ __all__ = [
     "dequantize_matmul_nbits",
     "gemm_as_matmul",
     "quantize_weights",
+    "read_weights_directly",
 ]
