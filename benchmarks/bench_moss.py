@@ -173,7 +173,7 @@ def run_batched(engine, mode: str, frames: int, streams: int) -> dict[str, Any]:
                 first = time.perf_counter() - start
             samples += len(piece)
         total = time.perf_counter() - start
-        made = samples // engine.backend.hop_length
+        made = samples // engine.model.hop_length
         records[index] = _record(made, samples / engine.sample_rate, total, first or total)
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(streams)]

@@ -47,6 +47,30 @@ def file_sha256(path: str | os.PathLike[str]) -> str:
     return digest.hexdigest()
 
 
+def files_identity(paths: Iterable[Path]) -> str:
+    """Fingerprint of a graph and its sidecars (for cache keys): the .onnx file in full, each
+    sidecar by name, size and its first and last MiB (hashing a 1 GB sidecar on every load
+    would cost seconds)."""
+    digest = hashlib.sha256()
+    for path in paths:
+        digest.update(path.name.encode())
+        try:
+            with path.open("rb") as handle:
+                if path.suffix == ".onnx":
+                    for block in iter(lambda handle=handle: handle.read(1 << 20), b""):
+                        digest.update(block)
+                    continue
+                size = path.stat().st_size
+                digest.update(str(size).encode())
+                digest.update(handle.read(1 << 20))
+                if size > 2 << 20:
+                    handle.seek(size - (1 << 20))
+                    digest.update(handle.read())
+        except OSError as error:
+            raise ModelError(f"cannot read {path}: {error.strerror or error}") from None
+    return digest.hexdigest()
+
+
 def resolve_model_dir(model: str | os.PathLike[str] | None) -> Path:
     """The model directory to load: the argument, or the bundled default voice."""
     if model is None:

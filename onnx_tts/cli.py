@@ -259,7 +259,7 @@ def _synth_stream(
     """Write the chunks of engine.stream as they come; (samples, time to first audio)."""
     from onnx_tts.audio import save_audio, wav_header
 
-    channels = int(getattr(engine.backend, "channels", 1))  # stereo models write stereo
+    channels = engine.channels  # stereo models write stereo
     if args.output == "-":
         sink = RawPcmWriter()
         if fmt == "wav":

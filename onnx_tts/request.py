@@ -129,11 +129,14 @@ class Handoff:
 class Request:
     """One text chunk to generate and everything the stages need to serve it.
 
-    chunk: an item of the family's `text_chunks()`; voice: encoder outputs; sampling: with
+    chunk: an item of the family's `text.chunks()`; voice: encoder outputs; sampling: with
     this chunk's seed; options: the family's request options (checked). deadline: monotonic
     time its first audio is due (None: no deadline, a batch request); clock: the player of a
     streamed request; priority: lower goes first among equally urgent requests; cancel: the
-    token every stage checks; sink: where its frames go (set by the scheduler when None)."""
+    token every stage checks; sink: where its frames go (set by the scheduler when None);
+    generator: the random generator shared by the chunks of one text that decode one after
+    another (a family whose published runtime draws the whole text from one generator), None
+    for a chunk that draws from its own seed."""
 
     chunk: Any
     voice: Mapping[str, np.ndarray]
@@ -144,6 +147,7 @@ class Request:
     priority: int = 0
     cancel: CancelToken = field(default_factory=CancelToken)
     sink: Any = None
+    generator: np.random.Generator | None = None
     arrival: float = field(default_factory=time.monotonic)
     order: int = field(default_factory=lambda: next(_arrivals))
 

@@ -29,7 +29,15 @@ except ImportError as _missing_core:
         "editable (pip install -e .)"
     ) from _missing_core
 from onnx_tts.errors import ModelError, SessionError
-from onnx_tts.graph_io import GQA_OP, TensorSpec, graph_spec, kv_layout, kv_pairs, read_graph_spec
+from onnx_tts.graph_io import (
+    GQA_OP,
+    GraphSpec,
+    TensorSpec,
+    graph_spec,
+    kv_layout,
+    kv_pairs,
+    read_graph_spec,
+)
 
 KVMode = Literal["copy", "chain", "inplace"]
 KV_MODES: tuple[str, ...] = ("copy", "chain", "inplace")
@@ -163,13 +171,43 @@ class Session:
         return self._core
 
 
-def describe_graphs(sessions: Mapping[str, Session]) -> dict[str, dict[str, Any]]:
-    """File and I/O of each graph by role, for `onnx-tts info`."""
+class LazySession:
+    """A graph whose session is created the first time it runs (a family may ship graphs
+    that most requests never need: their memory and load time are then never spent). Its
+    declared I/O (`spec`) was read without a session."""
+
+    def __init__(self, spec: GraphSpec, options: SessionOptions) -> None:
+        self.spec = spec
+        self.path = spec.path
+        self.options = options
+        self.output_names = list(spec.outputs)
+        self._session: Session | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def loaded(self) -> bool:
+        return self._session is not None
+
+    def get(self) -> Session:
+        if self._session is None:
+            with self._lock:
+                if self._session is None:
+                    self._session = Session(self.path, self.options)
+        return self._session
+
+    def run(
+        self, feeds: Mapping[str, Any], output_names: Sequence[str] | None = None
+    ) -> dict[str, np.ndarray]:
+        return self.get().run(feeds, output_names)
+
+
+def describe_graphs(sessions: Mapping[str, Session | LazySession]) -> dict[str, dict[str, Any]]:
+    """File and declared I/O of each graph by role, for `onnx-tts info`."""
     return {
         role: {
             "file": session.path.name,
-            "inputs": [i.describe() for i in session.inputs],
-            "outputs": [o.describe() for o in session.outputs],
+            "inputs": [t.describe() for t in session.spec.inputs.values()],
+            "outputs": [t.describe() for t in session.spec.outputs.values()],
         }
         for role, session in sessions.items()
     }

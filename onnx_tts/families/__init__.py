@@ -18,7 +18,7 @@ from typing import Any
 from onnx_tts.bundle import MANIFEST, Bundle
 from onnx_tts.errors import ModelError
 from onnx_tts.families import chatterbox, codec_lm, moss_tts_nano, phoneme_mel
-from onnx_tts.families.base import Backend, Detection, Family, LoadSettings, Option
+from onnx_tts.families.base import Detection, Family, LoadSettings, Model, Option
 
 FAMILIES: dict[str, Family] = {
     family.name: family
@@ -74,9 +74,7 @@ def family_of(detection: Detection) -> Family:
     return FAMILIES[detection.family]
 
 
-def load_backend(
-    detection: Detection, settings: LoadSettings, options: Mapping[str, Any]
-) -> Backend:
+def load_model(detection: Detection, settings: LoadSettings, options: Mapping[str, Any]) -> Model:
     """Load what `detection` found; options the family does not take are an InputError
     naming the ones it does."""
     family = family_of(detection)
@@ -95,13 +93,13 @@ def all_options() -> dict[str, Option]:
 __all__ = [
     "FAMILIES",
     "LAYOUT_DETECTORS",
-    "Backend",
     "Detection",
     "Family",
     "LoadSettings",
+    "Model",
     "Option",
     "all_options",
     "detect",
     "family_of",
-    "load_backend",
+    "load_model",
 ]

@@ -25,18 +25,18 @@ from onnx_tts.decoding import SamplingOptions
 from onnx_tts.decoding.kv_rows import DEFAULT_SLOT_BYTES
 from onnx_tts.decoding.scheduler import DEFAULT_MAX_WAITING, DecodeScheduler, FrameStream
 from onnx_tts.families import FAMILIES
-from onnx_tts.families.base import Backend, Family
+from onnx_tts.families.base import Family, Model
 from onnx_tts.pipeline.caching import ResultCaching
 from onnx_tts.pipeline.execution import AudioStream, Executor, Progress, ReadyChunks
 from onnx_tts.pipeline.planner import Planner, Timing
-from onnx_tts.pipeline.voices import VoiceLike, Voices
+from onnx_tts.pipeline.voices import VoiceLike, VoiceResolver
 from onnx_tts.request import CancelToken, PlaybackClock, Request
 from onnx_tts.vocoder import StreamingOptions
 
 
 @dataclass
 class Audio:
-    """Synthesised speech: float32 mono samples at `sample_rate`."""
+    """Synthesised speech: float32 samples at `sample_rate`, [N] (mono) or [N, channels]."""
 
     samples: np.ndarray
     sample_rate: int
@@ -62,7 +62,7 @@ class Engine:
 
     def __init__(
         self,
-        backend: Backend,
+        model: Model,
         cache: ReferenceCache | None,
         family: Family | None = None,
         max_batch: int = 1,
@@ -73,17 +73,17 @@ class Engine:
         lookahead: bool = False,
         prefill_workers: int = 1,
     ) -> None:
-        self.backend = backend
+        self.model = model
         self.cache = cache
         self.results = results  # finished audio of deterministic requests (cache/result.py)
         self.prefixes = prefixes  # KV of voice prefixes (cache/prefix.py)
-        self.family = family or FAMILIES[backend.family]
+        self.family = family or FAMILIES[model.family]
         # A bundle whose streaming defaults are invalid fails at load (ModelError), not at the
         # first stream after it passed every non-streaming test.
         self.streaming_options()
         self.scheduler = DecodeScheduler(
-            backend.program,
-            backend.pool,
+            model.program,
+            model.pool,
             max_batch,
             prefixes,
             slot_bytes,
@@ -91,14 +91,19 @@ class Engine:
             lookahead,
             prefill_workers,
         )
-        self.planner = Planner(backend, self.family)
-        self.voices = Voices(backend, cache)
-        self.caching = ResultCaching(backend, results)
-        self.executor = Executor(backend, self.scheduler)
+        self.planner = Planner(model, self.family)
+        self.voices = VoiceResolver(model.voices, cache)
+        self.caching = ResultCaching(model, results)
+        self.executor = Executor(model, self.scheduler)
 
     @property
     def sample_rate(self) -> int:
-        return self.backend.sample_rate
+        return self.model.sample_rate
+
+    @property
+    def channels(self) -> int:
+        """Channels of the model's audio (samples are [N, channels] when more than 1)."""
+        return self.model.channels
 
     @property
     def sentence_entries(self) -> bool:
@@ -110,7 +115,7 @@ class Engine:
         self.caching.sentence_entries = bool(value)
 
     def info(self) -> dict[str, Any]:
-        info = self.backend.info()
+        info = self.model.info()
         scheduler = self.scheduler
         batched = scheduler.slots is not None and scheduler.max_batch > 1
         info["batching"] = {"batched": batched, "max_batch": scheduler.max_batch}
@@ -130,12 +135,19 @@ class Engine:
         fail)."""
         self.scheduler.close()
         self.executor.close()
+        self.model.close()
 
     # -- voices and caches ---------------------------------------------------------------------
     def voice(self, voice: VoiceLike = None) -> dict[str, np.ndarray]:
-        """Encoder outputs for a reference: a file path, mono samples at the encoder's rate, or
-        an already-encoded dict. Goes through the reference cache."""
+        """The conditioning of a voice: None (the model's default), a builtin voice's name, a
+        reference file, samples at the encoder's rate, or an already-encoded dict. References
+        go through the reference cache."""
         return self.voices.resolve(voice)
+
+    @property
+    def voice_names(self) -> tuple[str, ...]:
+        """Voices the model itself ships, by name (e.g. a manifest's builtin voices)."""
+        return self.model.voices.names
 
     def _caches(self) -> dict[str, TieredCache | None]:
         return {"reference": self.cache, "result": self.results, "prefix": self.prefixes}
@@ -157,7 +169,7 @@ class Engine:
         should_stop: Callable[[], bool] | None = None,
     ) -> FrameStream:
         """The LM stage alone: complete frames of one text chunk (an item of the model's
-        `backend.text_chunks()`), for an encoded voice (`voice()`), as they are generated.
+        `model.text.chunks()`), for an encoded voice (`voice()`), as they are generated.
         Closing the iterator stops generation and frees its row."""
         cancel = CancelToken()
         if should_stop is not None:
@@ -165,8 +177,8 @@ class Engine:
         request = Request(
             chunk,
             voice,
-            sampling or self.backend.sampling_defaults(),
-            self.backend.request_options(options or {}),
+            sampling or self.model.sampling_defaults(),
+            self.model.request_options(options or {}),
             cancel=cancel,
         )
         return self.executor.frames(request)
@@ -225,7 +237,7 @@ class Engine:
         """The model's streaming window defaults (bundle.json "streaming") with overrides
         (None = default), checked: e.g. a stride smaller than the overlap is an InputError."""
         return StreamingOptions.resolve(
-            self.backend.streaming_defaults, int(self.backend.hop_length), **overrides
+            self.model.streaming_defaults, int(self.model.hop_length), **overrides
         )
 
     def stream(
@@ -281,7 +293,7 @@ class Engine:
                 stream_key = self.caching.stream_key(key, window)
                 hit = self.caching.stream_hit(key, window)
         if hit is not None:  # the cached audio at once, in the stream's chunk sizes
-            hop = int(self.backend.hop_length)
+            hop = int(self.model.hop_length)
             sizes = window.first_chunk_frames * hop, window.stride_frames * hop
             return ReadyChunks(replay_chunks(hit["samples"], *sizes))
         stream = self.executor.stream(plan, prompt, window, timing)

@@ -1,7 +1,8 @@
 """Request execution: a planned text's chunks go to the model's scheduler as requests (for
 `synthesize` all at once, so the sentences of one text decode as parallel rows); their frames go
 to the vocoder stage, which decodes them one-shot per sentence (`synthesize`) or window by
-window (`stream`); the sentences are joined by a short pause."""
+window (`stream`); the sentences are joined by the vocoder's pause. A plan in sequential order
+(one generator for the whole text) submits each chunk once the LM finished the one before."""
 
 from __future__ import annotations
 
@@ -13,14 +14,11 @@ import numpy as np
 from onnx_tts.audio import check_finite
 from onnx_tts.decoding.scheduler import DecodeScheduler, FrameStream
 from onnx_tts.errors import EmptyAudioError, OnnxTTSError
-from onnx_tts.families.base import Backend
+from onnx_tts.families.base import Model
 from onnx_tts.pipeline.planner import Plan, Timing
 from onnx_tts.pipeline.stages import VocoderStage, VocoderStream
 from onnx_tts.request import Request
 from onnx_tts.vocoder import StreamingOptions
-
-# Pause inserted between sentences that were generated separately.
-SENTENCE_PAUSE_SECONDS = 0.15
 
 Progress = Callable[[int, int], None]
 
@@ -28,25 +26,21 @@ Progress = Callable[[int, int], None]
 class Executor:
     """Runs the plans of one model through its scheduler and its vocoder stage."""
 
-    def __init__(self, backend: Backend, scheduler: DecodeScheduler) -> None:
-        self.backend, self.scheduler = backend, scheduler
-        batched = getattr(backend, "vocode_windows", None) is not None
+    def __init__(self, model: Model, scheduler: DecodeScheduler) -> None:
+        self.model, self.scheduler = model, scheduler
         self.vocoder = VocoderStage(
-            lambda frames, voice: backend.vocode(frames, voice),
-            (lambda frames, voices: backend.vocode_windows(frames, voices)) if batched else None,
-            scheduler_wake=scheduler.wake,
-            open_stream=getattr(backend, "open_stream", None),
-            lm_idle=scheduler.idle,
+            model.vocoder, scheduler_wake=scheduler.wake, lm_idle=scheduler.idle
         )
+        self.hop_length = int(model.hop_length)
 
     @property
     def sample_rate(self) -> int:
-        return self.backend.sample_rate
+        return self.model.sample_rate
 
     @property
     def channels(self) -> int:
         """Channels of the model's audio: samples are [N] (mono) or [N, channels]."""
-        return int(getattr(self.backend, "channels", 1))
+        return self.model.channels
 
     def silence(self, samples: int = 0) -> np.ndarray:
         """`samples` zeros shaped like the model's audio."""
@@ -55,9 +49,8 @@ class Executor:
 
     def pause(self, chunk: object = None) -> np.ndarray:
         """The silence after sentence `chunk`, generated separately from the next (same in
-        synthesize and stream): the family's own rule when it has one (`pause_seconds`)."""
-        rule = getattr(self.backend, "pause_seconds", None)
-        seconds = rule(chunk) if rule is not None else SENTENCE_PAUSE_SECONDS
+        synthesize and stream): the vocoder's pause rule."""
+        seconds = self.model.vocoder.pause_seconds(chunk)
         return self.silence(int(seconds * self.sample_rate))
 
     def frames(self, request: Request) -> FrameStream:
@@ -68,7 +61,7 @@ class Executor:
     def audio(self, request: Request, window: StreamingOptions | None) -> VocoderStream:
         """The samples of one request through both stages: windowed, or one-shot (`window`
         None: one chunk, every frame vocoded at once). Closing stops it."""
-        stream = self.vocoder.open(request, window, int(self.backend.hop_length))
+        stream = self.vocoder.open(request, window, self.hop_length)
         self.scheduler.submit(request)
         return stream
 
@@ -77,7 +70,7 @@ class Executor:
 
     def vocode(self, frames: np.ndarray, voice: Mapping[str, np.ndarray]) -> np.ndarray:
         # A model that yields NaN/inf must never reach a speaker, a file or a cache.
-        samples = self.backend.vocode(frames, voice)
+        samples = self.model.vocoder.vocode(frames, voice)
         check_finite(samples, "the model's audio")
         return samples
 
@@ -94,22 +87,23 @@ class Executor:
         generated; `made(index, samples)` is told each sentence that was."""
         known = known or {}
         requests = plan.requests(voice, timing)
-        # Every sentence is submitted at once and decodes as its own row.
-        streams = {
-            index: self.audio(request, None)
-            for index, request in enumerate(requests)
-            if index not in known
-        }
+        streams = _OneShotStreams(self, requests, sequential=plan.sequential)
+        if not plan.sequential:  # every sentence at once, each decoding as its own row
+            for index in range(len(requests)):
+                if index not in known:
+                    streams.start(index)
         pieces: list[np.ndarray] = []
         try:
             for index in range(len(requests)):
                 if index in known:
                     samples = known[index]
                 else:
-                    parts = [piece for piece in streams[index] if len(piece)]
+                    parts = [piece for piece in streams.get(index) if len(piece)]
                     samples = np.concatenate([self.silence(), *parts])
                     if not samples.size:
-                        raise no_audio(requests[index].chunk, index, len(requests))
+                        raise no_audio(
+                            self.model.text.describe(requests[index].chunk), index, len(requests)
+                        )
                     if made is not None:
                         made(index, samples)
                 if index:
@@ -119,8 +113,7 @@ class Executor:
                 if progress is not None:
                     progress(index + 1, len(requests))
         finally:
-            for stream in streams.values():  # on an error, the others stop at once
-                stream.close()
+            streams.close()  # on an error, the others stop at once
         samples = np.concatenate(pieces) if pieces else self.silence()
         return samples.astype(np.float32, copy=False)
 
@@ -133,6 +126,40 @@ class Executor:
     ) -> AudioStream:
         """The text's audio as windows of frames are vocoded (see AudioStream)."""
         return AudioStream(self, plan.requests(voice, timing), window)
+
+
+class _OneShotStreams:
+    """The one-shot streams of a text's chunks for `Executor.synthesize`. In sequential order
+    chunk i + 1 is submitted when the LM finished chunk i (or when the consumer reaches it,
+    whichever comes first: only after chunk i ended either way)."""
+
+    def __init__(self, executor: Executor, requests: list[Request], sequential: bool) -> None:
+        self.executor, self.requests, self.sequential = executor, requests, sequential
+        self.streams: dict[int, VocoderStream] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def start(self, index: int) -> None:
+        with self._lock:
+            if self._closed or index >= len(self.requests) or index in self.streams:
+                return
+            request = self.requests[index]
+            stream = self.executor.vocoder.open(request, None, self.executor.hop_length)
+            if self.sequential:
+                stream.on_lm_done = lambda: self.start(index + 1)
+            self.streams[index] = stream
+        self.executor.scheduler.submit(request)
+
+    def get(self, index: int) -> VocoderStream:
+        self.start(index)  # (already started unless the consumer is ahead of the LM)
+        return self.streams[index]
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            streams = list(self.streams.values())
+        for stream in streams:
+            stream.close()
 
 
 class AudioStream:
@@ -170,7 +197,7 @@ class AudioStream:
                 return
             try:
                 stream = self.executor.vocoder.open(
-                    self.requests[index], self.window, int(self.executor.backend.hop_length)
+                    self.requests[index], self.window, self.executor.hop_length
                 )
             except OnnxTTSError as error:  # the engine is closing
                 self._failure = error
@@ -231,8 +258,9 @@ class AudioStream:
                     self.close()
                     if cancelled:  # its consumer stopped it: the stream just ends
                         raise StopIteration from None
+                    chunk = self.requests[self._index].chunk
                     raise no_audio(
-                        self.requests[self._index].chunk, self._index, len(self.requests)
+                        self.executor.model.text.describe(chunk), self._index, len(self.requests)
                     ) from None
                 self._index += 1
                 self._produced = 0
@@ -297,11 +325,12 @@ class ReadyChunks:
             close()
 
 
-def no_audio(chunk: object, index: int, count: int) -> EmptyAudioError:
-    """The error for a sentence the model ended without any audio: an utterance with no sound
-    is never returned, written or cached as if it were speech."""
+def no_audio(chunk: str, index: int, count: int) -> EmptyAudioError:
+    """The error for a sentence the model ended without any audio (`chunk`: the sentence as
+    the family describes it, or ""): an utterance with no sound is never returned, written or
+    cached as if it were speech."""
     which = f"sentence {index + 1} of {count}"
-    if isinstance(chunk, str):
+    if chunk:
         which += f" ({chunk[:40]!r}{'...' if len(chunk) > 40 else ''})"
     return EmptyAudioError(
         f"the model produced no audio for {which}: it stopped at its first step; rephrase "
@@ -310,7 +339,6 @@ def no_audio(chunk: object, index: int, count: int) -> EmptyAudioError:
 
 
 __all__ = [
-    "SENTENCE_PAUSE_SECONDS",
     "AudioStream",
     "Executor",
     "Progress",
