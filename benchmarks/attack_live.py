@@ -2050,7 +2050,7 @@ def _close_random_64(engine: Any, threads_before: int) -> str:
 
 
 def _close_random_64_sync(engine: Any, threads_before: int) -> str:
-    from onnx_tts.request import CancelToken
+    from onnx_tts.decoding.request import CancelToken
 
     tokens = [CancelToken() for _ in range(64)]
     errors: list[str] = []

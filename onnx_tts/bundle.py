@@ -22,7 +22,6 @@ MAX_MANIFEST_BYTES = 16 << 20
 MODELS_DIR = Path(__file__).resolve().parent / "models"
 VOICE_MODEL_DIR = MODELS_DIR / "voice"  # the trained voice (export/train_voice.py)
 DEFAULT_MODEL_DIR = VOICE_MODEL_DIR
-DEFAULT_FAMILY = "codec-lm"  # manifests written before "family" existed
 
 # Bounds on the KV layout a manifest may declare, and on the memory one sequence's in-place
 # KV buffers may take: a manifest must not be able to make the engine allocate without limit.
@@ -135,9 +134,11 @@ class Bundle:
         return cls(root, manifest)
 
     @property
-    def family(self) -> str:
-        family = self.manifest.get("family", DEFAULT_FAMILY)
-        if not isinstance(family, str):
+    def family(self) -> str | None:
+        """The family the manifest names (None: a manifest written before "family" existed;
+        the registry knows which family those are)."""
+        family = self.manifest.get("family")
+        if family is not None and not isinstance(family, str):
             raise ModelError(f"{self.root / MANIFEST}: family must be a string, got {family!r}")
         return family
 

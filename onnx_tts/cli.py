@@ -119,17 +119,14 @@ def build_parser() -> argparse.ArgumentParser:
     add_engine_flags(info)
 
     bench = commands.add_parser("bench", help="benchmarks (run from a source checkout)")
-    bench.add_argument(
-        "suite",
-        choices=("kv", "refcache", "streaming", "batch", "serve", "cache", "scale", "moss", "api"),
-    )
+    bench.add_argument("suite", help="a benchmark of the checkout's benchmarks/bench_*.py")
     bench.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the benchmark")
 
     # The converter is an offline tool (onnx_tts.tools): its own parser reads the raw
     # arguments, so neither it nor its imports load unless `convert` runs.
     convert = commands.add_parser(
         "convert",
-        help="rewrite a Concat-KV LM (e.g. Chatterbox) for the in-place KV cache",
+        help="rewrite a model's Concat-KV LM for the in-place KV cache",
         add_help=False,
         prefix_chars="\0",  # pass every argument, --help and flags included, through as is
     )
@@ -423,6 +420,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     import importlib
 
     repo = _find_benchmarks()
+    suites = sorted(path.stem[6:] for path in (repo / "benchmarks").glob("bench_*.py"))
+    if args.suite not in suites:
+        raise InputError(f"unknown benchmark {args.suite!r}; choose one of {', '.join(suites)}")
     sys.path.insert(0, str(repo))
     module = importlib.import_module(f"benchmarks.bench_{args.suite}")
     forwarded = [a for a in args.args if a != "--"]

@@ -106,6 +106,12 @@ class EngineConfig:
         "decode lookahead: hand a step's frames to the vocoder while the next step's LM run "
         "goes on in a helper thread",
     )
+    policy: str = setting(
+        "deadline",
+        "scheduling policy: deadline (most urgent first, listeners about to run dry before "
+        "those with audio buffered) or fifo (first come first served)",
+        choices=("deadline", "fifo"),
+    )
 
 
 @dataclass(frozen=True)

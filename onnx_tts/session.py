@@ -291,7 +291,7 @@ class KVCache:
         output_names: Sequence[str] | None = None,
     ) -> dict[str, np.ndarray]:
         """Empty the cache, run `session` (a prefill graph with this cache's present outputs
-        and no past inputs, e.g. MOSS-TTS-Nano's prefill beside its decode_step) over `feeds`,
+        and no past inputs, e.g. a prefill graph beside a step graph) over `feeds`,
         and keep its presents as the cache's first tokens: in chain mode the values themselves
         become the step graph's pasts, no host copy. Returns the other outputs (all unless
         named)."""
@@ -437,7 +437,7 @@ class StateChain:
     input, state output) names, `initial` one array per pair (what `reset()` returns to).
 
     For streaming decoders whose state is named by a metadata file rather than by a naming
-    pattern, e.g. the MOSS audio tokenizer's decode_step (offsets, sliding attention caches)."""
+    pattern, e.g. a streaming codec's step graph (offsets, sliding attention caches)."""
 
     def __init__(
         self,

@@ -437,6 +437,29 @@ def test_kv_dtype_mismatch_is_named(small_turbo):
         detect(small_turbo)
 
 
+@pytest.mark.parametrize(
+    ("graph", "tensor", "dtype", "message"),
+    [
+        ("language_model", "logits", onnx.TensorProto.INT64, r"output 'logits' is int64"),
+        ("conditional_decoder", None, onnx.TensorProto.INT16, r"output '\w+' is int16"),
+    ],
+)
+def test_outputs_of_the_wrong_dtype_are_refused(small_turbo, graph, tensor, dtype, message):
+    """A graph whose declared output is not what the loop reads (integer logits, a 16-bit
+    waveform) is refused at load, never run into silence or other audio."""
+    path = small_turbo / "onnx" / f"{graph}.onnx"
+    model = onnx.load(str(path), load_external_data=False)
+    output = next(o for o in model.graph.output if tensor is None or o.name == tensor)
+    cast = f"{output.name}_as_wrong_type"
+    for node in model.graph.node:
+        node.output[:] = [cast if name == output.name else name for name in node.output]
+    model.graph.node.append(onnx.helper.make_node("Cast", [cast], [output.name], to=dtype))
+    output.type.tensor_type.elem_type = dtype
+    onnx.save_model(model, str(path))
+    with pytest.raises(ModelError, match=message):
+        detect(small_turbo)
+
+
 def test_not_a_model_directory(tmp_path):
     with pytest.raises(ModelError, match="does not exist"):
         detect(tmp_path / "nowhere")

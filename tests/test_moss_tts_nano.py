@@ -23,10 +23,10 @@ import soundfile
 
 import onnx_tts
 from onnx_tts.audio import pcm16
+from onnx_tts.decoding.request import Request
 from onnx_tts.errors import AudioError, EmptyAudioError, InputError, ModelError
 from onnx_tts.families import FAMILIES, detect
 from onnx_tts.families.moss_tts_nano.sampling import sample_rows
-from onnx_tts.request import Request
 from tests.moss_published_loop import PAUSE_LONG, PAUSE_SHORT, PublishedLoop, host_sample
 
 TTS = "MOSS-TTS-Nano-100M-ONNX"
@@ -733,6 +733,16 @@ BROKEN_CASES = [
         r"prompt_audio_codes must be",
     ),
     (lambda d: (d / TTS / MANIFEST).write_text("{not json"), r"not valid JSON"),
+    # Codes stored as floats would be truncated into other codes: refused, never spoken.
+    (
+        _set(TTS, MANIFEST, "builtin_voices", 0, "prompt_audio_codes", value=[[3.5] * 16] * 4),
+        r"integer codes",
+    ),
+    (
+        _set(TTS, MANIFEST, "builtin_voices", 0, "prompt_audio_codes", value=[[3.0] * 16] * 4),
+        r"integer codes",
+    ),
+    (_set(TTS, MANIFEST, "builtin_voices", 1, "voice", value="Junhao"), r"second voice named"),
 ]
 
 
@@ -742,6 +752,23 @@ def test_broken_directories_get_one_clear_error(broken, damage, message):
     with pytest.raises(ModelError, match=message) as caught:
         detect(broken)
     assert "\n" not in str(caught.value)
+
+
+def test_a_tokenizer_larger_than_the_model_vocabulary_is_refused(broken):
+    """A tokenizer.model with pieces past the model's vocab_size would feed the embedding ids
+    it has no row for (ONNX Runtime's Gather error mid-request): refused at load."""
+    from sentencepiece import sentencepiece_model_pb2
+
+    path = broken / TTS / "tokenizer.model"
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString(path.read_bytes())
+    vocab = json.loads((broken / TTS / TTS_META).read_text())["model_config"]["vocab_size"]
+    while len(proto.pieces) <= vocab:
+        piece = proto.pieces.add()
+        piece.piece, piece.type = f"extra{len(proto.pieces)}", piece.USER_DEFINED
+    path.write_bytes(proto.SerializeToString())
+    with pytest.raises(ModelError, match=r"tokenizer\.model has \d+ pieces but .* has 16384"):
+        onnx_tts.load(broken, cache_dir=None)
 
 
 def test_cli_names_the_broken_file_and_exits_2(broken):

@@ -13,9 +13,9 @@ import pytest
 
 import onnx_tts
 from onnx_tts.decoding.kv_rows import MIN_SLOT_CAPACITY
+from onnx_tts.decoding.request import CancelToken, PlaybackClock, Request
 from onnx_tts.decoding.scheduler import DecodeScheduler, QueueFull
 from onnx_tts.errors import InputError
-from onnx_tts.request import CancelToken, PlaybackClock, Request
 from tests.conftest import codec_lm_dir
 
 TEXTS = [
@@ -232,7 +232,7 @@ def test_admission_goes_by_priority_then_deadline_then_arrival(solo_voice):
     for _ in queued:
         scheduler.waiting = [r for r in queued if r.chunk not in order]
         scheduler.requests = [None]
-        (row,) = scheduler._take_waiting()
+        (row,) = scheduler._take(scheduler._plan())
         order.append(scheduler.requests[row].chunk)
     assert order == ["first", "dry", "soon", "batch", "late"]
 

@@ -22,7 +22,7 @@ import pytest
 import soundfile
 
 from benchmarks.live_server import LiveServer, free_port
-from onnx_tts.request import PlaybackClock
+from onnx_tts.decoding.request import PlaybackClock
 from onnx_tts.server.encoding import StreamEncoder, wav_stream_header
 from onnx_tts.server.timestretch import TimeStretcher, stretch
 from tests.conftest import speechlike

@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 
 import onnx_tts
+from onnx_tts.decoding.request import CancelToken, PlaybackClock, Request
 from onnx_tts.errors import InputError
 from onnx_tts.families.base import Vocoder, VocoderCapabilities
 from onnx_tts.pipeline.admission import Admission, retry_after_seconds
 from onnx_tts.pipeline.stages import VocoderStage
-from onnx_tts.request import CancelToken, PlaybackClock, Request
 from onnx_tts.vocoder import StreamingOptions
 from tests.conftest import codec_lm_dir
 
@@ -407,7 +407,7 @@ def test_a_listener_with_a_clock_gets_growing_windows_a_reader_the_fixed_stride(
     """Server streams carry their listener's clock: after the short first chunk their windows
     grow to the stride (the listener holds what the next window needs); a stream read as fast
     as it is made keeps the fixed stride (fewer windows to decode)."""
-    from onnx_tts.request import PlaybackClock
+    from onnx_tts.decoding.request import PlaybackClock
 
     engine = onnx_tts.load(cache_dir=None, max_batch=1)
     text = " ".join(TEXTS)

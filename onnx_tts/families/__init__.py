@@ -29,6 +29,8 @@ FAMILIES: dict[str, Family] = {
         moss_tts_nano.REGISTRY_ENTRY,
     )
 }
+# The family of bundle manifests written before "family" existed.
+FAMILY_OF_UNNAMED_BUNDLES = codec_lm.REGISTRY_ENTRY.name
 # Recognisers of model directories that carry no bundle.json, tried in order.
 LAYOUT_DETECTORS: tuple[Callable[[Path, Mapping[str, Any]], Detection | None], ...] = (
     moss_tts_nano.detect,
@@ -49,7 +51,7 @@ def detect(model_dir: Path | str, options: Mapping[str, Any] | None = None) -> D
         )
     if (root / MANIFEST).is_file():
         bundle = Bundle.read(root)
-        family = FAMILIES.get(bundle.family)
+        family = FAMILIES.get(bundle.family or FAMILY_OF_UNNAMED_BUNDLES)
         if family is None or family.manifest_sections is None:
             bundled = ", ".join(n for n, f in FAMILIES.items() if f.manifest_sections)
             raise ModelError(

@@ -21,6 +21,7 @@ from onnx_tts.decoding import (
     SamplingOptions,
     StepOutput,
 )
+from onnx_tts.decoding.request import Request
 from onnx_tts.encoder import VoiceEncoder
 from onnx_tts.errors import AudioError, InputError, ModelError
 from onnx_tts.families.base import (
@@ -37,7 +38,6 @@ from onnx_tts.families.base import (
 from onnx_tts.families.loader import Graph, GraphSet, load_graphs
 from onnx_tts.frontend import TextTokenizer, normalize_text, split_sentences
 from onnx_tts.graph_io import check_graph_io
-from onnx_tts.request import Request
 from onnx_tts.session import Session
 from onnx_tts.vocoder import decode_in_batches
 

@@ -59,7 +59,7 @@ def load(
     cache_disk_bytes, redis_url, redis_ttl_seconds, result_cache_bytes, result_cache_dir,
     result_cache_disk_bytes, prefix_cache_bytes), each checked against the bounds written
     there once; any other keyword is a load option of the model's family (`onnx-tts info`
-    lists them, e.g. precision or exaggeration for Chatterbox exports). `providers`: ONNX
+    lists them, e.g. a precision or an expressiveness control). `providers`: ONNX
     Runtime execution providers in order of preference.
     """
     if isinstance(providers, str) or not all(isinstance(p, str) for p in providers):
@@ -130,6 +130,7 @@ def build_engine(
         max_waiting=config.max_waiting,
         lookahead=config.lookahead,
         prefill_workers=prefill_workers,
+        policy=config.policy,
     )
 
 

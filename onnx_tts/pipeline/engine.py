@@ -23,6 +23,8 @@ from onnx_tts.cache.result import ResultCache, replay_chunks
 from onnx_tts.cache.tiered import TieredCache
 from onnx_tts.decoding import SamplingOptions
 from onnx_tts.decoding.kv_rows import DEFAULT_SLOT_BYTES
+from onnx_tts.decoding.policy import SchedulingPolicy
+from onnx_tts.decoding.request import CancelToken, PlaybackClock, Request
 from onnx_tts.decoding.scheduler import DEFAULT_MAX_WAITING, DecodeScheduler, FrameStream
 from onnx_tts.families import FAMILIES
 from onnx_tts.families.base import Family, Model
@@ -30,7 +32,6 @@ from onnx_tts.pipeline.caching import ResultCaching
 from onnx_tts.pipeline.execution import AudioStream, Executor, Progress, ReadyChunks
 from onnx_tts.pipeline.planner import Planner, Timing
 from onnx_tts.pipeline.voices import VoiceLike, VoiceResolver
-from onnx_tts.request import CancelToken, PlaybackClock, Request
 from onnx_tts.vocoder import StreamingOptions
 
 
@@ -72,6 +73,7 @@ class Engine:
         max_waiting: int = DEFAULT_MAX_WAITING,
         lookahead: bool = False,
         prefill_workers: int = 1,
+        policy: str | SchedulingPolicy | None = None,
     ) -> None:
         self.model = model
         self.cache = cache
@@ -90,6 +92,7 @@ class Engine:
             max_waiting,
             lookahead,
             prefill_workers,
+            policy,
         )
         self.planner = Planner(model, self.family)
         self.voices = VoiceResolver(model.voices, cache)

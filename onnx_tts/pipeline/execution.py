@@ -12,12 +12,12 @@ from collections.abc import Callable, Iterator, Mapping
 import numpy as np
 
 from onnx_tts.audio import check_finite
+from onnx_tts.decoding.request import Request
 from onnx_tts.decoding.scheduler import DecodeScheduler, FrameStream
 from onnx_tts.errors import EmptyAudioError, OnnxTTSError
 from onnx_tts.families.base import Model
 from onnx_tts.pipeline.planner import Plan, Timing
 from onnx_tts.pipeline.stages import VocoderStage, VocoderStream
-from onnx_tts.request import Request
 from onnx_tts.vocoder import StreamingOptions
 
 Progress = Callable[[int, int], None]
@@ -29,7 +29,10 @@ class Executor:
     def __init__(self, model: Model, scheduler: DecodeScheduler) -> None:
         self.model, self.scheduler = model, scheduler
         self.vocoder = VocoderStage(
-            model.vocoder, scheduler_wake=scheduler.wake, lm_idle=scheduler.idle
+            model.vocoder,
+            scheduler_wake=scheduler.wake,
+            lm_idle=scheduler.idle,
+            policy=scheduler.policy,
         )
         self.hop_length = int(model.hop_length)
 

@@ -11,10 +11,10 @@ from typing import Any
 import numpy as np
 
 from onnx_tts.decoding import SAMPLING_KEYS, SamplingOptions, check_seed
+from onnx_tts.decoding.request import CancelToken, PlaybackClock, Request
 from onnx_tts.errors import InputError
 from onnx_tts.families.base import ChunkOrder, Family, Model
 from onnx_tts.frontend import check_text
-from onnx_tts.request import CancelToken, PlaybackClock, Request
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,10 @@
 """The vocoder stage: every stream's windows of one model, on one worker thread.
 
 The decode scheduler hands each request's frames to its `VocoderStream` (the request's sink);
-the stage's worker decodes whatever windows are due, most urgent stream first (a stream whose
-player is about to run dry before one that has audio buffered; a one-shot request with no
-deadline last), and hands the samples to the stream's consumer. Windows that become due
+the stage's worker decodes whatever windows are due in the order the scheduling policy gives
+(by default most urgent stream first: a stream whose player is about to run dry before one
+that has audio buffered; a one-shot request with no deadline last), and hands the samples to
+the stream's consumer. Windows that become due
 within `gather_seconds` of each other are decoded together: one vocoder call for a batch when
 the family's vocoder declares that it batches exactly (`VocoderCapabilities.batches_exactly`:
 `Vocoder.vocode_windows`), otherwise one call each in deadline order. So the vocoder runs
@@ -33,9 +34,10 @@ from typing import Any
 import numpy as np
 
 from onnx_tts.audio import check_finite
+from onnx_tts.decoding.policy import SchedulingPolicy, make_policy
+from onnx_tts.decoding.request import Handoff, Request
 from onnx_tts.errors import OnnxTTSError
 from onnx_tts.families.base import Vocoder
-from onnx_tts.request import Handoff, Request
 from onnx_tts.vocoder import StreamingDecoder, StreamingOptions, Window
 
 # Windows due within this long of the first one are decoded in the same round.
@@ -232,8 +234,10 @@ class VocoderStage:
         gather_seconds: float = DEFAULT_GATHER_SECONDS,
         max_batch: int = MAX_VOCODER_BATCH,
         lm_idle: Callable[[], bool] | None = None,
+        policy: SchedulingPolicy | None = None,
     ) -> None:
         self.vocoder = vocoder
+        self.policy = make_policy(policy)  # which due windows go first
         capabilities = vocoder.capabilities
         self.batches = capabilities.batches_exactly
         self.stateful = capabilities.stateful_streams
@@ -366,7 +370,8 @@ class VocoderStage:
         """(under the lock) every due (stream, window), most urgent first; failed streams
         get their error now."""
         work = []
-        for stream in sorted(self._due, key=lambda s: s.request.urgency()):
+        due = list(self._due)
+        for stream in [due[i] for i in self.policy.order([s.request.urgency() for s in due])]:
             if stream.failed is not None and not stream.done:
                 stream.release_state()
                 stream.fail(stream.failed)

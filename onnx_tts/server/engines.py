@@ -69,6 +69,7 @@ class SpeechModel:
             lead=self.lead,
             cores=available_cores(),
             stalls=self.stalls,
+            policy=engine.scheduler.policy,
         )
 
     def stalls(self) -> int:

@@ -1,8 +1,8 @@
 """OpenAI's free-text `instructions` ("speak slowly and calmly") mapped onto what a model can do.
 
 The models here take no style prompt, so the words that have a meaning for them are applied:
-pace words scale `speed` (WSOLA, pitch kept), and expressiveness words set Chatterbox's
-`exaggeration` when the model has that option. Every clause with none of those words is
+pace words scale `speed` (WSOLA, pitch kept), and expressiveness words set a model's
+`exaggeration` option when its family has one. Every clause with none of those words is
 reported back as ignored (a response header and the log), never silently dropped.
 """
 

@@ -19,8 +19,8 @@ import numpy as np
 import soxr
 
 from onnx_tts.audio import downmix
+from onnx_tts.decoding.request import CancelToken, PlaybackClock
 from onnx_tts.errors import SessionError
-from onnx_tts.request import CancelToken, PlaybackClock
 from onnx_tts.server.engines import SpeechModel
 from onnx_tts.server.timestretch import TimeStretcher
 

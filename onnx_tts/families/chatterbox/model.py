@@ -26,6 +26,7 @@ from onnx_tts.decoding import (
     StopRules,
     StopTracker,
 )
+from onnx_tts.decoding.request import Request
 from onnx_tts.encoder import VoiceEncoder
 from onnx_tts.errors import AudioError, InputError, ModelError
 from onnx_tts.families.base import (
@@ -52,7 +53,6 @@ from onnx_tts.families.chatterbox.text import (
 )
 from onnx_tts.families.loader import Graph, GraphSet, load_graphs
 from onnx_tts.frontend import normalize_text, split_sentences
-from onnx_tts.request import Request
 from onnx_tts.session import Session
 
 START_SPEECH_TOKEN = 6561

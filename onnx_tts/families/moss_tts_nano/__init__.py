@@ -17,14 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from onnx_tts.families.base import Detection, Family, LoadSettings, Option
-from onnx_tts.families.moss_tts_nano.layout import (
-    FAMILY,
-    MAX_NEW_FRAMES,
-    SAMPLE_MODES,
-    inspect_layout,
-    looks_like_moss,
-)
+from onnx_tts.families.moss_tts_nano.layout import FAMILY, MAX_NEW_FRAMES, SAMPLE_MODES
 from onnx_tts.families.moss_tts_nano.local import PATH_CHOICES
+from onnx_tts.families.moss_tts_nano.reader import inspect_layout, looks_like_moss
 from onnx_tts.families.moss_tts_nano.text import MAX_CHUNK_TOKENS
 
 

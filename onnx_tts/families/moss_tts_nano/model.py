@@ -21,6 +21,7 @@ import numpy as np
 
 from onnx_tts.bundle import files_identity
 from onnx_tts.decoding import CapacityPolicy, SamplingOptions
+from onnx_tts.decoding.request import Request
 from onnx_tts.errors import AudioError, InputError
 from onnx_tts.families.base import (
     ChunkOrder,
@@ -50,7 +51,6 @@ from onnx_tts.families.moss_tts_nano.local import (
 from onnx_tts.families.moss_tts_nano.program import POSITION_LIMIT, MossProgram, MossRequest
 from onnx_tts.families.moss_tts_nano.sampling import MossSampling
 from onnx_tts.families.moss_tts_nano.text import DEFAULT_CHUNK_TOKENS, MossText, pause_seconds
-from onnx_tts.request import Request
 
 SAMPLING_NAMES = (
     "text_temperature",

@@ -3,9 +3,9 @@
 The CLI, the Python API, the HTTP server and the Wyoming server all describe work the same way:
 a piece of text (a family's chunk), the voice's conditioning, sampling options (with the
 chunk's seed), the family's options, when its first audio is due, the player it feeds (a
-stream's playback clock), a priority, a cancel token, and where its frames go. The scheduler
-orders admission by urgency (`Request.due()`), so a stream whose player is about to run dry
-goes before a request that can wait.
+stream's playback clock), a priority, a cancel token, and where its frames go. What the
+scheduling policy (`policy.py`) weighs is `Request.urgency()`: the priority, when the request
+next needs compute (`Request.due()`) and its arrival order.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from onnx_tts.decoding.policy import Urgency
 from onnx_tts.decoding.sampling import SamplingOptions
 
 # A request without a deadline waits this long behind requests that have one (a batch job
@@ -162,9 +163,9 @@ class Request:
             return self.deadline
         return self.arrival + NO_DEADLINE_SLACK_SECONDS
 
-    def urgency(self) -> tuple[int, float, int]:
-        """Sort key: priority, then earliest due time, then arrival order."""
-        return (self.priority, self.due(), self.order)
+    def urgency(self) -> Urgency:
+        """What the scheduling policy knows of this request: priority, due time, arrival."""
+        return Urgency(self.priority, self.due(), self.order)
 
 
 __all__ = ["NO_DEADLINE_SLACK_SECONDS", "CancelToken", "Handoff", "PlaybackClock", "Request"]
