@@ -119,7 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_engine_flags(info)
 
     bench = commands.add_parser("bench", help="benchmarks (run from a source checkout)")
-    bench.add_argument("suite", help="a benchmark of the checkout's benchmarks/bench_*.py")
+    bench.add_argument(
+        "suite", choices=_bench_suites() or None, help="a benchmarks/bench_*.py of the checkout"
+    )
     bench.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the benchmark")
 
     # The converter is an offline tool (onnx_tts.tools): its own parser reads the raw
@@ -416,11 +418,20 @@ def _find_benchmarks() -> Path:
     )
 
 
+def _bench_suites() -> tuple[str, ...]:
+    """The benchmarks of the source checkout (none outside one)."""
+    try:
+        repo = _find_benchmarks()
+    except InputError:
+        return ()
+    return tuple(sorted(path.stem[6:] for path in (repo / "benchmarks").glob("bench_*.py")))
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     import importlib
 
     repo = _find_benchmarks()
-    suites = sorted(path.stem[6:] for path in (repo / "benchmarks").glob("bench_*.py"))
+    suites = _bench_suites()
     if args.suite not in suites:
         raise InputError(f"unknown benchmark {args.suite!r}; choose one of {', '.join(suites)}")
     sys.path.insert(0, str(repo))
@@ -443,9 +454,10 @@ def cmd_completion(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from onnx_tts.deploy import serve_on_ray
     from onnx_tts.server.cli import run
 
-    return run(args)
+    return run(args, on_ray=serve_on_ray)
 
 
 def cmd_wyoming(args: argparse.Namespace) -> int:

@@ -318,6 +318,16 @@ class RayConfig:
 # -- checking ----------------------------------------------------------------------------------
 
 
+def check_ray(config: RayConfig) -> RayConfig:
+    """`config` (its fields already bounded) with the rules between fields checked."""
+    low, high = config.min_replicas, config.max_replicas
+    if (low is None) != (high is None):
+        raise InputError("--min-replicas and --max-replicas go together (autoscaling bounds)")
+    if low is not None and high is not None and low > high:
+        raise InputError(f"--min-replicas ({low}) must not exceed --max-replicas ({high})")
+    return config
+
+
 def _settings(cls: type) -> list[tuple[dataclasses.Field, Setting, Any]]:
     hints = typing.get_type_hints(cls)
     return [(f, f.metadata["setting"], hints[f.name]) for f in dataclasses.fields(cls)]
