@@ -25,9 +25,9 @@ import numbers
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import numpy as np
 
@@ -36,13 +36,9 @@ from onnx_tts.cache.result import directory_hashes
 from onnx_tts.decoding import SAMPLING_KEYS, DecodeProgram, KVPool, SamplingOptions
 from onnx_tts.encoder import VoiceEncoder
 from onnx_tts.errors import AudioError, InputError
-from onnx_tts.session import SessionOptions
-
-if TYPE_CHECKING:
-    from onnx_tts.families.loader import LoadedGraphs
+from onnx_tts.families.loader import LoadedGraphs, LoadSettings, Stage
 
 Scope = Literal["load", "request", "both"]
-Stage = Literal["decode", "vocoder", "encoder"]
 # How the chunks of one text are generated: "parallel" gives chunk i the seed + i and decodes
 # all chunks as rows at once; "sequential" decodes them one after another with one random
 # generator for the whole text (as a published runtime may do).
@@ -109,24 +105,6 @@ class Detection:
     family: str
     root: Path
     inspected: Any
-
-
-@dataclass(frozen=True)
-class LoadSettings:
-    """Settings every family takes from `onnx_tts.load()`. `stage_threads` (when set) gives
-    each stage's sessions their intra-op threads, so the stages that run at once do not
-    oversubscribe the cores: `options_for(stage)`."""
-
-    kv: str | None = None
-    session_options: SessionOptions = field(default_factory=SessionOptions)
-    stage_threads: Mapping[str, int] | None = None
-
-    def options_for(self, stage: Stage) -> SessionOptions:
-        """The session options of a graph of `stage` (decode: the LM and what each step
-        runs; vocoder; encoder: reference voices)."""
-        if self.stage_threads is None or stage not in self.stage_threads:
-            return self.session_options
-        return replace(self.session_options, intra_op_threads=self.stage_threads[stage])
 
 
 # -- the parts ---------------------------------------------------------------------------------

@@ -9,14 +9,33 @@ builds the rest the same way for every family, float or quantized graphs alike.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from onnx_tts.decoding import CapacityPolicy, KVPool, resolve_kv_mode
-from onnx_tts.families.base import LoadSettings, Stage
 from onnx_tts.graph_io import GraphSpec, KVLayout, kv_layout
 from onnx_tts.session import LazySession, Session, SessionOptions, describe_graphs
+
+Stage = Literal["decode", "vocoder", "encoder"]
+
+
+@dataclass(frozen=True)
+class LoadSettings:
+    """Settings every family takes from `onnx_tts.load()`. `stage_threads` (when set) gives
+    each stage's sessions their intra-op threads, so the stages that run at once do not
+    oversubscribe the cores: `options_for(stage)`."""
+
+    kv: str | None = None
+    session_options: SessionOptions = field(default_factory=SessionOptions)
+    stage_threads: Mapping[str, int] | None = None
+
+    def options_for(self, stage: Stage) -> SessionOptions:
+        """The session options of a graph of `stage` (decode: the LM and what each step
+        runs; vocoder; encoder: reference voices)."""
+        if self.stage_threads is None or stage not in self.stage_threads:
+            return self.session_options
+        return replace(self.session_options, intra_op_threads=self.stage_threads[stage])
 
 
 @dataclass(frozen=True)
@@ -100,4 +119,4 @@ def load_graphs(declared: GraphSet, settings: LoadSettings) -> LoadedGraphs:
     return LoadedGraphs(sessions, lm, layout, mode, pool, specs)
 
 
-__all__ = ["Graph", "GraphSet", "LoadedGraphs", "load_graphs"]
+__all__ = ["Graph", "GraphSet", "LoadSettings", "LoadedGraphs", "Stage", "load_graphs"]
