@@ -59,6 +59,33 @@ _DOTTED_WORDS = {
 }
 # Capitalised words that open a sentence far more often than they follow an abbreviation
 _NUMBER_SIGN_RE = re.compile(r"(?:(?<![\w.])No\.|#)\s?(?=\d)")
+# Abbreviations that stand before a number ("Fig. 3", "p. 12", "Vol. 2"): the period never
+# ends the sentence there.
+_BEFORE_NUMBER = {
+    "nos": "numbers",
+    "fig": "figure",
+    "figs": "figures",
+    "vol": "volume",
+    "vols": "volumes",
+    "ch": "chapter",
+    "chap": "chapter",
+    "eq": "equation",
+    "eqs": "equations",
+    "sec": "section",
+    "art": "article",
+    "para": "paragraph",
+    "pt": "part",
+    "ex": "example",
+    "tab": "table",
+    "ref": "reference",
+    "p": "page",
+    "pp": "pages",
+}
+_BEFORE_NUMBER_RE = re.compile(
+    r"(?<![\w.])("
+    + "|".join(sorted({*_BEFORE_NUMBER, *map(str.capitalize, _BEFORE_NUMBER)}, key=len)[::-1])
+    + r")\.\s?(?=\d)"
+)
 # Abbreviations: letter-dot runs (U.S., e.g., p.m.), then words with a period (Dr., etc.),
 # then single capital initials before a name (John F. Kennedy).
 _DOTTED_ABBREVIATION_RE = re.compile(r"(?<![\w.])((?:[A-Za-z]\.){2,})")
@@ -128,6 +155,7 @@ def expand_abbreviations(text: str) -> str:
     text = _rewrite(_TIME_RE, _time, text)  # "3:30 p.m.": the meridiem's period is the time's
     text = _rewrite(_HOUR_RE, _time, text)
     text = _NUMBER_SIGN_RE.sub("number ", text)
+    text = _BEFORE_NUMBER_RE.sub(lambda m: _BEFORE_NUMBER[m.group(1).lower()] + " ", text)
     text = _UNIT_PERIOD_RE.sub(
         lambda m: m.group(1) + ("." if _ends_sentence(m.string, m.end()) else ""), text
     )

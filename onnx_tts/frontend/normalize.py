@@ -8,9 +8,26 @@ import unicodedata
 from onnx_tts.errors import InputError
 from onnx_tts.frontend.abbreviations import expand_abbreviations
 from onnx_tts.frontend.checks import check_text, drop_unspeakable
+from onnx_tts.frontend.letters import expand_letters
+from onnx_tts.frontend.measures import expand_measures
 from onnx_tts.frontend.numerals import expand_numbers
+from onnx_tts.frontend.roman import expand_roman
+from onnx_tts.frontend.web import expand_web
 
-_SYMBOLS = {"&": " and ", "%": " percent", "+": " plus ", "=": " equals ", "@": " at "}
+_SYMBOLS = {
+    "&": " and ",
+    "%": " percent",
+    "+": " plus ",
+    "=": " equals ",
+    "@": " at ",
+    "×": " times ",
+    "÷": " divided by ",
+    "±": " plus or minus ",
+    "≈": " approximately ",
+    "≤": " less than or equal to ",
+    "≥": " greater than or equal to ",
+    "≠": " not equal to ",
+}
 _QUOTES = str.maketrans(
     {
         "\u2018": "'",
@@ -21,6 +38,7 @@ _QUOTES = str.maketrans(
         "\u2014": " - ",
         "\u2026": "...",
         "\u2044": "/",  # NFKC writes "½" as "1⁄2"
+        "\u2032": "'",  # prime: feet (NFKC writes a double prime as two primes)
     }
 )
 
@@ -37,9 +55,15 @@ def normalize_text(text: str) -> str:
     if not text.strip():
         return ""
     text = check_text(text)
-    text = unicodedata.normalize("NFKC", text).translate(_QUOTES)
+    text = unicodedata.normalize("NFKC", text).replace("\u2032\u2032", '"').translate(_QUOTES)
     text = "".join(ch if unicodedata.category(ch)[0] != "C" else " " for ch in text)
     text = drop_unspeakable(text)
+    # The specific forms first: addresses hold dots, digits and symbols the later rules
+    # would read as sentence ends, decimals and words.
+    text = expand_web(text)
+    text = expand_roman(text)
+    text = expand_letters(text)
+    text = expand_measures(text)
     text = expand_abbreviations(text)
     text = expand_numbers(text)
     for symbol, word in _SYMBOLS.items():

@@ -8,14 +8,15 @@ from collections.abc import Callable
 
 from onnx_tts.frontend.numbers import (
     _ONES,
-    _integer_words,
     digits_to_words,
+    integer_words,
     number_text_to_words,
     number_to_words,
     ordinal_to_words,
     year_to_words,
 )
 from onnx_tts.frontend.sentences import _LOWER_WORD_NEXT, _ends_sentence, _sentence_initial
+from onnx_tts.frontend.versions import expand_versions
 
 # The word before a 4-digit number that makes it a year ("in 1984") rather than a count.
 _YEAR_CUES = frozenset(
@@ -126,7 +127,6 @@ _MONTH_DAY_RE = re.compile(
 )
 _RANGE_RE = re.compile(r"(?<![\w.\-/])(\d{1,4})-(\d{1,4})(?![\w\-/]|[.,]\d)")
 _SCIENTIFIC_RE = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)[eE]([+-]?\d{1,4})(?![\w.])")
-_DOTTED_RE = re.compile(r"(?<![\w.])\d+(?:\.\d+){2,}(?![\w]|\.\d)")
 _ORDINAL_RE = re.compile(r"(?<![\w.,])(\d{1,9})(st|nd|rd|th)\b", re.IGNORECASE)
 _UNIT_RE = re.compile(
     rf"(?<![\w.,])({_NUMBER})\s?("
@@ -141,7 +141,12 @@ _SHORT_DECADE_RE = re.compile(
 )
 _YEAR_RE = re.compile(r"(?<![\w.,$£€¥])(1\d\d\d|20\d\d)(?![\w]|[.,]\d)")
 # A number someone dials is read digit by digit: "Dial 911", "call 411".
-_DIALED_RE = re.compile(r"\b((?:dial|call|phone|fax|text)\s+)(\d{3,})\b(?![.,]\d)", re.IGNORECASE)
+# So is a code: "zip code 90210", "PIN 1234", "extension 204".
+_DIALED_RE = re.compile(
+    r"\b((?:dial|call|phone|fax|text|zip(?: code)?|postcode|postal code|pin|extension|ext\.?)"
+    r"\s+)(\d{3,})\b(?![.,]\d)",
+    re.IGNORECASE,
+)
 _MIXED_FRACTION_RE = re.compile(r"(?<![\w./])(\d+)\s(\d{1,2})/(\d{1,3})(?![\w/]|[.,]\d)")
 _SLASH_RE = re.compile(r"(?<![\w./])(\d{1,3})/(\d{1,3})(?![\w/]|[.,]\d)")
 _NUMBER_RE = re.compile(rf"(?<!\d){_NUMBER}")
@@ -179,7 +184,7 @@ def _money_words(symbol: str, amount: str, scale: str | None) -> str:
         return f"{number_text_to_words(amount)} {units}"
     if cents_words and int(whole) == 0:
         return cents_words  # "$0.99" -> "ninety nine cents"
-    words = f"{_integer_words(whole)} {unit if int(whole) == 1 else units}"
+    words = f"{integer_words(whole)} {unit if int(whole) == 1 else units}"
     return f"{words} and {cents_words}" if cents_words else words
 
 
@@ -188,7 +193,9 @@ def _cents(match: re.Match[str]) -> str:
     return f"{number_text_to_words(amount)} {'cent' if _is_one(amount) else 'cents'}"
 
 
-def _clock(hours: int, minutes: int, meridiem: str | None) -> str:
+def clock_words(hours: int, minutes: int, meridiem: str | None = None) -> str:
+    """A time of day as spoken: (15, 45) fifteen forty five, (9, 5, "a") nine oh five AM,
+    (9, 0) nine o'clock, (15, 0) fifteen hundred."""
     if minutes == 0:
         if meridiem:
             words = number_to_words(hours)
@@ -205,18 +212,25 @@ def _clock(hours: int, minutes: int, meridiem: str | None) -> str:
 
 def _time(match: re.Match[str]) -> str:
     minutes = match.groupdict().get("minutes")
-    words = _clock(int(match["hours"]), int(minutes or 0), match["meridiem"])
+    words = clock_words(int(match["hours"]), int(minutes or 0), match["meridiem"])
     # "at 5 p.m. We left": the period of "p.m." ends the sentence too.
     return words + "." if match["dot"] and _ends_sentence(match.string, match.end()) else words
 
 
-def _phone(match: re.Match[str]) -> str:
-    number = match.group(0)
+def phone_words(number: str) -> str:
+    """A phone number read digit by digit in its groups, a comma (a short pause) between
+    groups: "+1 555-1234" -> "plus one, five five five, one two three four"."""
     groups = [digits_to_words(group) for group in re.findall(r"\d+", number)]
-    return ("plus " if number.startswith("+") else "") + ", ".join(groups)
+    return ("plus " if number.lstrip().startswith("+") else "") + ", ".join(groups)
 
 
-def _day_words(month: int, day: int, year: str | None) -> str | None:
+def _phone(match: re.Match[str]) -> str:
+    return phone_words(match.group(0))
+
+
+def date_words(month: int, day: int, year: str | None = None) -> str | None:
+    """A date as spoken in US order: (3, 3, "2024") "March third, twenty twenty four";
+    a two-digit year is read as written ("oh five"); None for an impossible month or day."""
     if not (1 <= month <= 12 and 1 <= day <= 31):
         return None
     words = f"{_MONTHS[month - 1]} {ordinal_to_words(day)}"
@@ -232,19 +246,19 @@ def _two_digit_year(digits: str) -> str:
 
 def _iso_date(match: re.Match[str]) -> str:
     year, month, day = match.groups()
-    return _day_words(int(month), int(day), year) or match.group(0)
+    return date_words(int(month), int(day), year) or match.group(0)
 
 
 def _slash_date(match: re.Match[str]) -> str:
     month, day, year = match.groups()  # US order: month/day/year
-    return _day_words(int(month), int(day), year) or match.group(0)
+    return date_words(int(month), int(day), year) or match.group(0)
 
 
 def _month_day(match: re.Match[str]) -> str:
     name, day, year = match.groups()
     key = name.rstrip(".").lower()
     month = _MONTH_ABBREVIATIONS.get(key[:4] if key.startswith("sept") else key[:3])
-    words = _day_words(_MONTHS.index(month) + 1, int(day), year) if month else None
+    words = date_words(_MONTHS.index(month) + 1, int(day), year) if month else None
     return words or match.group(0)
 
 
@@ -253,7 +267,7 @@ def _range(match: re.Match[str]) -> str:
     low, high = match.groups()
     if all(_YEAR_RE.fullmatch(side) for side in (low, high)):
         return f"{year_to_words(int(low))} to {year_to_words(int(high))}"
-    return f"{_integer_words(low)} to {_integer_words(high)}"
+    return f"{integer_words(low)} to {integer_words(high)}"
 
 
 def _year(match: re.Match[str]) -> str:
@@ -278,10 +292,6 @@ def _scientific(match: re.Match[str]) -> str:
     return (
         f"{number_text_to_words(mantissa)} times ten to the power of {sign}{number_to_words(power)}"
     )
-
-
-def _dotted(match: re.Match[str]) -> str:
-    return " point ".join(_integer_words(part) for part in match.group(0).split("."))
 
 
 def _ordinal(match: re.Match[str]) -> str:
@@ -311,7 +321,7 @@ def _slash(match: re.Match[str]) -> str:
     numerator, denominator = int(match.group(1)), int(match.group(2))
     if _is_fraction(numerator, denominator):
         return _fraction_words(numerator, denominator)
-    return f"{_integer_words(match.group(1))} {_integer_words(match.group(2))}"
+    return f"{integer_words(match.group(1))} {integer_words(match.group(2))}"
 
 
 def _mixed_fraction(match: re.Match[str]) -> str:
@@ -360,7 +370,7 @@ def expand_numbers(text: str) -> str:
     text = _rewrite(_CENTS_RE, _cents, text)
     text = _rewrite(_TIME_RE, _time, text)
     text = _rewrite(_SCIENTIFIC_RE, _scientific, text)
-    text = _rewrite(_DOTTED_RE, _dotted, text)
+    text = expand_versions(text)
     text = _rewrite(_ORDINAL_RE, _ordinal, text)
     text = _rewrite(_DECADE_RE, _decade, text)  # before units: "1990s" is not 1990 seconds
     text = _rewrite(_SHORT_DECADE_RE, _short_decade, text)
