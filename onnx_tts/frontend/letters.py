@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 
 from onnx_tts.frontend.numbers import digits_to_words
+from onnx_tts.frontend.sentences import pad
 
 # How a character other than a letter or digit is named when a text is spelled out.
 _CHARACTER_NAMES = {
@@ -114,7 +115,7 @@ def _word_slash(match: re.Match[str]) -> str:
 def expand_letters(text: str) -> str:
     """Symbols between letters to words: "&" inside an acronym, slashes between acronyms or
     between words that form a pair, unit slashes written alone, C#/F#/.NET."""
-    text = _NAMES_RE.sub(lambda m: f" {_NAMES[m.group(1)]} ", text)
+    text = _NAMES_RE.sub(lambda m: pad(_NAMES[m.group(1)]), text)
     text = _AMPERSAND_RE.sub(_ampersand, text)
     text = _WORD_SLASH_RE.sub(_word_slash, text)  # before acronyms: "N/A", "A/C"
     text = _ACRONYM_SLASH_RE.sub(_acronym_slash, text)

@@ -9,11 +9,12 @@ Runs before expand_numbers, which then reads the numbers left as digits.
 
 from __future__ import annotations
 
+import bisect
 import re
 
 from onnx_tts.frontend.numbers import integer_words, number_text_to_words, year_to_words
 from onnx_tts.frontend.numerals import _UNITS
-from onnx_tts.frontend.sentences import _ends_sentence
+from onnx_tts.frontend.sentences import _ends_sentence, pad
 
 _NUMBER = r"\d+(?:\.\d+)?"
 # "3x faster", "10X", "1.5x": a number glued to x, not followed by a digit (that is "3x4").
@@ -39,7 +40,7 @@ _LABEL_CUE_RE = re.compile(
     re.IGNORECASE,
 )
 _PLUS_MINUS_RE = re.compile(r"±\s?(?=\d)")
-_ABOUT_RE = re.compile(r"(?<![\w~])[~≈]\s?(?=[$£€¥]?\d)")
+_ABOUT_RE = re.compile(r"(?<![\w~])~\s?(?=[$£€¥]?\d)")
 # "40-60°C", "5-10 km": a range whose unit follows the second number; "9am-5pm".
 _UNIT_WORDS = "|".join(re.escape(unit) for unit in sorted(_UNITS, key=len, reverse=True))
 _DASH_RANGE_RE = re.compile(
@@ -61,13 +62,13 @@ _WEEKDAYS = {
     "sun": "Sunday",
 }
 _WEEKDAY = "|".join(sorted(_WEEKDAYS, key=len, reverse=True))
-_WEEKDAY_RANGE_RE = re.compile(rf"\b({_WEEKDAY})\.?\s?[-–]\s?({_WEEKDAY})\b\.?", re.IGNORECASE)
+_WEEKDAY_RANGE_RE = re.compile(rf"\b({_WEEKDAY})\.?\s?[-–]\s?({_WEEKDAY})\b(\.)?", re.IGNORECASE)
 # "GPT-4", "COVID-19", "F-16", "Windows-11": a name and its number, no minus sign.
 _NAME_NUMBER_RE = re.compile(r"\b([A-Za-z]+)-(?=\d)")  # "\b": not "6e-3"
 
 
 def _multiplier(match: re.Match[str]) -> str:
-    return f" {number_text_to_words(match.group(1))} times "
+    return pad(f"{number_text_to_words(match.group(1))} times")
 
 
 def _dimension_number(number: str) -> str:
@@ -80,7 +81,7 @@ def _dimension_number(number: str) -> str:
 
 def _dimensions(match: re.Match[str]) -> str:
     sides = re.split(r"\s?[xX×]\s?", match.group(1))
-    return " " + " by ".join(_dimension_number(side) for side in sides) + " "
+    return pad(" by ".join(_dimension_number(side) for side in sides))
 
 
 def _feet_inches(match: re.Match[str]) -> str:
@@ -90,21 +91,26 @@ def _feet_inches(match: re.Match[str]) -> str:
     # The period of "in." stays only where the sentence ends too.
     ends = match.group(0).endswith(".") and _ends_sentence(match.string, match.end())
     period = "." if ends else ""
-    return f" {feet_words} {inch_words}{period} "
+    return pad(f"{feet_words} {inch_words}{period}")
 
 
 def _feet(match: re.Match[str]) -> str:
     feet = match["feet"]
-    return f" {number_text_to_words(feet)} {'foot' if feet == '1' else 'feet'} "
+    return pad(f"{number_text_to_words(feet)} {'foot' if feet == '1' else 'feet'}")
 
 
-def _inches(match: re.Match[str]) -> str:
+def _inches(text: str) -> str:
     """ "12"" is twelve inches unless the quote closes a quotation ("I am 12" she said)."""
-    before = match.string[: match.start()]
-    if before.count('"') % 2 == 1 and match.group(0).endswith('"'):
-        return match.group(0)
-    inches = match["inches"]
-    return f" {number_text_to_words(inches)} {'inch' if inches == '1' else 'inches'} "
+    quotes = [index for index, ch in enumerate(text) if ch == '"']
+
+    def reading(match: re.Match[str]) -> str:
+        opened = bisect.bisect_left(quotes, match.start()) % 2 == 1
+        if opened and match.group(0).endswith('"'):
+            return match.group(0)
+        inches = match["inches"]
+        return pad(f"{number_text_to_words(inches)} {'inch' if inches == '1' else 'inches'}")
+
+    return _INCHES_RE.sub(reading, text)
 
 
 def _scale(match: re.Match[str]) -> str:
@@ -114,14 +120,16 @@ def _scale(match: re.Match[str]) -> str:
     text, start, end = match.string, match.start(), match.end()
     if _LABEL_CUE_RE.search(text[max(0, start - 20) : start]):
         return match.group(0)
-    if letter in "MB" and "." not in number and not re.match(r" [a-z]", text[end : end + 2]):
+    if letter in "MB" and "." not in number and not re.match(r"\s[a-z]", text[end : end + 2]):
         return match.group(0)
-    return f" {number_text_to_words(number)} {_SCALES[letter]} "
+    return pad(f"{number_text_to_words(number)} {_SCALES[letter]}")
 
 
 def _weekday_range(match: re.Match[str]) -> str:
-    first, last = (_WEEKDAYS[day.lower()] for day in match.groups())
-    return f"{first} to {last}"
+    first, last = (_WEEKDAYS[day.lower()] for day in match.groups()[:2])
+    # "Fri." keeps its period only where the sentence ends too.
+    period = "." if match.group(3) and _ends_sentence(match.string, match.end()) else ""
+    return f"{first} to {last}{period}"
 
 
 def expand_measures(text: str) -> str:
@@ -130,14 +138,14 @@ def expand_measures(text: str) -> str:
     numbers for expand_numbers."""
     text = _FEET_INCHES_RE.sub(_feet_inches, text)
     text = _FEET_RE.sub(_feet, text)
-    text = _INCHES_RE.sub(_inches, text)
+    text = _inches(text)
     text = _DIMENSIONS_RE.sub(_dimensions, text)
     text = _MULTIPLIER_RE.sub(_multiplier, text)
-    text = _TIMES_SIGN_RE.sub(" times ", text)
+    text = _TIMES_SIGN_RE.sub(pad("times"), text)
     text = _SCALE_RE.sub(_scale, text)
-    text = _PLUS_MINUS_RE.sub(" plus or minus ", text)
-    text = _ABOUT_RE.sub(" about ", text)
+    text = _PLUS_MINUS_RE.sub(pad("plus or minus"), text)
+    text = _ABOUT_RE.sub(pad("about"), text)
     text = _DASH_RANGE_RE.sub(r"\1 to ", text)
-    text = _TIME_RANGE_RE.sub(" to ", text)
+    text = _TIME_RANGE_RE.sub(pad("to"), text)
     text = _WEEKDAY_RANGE_RE.sub(_weekday_range, text)
     return _NAME_NUMBER_RE.sub(r"\1 ", text)

@@ -15,7 +15,12 @@ from onnx_tts.frontend.numbers import (
     ordinal_to_words,
     year_to_words,
 )
-from onnx_tts.frontend.sentences import _LOWER_WORD_NEXT, _ends_sentence, _sentence_initial
+from onnx_tts.frontend.sentences import (
+    _LOWER_WORD_NEXT,
+    _ends_sentence,
+    _sentence_initial,
+    pad,
+)
 from onnx_tts.frontend.versions import expand_versions
 
 # The word before a 4-digit number that makes it a year ("in 1984") rather than a count.
@@ -93,7 +98,7 @@ _UNITS = {
 _NUMBER = r"(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?"
 _CURRENCY = r"[$£€¥]"
 _MONEY_RE = re.compile(
-    rf"({_CURRENCY})\s?({_NUMBER})(?:\s?(thousand|million|billion|trillion)\b|"
+    rf"({_CURRENCY})\s?({_NUMBER})(?!\.\d)(?:\s?(thousand|million|billion|trillion)\b|"
     rf"({'|'.join(sorted(_SCALE_SUFFIXES, key=len, reverse=True))})\b)?",
     re.IGNORECASE,
 )
@@ -152,11 +157,13 @@ _SLASH_RE = re.compile(r"(?<![\w./])(\d{1,3})/(\d{1,3})(?![\w/]|[.,]\d)")
 _NUMBER_RE = re.compile(rf"(?<!\d){_NUMBER}")
 # "$5/month", "20 km/day": a slash before a unit of time or count is "per".
 _PER_RE = re.compile(
-    r"(?<=\w) ?/ ?(?=(?:second|sec|minute|min|hour|hr|day|night|week|month|mo|year|yr|person|"
+    r"(?<=\w)\s?/\s?(?=(?:second|sec|minute|min|hour|hr|day|night|week|month|mo|year|yr|person|"
     r"head|unit|item|kg|lb|gallon|liter|litre|mile|km)\b)",
     re.IGNORECASE,
 )
 _NEGATIVE_RE = re.compile(r"(?<![\w.,])-(?=\d)")
+# A decimal written without its zero: ".5" is "point five".
+_LEADING_DECIMAL_RE = re.compile(r"(?<![\w.])\.(\d+)(?![\d.])")
 
 
 def _is_one(number_text: str) -> bool:
@@ -300,6 +307,8 @@ def _ordinal(match: re.Match[str]) -> str:
 
 def _unit(match: re.Match[str]) -> str:
     amount, unit = match.group(1), match.group(2)
+    if len(unit) == 1 and unit.isupper():
+        return match.group(0)  # "5G", "3M", "2H": a unit letter is lower case (g, m, s, h)
     singular, plural = _UNITS[unit.lower()]
     return f"{number_text_to_words(amount)} {singular if _is_one(amount) else plural}"
 
@@ -353,7 +362,7 @@ def _plural_number(words: str) -> str:
 
 def _rewrite(pattern: re.Pattern[str], replace: Callable[[re.Match[str]], str], text: str) -> str:
     # Spaces around each replacement keep a spoken number from gluing to its neighbours.
-    return pattern.sub(lambda match: f" {replace(match)} ", text)
+    return pattern.sub(lambda match: pad(replace(match)), text)
 
 
 def expand_numbers(text: str) -> str:
@@ -361,6 +370,9 @@ def expand_numbers(text: str) -> str:
     decades, fractions and ratios, units, ranges, years, then plain numbers, as English words
     (in that order: the specific forms first). Times are read by expand_abbreviations."""
     text = _rewrite(_PHONE_RE, _phone, text)
+    # Versions and dotted numbers before money, units and plain numbers, which would read
+    # "2.0" of "2.0.1" as a decimal and leave ".1" behind as a sentence end.
+    text = expand_versions(text)
     text = _rewrite(_ISO_DATE_RE, _iso_date, text)
     text = _rewrite(_SLASH_DATE_RE, _slash_date, text)
     text = _rewrite(_MONTH_DAY_RE, _month_day, text)
@@ -370,16 +382,16 @@ def expand_numbers(text: str) -> str:
     text = _rewrite(_CENTS_RE, _cents, text)
     text = _rewrite(_TIME_RE, _time, text)
     text = _rewrite(_SCIENTIFIC_RE, _scientific, text)
-    text = expand_versions(text)
     text = _rewrite(_ORDINAL_RE, _ordinal, text)
     text = _rewrite(_DECADE_RE, _decade, text)  # before units: "1990s" is not 1990 seconds
     text = _rewrite(_SHORT_DECADE_RE, _short_decade, text)
     text = _rewrite(_MIXED_FRACTION_RE, _mixed_fraction, text)
     text = _rewrite(_SLASH_RE, _slash, text)
     text = _NEGATIVE_RE.sub("minus ", text)
+    text = _rewrite(_LEADING_DECIMAL_RE, lambda m: f"point {digits_to_words(m.group(1))}", text)
     text = _rewrite(_UNIT_RE, _unit, text)
     text = _rewrite(_RANGE_RE, _range, text)
     text = _DIALED_RE.sub(lambda m: m.group(1) + digits_to_words(m.group(2)), text)
     text = _rewrite(_YEAR_RE, _year, text)
-    text = _PER_RE.sub(" per ", text)
+    text = _PER_RE.sub(pad("per"), text)
     return _rewrite(_NUMBER_RE, lambda m: number_text_to_words(m.group(0)), text)

@@ -37,7 +37,7 @@ _TITLES = frozenset(
 )
 # Words after which a numeral counts: "Chapter IV" is chapter four.
 _CARDINAL_CUES = frozenset(
-    """act appendix article book bowl canto chapter class division episode grade level part
+    """act appendix article book bowl canto category chapter class division episode grade level part
     phase psalm round scene season section stage tier title type volume war""".split()
 )
 # A numeral in canonical form (1..3999); the empty match is excluded by the callers.

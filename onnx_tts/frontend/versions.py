@@ -16,6 +16,7 @@ from onnx_tts.frontend.numbers import (
     number_to_words,
     year_to_words,
 )
+from onnx_tts.frontend.sentences import pad
 
 # Words after which "3.11" is a version rather than a decimal: software and standards whose
 # releases are numbered so. Common words ("go", "build", "edge") are left out: after them
@@ -43,10 +44,14 @@ _CUED_VERSION_RE = re.compile(
 _IP_RE = re.compile(
     r"(?<![\w.])(?P<parts>\d{1,3}(?:\.\d{1,3}){3})(?::(?P<port>\d{1,5}))?(?![\w]|\.\d)"
 )
-_IP_CUE_RE = re.compile(r"\b(?:IP|IPv4|address|server|host|ping|gateway|DNS|router)\W*$", re.I)
+_IP_CUE_RE = re.compile(
+    r"\b(?:IP|IPv4|address|server|host|ping|gateway|DNS|router)\b(?:\W+\w+){0,2}\W*$", re.I
+)
 # Three or more dotted parts anywhere, even right after letters ("abc2.0.1"): never a
 # decimal followed by a sentence end.
-_DOTTED_RE = re.compile(r"(?<![\d.])\d+(?:\.\d+){2,}(?![\w]|\.\d)")
+_DOTTED_RE = re.compile(rf"(?<![\d.])(?P<parts>\d+(?:\.\d+){{2,}}){_TAG}(?!\d|\.\d)")
+_LETTER_DOT_DIGIT_RE = re.compile(r"(?<=[^\W\d_])\.(?=\d)")
+_DIGIT_DOT_LETTER_RE = re.compile(r"(?<=\d)\.(?=[^\W\d_])")
 _TAG_WORDS = {"rc": "R-C", "dev": "dev", "pre": "pre"}
 
 
@@ -100,14 +105,16 @@ def _ip(match: re.Match[str]) -> str:
     if not address or any(int(part) > 255 for part in parts):
         return match.group(0)
     words = " dot ".join(_octet_words(part) for part in parts)
-    return f" {words} colon {port_words(port)} " if port else f" {words} "
+    return pad(f"{words} colon {port_words(port)}" if port else words)
 
 
 def expand_versions(text: str) -> str:
     """Versions, IP addresses and other dotted numbers as words (before plain numbers, which
     would read "2.0" of "v2.0.1" as a decimal and leave ".1" behind)."""
-    # Spaces around each reading keep it from gluing to its neighbours.
-    text = _V_VERSION_RE.sub(lambda match: f" {_v_version(match)} ", text)
-    text = _CUED_VERSION_RE.sub(lambda match: f" {_cued_version(match)} ", text)
+    # A dot between a letter and a digit ("a.0", "3.x") is no sentence end: it is said.
+    text = _LETTER_DOT_DIGIT_RE.sub(pad("dot"), text)
+    text = _V_VERSION_RE.sub(lambda match: pad(_v_version(match)), text)
+    text = _CUED_VERSION_RE.sub(lambda match: pad(_cued_version(match)), text)
     text = _IP_RE.sub(_ip, text)
-    return _DOTTED_RE.sub(lambda match: f" {version_words(match.group(0))} ", text)
+    text = _DOTTED_RE.sub(lambda m: pad(version_words(m["parts"]) + _tag_words(m)), text)
+    return _DIGIT_DOT_LETTER_RE.sub(pad("point"), text)

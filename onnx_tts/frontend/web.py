@@ -13,6 +13,7 @@ import re
 
 from onnx_tts.frontend.letters import spell
 from onnx_tts.frontend.numbers import integer_words
+from onnx_tts.frontend.sentences import pad
 from onnx_tts.frontend.versions import port_words
 
 # Top-level domains recognised in a bare address ("example.com"); with a scheme or "www."
@@ -114,19 +115,19 @@ def _url_words(host_and_rest: str) -> str:
 def _url(match: re.Match[str]) -> str:
     scheme = (match["scheme"] or "").lower()
     words = _url_words(match["rest"])
-    return f" {spell(scheme)} {words} " if scheme == "ftp" else f" {words} "
+    return pad(f"{spell(scheme)} {words}" if scheme == "ftp" else words)
 
 
 def _email(match: re.Match[str]) -> str:
-    return f" {_address_words(match['local'])} at {_domain_words(match['domain'])} "
+    return pad(f"{_address_words(match['local'])} at {_domain_words(match['domain'])}")
 
 
 def _domain(match: re.Match[str]) -> str:
-    return f" {_url_words(match['domain'] + (match['path'] or ''))} "
+    return pad(_url_words(match["domain"] + (match["path"] or "")))
 
 
 def _file(match: re.Match[str]) -> str:
-    return f" {_address_words(match['stem'])} dot {match['ext']} "
+    return pad(f"{_address_words(match['stem'])} dot {match['ext']}")
 
 
 def expand_web(text: str) -> str:
