@@ -39,6 +39,8 @@ _LABEL_CUE_RE = re.compile(
     r"building|block|bus|route|grade|size|type|model|no|number)\.?\s*#?\s*$",
     re.IGNORECASE,
 )
+# Video resolutions: "1080p" ten eighty P.
+_RESOLUTION_RE = re.compile(r"(?<![\w.,])(240|360|480|540|576|720|1080|1440|2160|4320)p\b")
 _PLUS_MINUS_RE = re.compile(r"±\s?(?=\d)")
 _ABOUT_RE = re.compile(r"(?<![\w~])~\s?(?=[$£€¥]?\d)")
 # "40-60°C", "5-10 km": a range whose unit follows the second number; "9am-5pm".
@@ -143,6 +145,7 @@ def expand_measures(text: str) -> str:
     text = _MULTIPLIER_RE.sub(_multiplier, text)
     text = _TIMES_SIGN_RE.sub(pad("times"), text)
     text = _SCALE_RE.sub(_scale, text)
+    text = _RESOLUTION_RE.sub(lambda m: pad(f"{year_to_words(int(m.group(1)))} P"), text)
     text = _PLUS_MINUS_RE.sub(pad("plus or minus"), text)
     text = _ABOUT_RE.sub(pad("about"), text)
     text = _DASH_RANGE_RE.sub(r"\1 to ", text)

@@ -29,6 +29,19 @@ _SYMBOLS = {
     "≥": "greater than or equal to",
     "≠": "not equal to",
 }
+# Superscript digits are a power ("m²", "x³"), which NFKC would flatten into "m2".
+_SUPERSCRIPT_DIGITS = str.maketrans("⁰¹²³⁴⁵⁶⁷⁸⁹", "0123456789")
+_SUPERSCRIPTS_RE = re.compile("[⁰¹²³⁴⁵⁶⁷⁸⁹]+")
+_FOOTNOTE_AFTER_RE = re.compile(r"(?:[A-Za-z]{3,}|[.,;:!?\"'])$")
+
+
+def _superscript(match: re.Match[str]) -> str:
+    """ "m²" -> "m^2" (a power); "word¹" or "end.²" is a footnote mark, left unsaid."""
+    if _FOOTNOTE_AFTER_RE.search(match.string[max(0, match.start() - 3) : match.start()]):
+        return " "
+    return "^" + match.group(0).translate(_SUPERSCRIPT_DIGITS)
+
+
 _GLUED_STOP_RE = re.compile(rf"[.!?;]+(?={PAD}+\S)")
 _QUOTES = str.maketrans(
     {
@@ -57,6 +70,7 @@ def normalize_text(text: str) -> str:
     if not text.strip():
         return ""
     text = check_text(text)
+    text = _SUPERSCRIPTS_RE.sub(_superscript, text)
     text = unicodedata.normalize("NFKC", text).replace("\u2032\u2032", '"').translate(_QUOTES)
     text = "".join(ch if unicodedata.category(ch)[0] != "C" else " " for ch in text)
     text = re.sub(r"\s", " ", text)  # the writer's spaces are " "; PAD marks the rules' own

@@ -1,11 +1,12 @@
-"""Written numeric forms to English words: phone numbers, dates, money, times, scientific
-notation, versions, ordinals, decades, fractions and ratios, units, ranges, years, numbers."""
+"""Written numeric forms to English words: phone numbers, money, times, scientific notation,
+ordinals, decades, fractions and ratios, units, ranges, years, numbers (dates in `dates`,
+versions and dotted numbers in `versions`)."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 
+from onnx_tts.frontend.dates import expand_dates
 from onnx_tts.frontend.numbers import (
     _ONES,
     digits_to_words,
@@ -20,6 +21,7 @@ from onnx_tts.frontend.sentences import (
     _ends_sentence,
     _sentence_initial,
     pad,
+    rewrite,
 )
 from onnx_tts.frontend.versions import expand_versions
 
@@ -28,10 +30,6 @@ _YEAR_CUES = frozenset(
     """in since by from until till through to of year the around circa after before during
     early late mid spring summer autumn fall winter""".split()
 )
-_MONTHS = (
-    "January February March April May June July August September October November December"
-).split()
-_MONTH_ABBREVIATIONS = {m[:3].lower(): m for m in _MONTHS} | {"sept": "September"}
 # Denominators read as a fraction ("3/4" three quarters); others make a ratio ("24/7").
 _FRACTION_DENOMINATORS = frozenset({2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 16, 32, 64, 100})
 _DECADE_CUES = "the|early|mid|late|in|their|his|her|my|our|your|mid"
@@ -50,6 +48,18 @@ _CURRENCIES = {
     "£": ("pound", "pounds", "penny", "pence"),
     "€": ("euro", "euros", "cent", "cents"),
     "¥": ("yen", "yen", "sen", "sen"),
+}
+# Currency codes written before or after an amount ("5 USD", "EUR 10.50").
+_CURRENCY_CODES = {
+    "USD": ("US dollar", "US dollars", "cent", "cents"),
+    "EUR": ("euro", "euros", "cent", "cents"),
+    "GBP": ("pound", "pounds", "penny", "pence"),
+    "JPY": ("yen", "yen", "sen", "sen"),
+    "CAD": ("Canadian dollar", "Canadian dollars", "cent", "cents"),
+    "AUD": ("Australian dollar", "Australian dollars", "cent", "cents"),
+    "CHF": ("Swiss franc", "Swiss francs", "centime", "centimes"),
+    "INR": ("rupee", "rupees", "paisa", "paise"),
+    "CNY": ("yuan", "yuan", "fen", "fen"),
 }
 # Unit written after a number -> (singular, plural). Only unambiguous abbreviations: a bare
 # "m" after a number is metres, "s" seconds; "l" (litre vs. the letter) is left alone.
@@ -88,6 +98,27 @@ _UNITS = {
     "oz": ("ounce", "ounces"),
     "kw": ("kilowatt", "kilowatts"),
     "kwh": ("kilowatt hour", "kilowatt hours"),
+    "wh": ("watt hour", "watt hours"),
+    "mah": ("milliamp hour", "milliamp hours"),
+    "gw": ("gigawatt", "gigawatts"),
+    "kv": ("kilovolt", "kilovolts"),
+    "v": ("volt", "volts"),  # capital V only (see _unit): "3 v 3" is a match-up
+    "w": ("watt", "watts"),  # capital W only
+    "mins": ("minute", "minutes"),
+    "secs": ("second", "seconds"),
+    "yr": ("year", "years"),
+    "yrs": ("year", "years"),
+    "sq ft": ("square foot", "square feet"),
+    "sq m": ("square meter", "square meters"),
+    "m^2": ("square meter", "square meters"),
+    "km^2": ("square kilometer", "square kilometers"),
+    "cm^2": ("square centimeter", "square centimeters"),
+    "mm^2": ("square millimeter", "square millimeters"),
+    "ft^2": ("square foot", "square feet"),
+    "mi^2": ("square mile", "square miles"),
+    "m^3": ("cubic meter", "cubic meters"),
+    "cm^3": ("cubic centimeter", "cubic centimeters"),
+    "ft^3": ("cubic foot", "cubic feet"),
     "°c": ("degree Celsius", "degrees Celsius"),
     "°f": ("degree Fahrenheit", "degrees Fahrenheit"),
     "°": ("degree", "degrees"),
@@ -103,6 +134,11 @@ _MONEY_RE = re.compile(
     re.IGNORECASE,
 )
 _MONEY_AFTER_RE = re.compile(rf"(?<![\w.,])({_NUMBER})\s?({_CURRENCY})(?!\s?\d)")
+_CODE = "|".join(_CURRENCY_CODES)
+_CODE_AFTER_RE = re.compile(rf"(?<![\w.,])({_NUMBER})\s?({_CODE})\b")
+_CODE_BEFORE_RE = re.compile(rf"\b({_CODE})\s?({_NUMBER})(?![\d.,]\d|\w)")
+# A power: "x^2" x squared, "2^10" two to the power of ten (after units: "m^2").
+_POWER_RE = re.compile(r"(?<=\w)\^(\d{1,3})(?!\d)")
 _CENTS_RE = re.compile(rf"(?<![\w.,])({_NUMBER})\s?¢")
 _NEGATIVE_MONEY_RE = re.compile(rf"(?<![\w.,])-(?={_CURRENCY}\d)")
 # A meridiem after a time or an hour: "3:30 pm", "3 p.m.", "10AM". The period of "p.m." is
@@ -123,12 +159,6 @@ _PHONE_RE = re.compile(
       | \d{3}-\d{4}
     )(?![\w\-]|[.,]\d)""",
     re.VERBOSE,
-)
-_ISO_DATE_RE = re.compile(r"(?<![\w.\-])(\d{4})-(\d{2})-(\d{2})(?![\w\-]|[.,]\d)")
-_SLASH_DATE_RE = re.compile(r"(?<![\w./])(\d{1,2})/(\d{1,2})/(\d{4}|\d{2})(?![\w/]|[.,]\d)")
-_MONTH_DAY_RE = re.compile(
-    r"\b(" + "|".join(_MONTHS) + r"|(?:Jan|Feb|Mar|Apr|Jun|Jul|Aug|Sept|Sep|Oct|Nov|Dec)\.?)"
-    r"\s+(\d{1,2})(?:st|nd|rd|th)?\b(?!:)(?:,?\s+(\d{4})\b(?![.,]\d))?"
 )
 _RANGE_RE = re.compile(r"(?<![\w.\-/])(\d{1,4})-(\d{1,4})(?![\w\-/]|[.,]\d)")
 _SCIENTIFIC_RE = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)[eE]([+-]?\d{1,4})(?![\w.])")
@@ -180,7 +210,7 @@ def _money_after(match: re.Match[str]) -> str:
 
 
 def _money_words(symbol: str, amount: str, scale: str | None) -> str:
-    unit, units, cent, cents = _CURRENCIES[symbol]
+    unit, units, cent, cents = _CURRENCIES.get(symbol) or _CURRENCY_CODES[symbol]
     if scale:  # "$1.5 million", "$5M" -> "five million dollars"
         return f"{number_text_to_words(amount)} {scale.lower()} {units}"
     whole, _, fraction = amount.replace(",", "").partition(".")
@@ -193,6 +223,13 @@ def _money_words(symbol: str, amount: str, scale: str | None) -> str:
         return cents_words  # "$0.99" -> "ninety nine cents"
     words = f"{integer_words(whole)} {unit if int(whole) == 1 else units}"
     return f"{words} and {cents_words}" if cents_words else words
+
+
+def _power(match: re.Match[str]) -> str:
+    exponent = int(match.group(1))
+    return {2: "squared", 3: "cubed"}.get(
+        exponent
+    ) or f"to the power of {number_to_words(exponent)}"
 
 
 def _cents(match: re.Match[str]) -> str:
@@ -235,40 +272,6 @@ def _phone(match: re.Match[str]) -> str:
     return phone_words(match.group(0))
 
 
-def date_words(month: int, day: int, year: str | None = None) -> str | None:
-    """A date as spoken in US order: (3, 3, "2024") "March third, twenty twenty four";
-    a two-digit year is read as written ("oh five"); None for an impossible month or day."""
-    if not (1 <= month <= 12 and 1 <= day <= 31):
-        return None
-    words = f"{_MONTHS[month - 1]} {ordinal_to_words(day)}"
-    if year is None:
-        return words
-    year_words = year_to_words(int(year)) if len(year) == 4 else _two_digit_year(year)
-    return f"{words}, {year_words}"
-
-
-def _two_digit_year(digits: str) -> str:
-    return f"oh {_ONES[int(digits)]}" if digits.startswith("0") else number_to_words(int(digits))
-
-
-def _iso_date(match: re.Match[str]) -> str:
-    year, month, day = match.groups()
-    return date_words(int(month), int(day), year) or match.group(0)
-
-
-def _slash_date(match: re.Match[str]) -> str:
-    month, day, year = match.groups()  # US order: month/day/year
-    return date_words(int(month), int(day), year) or match.group(0)
-
-
-def _month_day(match: re.Match[str]) -> str:
-    name, day, year = match.groups()
-    key = name.rstrip(".").lower()
-    month = _MONTH_ABBREVIATIONS.get(key[:4] if key.startswith("sept") else key[:3])
-    words = date_words(_MONTHS.index(month) + 1, int(day), year) if month else None
-    return words or match.group(0)
-
-
 def _range(match: re.Match[str]) -> str:
     """ "10-20" -> "ten to twenty", "1990-1995" -> years; also scores ("3-2", three to two)."""
     low, high = match.groups()
@@ -307,8 +310,9 @@ def _ordinal(match: re.Match[str]) -> str:
 
 def _unit(match: re.Match[str]) -> str:
     amount, unit = match.group(1), match.group(2)
-    if len(unit) == 1 and unit.isupper():
-        return match.group(0)  # "5G", "3M", "2H": a unit letter is lower case (g, m, s, h)
+    if len(unit) == 1 and (unit.isupper() != (unit.lower() in "vw")):
+        # "5G", "3M", "2H": g, m, s, h are lower case; "12V", "60W" upper case ("3 v 3")
+        return match.group(0)
     singular, plural = _UNITS[unit.lower()]
     return f"{number_text_to_words(amount)} {singular if _is_one(amount) else plural}"
 
@@ -360,38 +364,34 @@ def _plural_number(words: str) -> str:
     return f"{head} {last}".strip()
 
 
-def _rewrite(pattern: re.Pattern[str], replace: Callable[[re.Match[str]], str], text: str) -> str:
-    # Spaces around each replacement keep a spoken number from gluing to its neighbours.
-    return pattern.sub(lambda match: pad(replace(match)), text)
-
-
 def expand_numbers(text: str) -> str:
     """Phone numbers, dates, money, scientific notation, dotted versions/IPs, ordinals,
     decades, fractions and ratios, units, ranges, years, then plain numbers, as English words
     (in that order: the specific forms first). Times are read by expand_abbreviations."""
-    text = _rewrite(_PHONE_RE, _phone, text)
+    text = rewrite(_PHONE_RE, _phone, text)
     # Versions and dotted numbers before money, units and plain numbers, which would read
     # "2.0" of "2.0.1" as a decimal and leave ".1" behind as a sentence end.
     text = expand_versions(text)
-    text = _rewrite(_ISO_DATE_RE, _iso_date, text)
-    text = _rewrite(_SLASH_DATE_RE, _slash_date, text)
-    text = _rewrite(_MONTH_DAY_RE, _month_day, text)
+    text = expand_dates(text)
     text = _NEGATIVE_MONEY_RE.sub("minus ", text)
-    text = _rewrite(_MONEY_RE, _money, text)
-    text = _rewrite(_MONEY_AFTER_RE, _money_after, text)
-    text = _rewrite(_CENTS_RE, _cents, text)
-    text = _rewrite(_TIME_RE, _time, text)
-    text = _rewrite(_SCIENTIFIC_RE, _scientific, text)
-    text = _rewrite(_ORDINAL_RE, _ordinal, text)
-    text = _rewrite(_DECADE_RE, _decade, text)  # before units: "1990s" is not 1990 seconds
-    text = _rewrite(_SHORT_DECADE_RE, _short_decade, text)
-    text = _rewrite(_MIXED_FRACTION_RE, _mixed_fraction, text)
-    text = _rewrite(_SLASH_RE, _slash, text)
+    text = rewrite(_MONEY_RE, _money, text)
+    text = rewrite(_MONEY_AFTER_RE, _money_after, text)
+    text = rewrite(_CODE_AFTER_RE, _money_after, text)
+    text = rewrite(_CODE_BEFORE_RE, lambda m: _money_words(m.group(1), m.group(2), None), text)
+    text = rewrite(_CENTS_RE, _cents, text)
+    text = rewrite(_TIME_RE, _time, text)
+    text = rewrite(_SCIENTIFIC_RE, _scientific, text)
+    text = rewrite(_ORDINAL_RE, _ordinal, text)
+    text = rewrite(_DECADE_RE, _decade, text)  # before units: "1990s" is not 1990 seconds
+    text = rewrite(_SHORT_DECADE_RE, _short_decade, text)
+    text = rewrite(_MIXED_FRACTION_RE, _mixed_fraction, text)
+    text = rewrite(_SLASH_RE, _slash, text)
     text = _NEGATIVE_RE.sub("minus ", text)
-    text = _rewrite(_LEADING_DECIMAL_RE, lambda m: f"point {digits_to_words(m.group(1))}", text)
-    text = _rewrite(_UNIT_RE, _unit, text)
-    text = _rewrite(_RANGE_RE, _range, text)
+    text = rewrite(_LEADING_DECIMAL_RE, lambda m: f"point {digits_to_words(m.group(1))}", text)
+    text = rewrite(_UNIT_RE, _unit, text)
+    text = rewrite(_POWER_RE, _power, text)
+    text = rewrite(_RANGE_RE, _range, text)
     text = _DIALED_RE.sub(lambda m: m.group(1) + digits_to_words(m.group(2)), text)
-    text = _rewrite(_YEAR_RE, _year, text)
+    text = rewrite(_YEAR_RE, _year, text)
     text = _PER_RE.sub(pad("per"), text)
-    return _rewrite(_NUMBER_RE, lambda m: number_text_to_words(m.group(0)), text)
+    return rewrite(_NUMBER_RE, lambda m: number_text_to_words(m.group(0)), text)

@@ -4,6 +4,7 @@ end its sentence? does a word start one?) and the splitter that cuts text into s
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 # inside one: "the U.S. The next day" ends a sentence, "the U.S. Army" does not.
 _SENTENCE_OPENERS = frozenset(
@@ -52,6 +53,12 @@ def _sentence_initial(text: str, start: int) -> bool:
 def pad(words: str) -> str:
     """Words a rule writes in place of what it read, with PAD on both sides."""
     return f"{PAD}{words}{PAD}"
+
+
+def rewrite(pattern: re.Pattern[str], replace: Callable[[re.Match[str]], str], text: str) -> str:
+    """Each match of `pattern` replaced by `replace(match)` with PAD around it, so that a
+    spoken number does not glue to its neighbours."""
+    return pattern.sub(lambda match: pad(replace(match)), text)
 
 
 def split_sentences(text: str, max_chars: int = 200) -> list[str]:
