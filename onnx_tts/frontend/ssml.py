@@ -157,8 +157,15 @@ class _Parser:
     def _flush(self) -> None:
         text = _collapse("".join(self.pieces))
         self.pieces = []
-        if text:
-            self.segments.append(Text(text, self.rate, **self._flags()))
+        if not text:
+            return
+        flags = self._flags()
+        last = self.segments[-1] if self.segments else None
+        if isinstance(last, Text) and last.rate == self.rate and not any(flags.values()):
+            # "a <prosody rate="medium">b</prosody>": one run of text at one rate
+            self.segments[-1] = Text(_collapse(f"{last.text} {text}"), last.rate, **_flags_of(last))
+        else:
+            self.segments.append(Text(text, self.rate, **flags))
 
     # -- handlers ----------------------------------------------------------------------
 
@@ -302,6 +309,7 @@ class _Parser:
                 raise self.error(f"<prosody> rate {value!r} is negative")
             else:
                 rate = enclosing * amount
+        rate = round(rate, 6)  # 0.8 x 150% is 1.2, not 1.2000000000000002
         if not (math.isfinite(rate) and MIN_RATE <= rate <= MAX_RATE):
             raise self.error(
                 f"<prosody> rate {value!r} gives {rate:g}x speed; it must stay within "
@@ -396,7 +404,7 @@ class _Parser:
             return self.error("text after </speak>; put everything inside <speak>", at)
         if code == codes[expat.errors.XML_ERROR_UNCLOSED_TOKEN]:
             return self.error("a tag is not finished; end it with '>'", at)
-        return self.error(f"{expat.errors.messages[code]}", at)
+        return self.error(f"{expat.errors.messages[code]}; check the markup there", at)
 
 
 def line_column(text: str, index: int) -> tuple[int, int]:
@@ -410,6 +418,10 @@ def _offset(text: str, line: int, column: int) -> int:
     for _ in range(line - 1):
         start = text.index("\n", start) + 1
     return start + column
+
+
+def _flags_of(segment: Text) -> dict[str, bool]:
+    return {"sentence_start": segment.sentence_start, "paragraph_start": segment.paragraph_start}
 
 
 def _collapse(text: str) -> str:
