@@ -176,7 +176,6 @@ AMPERSANDS = [
     ("S&P 500", "S-and-P five hundred"),
     ("M&M's", "M-and-M's"),
     ("H&M", "H-and-M"),
-    ("Tom & Jerry", "Tom and Jerry"),
     ("salt & pepper", "salt and pepper"),
     ("Johnson & Johnson", "Johnson and Johnson"),
     ("I work at AT&T.", "I work at A-T-and-T."),
@@ -187,7 +186,6 @@ SLASHES = [
     ("TCP/IP", "TCP IP"),
     ("A/B testing", "A-B testing"),
     ("AC/DC", "AC DC"),
-    ("and/or", "and or"),
     ("cats and/or dogs", "cats and or dogs"),
     ("he/she", "he or she"),
     ("his/her", "his or her"),
@@ -300,7 +298,6 @@ EMAILS = [
     ("user+tag@gmail.com", "user plus tag at gmail dot com"),
     ("jane_doe@mail.example.org", "jane underscore doe at mail dot example dot org"),
     ("bob99@example.net", "bob ninety nine at example dot net"),
-    ("me@home", "me at home"),
     ("info@example.de", "info at example dot D-E"),
 ]
 
@@ -324,7 +321,6 @@ ADDRESSES = [
     ("the server at 10.0.0.12", "the server at ten dot zero dot zero dot twelve"),
     ("127.0.0.1:8080", "one two seven dot zero dot zero dot one colon eighty eighty"),
     ("255.255.255.0", "two five five dot two five five dot two five five dot zero"),
-    ("1.2.3.4", "one point two point three point four"),
 ]
 
 MULTIPLIERS = [
@@ -378,7 +374,6 @@ SCALES = [
     ("Room 3B", "Room three B"),
     ("Seat 12B", "Seat twelve B"),
     ("4K video", "four K video"),
-    ("$5M", "five million dollars"),
 ]
 
 SIGNS = [
@@ -443,6 +438,86 @@ CODES = [
     ("F# and C#", "F sharp and C sharp"),
     (".NET", "dot net"),
     ("C++", "C plus plus"),
+]
+
+DAY_FIRST_DATES = [
+    ("15 March 2024", "the fifteenth of March, twenty twenty four"),
+    ("on 3 May", "on the third of May"),
+    ("the 3rd of May", "the third of May"),
+    ("1 Jan. 2020", "the first of January, twenty twenty"),
+    ("4th July 1776", "the fourth of July, seventeen seventy six"),
+    ("born 21 Sept 1990", "born the twenty-first of September, nineteen ninety"),
+    ("31 Dec", "the thirty-first of December"),
+    ("on 11 November, 1918", "on the eleventh of November, nineteen eighteen"),
+]
+
+CURRENCY_CODES = [
+    ("5 USD", "five US dollars"),
+    ("USD 5", "five US dollars"),
+    ("1 USD", "one US dollar"),
+    ("EUR 10.50", "ten euros and fifty cents"),
+    ("1 EUR", "one euro"),
+    ("100 GBP", "one hundred pounds"),
+    ("500 JPY", "five hundred yen"),
+    ("20 CAD", "twenty Canadian dollars"),
+    ("It costs 99 CHF.", "It costs ninety nine Swiss francs."),
+]
+
+MORE_UNITS = [
+    ("5 m²", "five square meters"),
+    ("100 km²", "one hundred square kilometers"),
+    ("2 m³", "two cubic meters"),
+    ("500 sq ft", "five hundred square feet"),
+    ("12V", "twelve volts"),
+    ("a 9V battery", "a nine volts battery"),
+    ("100W", "one hundred watts"),
+    ("3 v 3", "three v three"),
+    ("5000 mAh", "five thousand milliamp hours"),
+    ("1.21 GW", "one point two one gigawatts"),
+    ("5 mins", "five minutes"),
+    ("10 secs", "ten seconds"),
+    ("3 yrs", "three years"),
+    ("5G", "five G"),
+    ("a 5G phone", "a five G phone"),
+    ("3.5mm jack", "three point five millimeters jack"),
+    ("1080p", "ten eighty P"),
+    ("720p video", "seven twenty P video"),
+    ("4320p", "forty three twenty P"),
+]
+
+POWERS = [
+    ("x^2", "x squared"),
+    ("x²", "x squared"),
+    ("y³", "y cubed"),
+    ("2^10", "two to the power of ten"),
+    ("E = mc²", "E equals mc squared"),
+    ("Einstein¹ said so.", "Einstein said so."),
+    ("as shown.² Next", "as shown. Next"),
+]
+
+DEGREES_AND_DECIMALS = [
+    ("a Ph.D. in physics", "a P-H-D in physics"),
+    ("She has a Ph.D.", "She has a P-H-D."),
+    ("B.Sc. in biology", "B-S-C in biology"),
+    (".5", "point five"),
+    ("a .22 rifle", "a point two two rifle"),
+    ("about .75 of it", "about point seven five of it"),
+    ("-.5", "minus point five"),
+]
+
+MORE_NOT_CHANGED = [
+    ("Dr Smith", "Dr Smith"),
+    ("St Louis", "St Louis"),
+    ("Mr Smith", "Mr Smith"),
+    ("The I-95 is busy.", "The I ninety five is busy."),
+    ("X marks the spot.", "X marks the spot."),
+    ("C3PO", "C three PO"),
+    ("IV drip", "IV drip"),
+    ("Use the LIV account.", "Use the LIV account."),
+    ("Version control is hard.", "Version control is hard."),
+    ("Just a test.", "Just a test."),
+    ("www", "www"),
+    ("The e.g. rule", "The for example rule"),
 ]
 
 IN_CONTEXT = [
@@ -511,6 +586,47 @@ IN_CONTEXT = [
         "Super Bowl LVIII drew 123.7M viewers.",
         "Super Bowl fifty eight drew one hundred twenty three point seven million viewers.",
     ),
+    (
+        "Pay 25 USD by 15 March 2024 to billing@example.com.",
+        "Pay twenty five US dollars by the fifteenth of March, twenty twenty four to billing at "
+        "example dot com.",
+    ),
+    (
+        "The 2x4 costs ~$5 at Home Depot.",
+        "The two by four costs about five dollars at Home Depot.",
+    ),
+    (
+        "Napoleon III ruled from 1852-1870.",
+        "Napoleon the third ruled from eighteen fifty two to eighteen seventy.",
+    ),
+    (
+        "Read Chapter XII on p. 245.",
+        "Read Chapter twelve on page two hundred forty five.",
+    ),
+    (
+        "Stream it in 1080p at 60fps.",
+        "Stream it in ten eighty P at sixty fps.",
+    ),
+    (
+        "Q&A: is R&D worth 10x the cost?",
+        "Q-and-A: is R-and-D worth ten times the cost?",
+    ),
+    (
+        "Set the gateway to 192.168.1.1 and reboot.",
+        "Set the gateway to one nine two dot one six eight dot one dot one and reboot.",
+    ),
+    (
+        "The wall is 8' tall and 12' wide.",
+        "The wall is eight feet tall and twelve feet wide.",
+    ),
+    (
+        "It runs on Windows XP and macOS 14.2.",
+        "It runs on Windows XP and macOS fourteen point two.",
+    ),
+    (
+        "See https://docs.python.org/3/library/re.html for details.",
+        "See docs dot python dot org slash three slash library slash re dot html for details.",
+    ),
 ]
 
 CASES = [
@@ -535,6 +651,12 @@ CASES = [
     *NAME_NUMBERS,
     *BEFORE_NUMBER,
     *CODES,
+    *DAY_FIRST_DATES,
+    *CURRENCY_CODES,
+    *MORE_UNITS,
+    *POWERS,
+    *DEGREES_AND_DECIMALS,
+    *MORE_NOT_CHANGED,
     *IN_CONTEXT,
 ]
 
@@ -542,8 +664,9 @@ CASES = [
 def test_the_tables_hold_400_listener_cases_without_duplicates() -> None:
     texts = [text for text, _ in CASES] + [text for text, _ in NO_SPLIT]
     assert len(set(texts)) == len(texts)
-    everything = texts + [text for text, _ in FIRST_TABLE] + [text for text, _ in FIRST_SENTENCES]
-    assert len(everything) >= 400
+    assert len(texts) >= 400
+    first = [text for text, _ in FIRST_TABLE] + [text for text, _ in FIRST_SENTENCES]
+    assert len(set(texts + first)) == len(texts + first)
 
 
 @pytest.mark.parametrize(("text", "expected"), CASES, ids=[text for text, _ in CASES])

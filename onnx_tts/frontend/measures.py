@@ -13,7 +13,7 @@ import bisect
 import re
 
 from onnx_tts.frontend.numbers import integer_words, number_text_to_words, year_to_words
-from onnx_tts.frontend.numerals import _UNITS
+from onnx_tts.frontend.numerals import _SCALE_SUFFIXES, _UNITS
 from onnx_tts.frontend.sentences import _ends_sentence, pad
 
 _NUMBER = r"\d+(?:\.\d+)?"
@@ -31,7 +31,6 @@ _FEET_RE = re.compile(rf"(?<![\w.,'])(?P<feet>{_NUMBER})(?:'|′)(?=[\s,.;:!?)]|
 _INCHES_RE = re.compile(rf"(?<![\w.,'\"])(?P<inches>{_NUMBER})(?:\"|″|'')(?=[\s,.;:!?)-]|\Z)")
 # A scale letter glued to a number: "1.5M users", "7B parameters", "10k", "3bn". A capital K
 # is left alone ("4K video", "a 5K run"); a lower-case m is metres (the unit rule).
-_SCALES = {"k": "thousand", "M": "million", "B": "billion", "bn": "billion", "mn": "million"}
 _SCALE_RE = re.compile(rf"(?<![\w.,$£€¥])({_NUMBER})(k|M|B|bn|mn)(?![\w])")
 # Before these words a number and a capital are a label: "Room 3B", "Seat 12M", "Vitamin B".
 _LABEL_CUE_RE = re.compile(
@@ -124,7 +123,7 @@ def _scale(match: re.Match[str]) -> str:
         return match.group(0)
     if letter in "MB" and "." not in number and not re.match(r"\s[a-z]", text[end : end + 2]):
         return match.group(0)
-    return pad(f"{number_text_to_words(number)} {_SCALES[letter]}")
+    return pad(f"{number_text_to_words(number)} {_SCALE_SUFFIXES[letter.lower()]}")
 
 
 def _weekday_range(match: re.Match[str]) -> str:

@@ -191,7 +191,7 @@ _PER_RE = re.compile(
     r"head|unit|item|kg|lb|gallon|liter|litre|mile|km)\b)",
     re.IGNORECASE,
 )
-_NEGATIVE_RE = re.compile(r"(?<![\w.,])-(?=\d)")
+_NEGATIVE_RE = re.compile(r"(?<![\w.,])-(?=\.?\d)")
 # A decimal written without its zero: ".5" is "point five".
 _LEADING_DECIMAL_RE = re.compile(r"(?<![\w.])\.(\d+)(?![\d.])")
 
