@@ -21,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from onnx_tts.errors import OnnxTTSWarning
-from onnx_tts.frontend import normalize_text, split_sentences
+from onnx_tts.frontend import Phonemizer, normalize_text, split_sentences
 from tests.test_frontend_cases import CASES as FIRST_TABLE
 from tests.test_frontend_cases import SENTENCES as FIRST_SENTENCES
 
@@ -700,3 +700,22 @@ def test_a_number_inside_a_sentence_never_ends_it(token: str) -> None:
         warnings.simplefilter("ignore", OnnxTTSWarning)
         chunks = split_sentences(normalize_text(f"We saw {token} here today."))
     assert len(chunks) == 1, chunks
+
+
+@pytest.mark.parametrize(
+    ("text", "letter_as"),
+    [
+        ("Q&A session", 1),
+        ("AT&T is big", 1),
+        ("A&B testing", 1),
+        ("A/B testing", 1),
+        ("B&A lounge", 1),
+        ("visit my-site.ca today", 1),
+    ],
+)
+def test_the_default_voice_names_every_letter_a(text: str, letter_as: int) -> None:
+    """espeak-ng reads an "A" of a hyphenated letter run followed by a word as the article
+    ("Q and uh session"); the phonemizer names it (eɪ)."""
+    phonemes = Phonemizer().phonemize(normalize_text(text))
+    assert "ɐ" not in phonemes, phonemes
+    assert phonemes.count("eɪ") >= letter_as, phonemes

@@ -15,6 +15,10 @@ from onnx_tts.errors import ModelError
 # to intone. A comma-like mark is followed by a space, as a word boundary.
 _CLAUSE = re.compile(r"([^,.;:!?]+)([,.;:!?]*)")
 _LANGUAGE_SWITCH = re.compile(r"\([^)]*\)")  # "(en)" ... "(fr)" around foreign words
+# A run of letters read one by one that holds the letter A ("Q-and-A", "U-S-A"): espeak reads
+# an "A" part followed by more words as the article ("Q and uh session"), so such a run is
+# phonemized part by part, each letter alone, as espeak names it.
+_RUN_WITH_A = re.compile(r"(?<![\w'-])((?=[\w-]*\bA\b)[A-Za-z]+(?:-[A-Za-z]+)+)(?![\w'-])")
 _ESPEAK_CHARS_UTF8 = 1
 _ESPEAK_PHONEMES_IPA = 0x02
 _ESPEAK_AUDIO_SYNCHRONOUS = 0x02
@@ -88,12 +92,21 @@ class Phonemizer:
                 pieces.append(out.decode("utf-8", errors="ignore").strip())
         return " ".join(p for p in pieces if p)
 
+    def _words(self, words: str) -> str:
+        pieces = []
+        for index, piece in enumerate(_RUN_WITH_A.split(words)):
+            if index % 2:  # a letter run with an A
+                pieces.append("".join(self._clause(part) for part in piece.split("-")))
+            elif piece.strip():
+                pieces.append(self._clause(piece))
+        return " ".join(piece for piece in pieces if piece)
+
     def phonemize(self, text: str) -> str:
         clauses = []
         with Phonemizer._lock:
             self._lib.espeak_SetVoiceByName(self.voice.encode())
             for words, marks in _CLAUSE.findall(text):
-                phonemes = _LANGUAGE_SWITCH.sub("", self._clause(words)) if words.strip() else ""
+                phonemes = _LANGUAGE_SWITCH.sub("", self._words(words)) if words.strip() else ""
                 if phonemes or marks:
                     clauses.append(phonemes.strip() + marks[:1])
         # A space after every clause mark: ", " inside a sentence, and between sentences.
