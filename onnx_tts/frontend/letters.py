@@ -96,7 +96,9 @@ _NAMES_RE = re.compile(r"(?<![\w.#])(C#|F#|J#|\.NET)(?![\w#])")
 def _ampersand(match: re.Match[str]) -> str:
     left, right = match.group(1), match.group(2)
     words = f"{'-'.join(left)}-and-{'-'.join(right)}"
-    return words + (match["s"] or "")
+    # "M&Ms" -> "M-and-M's": a plural after a spelled letter takes the apostrophe that makes
+    # the voice say "emz" rather than "em ess".
+    return words + ("'s" if match["s"] else "")
 
 
 def _acronym_slash(match: re.Match[str]) -> str:
@@ -109,7 +111,8 @@ def _acronym_slash(match: re.Match[str]) -> str:
 def _word_slash(match: re.Match[str]) -> str:
     form = match.group(1)
     words = _WORD_SLASH[form.lower()]
-    return words.capitalize() if form[0].isupper() else words
+    title = form[0].isupper() and form[1:].islower()  # "And/or" opens a sentence; "N/A" not
+    return words.capitalize() if title else words
 
 
 def expand_letters(text: str) -> str:
