@@ -290,6 +290,8 @@ URLS = [
     ("openai.com and google.com", "openai dot com and google dot com"),
     ("my-site.io", "my dash site dot I-O"),
     ("news.ycombinator.com", "news dot ycombinator dot com"),
+    ("Amazon.com sells books.", "Amazon dot com sells books."),
+    ("I was tired.so I left", "I was tired.so I left"),
     ("wikipedia.org/wiki/Henry_VIII", "wikipedia dot org slash wiki slash Henry underscore VIII"),
 ]
 

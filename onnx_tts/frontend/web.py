@@ -16,20 +16,23 @@ from onnx_tts.frontend.numbers import integer_words
 from onnx_tts.frontend.sentences import pad
 from onnx_tts.frontend.versions import port_words
 
-# Top-level domains recognised in a bare address ("example.com"); with a scheme or "www."
-# any domain is an address. Two-letter country codes are spelled ("U-K"), except these.
+# Top-level domains recognised in a bare address ("example.com"); with a scheme, "www." or
+# in an e-mail address any domain is one. Left out: those that are also common words ("in",
+# "to", "me", "so", "it", ...), which a missing space after a period would turn into "dot".
+# Two-letter country codes are spelled ("U-K"), except the ones in _SPOKEN_TLDS.
 _TLDS = (
-    "com|org|net|edu|gov|mil|int|io|ai|co|dev|app|info|biz|xyz|me|tv|uk|us|ca|de|fr|es|it|nl|"
-    "au|nz|ie|in|jp|cn|ru|br|ch|se|no|dk|fi|pl|be|at|eu|ly|gg|sh|so|fm|to|cc|ws|tech|online|"
-    "site|blog|cloud|news|shop|store|page"
+    "com|org|net|edu|gov|mil|int|io|ai|co|dev|app|info|biz|xyz|tv|uk|ca|de|fr|es|nl|au|nz|ie|"
+    "jp|cn|ru|br|ch|se|dk|fi|pl|be|eu|ly|gg|sh|fm|cc|ws|tech|online|site|blog|cloud|news|shop|"
+    "store|page"
 )
 _SPOKEN_TLDS = frozenset({"co"})  # "co.uk": said as a word
-# File extensions that make "name.ext" a file name ("config.toml", "Node.js").
+# File extensions that make "name.ext" a file name ("config.toml", "Node.js"); not "so" or
+# "go", which are also words a missing space would glue to a period.
 _EXTENSIONS = (
     "txt|md|rst|py|pyc|js|mjs|ts|tsx|jsx|json|jsonl|toml|yaml|yml|ini|cfg|conf|csv|tsv|xml|"
     "html|htm|css|scss|pdf|doc|docx|xls|xlsx|ppt|pptx|odt|png|jpg|jpeg|gif|svg|webp|bmp|ico|"
-    "mp3|wav|flac|ogg|opus|m4a|mp4|mkv|mov|avi|webm|zip|tar|gz|tgz|bz2|xz|7z|rar|exe|dll|so|"
-    "dylib|deb|rpm|apk|dmg|iso|img|sh|bash|zsh|bat|ps1|c|h|cc|cpp|hpp|cs|java|kt|go|rs|rb|"
+    "mp3|wav|flac|ogg|opus|m4a|mp4|mkv|mov|avi|webm|zip|tar|gz|tgz|bz2|xz|7z|rar|exe|dll|"
+    "dylib|deb|rpm|apk|dmg|iso|img|sh|bash|zsh|bat|ps1|c|h|cc|cpp|hpp|cs|java|kt|rs|rb|"
     "php|pl|lua|swift|sql|db|sqlite|log|lock|env|onnx|pt|pth|bin|safetensors|ipynb|wasm"
 )
 # Characters inside an address, by the name a listener says.
@@ -58,7 +61,7 @@ _EMAIL_RE = re.compile(
     r"(?![\w@-]|\.\w)"
 )
 _DOMAIN_RE = re.compile(
-    rf"(?<![\w.@/-])(?P<domain>(?:[a-z0-9][a-z0-9-]*\.)+(?:{_TLDS}))"
+    rf"(?<![\w.@/-])(?P<domain>(?:[A-Za-z0-9][A-Za-z0-9-]*\.)+(?:{_TLDS}))"
     rf"(?P<path>/{_ADDRESS_TAIL}|/)?(?![\w@-]|\.\w)"
 )
 _FILE_RE = re.compile(
