@@ -206,6 +206,7 @@ SLASHES = [
 
 VERSIONS = [
     ("v2", "version two"),
+    ("v1, v2 and v3.", "version one, version two and version three."),
     ("v1.5", "version one point five"),
     ("v10.2.3", "version ten point two point three"),
     ("version 3.11", "version three point eleven"),

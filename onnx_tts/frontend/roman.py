@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 
 from onnx_tts.frontend.numbers import number_to_words, ordinal_to_words
+from onnx_tts.frontend.sentences import _sentence_initial
 
 # Names of rulers and popes that take a regnal number (matched capitalised or in capitals).
 _REGNAL_NAMES = frozenset(
@@ -87,11 +88,6 @@ def _pronoun_i(match: re.Match[str]) -> bool:
 
 def _is_title_case(word: str) -> bool:
     return word[0].isupper() and word[1:].islower()
-
-
-def _sentence_initial(text: str, start: int) -> bool:
-    before = text[:start].rstrip()
-    return not before or before[-1] in ".!?:;\"'("
 
 
 def _reading(match: re.Match[str]) -> str | None:

@@ -32,7 +32,7 @@ _VERSION_CUES = (
 _TAG = r"(?:[-.]?(?P<tag>alpha|beta|rc|dev|preview|pre)(?P<tag_number>\d{1,3})?)?"
 # "v2", "v2.0.1", "V3.5": a lower-case v (or a capital one with a dot) right before digits.
 _V_VERSION_RE = re.compile(
-    r"(?<![\w.])(?P<cue>(?i:version|ver\.?)\s+)?(?:v(?P<lone>\d+)(?![\w.,]|\.\d)|"
+    r"(?<![\w.])(?P<cue>(?i:version|ver\.?)\s+)?(?:v(?P<lone>\d+)(?!\w|[.,]\d)|"
     rf"[vV](?P<parts>\d+(?:\.\d+)+)){_TAG}(?![\w]|\.\d)"
 )
 # "version 3.11", "Python 3.11", "iOS 17.2": two parts after a cue word.
