@@ -400,6 +400,8 @@ def test_parse_markup_reads_speak_as_ssml_and_the_rest_as_text() -> None:
     assert list(parse_markup("<speak>a</speak>", ssml=False)) == [Text("<speak>a</speak>")]
     with pytest.raises(SsmlError):
         parse_markup("if a < b then", ssml=True)
+    with pytest.raises(InputError, match="empty"):
+        parse_markup("  ")
 
 
 def test_document_text_and_pauses() -> None:
