@@ -34,6 +34,8 @@ _CHARACTER_NAMES = {
     "?": "question mark",
     ",": "comma",
     "'": "apostrophe",
+    "<": "less than",
+    ">": "greater than",
 }
 
 
