@@ -717,6 +717,8 @@ def test_a_number_inside_a_sentence_never_ends_it(token: str) -> None:
         ("A/B testing", 1),
         ("B&A lounge", 1),
         ("visit my-site.ca today", 1),
+        ("It ends at 10 a.m.", 1),
+        ("Open 9am-5pm, closed at 10 AM!", 2),
     ],
 )
 def test_the_default_voice_names_every_letter_a(text: str, letter_as: int) -> None:

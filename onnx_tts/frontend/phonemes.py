@@ -15,10 +15,12 @@ from onnx_tts.errors import ModelError
 # to intone. A comma-like mark is followed by a space, as a word boundary.
 _CLAUSE = re.compile(r"([^,.;:!?]+)([,.;:!?]*)")
 _LANGUAGE_SWITCH = re.compile(r"\([^)]*\)")  # "(en)" ... "(fr)" around foreign words
-# A run of letters read one by one that holds the letter A ("Q-and-A", "U-S-A"): espeak reads
-# an "A" part followed by more words as the article ("Q and uh session"), so such a run is
-# phonemized part by part, each letter alone, as espeak names it.
-_RUN_WITH_A = re.compile(r"(?<![\w'-])((?=[\w-]*\bA\b)[A-Za-z]+(?:-[A-Za-z]+)+)(?![\w'-])")
+# Letters espeak may read as a word, phonemized letter by letter as espeak names them: a run
+# that holds the letter A ("Q-and-A session" was "Q and uh session"), and the "AM" of a time
+# after a number word ("ten AM." was "ten am").
+_SPELLED = re.compile(
+    r"(?<![\w'-])((?=[\w-]*\bA\b)[A-Za-z]+(?:-[A-Za-z]+)+|(?<=[a-z] )AM)(?![\w'-])"
+)
 _ESPEAK_CHARS_UTF8 = 1
 _ESPEAK_PHONEMES_IPA = 0x02
 _ESPEAK_AUDIO_SYNCHRONOUS = 0x02
@@ -94,9 +96,10 @@ class Phonemizer:
 
     def _words(self, words: str) -> str:
         pieces = []
-        for index, piece in enumerate(_RUN_WITH_A.split(words)):
-            if index % 2:  # a letter run with an A
-                pieces.append("".join(self._clause(part) for part in piece.split("-")))
+        for index, piece in enumerate(_SPELLED.split(words)):
+            if index % 2:  # letters to name one by one
+                parts = piece.split("-") if "-" in piece else list(piece)
+                pieces.append("".join(self._clause(part) for part in parts))
             elif piece.strip():
                 pieces.append(self._clause(piece))
         return " ".join(piece for piece in pieces if piece)
