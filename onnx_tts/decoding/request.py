@@ -137,7 +137,8 @@ class Request:
     token every stage checks; sink: where its frames go (set by the scheduler when None);
     generator: the random generator shared by the chunks of one text that decode one after
     another (a family whose published runtime draws the whole text from one generator), None
-    for a chunk that draws from its own seed."""
+    for a chunk that draws from its own seed; marks: when word timings are asked for, a list
+    the family's program may fill with the text position each emitted frame voices."""
 
     chunk: Any
     voice: Mapping[str, np.ndarray]
@@ -149,6 +150,7 @@ class Request:
     cancel: CancelToken = field(default_factory=CancelToken)
     sink: Any = None
     generator: np.random.Generator | None = None
+    marks: list[int] | None = None
     arrival: float = field(default_factory=time.monotonic)
     order: int = field(default_factory=lambda: next(_arrivals))
 

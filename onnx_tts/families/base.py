@@ -108,6 +108,25 @@ class Detection:
 
 
 # -- the parts ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class WordSpan:
+    """A word of a chunk as it is spoken. When the family's program aligns its frames to text
+    positions (it appends each frame's position to `Request.marks`), `first`/`last` are the
+    positions [first, last) the word covers and its timing is exact; otherwise `weight` (e.g.
+    its letters) shares out the chunk's duration and the timing is an estimate."""
+
+    text: str
+    first: int | None = None
+    last: int | None = None
+    weight: float = 1.0
+
+
+def spoken_words(text: str) -> list[WordSpan]:
+    """The words of `text` (punctuation around them dropped), weighted by their letters."""
+    words = (word.strip(".,;:!?\"'()[]{}") for word in text.split())
+    return [WordSpan(word, weight=max(1, len(word))) for word in words if word]
+
+
 class TextFrontend(ABC):
     """A family's text: normalisation and the chunks its LM generates one by one."""
 
@@ -116,9 +135,18 @@ class TextFrontend(ABC):
         """`text` (checked) as chunks, each one request of the scheduler; InputError when
         nothing in it is speakable. `options`: the request's family options (checked)."""
 
+    def phoneme_chunks(self, ipa: str, text: str, options: Mapping[str, Any]) -> list[Any] | None:
+        """IPA phonemes to speak as given (`text`: what they stand for) as chunks, or None when
+        the model takes no phonemes (its words are then spoken from `text`)."""
+        return None
+
     def describe(self, chunk: Any) -> str:
-        """A chunk as an error message quotes it."""
+        """A chunk as it reads (error messages quote it; captions show its words)."""
         return chunk if isinstance(chunk, str) else ""
+
+    def words(self, chunk: Any) -> list[WordSpan]:
+        """The words of `chunk` for word timings: by default estimated from its text."""
+        return spoken_words(self.describe(chunk))
 
 
 class Voices:
@@ -381,4 +409,6 @@ __all__ = [
     "Vocoder",
     "VocoderCapabilities",
     "Voices",
+    "WordSpan",
+    "spoken_words",
 ]

@@ -208,7 +208,7 @@ class CodecLMProgram(DecodeProgram):
         )
 
     def admit(self, state: _CodecState, row: int, request: Request) -> Admission:
-        text_ids: list[int] = request.chunk
+        text_ids = list(request.chunk.ids)
         voice = self.model.prompt(request.voice)
         codes = voice["codes"]
         bos = np.full((1, self.codebooks), self.bos_id, dtype=np.int64)
@@ -261,6 +261,14 @@ class CodecLMProgram(DecodeProgram):
         )
 
 
+@dataclass(frozen=True)
+class TokenChunk:
+    """A piece of text as the LM reads it: its token ids and the text they spell."""
+
+    ids: tuple[int, ...]
+    text: str
+
+
 class CodecLMText(TextFrontend):
     """Normalised English split at sentences, tokenized, each chunk small enough for the KV
     capacity a request may use."""
@@ -268,30 +276,38 @@ class CodecLMText(TextFrontend):
     def __init__(self, model: CodecLMModel, tokenizer: TextTokenizer, max_chunk_chars: int):
         self.model, self.tokenizer, self.max_chunk_chars = model, tokenizer, max_chunk_chars
 
-    def chunks(self, text: str, options: Mapping[str, Any]) -> list[list[int]]:
+    def chunks(self, text: str, options: Mapping[str, Any]) -> list[TokenChunk]:
         normalized = normalize_text(text)
         chunks = [
             chunk
             for sentence in split_sentences(normalized, self.max_chunk_chars)
             for chunk in self._fitted(sentence)
         ]
-        chunks = [c for c in chunks if c]
+        chunks = [c for c in chunks if c.ids]
         if not chunks:
             raise InputError("text has nothing speakable after normalisation")
         return chunks
 
-    def _fitted(self, text: str) -> list[list[int]]:
+    def describe(self, chunk: Any) -> str:
+        return chunk.text if isinstance(chunk, TokenChunk) else ""
+
+    def _fitted(self, text: str) -> list[TokenChunk]:
         """Token chunks of `text`, each small enough for the KV capacity: a chunk that is too
         long is split again at commas or spaces, and a single word that is still too long
         (e.g. 2,000 letters) at token boundaries, so a valid text is never refused."""
         tokens = self.tokenizer.encode(text)
         budget = self.model.max_chunk_tokens
         if len(tokens) <= budget:
-            return [tokens]
+            return [TokenChunk(tuple(tokens), text)]
         pieces = split_sentences(text, max(1, len(text) * budget // len(tokens)))
         if len(pieces) > 1:
             return [chunk for piece in pieces for chunk in self._fitted(piece)]
-        return [tokens[start : start + budget] for start in range(0, len(tokens), budget)]
+        parts = [tokens[start : start + budget] for start in range(0, len(tokens), budget)]
+        # One word cut at token boundaries: each part stands for its share of the letters.
+        step = max(1, -(-len(text) // len(parts)))
+        return [
+            TokenChunk(tuple(part), text[i * step : (i + 1) * step]) for i, part in enumerate(parts)
+        ]
 
 
 class CodecLMModel(Model):

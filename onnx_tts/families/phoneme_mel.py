@@ -10,6 +10,7 @@ See export/voice/train.py for the model and docs/ARCHITECTURE.md for the graph c
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -37,6 +38,8 @@ from onnx_tts.families.base import (
     Vocoder,
     VocoderCapabilities,
     Voices,
+    WordSpan,
+    spoken_words,
 )
 from onnx_tts.families.loader import Graph, GraphSet, LoadedGraphs, load_graphs
 from onnx_tts.frontend import PhonemeTable, Phonemizer, normalize_text, split_sentences
@@ -95,6 +98,7 @@ class _PointerState:
     previous: np.ndarray  # [rows, reduction * n_mels] the last step's frames
     speaker: np.ndarray  # [rows, E]
     sampler: RowSampler
+    marks: list[list[int] | None]  # a row's request.marks: the pointer of each step, if asked
 
 
 class PhonemeMelProgram(DecodeProgram):
@@ -118,10 +122,12 @@ class PhonemeMelProgram(DecodeProgram):
             previous=np.zeros((rows, self.width), np.float32),
             speaker=np.zeros((rows, self.model.speaker_dim), np.float32),
             sampler=RowSampler(rows),
+            marks=[None] * rows,
         )
 
     def admit(self, state: _PointerState, row: int, request: Request) -> Admission:
-        ids = np.asarray(request.chunk, dtype=np.int64)
+        ids = np.asarray(request.chunk.ids, dtype=np.int64)
+        state.marks[row] = request.marks
         if len(ids) > state.ids.shape[1]:
             wider = np.zeros((len(state.ids), len(ids)), np.int64)
             wider[:, : state.ids.shape[1]] = state.ids
@@ -152,6 +158,10 @@ class PhonemeMelProgram(DecodeProgram):
 
     def consume(self, state: _PointerState, rows: np.ndarray, logits: np.ndarray) -> StepOutput:
         frames = np.array(logits[:, : self.width], np.float32)
+        for row in rows:  # the phoneme each step's frames voice
+            marks = state.marks[row]
+            if marks is not None:
+                marks.append(int(state.pointer[row]))
         advance = state.sampler.sample(rows, logits[:, self.width :])
         progress = state.progress[rows]
         advance = np.where((advance == 0) & (progress + 1 >= MAX_STEPS_ON_ONE_SYMBOL), 1, advance)
@@ -168,27 +178,72 @@ class PhonemeMelProgram(DecodeProgram):
         )
 
 
+@dataclass(frozen=True)
+class PhonemeChunk:
+    """A sentence as the LM walks it: [start] + phoneme ids + [end], and its words."""
+
+    ids: tuple[int, ...]
+    text: str
+
+
 class PhonemeText(TextFrontend):
     """Normalised English, split at sentences, phonemized by espeak-ng: [start] + phoneme ids
-    + [end] per sentence."""
+    + [end] per sentence. Phoneme input (SSML <phoneme>, [[ ]]) is taken as given. Word
+    timings are exact: the program marks which phoneme each step voices, and a sentence's
+    words are its space-separated phoneme groups."""
 
     def __init__(
         self, table: PhonemeTable, phonemizer: Phonemizer, start: list[int], end: list[int], chars
     ) -> None:
         self.table, self.phonemizer = table, phonemizer
         self.start_id, self.end_id, self.max_chunk_chars = start, end, chars
+        self.space_ids = set(table.encode(" "))
 
     def phoneme_ids(self, sentence: str) -> list[int]:
         """[start] + phoneme ids of `sentence` + [end]; only the boundaries if nothing is
         speakable."""
         return self.start_id + self.table.encode(self.phonemizer.phonemize(sentence)) + self.end_id
 
-    def chunks(self, text: str, options: Mapping[str, Any]) -> list[list[int]]:
+    def chunks(self, text: str, options: Mapping[str, Any]) -> list[PhonemeChunk]:
         sentences = split_sentences(normalize_text(text), self.max_chunk_chars)
-        chunks = [ids for ids in map(self.phoneme_ids, sentences) if len(ids) > 2]
+        chunks = [PhonemeChunk(tuple(self.phoneme_ids(s)), s) for s in sentences]
+        chunks = [chunk for chunk in chunks if len(chunk.ids) > 2]
         if not chunks:
             raise InputError("text has nothing speakable after normalisation")
         return chunks
+
+    def phoneme_chunks(self, ipa: str, text: str, options: Mapping[str, Any]) -> list[PhonemeChunk]:
+        symbols = self.table.encode(unicodedata.normalize("NFD", ipa))
+        if not symbols:
+            raise InputError(
+                f"phonemes {ipa!r} hold no symbol this model knows; use IPA as espeak-ng writes it"
+            )
+        return [PhonemeChunk(tuple(self.start_id + symbols + self.end_id), text or ipa)]
+
+    def describe(self, chunk: Any) -> str:
+        return chunk.text if isinstance(chunk, PhonemeChunk) else ""
+
+    def words(self, chunk: Any) -> list[WordSpan]:
+        """The sentence's words on its phoneme groups (positions in `ids`, so the program's
+        pointer marks time them); when espeak grouped them otherwise, estimated."""
+        words = spoken_words(chunk.text)
+        groups: list[tuple[int, int]] = []
+        start = None
+        for position, symbol in enumerate(chunk.ids[1:-1], 1):
+            if symbol in self.space_ids:
+                if start is not None:
+                    groups.append((start, position))
+                start = None
+            elif start is None:
+                start = position
+        if start is not None:
+            groups.append((start, len(chunk.ids) - 1))
+        if len(groups) != len(words):
+            return words
+        return [
+            WordSpan(word.text, first, last, word.weight)
+            for word, (first, last) in zip(words, groups, strict=True)
+        ]
 
 
 class MelVocoder(Vocoder):

@@ -55,7 +55,8 @@ class ResultCaching:
         sampled = sampling.temperature > 0 and sampling.seed is None
         if self.results is None or cache is False or (sampled and not cache):
             return None
-        key = result_key(self._identity or "", plan.chunks, prompt, sampling, plan.options)
+        options = {**plan.options, **plan.key()}  # speed and pauses change the audio too
+        key = result_key(self._identity or "", plan.chunks, prompt, sampling, options)
         if key is not None:
             self.results.remember(digest, key)
         return key

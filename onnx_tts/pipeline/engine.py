@@ -31,16 +31,19 @@ from onnx_tts.families.base import Family, Model
 from onnx_tts.pipeline.caching import ResultCaching
 from onnx_tts.pipeline.execution import AudioStream, Executor, Progress, ReadyChunks
 from onnx_tts.pipeline.planner import Planner, Timing
+from onnx_tts.pipeline.timings import WordTiming
 from onnx_tts.pipeline.voices import VoiceLike, VoiceResolver
 from onnx_tts.vocoder import StreamingOptions
 
 
 @dataclass
 class Audio:
-    """Synthesised speech: float32 samples at `sample_rate`, [N] (mono) or [N, channels]."""
+    """Synthesised speech: float32 samples at `sample_rate`, [N] (mono) or [N, channels], and
+    when asked for (`timestamps=True`), when each word sounds (`words`)."""
 
     samples: np.ndarray
     sample_rate: int
+    words: list[WordTiming] | None = None
 
     @property
     def duration(self) -> float:
@@ -194,6 +197,10 @@ class Engine:
         progress: Progress | None = None,
         cache: bool | None = None,
         *,
+        ssml: bool | None = None,
+        speed: float = 1.0,
+        sentence_silence: float | None = None,
+        timestamps: bool = False,
         deadline: float | None = None,
         priority: int = 0,
         cancel: CancelToken | None = None,
@@ -201,25 +208,32 @@ class Engine:
     ) -> Audio:
         """Speak `text` (in the voice of `voice` when given). Same seed -> same samples.
 
-        `options`: sampling (temperature, top_k, top_p, repetition_penalty) and the model
-        family's request options (e.g. language). `cache` (with a result cache): None stores
-        and reuses deterministic requests only, True also a sampled one (made once, then
-        replayed), False neither looks up nor stores. `deadline` (time.monotonic() seconds),
-        `priority` (lower first) and `cancel` (a CancelToken the caller may fire) order and
-        stop the work in the scheduler."""
+        `text` may carry markup: SSML when it starts with <speak> (or `ssml=True`; False reads
+        it as plain text), Piper's ``[[ phonemes ]]`` otherwise. `speed` (0.25-4, pitch kept)
+        scales every sentence's pace; `sentence_silence` (seconds) replaces the pause between
+        sentences; `timestamps` gives `Audio.words` (each word's start and end). `options`:
+        sampling (temperature, top_k, top_p, repetition_penalty, where the family takes them)
+        and the model family's request options (e.g. language). `cache` (with a result cache):
+        None stores and reuses deterministic requests only, True also a sampled one (made once,
+        then replayed), False neither looks up nor stores (a request with timestamps is never
+        cached). `deadline` (time.monotonic() seconds), `priority` (lower first) and `cancel`
+        (a CancelToken the caller may fire) order and stop the work in the scheduler."""
         timing = Timing(deadline=deadline, priority=priority, cancel=cancel)
-        digest, value = self.caching.recall(text, voice, seed, options, cache)
+        shaping = {"ssml": ssml, "speed": speed, "sentence_silence": sentence_silence}
+        if timestamps is True:
+            cache = False  # cached audio carries no word timings
+        digest, value = self.caching.recall(text, voice, seed, {**options, **shaping}, cache)
         if value is None:
-            plan = self.planner.plan(text, seed, options)
+            plan = self.planner.plan(text, seed, options, timestamps=timestamps, **shaping)
             prompt = self.voice(voice)
             key = self.caching.key(plan, prompt, digest, cache)
             if key is None:
-                samples = self.executor.synthesize(plan, prompt, timing, progress)
-                return Audio(samples, self.sample_rate)
+                samples, words = self.executor.synthesize(plan, prompt, timing, progress)
+                return Audio(samples, self.sample_rate, words if timestamps else None)
             sentences = self.caching.sentence_keys(plan, prompt)
 
             def compute() -> dict[str, np.ndarray]:
-                samples = self.executor.synthesize(
+                samples, _ = self.executor.synthesize(
                     plan,
                     prompt,
                     timing,
@@ -255,6 +269,10 @@ class Engine:
         holdback_frames: int | None = None,
         crossfade_samples: int | None = None,
         cache: bool | None = None,
+        ssml: bool | None = None,
+        speed: float = 1.0,
+        sentence_silence: float | None = None,
+        timestamps: bool = False,
         deadline: float | None = None,
         clock: PlaybackClock | None = None,
         priority: int = 0,
@@ -265,13 +283,14 @@ class Engine:
 
         The chunks concatenate to the length of synthesize()'s output for the same text, voice
         and seed (and to the same samples when the windows are wide enough for the vocoder;
-        see onnx_tts.vocoder). Options and text are checked here, before the first chunk.
-        Closing the iterator early (or breaking out of the loop) stops generation and frees
-        its rows. The stream can also be polled (`poll()`, `listen(callback)`: an event loop
-        serving many streams). `cache`: as in synthesize(). `deadline` (first audio,
-        time.monotonic() seconds; default now), `clock` (the listener's player: once audio
-        flows, the stream is due when it would run dry), `priority` and `cancel` order and
-        stop the work.
+        see onnx_tts.vocoder). Options and text are checked here, before the first chunk
+        (markup, speed, sentence_silence and timestamps as in synthesize(); with timestamps the
+        stream's `words` grows by each sentence's words once it was handed out). Closing the
+        iterator early (or breaking out of the loop) stops generation and frees its rows. The
+        stream can also be polled (`poll()`, `listen(callback)`: an event loop serving many
+        streams). `cache`: as in synthesize(). `deadline` (first audio, time.monotonic()
+        seconds; default now), `clock` (the listener's player: once audio flows, the stream is
+        due when it would run dry), `priority` and `cancel` order and stop the work.
         """
         window = self.streaming_options(
             first_chunk_frames=first_chunk_frames,
@@ -286,10 +305,13 @@ class Engine:
             priority=priority,
             cancel=cancel,
         )
-        digest, hit = self.caching.recall(text, voice, seed, options, cache)
+        shaping = {"ssml": ssml, "speed": speed, "sentence_silence": sentence_silence}
+        if timestamps is True:
+            cache = False  # cached audio carries no word timings
+        digest, hit = self.caching.recall(text, voice, seed, {**options, **shaping}, cache)
         stream_key = None
         if hit is None:
-            plan = self.planner.plan(text, seed, options)
+            plan = self.planner.plan(text, seed, options, timestamps=timestamps, **shaping)
             prompt = self.voice(voice)
             key = self.caching.key(plan, prompt, digest, cache)
             if key is not None:

@@ -18,6 +18,8 @@ from onnx_tts.errors import EmptyAudioError, OnnxTTSError
 from onnx_tts.families.base import Model
 from onnx_tts.pipeline.planner import Plan, Timing
 from onnx_tts.pipeline.stages import VocoderStage, VocoderStream
+from onnx_tts.pipeline.timestretch import TimeStretcher, stretch
+from onnx_tts.pipeline.timings import WordTiming, time_words
 from onnx_tts.vocoder import StreamingOptions
 
 Progress = Callable[[int, int], None]
@@ -50,11 +52,21 @@ class Executor:
         shape = (samples,) if self.channels == 1 else (samples, self.channels)
         return np.zeros(shape, np.float32)
 
-    def pause(self, chunk: object = None) -> np.ndarray:
-        """The silence after sentence `chunk`, generated separately from the next (same in
-        synthesize and stream): the vocoder's pause rule."""
-        seconds = self.model.vocoder.pause_seconds(chunk)
+    def pause(self, plan: Plan, requests: list[Request], index: int) -> np.ndarray:
+        """The silence after chunk `index` (same in synthesize and stream): the plan's (a
+        break, `sentence_silence`), else between two chunks the vocoder's pause rule."""
+        seconds = plan.pause_after(index)
+        if seconds is None:
+            last = index == len(requests) - 1
+            seconds = 0.0 if last else self.model.vocoder.pause_seconds(requests[index].chunk)
         return self.silence(int(seconds * self.sample_rate))
+
+    def timings(self, request: Request, samples: int, rate: float, offset: int) -> list[WordTiming]:
+        """The word timings of one chunk of `samples` (as made), played at `rate` from output
+        sample `offset` on."""
+        words = self.model.text.words(request.chunk)
+        sample_rate = self.sample_rate
+        return time_words(words, request.marks, samples, sample_rate, rate, offset / sample_rate)
 
     def frames(self, request: Request) -> FrameStream:
         """Complete frames of one request as they are generated (closing stops it): the LM
@@ -85,9 +97,10 @@ class Executor:
         progress: Progress | None = None,
         known: Mapping[int, np.ndarray] | None = None,
         made: Callable[[int, np.ndarray], None] | None = None,
-    ) -> np.ndarray:
-        """The whole text's samples. `known` sentences (from the result cache) are not
-        generated; `made(index, samples)` is told each sentence that was."""
+    ) -> tuple[np.ndarray, list[WordTiming]]:
+        """The whole text's samples, and its word timings when the plan asks for them. `known`
+        sentences (from the result cache, as made, before any speed) are not generated;
+        `made(index, samples)` is told each sentence that was."""
         known = known or {}
         requests = plan.requests(voice, timing)
         streams = _OneShotStreams(self, requests, sequential=plan.sequential)
@@ -95,9 +108,10 @@ class Executor:
             for index in range(len(requests)):
                 if index not in known:
                     streams.start(index)
-        pieces: list[np.ndarray] = []
+        pieces: list[np.ndarray] = [self.silence(round(plan.lead * self.sample_rate))]
+        words: list[WordTiming] = []
         try:
-            for index in range(len(requests)):
+            for index, request in enumerate(requests):
                 if index in known:
                     samples = known[index]
                 else:
@@ -105,20 +119,22 @@ class Executor:
                     samples = np.concatenate([self.silence(), *parts])
                     if not samples.size:
                         raise no_audio(
-                            self.model.text.describe(requests[index].chunk), index, len(requests)
+                            self.model.text.describe(request.chunk), index, len(requests)
                         )
                     if made is not None:
                         made(index, samples)
-                if index:
-                    pieces.append(self.pause(requests[index - 1].chunk))
-                if samples.size:
-                    pieces.append(samples)
+                rate = plan.rate(index)
+                played = stretch(samples, rate, self.sample_rate) if rate != 1.0 else samples
+                if plan.timestamps:
+                    offset = sum(len(piece) for piece in pieces)
+                    words += self.timings(request, len(samples), rate, offset)
+                pieces += [played, self.pause(plan, requests, index)]
                 if progress is not None:
                     progress(index + 1, len(requests))
         finally:
             streams.close()  # on an error, the others stop at once
         samples = np.concatenate(pieces) if pieces else self.silence()
-        return samples.astype(np.float32, copy=False)
+        return samples.astype(np.float32, copy=False), words
 
     def stream(
         self,
@@ -128,7 +144,7 @@ class Executor:
         timing: Timing | None = None,
     ) -> AudioStream:
         """The text's audio as windows of frames are vocoded (see AudioStream)."""
-        return AudioStream(self, plan.requests(voice, timing), window)
+        return AudioStream(self, plan, plan.requests(voice, timing), window)
 
 
 class _OneShotStreams:
@@ -173,12 +189,19 @@ class AudioStream:
     (`poll()`, with `listen(callback)` to be told from another thread when something is ready:
     an event loop serves many streams without a thread each). Closing it cancels every
     sentence still to come and frees their rows. `on_complete(samples)`, when set, receives
-    the whole audio once every chunk was handed out (not for a closed stream)."""
+    the whole audio once every chunk was handed out (not for a closed stream). A chunk with a
+    speed of its own is time-stretched as it streams; with word timings asked for, `words`
+    grows by each chunk's words once the chunk's last samples were handed out."""
 
     def __init__(
-        self, executor: Executor, requests: list[Request], window: StreamingOptions
+        self,
+        executor: Executor,
+        plan: Plan,
+        requests: list[Request],
+        window: StreamingOptions,
     ) -> None:
-        self.executor, self.requests, self.window = executor, requests, window
+        self.executor, self.plan, self.requests, self.window = executor, plan, requests, window
+        self.words: list[WordTiming] = []
         self.on_complete: Callable[[np.ndarray], None] | None = None
         self._listener: Callable[[], None] | None = None
         self._lock = threading.Lock()
@@ -188,7 +211,10 @@ class AudioStream:
         self._pieces: list[np.ndarray] = []
         self._closed = False
         self._failure: BaseException | None = None
-        self._produced = 0  # samples of the current sentence handed out
+        self._produced = 0  # samples of the current sentence as made (before its speed)
+        self._emitted = 0  # samples handed out so far
+        self._stretcher: TimeStretcher | None = None
+        self._lead = round(plan.lead * executor.sample_rate)
         if requests:
             self._open(0)
 
@@ -240,9 +266,15 @@ class AudioStream:
         while True:
             if self._closed:
                 raise StopIteration
+            if self._lead:
+                lead, self._lead = self._lead, 0
+                return self._keep(self.executor.silence(lead))
             if self._pause_due:
                 self._pause_due = False
-                return self._keep(self.executor.pause(self.requests[self._index - 1].chunk))
+                pause = self.executor.pause(self.plan, self.requests, self._index - 1)
+                if len(pause):
+                    return self._keep(pause)
+                continue
             if self._index >= len(self.requests):
                 self._finish()
                 raise StopIteration
@@ -265,9 +297,9 @@ class AudioStream:
                     raise no_audio(
                         self.executor.model.text.describe(chunk), self._index, len(self.requests)
                     ) from None
-                self._index += 1
-                self._produced = 0
-                self._pause_due = self._index < len(self.requests)
+                tail = self._end_chunk()
+                if len(tail):
+                    return self._keep(tail)
                 continue
             except BaseException:
                 self.close()
@@ -275,9 +307,39 @@ class AudioStream:
             if chunk is None:
                 return None
             self._produced += len(chunk)
-            return self._keep(chunk)
+            played = self._played(chunk)
+            if not len(played):
+                continue
+            return self._keep(played)
+
+    def _played(self, chunk: np.ndarray) -> np.ndarray:
+        """`chunk` at its sentence's speed (time-stretched when the plan asks for one)."""
+        rate = self.plan.rate(self._index)
+        if rate == 1.0:
+            return chunk
+        if self._stretcher is None:
+            channels = chunk.shape[1] if chunk.ndim == 2 else 1
+            self._stretcher = TimeStretcher(rate, self.executor.sample_rate, channels)
+        return self._stretcher.push(chunk)
+
+    def _end_chunk(self) -> np.ndarray:
+        """The sentence's last samples (a time-stretcher's tail), its words, and the step to
+        the next sentence (after its pause)."""
+        tail = self.executor.silence()
+        if self._stretcher is not None:
+            tail, self._stretcher = self._stretcher.finish(), None
+        if self.plan.timestamps:
+            rate = self.plan.rate(self._index)
+            start = self._emitted + len(tail) - round(self._produced / rate)
+            request = self.requests[self._index]
+            self.words += self.executor.timings(request, self._produced, rate, start)
+        self._index += 1
+        self._produced = 0
+        self._pause_due = True
+        return tail
 
     def _keep(self, chunk: np.ndarray) -> np.ndarray:
+        self._emitted += len(chunk)
         if self.on_complete is not None:
             self._pieces.append(chunk)
         return chunk

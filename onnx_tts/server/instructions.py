@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from onnx_tts.server.timestretch import MAX_SPEED, MIN_SPEED
+from onnx_tts.pipeline.timestretch import MAX_SPEED, MIN_SPEED
 
 # Longest phrases first: "very slowly" must not be read as "slowly".
 _PACE = (
