@@ -778,8 +778,8 @@ def api_case_main(case_id: str, root: Path) -> int:
                 chunks = engine.stream("Hello there, this is a stream.")
                 next(chunks)
                 del chunks
-            idle = engine.backend.pool.idle_count()
-            print("ok" if idle <= engine.backend.pool.max_idle else f"{idle} idle KV caches")
+            idle = engine.model.pool.idle_count()
+            print("ok" if idle <= engine.model.pool.max_idle else f"{idle} idle KV caches")
             return 0
         if case["call"] == "stream":
             samples = np.concatenate(list(engine.stream(case["text"], **kwargs)))

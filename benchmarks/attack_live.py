@@ -1881,8 +1881,8 @@ def _solo(engine: Any, text: str, seed: int, voice: Any = None) -> np.ndarray:
 
 def _faulty_vocoder(engine: Any, bad: dict[str, np.ndarray], fault: str, batched: bool) -> None:
     """Make the backend's vocoder fail for the voice `bad` only (raise or NaN)."""
-    backend = engine.backend
-    vocode, windows = backend.vocode, getattr(backend, "vocode_windows", None)
+    vocoder = engine.model.vocoder
+    vocode, windows = vocoder.vocode, vocoder.vocode_windows
 
     def is_bad(voice: Any) -> bool:
         return all(np.array_equal(np.asarray(voice[k]), v) for k, v in bad.items() if k in voice)
@@ -1904,12 +1904,11 @@ def _faulty_vocoder(engine: Any, bad: dict[str, np.ndarray], fault: str, batched
             return [np.full_like(o, np.nan) if is_bad(v) else o for o, v in pairs]
         return out
 
-    backend.vocode = one
-    if batched and windows is not None:
-        backend.vocode_windows = many
-    elif windows is not None:
-        backend.vocode_windows = None
-        engine.executor.vocoder.vocode_windows = None
+    vocoder.vocode = one
+    if batched:
+        vocoder.vocode_windows = many
+    else:  # one window per call
+        engine.executor.vocoder.batches = False
 
 
 def _one_faulty_of_eight(engine: Any, threads_before: int, fault: str, batched: bool) -> str:
@@ -2051,7 +2050,7 @@ def _close_random_64(engine: Any, threads_before: int) -> str:
 
 
 def _close_random_64_sync(engine: Any, threads_before: int) -> str:
-    from onnx_tts.request import CancelToken
+    from onnx_tts.decoding.request import CancelToken
 
     tokens = [CancelToken() for _ in range(64)]
     errors: list[str] = []

@@ -320,7 +320,7 @@ def sentence_reuse(
         if (text, voice) in seen_items:
             continue
         seen_items.add((text, voice))
-        chunks = engine.backend.text_chunks(texts[text], {})
+        chunks = engine.model.text.chunks(texts[text], {})
         lengths = [len(chunk) for chunk in chunks]
         for chunk, length in zip(chunks, lengths, strict=True):
             key = (json.dumps(chunk), voice)
@@ -477,7 +477,7 @@ def main(argv: list[str] | None = None) -> int:
             return onnx_tts.load(**settings)
 
         plain = make_engine(result_cache_bytes=None, cache_memory_bytes=0)
-        voices = make_voices(plain.backend.encoder.sample_rate)
+        voices = make_voices(plain.model.encoder.sample_rate)
         plain.synthesize(texts[0], voice=voices[0])  # warm-up
         print(f"{args.requests} requests, {len({*requests})} distinct items", flush=True)
         no_cache, cost, sizes = run_without_cache(plain, texts, voices, requests)

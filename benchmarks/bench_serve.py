@@ -56,7 +56,7 @@ if __package__ in (None, ""):  # run as a script: make `benchmarks` and `onnx_tt
 
 from benchmarks.bench_streaming import machine_info, write_atomically
 from benchmarks.live_server import LiveServer, ServerFailed
-from onnx_tts.request import PlaybackClock
+from onnx_tts.decoding.request import PlaybackClock
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 TEXTS = (

@@ -114,7 +114,7 @@ def summarize(values: list[float]) -> dict[str, float]:
 def run(model: str | None, repeats: int, threads: int) -> dict[str, Any]:
     machine = machine_info()
     engine = onnx_tts.load(model, threads=threads, cache_dir=None)
-    defaults = dict(engine.backend.streaming_defaults)
+    defaults = dict(engine.model.streaming_defaults)
     sample_rate = engine.sample_rate
 
     # Warm-up (session initialisation, allocator growth) is not part of either measurement.
@@ -149,7 +149,7 @@ def run(model: str | None, repeats: int, threads: int) -> dict[str, Any]:
         ttfas = [time_stream(engine, TEXT, first_chunk_frames=frames)[0] for _ in range(repeats)]
         first_chunk[str(frames)] = summarize(ttfas)
 
-    hop = engine.backend.hop_length
+    hop = engine.model.hop_length
     quality = []
     for overlap in OVERLAP_SWEEP:
         crossfade = min(defaults["crossfade_samples"], overlap * hop)
@@ -168,7 +168,7 @@ def run(model: str | None, repeats: int, threads: int) -> dict[str, Any]:
     results: dict[str, Any] = {
         "benchmark": "streaming",
         "model": engine.info()["name"],
-        "kv_mode": engine.backend.kv_mode,
+        "kv_mode": engine.model.kv_mode,
         "threads": threads,
         "repeats": repeats,
         "text_chars": len(TEXT),
@@ -195,7 +195,7 @@ def run(model: str | None, repeats: int, threads: int) -> dict[str, Any]:
 
 
 def vocoder_settings(engine: Engine) -> dict[str, Any]:
-    bundle = getattr(engine.backend, "bundle", None)
+    bundle = getattr(engine.model, "bundle", None)
     return dict(bundle.manifest.get("vocoder", {})) if bundle is not None else {}
 
 

@@ -22,7 +22,6 @@ MAX_MANIFEST_BYTES = 16 << 20
 MODELS_DIR = Path(__file__).resolve().parent / "models"
 VOICE_MODEL_DIR = MODELS_DIR / "voice"  # the trained voice (export/train_voice.py)
 DEFAULT_MODEL_DIR = VOICE_MODEL_DIR
-DEFAULT_FAMILY = "codec-lm"  # manifests written before "family" existed
 
 # Bounds on the KV layout a manifest may declare, and on the memory one sequence's in-place
 # KV buffers may take: a manifest must not be able to make the engine allocate without limit.
@@ -44,6 +43,30 @@ def file_sha256(path: str | os.PathLike[str]) -> str:
                 digest.update(block)
     except OSError as error:
         raise ModelError(f"cannot read {path}: {error.strerror or error}") from None
+    return digest.hexdigest()
+
+
+def files_identity(paths: Iterable[Path]) -> str:
+    """Fingerprint of a graph and its sidecars (for cache keys): the .onnx file in full, each
+    sidecar by name, size and its first and last MiB (hashing a 1 GB sidecar on every load
+    would cost seconds)."""
+    digest = hashlib.sha256()
+    for path in paths:
+        digest.update(path.name.encode())
+        try:
+            with path.open("rb") as handle:
+                if path.suffix == ".onnx":
+                    for block in iter(lambda handle=handle: handle.read(1 << 20), b""):
+                        digest.update(block)
+                    continue
+                size = path.stat().st_size
+                digest.update(str(size).encode())
+                digest.update(handle.read(1 << 20))
+                if size > 2 << 20:
+                    handle.seek(size - (1 << 20))
+                    digest.update(handle.read())
+        except OSError as error:
+            raise ModelError(f"cannot read {path}: {error.strerror or error}") from None
     return digest.hexdigest()
 
 
@@ -111,9 +134,11 @@ class Bundle:
         return cls(root, manifest)
 
     @property
-    def family(self) -> str:
-        family = self.manifest.get("family", DEFAULT_FAMILY)
-        if not isinstance(family, str):
+    def family(self) -> str | None:
+        """The family the manifest names (None: a manifest written before "family" existed;
+        the registry knows which family those are)."""
+        family = self.manifest.get("family")
+        if family is not None and not isinstance(family, str):
             raise ModelError(f"{self.root / MANIFEST}: family must be a string, got {family!r}")
         return family
 

@@ -120,19 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = commands.add_parser("bench", help="benchmarks (run from a source checkout)")
     bench.add_argument(
-        "suite",
-        choices=(
-            "kv",
-            "refcache",
-            "streaming",
-            "batch",
-            "serve",
-            "cache",
-            "scale",
-            "moss",
-            "api",
-            "quant",
-        ),
+        "suite", choices=_bench_suites() or None, help="a benchmarks/bench_*.py of the checkout"
     )
     bench.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the benchmark")
 
@@ -140,7 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
     # arguments, so neither it nor its imports load unless `convert` runs.
     convert = commands.add_parser(
         "convert",
-        help="rewrite a Concat-KV LM (e.g. Chatterbox) for the in-place KV cache",
+        help="rewrite a model's Concat-KV LM for the in-place KV cache",
         add_help=False,
         prefix_chars="\0",  # pass every argument, --help and flags included, through as is
     )
@@ -277,7 +265,7 @@ def _synth_stream(
     """Write the chunks of engine.stream as they come; (samples, time to first audio)."""
     from onnx_tts.audio import save_audio, wav_header
 
-    channels = int(getattr(engine.backend, "channels", 1))  # stereo models write stereo
+    channels = engine.channels  # stereo models write stereo
     if args.output == "-":
         sink = RawPcmWriter()
         if fmt == "wav":
@@ -437,10 +425,22 @@ def _find_benchmarks() -> Path:
     )
 
 
+def _bench_suites() -> tuple[str, ...]:
+    """The benchmarks of the source checkout (none outside one)."""
+    try:
+        repo = _find_benchmarks()
+    except InputError:
+        return ()
+    return tuple(sorted(path.stem[6:] for path in (repo / "benchmarks").glob("bench_*.py")))
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     import importlib
 
     repo = _find_benchmarks()
+    suites = _bench_suites()
+    if args.suite not in suites:
+        raise InputError(f"unknown benchmark {args.suite!r}; choose one of {', '.join(suites)}")
     sys.path.insert(0, str(repo))
     module = importlib.import_module(f"benchmarks.bench_{args.suite}")
     forwarded = [a for a in args.args if a != "--"]
@@ -467,9 +467,10 @@ def cmd_completion(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from onnx_tts.deploy import serve_on_ray
     from onnx_tts.server.cli import run
 
-    return run(args)
+    return run(args, on_ray=serve_on_ray)
 
 
 def cmd_wyoming(args: argparse.Namespace) -> int:

@@ -106,6 +106,12 @@ class EngineConfig:
         "decode lookahead: hand a step's frames to the vocoder while the next step's LM run "
         "goes on in a helper thread",
     )
+    policy: str = setting(
+        "deadline",
+        "scheduling policy: deadline (most urgent first, listeners about to run dry before "
+        "those with audio buffered) or fifo (first come first served)",
+        choices=("deadline", "fifo"),
+    )
 
 
 @dataclass(frozen=True)
@@ -310,6 +316,16 @@ class RayConfig:
 
 
 # -- checking ----------------------------------------------------------------------------------
+
+
+def check_ray(config: RayConfig) -> RayConfig:
+    """`config` (its fields already bounded) with the rules between fields checked."""
+    low, high = config.min_replicas, config.max_replicas
+    if (low is None) != (high is None):
+        raise InputError("--min-replicas and --max-replicas go together (autoscaling bounds)")
+    if low is not None and high is not None and low > high:
+        raise InputError(f"--min-replicas ({low}) must not exceed --max-replicas ({high})")
+    return config
 
 
 def _settings(cls: type) -> list[tuple[dataclasses.Field, Setting, Any]]:

@@ -176,9 +176,7 @@ class VoiceEncoder:
 
     def encode(self, audio: np.ndarray) -> dict[str, np.ndarray]:
         """Canonical encode: one reference, batch of 1, no padding; batch axis removed."""
-        samples = self.validate(audio)
-        outputs = self._run(samples[None, :])
-        return {name: np.require(value[0], requirements="C") for name, value in outputs.items()}
+        return self._encode_canonical(self.validate(audio))
 
     def encode_cached(self, audio: np.ndarray, cache: ReferenceCache) -> dict[str, np.ndarray]:
         """:meth:`encode` through ``cache``: the value a hit returns is the solo encode, and a
@@ -188,7 +186,13 @@ class VoiceEncoder:
         """
         samples = self.validate(audio)
         key = make_key(self.identity, samples)
-        return cache.get_or_compute(key, lambda: self.encode(samples), self.schema)
+        return cache.get_or_compute(key, lambda: self._encode_canonical(samples), self.schema)
+
+    def _encode_canonical(self, samples: np.ndarray) -> dict[str, np.ndarray]:
+        """The encode of samples already in their canonical form (what `validate` returns:
+        validating them again need not be a no-op, e.g. for a multichannel reference)."""
+        outputs = self._run(samples[None, :])
+        return {name: np.require(value[0], requirements="C") for name, value in outputs.items()}
 
     # -- batched path (never cached) -----------------------------------------------------------
 

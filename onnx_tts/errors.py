@@ -12,6 +12,20 @@ class InputError(OnnxTTSError, ValueError):
     """Bad user input: text, options, parameters."""
 
 
+class MarkupError(InputError):
+    """Markup in a text (SSML, ``[[ phonemes ]]``) is malformed. The message names the
+    place (line and column, both from 1) and how to fix it; `line` and `column` hold it."""
+
+    def __init__(self, message: str, line: int | None = None, column: int | None = None) -> None:
+        super().__init__(message)
+        self.line, self.column = line, column
+
+
+class SsmlError(MarkupError):
+    """Invalid SSML: an unknown tag or attribute, a bad value, an unclosed tag, a refused
+    DTD or entity, a bound exceeded."""
+
+
 class AudioError(OnnxTTSError):
     """A reference/voice audio file is missing, unreadable, silent, too short or too long."""
 

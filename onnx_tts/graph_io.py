@@ -24,8 +24,8 @@ Dim = int | str | None
 # optimum, onnxruntime-genai); "past.N.*" and "present_key_values.N.*" spellings also occur.
 PAST_NAME = re.compile(r"^(?:past_key_values|past)[._](\d+)[._](key|value)$")
 PRESENT_NAME = re.compile(r"^(?:present|present_key_values)[._](\d+)[._](key|value)$")
-# Kind before layer: "past_key_N" / "present_key_N" (MOSS-TTS-Nano; "local_" for its local
-# transformer's graphs).
+# Kind before layer: "past_key_N" / "present_key_N" (some exports; "local_" for the graphs of
+# a second, per-frame transformer).
 PAST_KIND_FIRST = re.compile(r"^(?:local_)?past_(key|value)_(\d+)$")
 PRESENT_KIND_FIRST = re.compile(r"^(?:local_)?present_(key|value)_(\d+)$")
 
@@ -203,12 +203,11 @@ class KVLayout:
     attention:
       "gqa"      GroupQueryAttention with explicit `seqlens_k` / `total_sequence_length` inputs;
       "gqa-mask" GroupQueryAttention inside, lengths derived from `attention_mask`
-                 (onnxruntime-genai builds, e.g. the published Chatterbox original and
-                 multilingual LMs);
+                 (onnxruntime-genai builds);
       "concat"   the cache grows by Concat (in-place KV impossible).
 
     sequence_axis: 2 for [batch, heads, sequence, head_dim], 1 for [batch, sequence, heads,
-    head_dim] (MOSS-TTS-Nano).
+    head_dim].
     """
 
     pairs: tuple[tuple[str, str], ...]

@@ -29,7 +29,15 @@ except ImportError as _missing_core:
         "editable (pip install -e .)"
     ) from _missing_core
 from onnx_tts.errors import ModelError, SessionError
-from onnx_tts.graph_io import GQA_OP, TensorSpec, graph_spec, kv_layout, kv_pairs, read_graph_spec
+from onnx_tts.graph_io import (
+    GQA_OP,
+    GraphSpec,
+    TensorSpec,
+    graph_spec,
+    kv_layout,
+    kv_pairs,
+    read_graph_spec,
+)
 
 KVMode = Literal["copy", "chain", "inplace"]
 KV_MODES: tuple[str, ...] = ("copy", "chain", "inplace")
@@ -163,13 +171,43 @@ class Session:
         return self._core
 
 
-def describe_graphs(sessions: Mapping[str, Session]) -> dict[str, dict[str, Any]]:
-    """File and I/O of each graph by role, for `onnx-tts info`."""
+class LazySession:
+    """A graph whose session is created the first time it runs (a family may ship graphs
+    that most requests never need: their memory and load time are then never spent). Its
+    declared I/O (`spec`) was read without a session."""
+
+    def __init__(self, spec: GraphSpec, options: SessionOptions) -> None:
+        self.spec = spec
+        self.path = spec.path
+        self.options = options
+        self.output_names = list(spec.outputs)
+        self._session: Session | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def loaded(self) -> bool:
+        return self._session is not None
+
+    def get(self) -> Session:
+        if self._session is None:
+            with self._lock:
+                if self._session is None:
+                    self._session = Session(self.path, self.options)
+        return self._session
+
+    def run(
+        self, feeds: Mapping[str, Any], output_names: Sequence[str] | None = None
+    ) -> dict[str, np.ndarray]:
+        return self.get().run(feeds, output_names)
+
+
+def describe_graphs(sessions: Mapping[str, Session | LazySession]) -> dict[str, dict[str, Any]]:
+    """File and declared I/O of each graph by role, for `onnx-tts info`."""
     return {
         role: {
             "file": session.path.name,
-            "inputs": [i.describe() for i in session.inputs],
-            "outputs": [o.describe() for o in session.outputs],
+            "inputs": [t.describe() for t in session.spec.inputs.values()],
+            "outputs": [t.describe() for t in session.spec.outputs.values()],
         }
         for role, session in sessions.items()
     }
@@ -253,7 +291,7 @@ class KVCache:
         output_names: Sequence[str] | None = None,
     ) -> dict[str, np.ndarray]:
         """Empty the cache, run `session` (a prefill graph with this cache's present outputs
-        and no past inputs, e.g. MOSS-TTS-Nano's prefill beside its decode_step) over `feeds`,
+        and no past inputs, e.g. a prefill graph beside a step graph) over `feeds`,
         and keep its presents as the cache's first tokens: in chain mode the values themselves
         become the step graph's pasts, no host copy. Returns the other outputs (all unless
         named)."""
@@ -399,7 +437,7 @@ class StateChain:
     input, state output) names, `initial` one array per pair (what `reset()` returns to).
 
     For streaming decoders whose state is named by a metadata file rather than by a naming
-    pattern, e.g. the MOSS audio tokenizer's decode_step (offsets, sliding attention caches)."""
+    pattern, e.g. a streaming codec's step graph (offsets, sliding attention caches)."""
 
     def __init__(
         self,

@@ -143,10 +143,10 @@ def test_a_bad_reference_entry_is_recomputed_and_never_served(
     they sat in Redis): the voice is encoded again and the speech equals a clean run's."""
     settings = only_tier(tier, tmp_path, redis_url, "cache_memory_bytes", "cache_dir")
     engine = onnx_tts.load(codec_lm_dir(), threads=1, **settings)
-    voice = speechlike(2.0, engine.backend.encoder.sample_rate, seed=3)
+    voice = speechlike(2.0, engine.model.encoder.sample_rate, seed=3)
     clean = engine.synthesize("Hi there.", voice=voice, seed=4)
     key, rkey = stored_key(engine.cache, tier, tmp_path, redis_client, "refcache")
-    good = engine.backend.encoder.encode(voice)
+    good = engine.model.encoder.encode(voice)
     bad = None if attack == "garbage" else REFERENCE_ATTACKS[attack](good)
     plant(tier, key, bad, cache=engine.cache, disk_dir=tmp_path / "entries",
           redis_client=redis_client, redis_key=rkey)  # fmt: skip
@@ -157,15 +157,15 @@ def test_a_bad_reference_entry_is_recomputed_and_never_served(
     stats = engine.cache_stats()["reference"]
     assert stats[tier]["rejected"] == 1 and stats["misses"] == 2
     assert len(bad_entry_lines(caplog, tier)) == 1, caplog.text
-    rewritten = engine.cache.get(key, engine.backend.encoder.schema)
+    rewritten = engine.cache.get(key, engine.model.encoder.schema)
     assert all(np.array_equal(rewritten[name], good[name]) for name in good)
 
 
 def test_a_reference_value_is_checked_against_the_encoder_that_asked():
     """The encoder's graph declares its outputs: names, dtypes and ranks (and fixed sizes)."""
     engine = onnx_tts.load(codec_lm_dir(), cache_dir=None, threads=1)
-    schema = engine.backend.encoder.schema
-    good = engine.backend.encoder.encode(speechlike(1.0, 24000))
+    schema = engine.model.encoder.schema
+    good = engine.model.encoder.encode(speechlike(1.0, 24000))
     assert schema.problem(good) is None
     assert "expected ['codes', 'speaker_embedding']" in schema.problem({"codes": good["codes"]})
     assert "int64" in schema.problem({**good, "codes": good["codes"].astype(np.int32)})

@@ -437,6 +437,29 @@ def test_kv_dtype_mismatch_is_named(small_turbo):
         detect(small_turbo)
 
 
+@pytest.mark.parametrize(
+    ("graph", "tensor", "dtype", "message"),
+    [
+        ("language_model", "logits", onnx.TensorProto.INT64, r"output 'logits' is int64"),
+        ("conditional_decoder", None, onnx.TensorProto.INT16, r"output '\w+' is int16"),
+    ],
+)
+def test_outputs_of_the_wrong_dtype_are_refused(small_turbo, graph, tensor, dtype, message):
+    """A graph whose declared output is not what the loop reads (integer logits, a 16-bit
+    waveform) is refused at load, never run into silence or other audio."""
+    path = small_turbo / "onnx" / f"{graph}.onnx"
+    model = onnx.load(str(path), load_external_data=False)
+    output = next(o for o in model.graph.output if tensor is None or o.name == tensor)
+    cast = f"{output.name}_as_wrong_type"
+    for node in model.graph.node:
+        node.output[:] = [cast if name == output.name else name for name in node.output]
+    model.graph.node.append(onnx.helper.make_node("Cast", [cast], [output.name], to=dtype))
+    output.type.tensor_type.elem_type = dtype
+    onnx.save_model(model, str(path))
+    with pytest.raises(ModelError, match=message):
+        detect(small_turbo)
+
+
 def test_not_a_model_directory(tmp_path):
     with pytest.raises(ModelError, match="does not exist"):
         detect(tmp_path / "nowhere")
@@ -520,7 +543,7 @@ def test_abandoned_stream_returns_its_kv_cache(bundles, reference_wav):
     next(stream)
     stream.close()
     # The cache goes back to the pool (reset) at the scheduler's next step.
-    pool = engine.backend.pool
+    pool = engine.model.pool
     deadline = time.monotonic() + 30  # a bound on a wait, not a timing assertion
     while pool.idle_count() != 1 and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -535,15 +558,15 @@ def test_generation_matches_the_published_loop(bundles, reference_wav, name):
     """The engine's tokens equal those of a plain onnxruntime re-implementation of the
     model cards' loop (greedy, penalty 1.2 over every token so far, stop at 6562, numpy KV)."""
     engine = _load(bundles[name], "chain")
-    backend = engine.backend
+    backend = engine.model
     voice = backend.voice_arrays(engine.voice(reference_wav))
-    (chunk,) = backend.text_chunks("Good morning to all of you.", {})
+    (chunk,) = backend.text.chunks("Good morning to all of you.", {})
     ours = [int(f[0]) for f in engine.generate(chunk, engine.voice(reference_wav))]
 
     layout = backend.layout
     embed = _session(layout.graphs["embed_tokens"].path)
     lm = _session(layout.graphs["language_model"].path)
-    ids = np.array([backend.token_ids(chunk)], np.int64)
+    ids = np.array([backend.text.token_ids(chunk)], np.int64)
     positions = np.where(ids >= 6561, 0, np.arange(ids.shape[1])[None] - 1)
     embeds = np.concatenate(
         [voice["audio_features"][None], _embed(embed, layout, ids, positions)], axis=1
@@ -584,7 +607,8 @@ def test_multilingual_language_and_guidance(bundles, reference_wav):
         "Bonjour tout le monde.", voice=reference_wav, language="fr"
     )
     assert np.array_equal(per_call.samples, said.samples)
-    assert french.backend.token_ids("Salut.")[2] == french.backend.tokenizer.token_to_id("[fr]")
+    text = french.model.text
+    assert text.token_ids("Salut.")[2] == text.tokenizer.token_to_id("[fr]")
 
     guided = {
         kv: _load(bundle, kv, cfg_weight=0.5).synthesize("Guten Tag.", voice=reference_wav)
@@ -661,12 +685,12 @@ def test_vocode_maps_each_token_to_one_hop(bundles, reference_wav):
     engine = _load(bundles["turbo"], "chain")
     voice = engine.voice(reference_wav)
     frames = np.array([[10], [20], [4299], [30]], np.int64)
-    samples = engine.backend.vocode(frames, voice)
+    samples = engine.model.vocoder.vocode(frames, voice)
     assert samples.shape == (4 * 960,)
     from onnx_tts.errors import InputError
 
     with pytest.raises(InputError, match=r"\[0, 6561\)"):
-        engine.backend.vocode(np.array([[6562]]), voice)
+        engine.model.vocoder.vocode(np.array([[6562]]), voice)
 
 
 # --------------------------------------------------------------------------------------
@@ -731,9 +755,9 @@ def test_stop_rules_refuse_bad_values():
 def test_stop_rules_end_a_runaway_generation(bundles, reference_wav):
     """With the stop schedule far away, a strict rule ends generation early."""
     engine = _load(bundles["turbo"], "chain", max_new_tokens=400)
-    (chunk,) = engine.backend.text_chunks("Wait for it.", {})
+    (chunk,) = engine.model.text.chunks("Wait for it.", {})
     voice = engine.voice(reference_wav)
-    greedy = engine.backend.sampling_defaults().with_overrides({"repetition_penalty": 1.0})
+    greedy = engine.model.sampling_defaults().with_overrides({"repetition_penalty": 1.0})
     tokens = [int(f[0]) for f in engine.generate(chunk, voice, greedy)]
     # Find where the unpenalised greedy run first repeats a token, if it does at all.
     repeats = [i for i in range(1, len(tokens)) if tokens[i] == tokens[i - 1]]
@@ -757,8 +781,8 @@ def test_tokenizer_without_the_onnx_template_is_wrapped(bundles, tmp_path):
     data = json.loads((copy / "tokenizer.json").read_text())
     data["post_processor"] = None
     (copy / "tokenizer.json").write_text(json.dumps(data))
-    wrapped = _load(copy, "chain").backend.token_ids("Hello there.")
-    reference = _load(bundles["original-nopos"], "chain").backend.token_ids("Hello there.")
+    wrapped = _load(copy, "chain").model.text.token_ids("Hello there.")
+    reference = _load(bundles["original-nopos"], "chain").model.text.token_ids("Hello there.")
     assert wrapped == reference
 
 
@@ -773,9 +797,9 @@ def test_chinese_text_goes_through_the_cangjie_mapping(bundles, tmp_path):
     copy = tmp_path / "multilingual"
     shutil.copytree(bundles["multilingual-pos"], copy)
     shutil.copy(mapping, copy / "Cangjie5_TC.json")
-    backend = _load(copy, "chain", language="zh").backend
-    plain = _load(bundles["multilingual-pos"], "chain", language="zh").backend
-    assert backend.token_ids("你好") != plain.token_ids("你好")
+    backend = _load(copy, "chain", language="zh").model
+    plain = _load(bundles["multilingual-pos"], "chain", language="zh").model
+    assert backend.text.token_ids("你好") != plain.text.token_ids("你好")
 
 
 def test_older_speech_encoder_output_names_are_accepted(bundles, reference_wav, tmp_path):
@@ -832,7 +856,7 @@ def test_a_first_token_that_is_stop_is_an_error_not_an_empty_file(tmp_path, refe
     bundle = tmp_path / "mute"
     synth.export(synth.SyntheticConfig(variant="turbo", precisions=("fp32",), stop_after=1), bundle)
     engine = _load(bundle, "chain")
-    (chunk,) = engine.backend.text_chunks("Hello there.", {})
+    (chunk,) = engine.model.text.chunks("Hello there.", {})
     assert list(engine.generate(chunk, engine.voice(reference_wav))) == []  # STOP came first
     with pytest.raises(EmptyAudioError, match=r"no audio for sentence 1 of 1 \('Hello there\.'\)"):
         engine.synthesize("Hello there.", voice=reference_wav)
@@ -904,7 +928,7 @@ def test_published_punctuation_replacements(fp32_bundles, variant, expected):
     """The published punc_norm replacements (ellipsis, colon, semicolon, dashes, curly
     quotes) were missing: the text only got a capital and a period."""
     engine = _load(fp32_bundles[variant], "chain")
-    assert engine.backend.text_chunks(PUNCTUATION_TEXT, {}) == expected
+    assert engine.model.text.chunks(PUNCTUATION_TEXT, {}) == expected
 
 
 def test_japanese_kanji_are_read_as_hiragana(fp32_bundles):
@@ -922,13 +946,13 @@ def test_japanese_kanji_are_read_as_hiragana(fp32_bundles):
     assert hiragana("カタカナとひらがな") == nfkd("カタカナとひらがな")
     # A kanji reading that starts with は or へ gets a space before it, as published.
     assert hiragana("私は花が好きです。") == nfkd("わたしは はながすきです。")
-    backend = _load(fp32_bundles["multilingual"], "chain", language="ja").backend
-    tokenizer = backend.tokenizer
-    ids = backend.token_ids("日本語を学ぶ")
+    backend = _load(fp32_bundles["multilingual"], "chain", language="ja").model
+    tokenizer = backend.text.tokenizer
+    ids = backend.text.token_ids("日本語を学ぶ")
     assert ids == tokenizer.encode("[ja]" + nfkd("にほんごをまなぶ")).ids
     assert ids != tokenizer.encode("[ja]" + nfkd("日本語を学ぶ")).ids
     # Other languages keep their kanji-free path (Chinese goes through Cangjie instead).
-    assert backend.token_ids("日本", "ko") == tokenizer.encode("[ko]" + nfkd("日本")).ids
+    assert backend.text.token_ids("日本", "ko") == tokenizer.encode("[ko]" + nfkd("日本")).ids
 
 
 @pytest.mark.parametrize(("variant", "cap"), [("turbo", 1024), ("original", 256)])
@@ -941,16 +965,16 @@ def test_published_loop_text_and_token_cap(tmp_path, reference_wav, variant, cap
         synth.SyntheticConfig(variant=variant, precisions=("fp32",), stop_after=0), bundle
     )  # no stop schedule: only the cap ends generation
     published = _load(bundle, "chain", published_loop=True)
-    backend = published.backend
-    assert backend.text_chunks("  hello there: one; two - three\n", {}) == [
+    backend = published.model
+    assert backend.text.chunks("  hello there: one; two - three\n", {}) == [
         "hello there: one; two - three"
     ]
     assert backend.max_new_tokens == cap
-    (chunk,) = backend.text_chunks("hello there", {})
+    (chunk,) = backend.text.chunks("hello there", {})
     frames = list(published.generate(chunk, published.voice(reference_wav)))
     assert len(frames) == cap
-    assert _load(bundle, "chain", published_loop=True, max_new_tokens=7).backend.max_new_tokens == 7
-    assert _load(bundle, "chain").backend.max_new_tokens == 1000  # our loop's default cap
+    assert _load(bundle, "chain", published_loop=True, max_new_tokens=7).model.max_new_tokens == 7
+    assert _load(bundle, "chain").model.max_new_tokens == 1000  # our loop's default cap
 
 
 @pytest.mark.parametrize("attention", ["concat", "gqa", "gqa-mask"])

@@ -70,7 +70,7 @@ def test_streamed_default_voice_equals_its_one_shot_output(engine: onnx_tts.Engi
     a different waveform per window: about -2 dB)."""
     from export.voice.evaluate import STREAM_SNR_TARGET_DB, snr_db
 
-    manifest = engine.backend.bundle.manifest
+    manifest = engine.model.bundle.manifest
     assert manifest["vocoder"]["starting_phase"].startswith("neural")
     for index, sentence in enumerate(SENTENCES[1:]):
         one_shot = engine.synthesize(sentence, seed=index).samples
@@ -89,7 +89,7 @@ def test_cloning_moves_the_voice_toward_a_held_out_reference(
     sentence = SENTENCES[1]
 
     def embedding(audio: np.ndarray) -> np.ndarray:
-        return engine.backend.encoder.encode(audio)["speaker_embedding"]
+        return engine.model.encoder.encode(audio)["speaker_embedding"]
 
     target = engine.voice(reference)["speaker_embedding"]
     cloned = engine.synthesize(sentence, voice=reference).samples

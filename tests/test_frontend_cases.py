@@ -61,7 +61,7 @@ RATIOS_AND_FRACTIONS = [
     ("¾ full", "three quarters full"),
     ("4/5 of the votes", "four fifths of the votes"),
     ("a 3/2 split", "a three two split"),
-    ("and/or", "and/or"),
+    ("and/or", "and or"),
 ]
 
 DECADES = [

@@ -1,8 +1,10 @@
-"""Family moss-tts-nano on small stand-in graphs, checked against a paraphrase of the published
-onnxruntime loop (tests/moss_published_loop.py): the same frames and audio for the same seed
-in every sample mode, local path and KV mode, for builtin and cloned voices and long chunked
-text; streamed audio equals one-shot audio; broken directories, references and texts get one
-clear error."""
+"""Family moss-tts-nano on small stand-in graphs, checked through the public API (the Engine of
+`onnx_tts.load`, the CLI and the server, caches on) against a paraphrase of the published
+onnxruntime loop (tests/moss_published_loop.py): the same frames and audio for the same text,
+voice and seed in every sample mode, local path and KV mode, for builtin voices and voices
+cloned from mono or stereo files, one chunk or several (one generator through the chunks in
+order, as published; `parallel_chunks` documented as seed + i per chunk); streamed audio
+equals one-shot audio; broken directories, references and texts get one clear error."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import json
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -18,12 +21,13 @@ import numpy as np
 import pytest
 import soundfile
 
-from onnx_tts.cache.reference import ReferenceCache
-from onnx_tts.errors import AudioError, InputError, ModelError
+import onnx_tts
+from onnx_tts.audio import pcm16
+from onnx_tts.decoding.request import Request
+from onnx_tts.errors import AudioError, EmptyAudioError, InputError, ModelError
 from onnx_tts.families import FAMILIES, detect
-from onnx_tts.families.moss_tts_nano import open_model
 from onnx_tts.families.moss_tts_nano.sampling import sample_rows
-from tests.moss_published_loop import PublishedLoop, host_sample
+from tests.moss_published_loop import PAUSE_LONG, PAUSE_SHORT, PublishedLoop, host_sample
 
 TTS = "MOSS-TTS-Nano-100M-ONNX"
 CODEC = "MOSS-Audio-Tokenizer-Nano-ONNX"
@@ -36,17 +40,33 @@ LONG_TEXT = (
     "the rest of the words in the next piece of text. Short one. The end."
 )
 FRAMES = 24  # max_new_frames in most tests: enough for stops and codec windows, quick
+MODES = ("fixed", "full", "greedy")
 
 
 @pytest.fixture(scope="module")
-def models(moss_models):
-    """One loaded stand-in per KV mode (module scope: loading takes a few seconds)."""
-    return {kv: open_model(moss_models, kv=kv, threads=1) for kv in ("copy", "chain")}
+def engines(moss_models, tmp_path_factory):
+    """The stand-in as users load it (`onnx_tts.load` defaults: reference cache on, batched
+    scheduler), in the two KV modes of a Concat graph, plus the faithful path max_batch=1 and
+    an engine with the result cache on."""
+    cache = tmp_path_factory.mktemp("moss-cache")
+    made = {
+        "chain": onnx_tts.load(moss_models, cache_dir=cache / "chain"),
+        "copy": onnx_tts.load(moss_models, kv="copy", cache_dir=cache / "copy"),
+        "solo": onnx_tts.load(moss_models, max_batch=1, threads=1, cache_dir=cache / "solo"),
+        "results": onnx_tts.load(
+            moss_models, cache_dir=cache / "results", result_cache_bytes=64 << 20
+        ),
+    }
+    yield made
+    for engine in made.values():
+        engine.close()
 
 
 @pytest.fixture(scope="module")
-def official(moss_official):
-    return open_model(moss_official, threads=1)
+def official(moss_official, tmp_path_factory):
+    engine = onnx_tts.load(moss_official, cache_dir=tmp_path_factory.mktemp("moss-official"))
+    yield engine
+    engine.close()
 
 
 @pytest.fixture(scope="module")
@@ -54,16 +74,27 @@ def published(moss_models):
     return PublishedLoop(moss_models)
 
 
-def _frames(model, text, *, seed, voice=None, **options):
-    """Every chunk's frames [F, 16] as the family makes them (one generator for the text)."""
-    checked = model.request_options({"max_new_frames": FRAMES, **options})
-    prompt = model.voice(voice)
-    generator = np.random.default_rng(seed) if checked["sampling"].do_sample else None
-    chunks = model.text_chunks(text, checked)
-    return [
-        [list(map(int, f)) for f in model.frames(chunk, prompt, checked, generator)]
-        for chunk in chunks
-    ]
+def _frames(engine, text, *, seed, voice=None, **options):
+    """The frames [F, 16] of a one-chunk text through the engine's scheduler (the LM stage of
+    the public Engine: `voice()`, `generate()`)."""
+    options = {"max_new_frames": FRAMES, **options}
+    model = engine.model
+    checked = model.request_options(options)
+    [chunk] = model.text.chunks(text, checked)
+    sampling = model.sampling_defaults().with_overrides({"seed": seed})
+    frames = engine.generate(chunk, engine.voice(voice), sampling, options)
+    return [list(map(int, frame)) for frame in frames]
+
+
+def _speaking(loop, text, start=0, **options):
+    """(seed, published run) of the first seed from `start` whose published run speaks every
+    chunk: the random stand-in may stop a chunk at its first step, which the engine refuses
+    as no audio (tested apart), so such seeds would compare nothing."""
+    for seed in range(start, start + 100):
+        theirs = loop.synthesize(text, seed=seed, **options)
+        if all(theirs["frames"]):
+            return seed, theirs
+    raise AssertionError(f"no seed in [{start}, {start + 100}) speaks every chunk of {text!r}")
 
 
 # -- identical to the published loop ----------------------------------------------------------
@@ -80,31 +111,97 @@ PATH_CASES = [
 
 
 @pytest.mark.parametrize(("mode", "path", "available"), PATH_CASES)
-def test_same_frames_as_the_published_loop(models, moss_models, mode, path, available):
+def test_same_frames_as_the_published_loop(engines, moss_models, mode, path, available):
     loop = PublishedLoop(moss_models, available=available)
     for seed in (0, 1) if mode != "greedy" else (0,):
         theirs = loop.synthesize(TEXT, seed=seed, sample_mode=mode, max_new_frames=FRAMES)
-        for kv, model in models.items():
-            ours = _frames(model, TEXT, seed=seed, sample_mode=mode, local_path=path)
-            assert ours == theirs["frames"], f"seed {seed}, kv {kv}"
+        for kv in ("chain", "copy", "solo"):
+            ours = _frames(engines[kv], TEXT, seed=seed, sample_mode=mode, local_path=path)
+            assert [ours] == theirs["frames"], f"seed {seed}, {kv}"
 
 
-def test_runs_end_by_should_continue_and_by_max_new_frames(models, published):
+def test_runs_end_by_should_continue_and_by_max_new_frames(engines, published):
     lengths = set()
     for seed in range(6):
-        frames = _frames(models["chain"], TEXT, seed=seed)[0]
+        frames = _frames(engines["chain"], TEXT, seed=seed)
         lengths.add(len(frames))
-        theirs = published.synthesize(TEXT, seed=seed, max_new_frames=FRAMES)["frames"][0]
-        assert frames == theirs
+        theirs = published.synthesize(TEXT, seed=seed, max_new_frames=FRAMES)["frames"]
+        assert [frames] == theirs
     assert FRAMES in lengths and min(lengths) < FRAMES  # both stop rules were exercised
 
 
-@pytest.mark.parametrize("mode", ["fixed", "full", "greedy"])
-def test_same_audio_as_the_published_loop(models, published, mode):
-    ours = models["chain"].synthesize(TEXT, seed=7, sample_mode=mode, max_new_frames=FRAMES)
+@pytest.mark.parametrize("mode", MODES)
+def test_same_audio_as_the_published_loop(engines, published, mode):
     theirs = published.synthesize(TEXT, seed=7, sample_mode=mode, max_new_frames=FRAMES)
-    assert ours.dtype == np.float32 and ours.ndim == 2 and ours.shape[1] == 2
-    np.testing.assert_array_equal(ours, theirs["waveform"])
+    for kv in ("chain", "copy", "solo", "results"):
+        for _ in range(2 if kv == "results" else 1):  # made, then replayed from the cache
+            ours = engines[kv].synthesize(TEXT, seed=7, sample_mode=mode, max_new_frames=FRAMES)
+            assert ours.sample_rate == 48000 and ours.samples.shape[1] == 2
+            np.testing.assert_array_equal(ours.samples, theirs["waveform"], err_msg=kv)
+    assert engines["results"].cache_stats()["result"]["hits"] >= 1
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_several_chunks_draw_from_one_generator_in_order_as_published(engines, published, mode):
+    options = {"max_new_frames": FRAMES, "voice_clone_max_text_tokens": 30}
+    seed, theirs = _speaking(
+        published,
+        LONG_TEXT,
+        11,
+        voice="Ava",
+        sample_mode=mode,
+        max_new_frames=FRAMES,
+        chunk_tokens=30,
+    )
+    assert len(theirs["chunks"]) >= 4
+    for kv in ("chain", "solo", "results"):
+        ours = engines[kv].synthesize(
+            LONG_TEXT, seed=seed, voice="Ava", sample_mode=mode, **options
+        )
+        # One generator runs through the chunks in order; pauses of 0.24 / 0.40 s between them.
+        np.testing.assert_array_equal(ours.samples, theirs["waveform"], err_msg=kv)
+    streamed = np.concatenate(
+        list(
+            engines["chain"].stream(LONG_TEXT, seed=seed, voice="Ava", sample_mode=mode, **options)
+        )
+    )
+    assert streamed.shape == theirs["waveform"].shape
+    # decode_step windows vs decode_full: the same audio up to float rounding.
+    np.testing.assert_allclose(streamed, theirs["waveform"], atol=2e-5, rtol=0)
+
+
+def test_parallel_chunks_seed_chunk_i_with_seed_plus_i(engines, published):
+    """`parallel_chunks`: the chunks decode at once as rows, chunk i drawing from a generator
+    of its own seeded seed + i: each chunk is the published loop's run of that chunk alone
+    with that seed, joined by the published pauses."""
+    engine = engines["chain"]
+    options = {"max_new_frames": FRAMES, "voice_clone_max_text_tokens": 30}
+    chunks = engine.model.text.chunks(LONG_TEXT, engine.model.request_options(options))
+    seed = next(  # a seed for which each chunk alone, seeded seed + i, speaks
+        s
+        for s in range(21, 121)
+        if all(
+            published.synthesize(c, seed=s + i, voice="Ava", max_new_frames=FRAMES)["frames"][0]
+            for i, c in enumerate(chunks)
+        )
+    )
+    pieces, frames = [], []
+    for index, chunk in enumerate(chunks):
+        alone = published.synthesize(
+            chunk, seed=seed + index, voice="Ava", max_new_frames=FRAMES, chunk_tokens=10_000
+        )
+        pieces.append(alone["waveform"])
+        frames += alone["frames"]
+        if index < len(chunks) - 1:
+            pause = PAUSE_SHORT if len(chunk.split()) <= 4 else PAUSE_LONG
+            pieces.append(np.zeros((round(48000 * pause), 2), np.float32))
+    ours = engine.synthesize(LONG_TEXT, seed=seed, voice="Ava", parallel_chunks=True, **options)
+    np.testing.assert_array_equal(ours.samples, np.concatenate(pieces))
+    # The published order draws chunk 0 alike and the later chunks from where it left off.
+    sequential = published.synthesize(
+        LONG_TEXT, seed=seed, voice="Ava", max_new_frames=FRAMES, chunk_tokens=30
+    )["frames"]
+    assert sequential[0] == frames[0] and sequential[1:] != frames[1:]
 
 
 def test_default_dispatch_is_the_published_one(official, moss_official):
@@ -115,36 +212,27 @@ def test_default_dispatch_is_the_published_one(official, moss_official):
         "full": "cached_step",
     }
     loop = PublishedLoop(moss_official)
-    for mode in ("fixed", "full", "greedy"):
+    for mode in MODES:
         ours = _frames(official, TEXT, seed=3, sample_mode=mode)
-        assert (
-            ours == loop.synthesize(TEXT, seed=3, sample_mode=mode, max_new_frames=FRAMES)["frames"]
-        )
+        theirs = loop.synthesize(TEXT, seed=3, sample_mode=mode, max_new_frames=FRAMES)
+        assert [ours] == theirs["frames"]
 
 
-def test_graphs_a_request_never_needs_are_never_loaded(moss_official):
-    model = open_model(moss_official, threads=1)
-    model.synthesize(TEXT, seed=0, max_new_frames=4)  # fixed: the frame graph, codec decode
-    loaded = {role for role, s in model.sessions.items() if s.loaded}
-    assert loaded == {"prefill", "decode_step", "local_fixed_sampled_frame"}
-    assert {role for role, s in model.codec_sessions.items() if s.loaded} == {"decode_full"}
-    assert len(model.info()["graphs"]) == 8  # info describes them all from the files
-
-
-def test_long_text_is_chunked_and_spoken_as_published(models, published):
-    model = models["chain"]
-    checked = model.request_options({"voice_clone_max_text_tokens": 30})
-    chunks = model.text_chunks(LONG_TEXT, checked)
-    assert chunks == published.split_text(LONG_TEXT, 30)
-    assert len(chunks) >= 4
-    ours = model.synthesize(
-        LONG_TEXT, seed=11, voice="Ava", max_new_frames=FRAMES, voice_clone_max_text_tokens=30
-    )
-    theirs = published.synthesize(
-        LONG_TEXT, seed=11, voice="Ava", max_new_frames=FRAMES, chunk_tokens=30
-    )
-    # One generator runs through the chunks in order; pauses of 0.24 / 0.40 s between them.
-    np.testing.assert_array_equal(ours, theirs["waveform"])
+def test_graphs_a_request_never_needs_are_never_loaded(moss_official, tmp_path):
+    engine = onnx_tts.load(moss_official, cache_dir=tmp_path)
+    try:
+        engine.synthesize(TEXT, seed=0, max_new_frames=4)  # fixed: the frame graph, decode_full
+        graphs = engine.model.graphs
+        loaded = {role for role in graphs.sessions if graphs.loaded(role)}
+        assert loaded == {
+            "prefill",
+            "decode_step",
+            "local_fixed_sampled_frame",
+            "codec_decode_full",
+        }
+        assert len(engine.info()["graphs"]) == 8  # info describes them all from the files
+    finally:
+        engine.close()
 
 
 @pytest.mark.parametrize(
@@ -154,13 +242,14 @@ def test_long_text_is_chunked_and_spoken_as_published(models, published):
         "no final punctuation here and lower case start",
         'She said "stop!" and left; then (quietly) she came back. Again.',
         "word " * 120,
+        LONG_TEXT,
     ],
 )
-def test_chunking_matches_the_published_rules(models, published, text):
-    model = models["chain"]
+def test_chunking_matches_the_published_rules(engines, published, text):
+    model = engines["chain"].model
     for budget in (8, 20, 75):
-        ours = model.text_chunks(text, {"voice_clone_max_text_tokens": budget})
-        assert ours == published.split_text(text, budget), budget
+        options = model.request_options({"voice_clone_max_text_tokens": budget})
+        assert model.text.chunks(text, options) == published.split_text(text, budget), budget
 
 
 # -- voices -----------------------------------------------------------------------------------
@@ -172,41 +261,58 @@ def _reference(path: Path, channels: int, rate: int = 48000, seconds: float = 1.
     return path
 
 
-@pytest.mark.parametrize("channels", [1, 2])
-def test_cloned_voice_matches_the_published_loop(models, published, tmp_path, channels):
-    reference = _reference(tmp_path / f"ref{channels}.wav", channels)
-    model = models["copy"]
-    codes = model.voice(str(reference))["prompt_audio_codes"]
-    assert codes.tolist() == published.encode_reference(reference)
-    ours = model.synthesize(TEXT, voice=str(reference), seed=5, max_new_frames=FRAMES)
+@pytest.mark.parametrize(("channels", "rate"), [(1, 48000), (2, 48000), (2, 44100)])
+def test_cloned_voice_matches_the_published_loop(engines, published, tmp_path, channels, rate):
+    """A reference at the codec's 48 kHz, mono or stereo, gives the published prompt codes and
+    audio; one at another rate is resampled first (soxr here and in the test's paraphrase: the
+    published torchaudio resampler may round differently)."""
+    reference = _reference(tmp_path / f"ref{channels}.wav", channels, rate)
+    expected = published.encode_reference(reference)
+    assert 0 < len(expected) < 20
+    for kv in ("chain", "copy", "solo"):
+        engine = engines[kv]
+        for _ in range(2):  # encoded, then from the reference cache
+            assert engine.voice(str(reference))["prompt_audio_codes"].tolist() == expected
     theirs = published.synthesize(TEXT, reference=reference, seed=5, max_new_frames=FRAMES)
-    np.testing.assert_array_equal(ours, theirs["waveform"])
+    for kv in ("chain", "solo"):
+        ours = engines[kv].synthesize(TEXT, voice=str(reference), seed=5, max_new_frames=FRAMES)
+        np.testing.assert_array_equal(ours.samples, theirs["waveform"], err_msg=kv)
 
 
-def test_reference_is_encoded_once_through_the_cache(models, tmp_path):
-    model = models["chain"]
-    reference = _reference(tmp_path / "ref.wav", 1)
-    cache = ReferenceCache(memory_bytes=1 << 24, disk_dir=None)
-    first = model.voice(str(reference), cache)
-    second = model.voice(str(reference), cache)
-    stats = cache.stats()
-    assert stats["misses"] == 1 and stats["hits"] == 1
+def test_cloned_voice_over_several_chunks(engines, published, tmp_path):
+    reference = _reference(tmp_path / "stereo.wav", 2)
+    options = {"max_new_frames": FRAMES, "voice_clone_max_text_tokens": 30}
+    seed, theirs = _speaking(
+        published, LONG_TEXT, 3, reference=reference, max_new_frames=FRAMES, chunk_tokens=30
+    )
+    ours = engines["chain"].synthesize(LONG_TEXT, voice=str(reference), seed=seed, **options)
+    np.testing.assert_array_equal(ours.samples, theirs["waveform"])
+
+
+def test_reference_is_encoded_once_through_the_cache(engines, tmp_path):
+    engine = engines["chain"]
+    reference = _reference(tmp_path / "ref.wav", 1, seconds=1.37)  # a clip no other test uses
+    before = engine.cache_stats()["reference"]
+    first = engine.voice(str(reference))
+    second = engine.voice(str(reference))
+    stats = engine.cache_stats()["reference"]
+    assert stats["misses"] - before["misses"] == 1 and stats["hits"] - before["hits"] == 1
     np.testing.assert_array_equal(first["prompt_audio_codes"], second["prompt_audio_codes"])
     # The mono file and a stereo file with two equal channels are one canonical reference.
     mono, rate = soundfile.read(reference, dtype="float32")
     soundfile.write(tmp_path / "dual.wav", np.stack([mono, mono], axis=1), rate, subtype="FLOAT")
-    model.voice(str(tmp_path / "dual.wav"), cache)
-    assert cache.stats()["hits"] == 2
-    identity = json.loads(model.encoder.identity)
+    engine.voice(str(tmp_path / "dual.wav"))
+    assert engine.cache_stats()["reference"]["hits"] - before["hits"] == 2
+    identity = json.loads(engine.model.encoder.identity)
     assert identity["encoder_sha256"] and identity["sample_rate"] == 48000
 
 
-def test_builtin_voices_by_name(models):
-    model = models["chain"]
-    assert model.voice_names == ["Junhao", "Ava", "Bella"]
-    default = model.voice()["prompt_audio_codes"]
-    np.testing.assert_array_equal(default, model.voice("Junhao")["prompt_audio_codes"])
-    assert not np.array_equal(default[:5], model.voice("Ava")["prompt_audio_codes"][:5])
+def test_builtin_voices_by_name(engines):
+    engine = engines["chain"]
+    assert engine.voice_names == ("Junhao", "Ava", "Bella")
+    default = engine.voice()["prompt_audio_codes"]
+    np.testing.assert_array_equal(default, engine.voice("Junhao")["prompt_audio_codes"])
+    assert not np.array_equal(default[:5], engine.voice("Ava")["prompt_audio_codes"][:5])
 
 
 @pytest.mark.parametrize(
@@ -220,9 +326,9 @@ def test_builtin_voices_by_name(models):
         (lambda d: _write(d / "loud.wav", np.full(48000, 40.0)), "peaks"),
     ],
 )
-def test_bad_references_are_refused(models, tmp_path, make, message):
+def test_bad_references_are_refused(engines, tmp_path, make, message):
     with pytest.raises(AudioError, match=message):
-        models["chain"].synthesize(TEXT, voice=str(make(tmp_path)), seed=0)
+        engines["chain"].synthesize(TEXT, voice=str(make(tmp_path)), seed=0)
 
 
 def _write(path: Path, data: np.ndarray) -> Path:
@@ -235,71 +341,78 @@ def _garbage(path: Path) -> Path:
     return path
 
 
-def test_non_finite_reference_samples_are_refused(models):
+def test_non_finite_reference_samples_are_refused(engines):
     samples = np.full((2, 48000), np.nan, np.float32)
     with pytest.raises(AudioError, match="NaN"):
-        models["chain"].voice(samples)
+        engines["chain"].voice(samples)
+
+
+@pytest.mark.parametrize(
+    "codes",
+    [
+        np.full((4, 16), 3.0),  # floats: not codes
+        np.full((4, 16), 5000),  # past the codebook
+        np.full((4, 8), 3),  # the wrong number of codebooks
+    ],
+)
+def test_bad_encoded_voices_are_refused(engines, codes):
+    with pytest.raises(AudioError, match="prompt_audio_codes must be integer codes"):
+        engines["chain"].synthesize(TEXT, voice={"prompt_audio_codes": codes}, seed=0)
 
 
 # -- streaming ------------------------------------------------------------------------------
-@pytest.mark.parametrize(("decode_frames", "codec_thread"), [(1, False), (3, True), (None, False)])
-def test_stream_equals_one_shot(models, decode_frames, codec_thread):
-    model = models["chain"]
+@pytest.mark.parametrize("stride", [1, 3, 8])
+def test_stream_equals_one_shot(engines, stride):
+    engine = engines["chain"]
     options = {"max_new_frames": FRAMES, "voice_clone_max_text_tokens": 12}
     text = "A first short sentence here. And a second sentence follows it."
-    one_shot = model.synthesize(text, seed=2, **options)
-    stream = model.stream(
-        text, seed=2, decode_frames=decode_frames, codec_thread=codec_thread, **options
-    )
-    pieces = list(stream)
+    one_shot = engine.synthesize(text, seed=2, **options).samples
+    pieces = list(engine.stream(text, seed=2, stride_frames=stride, **options))
     streamed = np.concatenate(pieces)
     assert len(pieces) > 3 and streamed.shape == one_shot.shape
     np.testing.assert_allclose(streamed, one_shot, atol=2e-5, rtol=0)
 
 
-def test_codec_state_copy_and_chain_give_the_same_audio(models):
+def test_codec_state_copy_and_chain_give_the_same_audio(engines):
     codes = np.random.default_rng(0).integers(0, 1024, (13, 16))
     outs = []
     for kv in ("copy", "chain"):
-        with models[kv].codec.stream() as stream:
+        with engines[kv].model.codec.stream() as stream:
             outs.append(np.concatenate([stream.push(codes[i : i + 4]) for i in range(0, 13, 4)]))
     np.testing.assert_array_equal(outs[0], outs[1])
-    np.testing.assert_allclose(outs[1], models["chain"].vocode(codes), atol=2e-5, rtol=0)
+    one_shot = engines["chain"].model.vocoder.vocode(codes, {})
+    np.testing.assert_allclose(outs[1], one_shot, atol=2e-5, rtol=0)
 
 
-def test_codec_state_is_chained_without_a_copy(models):
-    with models["chain"].codec.stream() as stream:
+def test_codec_state_is_chained_without_a_copy(engines):
+    with engines["chain"].model.codec.stream() as stream:
         codes = np.zeros((2, 16), np.int64)
         stream.push(codes)
         written = stream.chain.output_data_ptrs()
         assert stream.chain.state_data_ptrs() == written  # outputs became inputs in place
         stream.push(codes)
         assert stream.chain.steps == 2
-    with models["copy"].codec.stream() as stream:
+    with engines["copy"].model.codec.stream() as stream:
         stream.push(codes)
         assert set(stream.chain.state_data_ptrs()).isdisjoint(stream.chain.output_data_ptrs())
 
 
-def _own_cache_run(model, feeds_frames=3):
-    """Admit one request into an OwnCaches home of the model's pool, prefill, one step."""
-    from onnx_tts.decoding.kv_rows import OwnCaches
-    from onnx_tts.request import Request
-
-    request = model.request(
-        TEXT,
-        model.voice(),
-        model.request_options({"max_new_frames": feeds_frames}),
-        np.random.default_rng(0),
-    )
+def _admitted(engine, max_new_frames=3):
+    """A MOSS request admitted into row 0 of a fresh program state."""
+    model = engine.model
+    options = model.request_options({"max_new_frames": max_new_frames})
+    sampling = model.sampling_defaults().with_overrides({"seed": 0})
+    request = Request(TEXT, engine.voice(), sampling, options)
     state = model.program.new_state(1)
-    admission = model.program.admit(state, 0, Request(request, {}, model.sampling_defaults()))
+    return state, model.program.admit(state, 0, request)
+
+
+def test_global_kv_is_chained_from_the_prefill_graph(engines):
+    from onnx_tts.decoding.kv_rows import OwnCaches
+
+    model = engines["chain"].model
+    state, admission = _admitted(engines["chain"])
     home = OwnCaches(model.program, model.pool, model.kv)
-    return home, state, admission
-
-
-def test_global_kv_is_chained_from_the_prefill_graph(models):
-    model = models["chain"]
-    home, state, admission = _own_cache_run(model)
     rows = np.zeros(1, np.int64)
     try:
         home.prefill(0, admission, None)
@@ -315,18 +428,36 @@ def test_global_kv_is_chained_from_the_prefill_graph(models):
         home.release(0)
 
 
-def test_closing_generation_returns_the_kv_cache(models):
-    model = models["chain"]
+def test_closing_generation_returns_the_kv_cache(engines):
+    engine = engines["solo"]
+    model = engine.model
     idle = model.pool.idle_count()
-    checked = model.request_options({"max_new_frames": FRAMES})
-    frames = model.frames(TEXT, model.voice(), checked, np.random.default_rng(0))
+    options = {"max_new_frames": FRAMES}
+    sampling = model.sampling_defaults().with_overrides({"seed": 0})
+    [chunk] = model.text.chunks(TEXT, model.request_options(options))
+    frames = engine.generate(chunk, engine.voice(), sampling, options)
     next(frames)
     frames.close()
     _eventually(lambda: model.pool.idle_count() == max(idle, 1))  # freed at the next step
 
 
-def _eventually(condition, seconds=30.0):
-    """Wait for a worker thread to make `condition` true (fails after `seconds`)."""
+def test_closing_a_stream_midway_frees_its_caches(engines):
+    engine = engines["solo"]
+    model = engine.model
+    idle = model.pool.idle_count()
+    stream = engine.stream(TEXT, seed=1, stride_frames=1, max_new_frames=FRAMES)
+    next(stream)
+    stream.close()  # a codec window may be in flight on the vocoder stage: then released
+    _eventually(lambda: model.pool.idle_count() >= max(idle, 1))  # freed at the next step
+    _eventually(lambda: len(model.codec._idle) >= 1)
+    again = engine.synthesize(TEXT, seed=1, max_new_frames=FRAMES).samples
+    streamed = np.concatenate(list(engine.stream(TEXT, seed=1, max_new_frames=FRAMES)))
+    np.testing.assert_allclose(streamed, again, atol=2e-5)
+
+
+def _eventually(condition, seconds=60.0):
+    """Wait for a worker thread to make `condition` true (fails after `seconds`: a bound on a
+    hang, not a speed claim)."""
     deadline = time.monotonic() + seconds
     while not condition():
         assert time.monotonic() < deadline, "the condition never became true"
@@ -359,37 +490,49 @@ def test_vectorised_host_sampling_draws_the_published_tokens():
 
 
 # -- options and text ------------------------------------------------------------------------
-def test_options_are_checked(models, official):
-    model = models["chain"]
-    with pytest.raises(InputError, match="takes no option temperature"):
-        model.synthesize(TEXT, temperature=0.5)
+def test_options_are_checked(engines, official):
+    engine = engines["chain"]
+    with pytest.raises(InputError, match=r"unknown option\(s\) temperature .* own: "):
+        engine.synthesize(TEXT, temperature=0.5)
     with pytest.raises(InputError, match="sample_mode"):
-        model.synthesize(TEXT, sample_mode="beam")
+        engine.synthesize(TEXT, sample_mode="beam")
     with pytest.raises(InputError, match="max_new_frames"):
-        model.synthesize(TEXT, max_new_frames=0)
+        engine.synthesize(TEXT, max_new_frames=0)
     with pytest.raises(InputError, match="bakes audio_temperature"):
-        model.synthesize(TEXT, sample_mode="fixed", audio_temperature=1.1)
+        engine.synthesize(TEXT, sample_mode="fixed", audio_temperature=1.1)
     with pytest.raises(InputError, match="lacks"):
         official.synthesize(TEXT, sample_mode="greedy", local_path="greedy_frame")
     with pytest.raises(InputError, match="fixed_frame"):
-        model.synthesize(TEXT, sample_mode="full", local_path="fixed_frame")
+        engine.synthesize(TEXT, sample_mode="full", local_path="fixed_frame")
     with pytest.raises(InputError, match="seed"):
-        model.synthesize(TEXT, seed=-1)
-    with pytest.raises(InputError, match="decode_frames"):
-        model.stream(TEXT, decode_frames=0)
+        engine.synthesize(TEXT, seed=-1)
+    with pytest.raises(InputError, match="parallel_chunks"):
+        engine.synthesize(TEXT, parallel_chunks="yes")
     # full mode takes the host sampling options
-    audio = model.synthesize(
+    audio = engine.synthesize(
         TEXT, seed=1, sample_mode="full", audio_temperature=1.1, max_new_frames=4
     )
-    assert audio.shape[1] == 2
+    assert audio.samples.shape[1] == 2
 
 
 @pytest.mark.parametrize("text", ["!!! ... ???", "🙂🙂", "   ", ""])
-def test_text_with_nothing_to_speak_is_refused(models, text):
+def test_text_with_nothing_to_speak_is_refused(engines, text):
     with pytest.raises(InputError, match=r"nothing speakable|empty"):
-        models["chain"].synthesize(text)
+        engines["chain"].synthesize(text)
     with pytest.raises(InputError, match=r"nothing speakable|empty"):
-        models["chain"].stream(text)
+        engines["chain"].stream(text)
+
+
+def test_a_chunk_that_stops_at_once_is_an_error_never_silence(engines, published):
+    """A seed whose published run ends the first chunk before any frame (the random stand-in
+    does that): the engine refuses to call it speech."""
+    seed = next(
+        s
+        for s in range(50)
+        if not published.synthesize(TEXT, seed=s, max_new_frames=FRAMES)["frames"][0]
+    )
+    with pytest.raises(EmptyAudioError, match="no audio"):
+        engines["chain"].synthesize(TEXT, seed=seed, max_new_frames=FRAMES)
 
 
 # -- detection and broken directories ---------------------------------------------------------
@@ -415,24 +558,75 @@ def test_onnx_tts_info_shows_the_family(moss_official):
     assert set(info["graphs"]) >= {"prefill", "decode_step", "codec_decode_step"}
 
 
-def _synth(model_dir, tmp_path, name, *extra):
-    out = tmp_path / name
-    command = [sys.executable, "-m", "onnx_tts.cli", "synth", TEXT, "--model", str(model_dir)]
-    command += ["-o", str(out), "--threads", "1", "--cache-dir", str(tmp_path / "cache")]
-    command += ["--seed", "0", "--max-new-frames", "10", "--voice", "Ava", *extra]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+def _synth(model_dir, out: Path, text, *extra):
+    command = [sys.executable, "-m", "onnx_tts.cli", "synth", text, "--model", str(model_dir)]
+    command += ["-o", str(out), "--threads", "1", "--cache-dir", str(out.parent / "cache")]
+    command += [*extra]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
-    return soundfile.read(out, dtype="float32")
+    return soundfile.read(out, dtype="int16")
 
 
-def test_cli_synth_writes_48k_stereo_wav_streamed_or_not(moss_official, tmp_path):
-    whole, rate = _synth(moss_official, tmp_path, "whole.wav")
-    streamed, streamed_rate = _synth(moss_official, tmp_path, "streamed.wav", "--stream")
+def _published_wav(waveform: np.ndarray) -> np.ndarray:
+    """A waveform as the published runtime writes WAV: clip to [-1, 1], x 32767, rounded."""
+    return pcm16(waveform)
+
+
+def test_cli_synth_gives_the_published_wav(moss_official, tmp_path):
+    loop = PublishedLoop(moss_official)
+    theirs = loop.synthesize(TEXT, seed=0, voice="Ava", max_new_frames=10)
+    whole, rate = _synth(
+        moss_official,
+        tmp_path / "whole.wav",
+        TEXT,
+        "--seed",
+        "0",
+        "--max-new-frames",
+        "10",
+        "--voice",
+        "Ava",
+    )
+    streamed, streamed_rate = _synth(
+        moss_official,
+        tmp_path / "streamed.wav",
+        TEXT,
+        "--seed",
+        "0",
+        "--max-new-frames",
+        "10",
+        "--voice",
+        "Ava",
+        "--stream",
+    )
     assert rate == streamed_rate == 48000
-    assert whole.ndim == 2 and whole.shape[1] == 2 and len(whole) == 10 * 3840
+    assert whole.ndim == 2 and whole.shape[1] == 2
+    np.testing.assert_array_equal(whole, _published_wav(theirs["waveform"]))
     assert streamed.shape == whole.shape
     # decode_step (streamed) and decode_full (one shot) agree up to float rounding: 1 LSB.
-    np.testing.assert_allclose(streamed, whole, atol=1.5 / 32767, rtol=0)
+    assert np.abs(streamed.astype(int) - whole.astype(int)).max() <= 1
+
+
+def test_cli_synth_clones_over_several_chunks_as_published(moss_official, tmp_path):
+    loop = PublishedLoop(moss_official)
+    reference = _reference(tmp_path / "stereo.wav", 2)
+    seed, theirs = _speaking(
+        loop, LONG_TEXT, 3, reference=reference, max_new_frames=FRAMES, chunk_tokens=30
+    )
+    ours, rate = _synth(
+        moss_official,
+        tmp_path / "long.wav",
+        LONG_TEXT,
+        "--seed",
+        str(seed),
+        "--max-new-frames",
+        str(FRAMES),
+        "--voice",
+        str(reference),
+        "--voice-clone-max-text-tokens",
+        "30",
+    )
+    assert rate == 48000
+    np.testing.assert_array_equal(ours, _published_wav(theirs["waveform"]))
 
 
 def test_cli_broken_request_is_one_line_and_writes_nothing(moss_official, tmp_path):
@@ -539,6 +733,16 @@ BROKEN_CASES = [
         r"prompt_audio_codes must be",
     ),
     (lambda d: (d / TTS / MANIFEST).write_text("{not json"), r"not valid JSON"),
+    # Codes stored as floats would be truncated into other codes: refused, never spoken.
+    (
+        _set(TTS, MANIFEST, "builtin_voices", 0, "prompt_audio_codes", value=[[3.5] * 16] * 4),
+        r"integer codes",
+    ),
+    (
+        _set(TTS, MANIFEST, "builtin_voices", 0, "prompt_audio_codes", value=[[3.0] * 16] * 4),
+        r"integer codes",
+    ),
+    (_set(TTS, MANIFEST, "builtin_voices", 1, "voice", value="Junhao"), r"second voice named"),
 ]
 
 
@@ -548,6 +752,23 @@ def test_broken_directories_get_one_clear_error(broken, damage, message):
     with pytest.raises(ModelError, match=message) as caught:
         detect(broken)
     assert "\n" not in str(caught.value)
+
+
+def test_a_tokenizer_larger_than_the_model_vocabulary_is_refused(broken):
+    """A tokenizer.model with pieces past the model's vocab_size would feed the embedding ids
+    it has no row for (ONNX Runtime's Gather error mid-request): refused at load."""
+    from sentencepiece import sentencepiece_model_pb2
+
+    path = broken / TTS / "tokenizer.model"
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString(path.read_bytes())
+    vocab = json.loads((broken / TTS / TTS_META).read_text())["model_config"]["vocab_size"]
+    while len(proto.pieces) <= vocab:
+        piece = proto.pieces.add()
+        piece.piece, piece.type = f"extra{len(proto.pieces)}", piece.USER_DEFINED
+    path.write_bytes(proto.SerializeToString())
+    with pytest.raises(ModelError, match=r"tokenizer\.model has \d+ pieces but .* has 16384"):
+        onnx_tts.load(broken, cache_dir=None)
 
 
 def test_cli_names_the_broken_file_and_exits_2(broken):
@@ -623,27 +844,45 @@ def test_converted_decode_step_keeps_the_published_files(moss_official, moss_inp
                 assert path.read_bytes() == (moss_inplace / directory / path.name).read_bytes()
 
 
-@pytest.mark.parametrize("kv", ["inplace", "chain", "copy"])
-def test_in_place_kv_gives_the_published_frames(moss_inplace, moss_official, kv):
-    model = open_model(moss_inplace, kv=kv, threads=1)
-    assert model.kv_mode == kv and model.kv.attention == "gqa"
+@pytest.fixture(scope="module")
+def inplace_engines(moss_official, moss_inplace, tmp_path_factory):
+    """Engines in every KV mode of the converted stand-in: in place with batched slot rows
+    (the default), chain and copy on caches of their own."""
+    cache = tmp_path_factory.mktemp("moss-inplace-cache")
+    made = {
+        "inplace": onnx_tts.load(moss_inplace, threads=1, cache_dir=cache / "a"),
+        "chain": onnx_tts.load(moss_inplace, kv="chain", threads=1, cache_dir=cache / "b"),
+        "copy": onnx_tts.load(moss_inplace, kv="copy", threads=1, cache_dir=cache / "c"),
+    }
+    yield made
+    for engine in made.values():
+        engine.close()
+
+
+def test_in_place_kv_gives_the_published_frames_and_audio(inplace_engines, moss_official):
+    assert inplace_engines["inplace"].info()["batching"]["batched"] is True
     loop = PublishedLoop(moss_official)
-    for mode in ("fixed", "full", "greedy"):
-        ours = _frames(model, TEXT, seed=4, sample_mode=mode)
-        theirs = loop.synthesize(TEXT, seed=4, sample_mode=mode, max_new_frames=FRAMES)
-        assert ours == theirs["frames"], mode
-
-
-def test_in_place_slot_row_takes_the_prefill_and_never_moves(moss_inplace):
-    from onnx_tts.decoding.kv_rows import SlotRows
-    from onnx_tts.request import Request
-
-    model = open_model(moss_inplace, threads=1)
-    request = model.request(
-        TEXT, model.voice(), model.request_options({"max_new_frames": 3}), np.random.default_rng(0)
+    for mode in MODES:
+        theirs = loop.synthesize(TEXT, seed=5, voice="Ava", sample_mode=mode, max_new_frames=FRAMES)
+        for kv, engine in inplace_engines.items():
+            assert engine.info()["kv_mode"] == kv and engine.model.kv.attention == "gqa"
+            ours = _frames(engine, TEXT, seed=5, voice="Ava", sample_mode=mode)
+            assert [ours] == theirs["frames"], (mode, kv)
+    seed, theirs = _speaking(
+        loop, LONG_TEXT, 11, voice="Ava", max_new_frames=FRAMES, chunk_tokens=30
     )
-    state = model.program.new_state(1)
-    admission = model.program.admit(state, 0, Request(request, {}, model.sampling_defaults()))
+    ours = inplace_engines["inplace"].synthesize(
+        LONG_TEXT, seed=seed, voice="Ava", max_new_frames=FRAMES, voice_clone_max_text_tokens=30
+    )
+    np.testing.assert_array_equal(ours.samples, theirs["waveform"])
+
+
+def test_in_place_slot_row_takes_the_prefill_and_never_moves(inplace_engines):
+    from onnx_tts.decoding.kv_rows import SlotRows
+
+    engine = inplace_engines["inplace"]
+    model = engine.model
+    state, admission = _admitted(engine)
     slots = SlotRows(model.program, model.kv, model.pool.capacity, max_rows=2)
     assert slots.reserve(0, admission.max_tokens)
     rows = np.zeros(1, np.int64)
@@ -680,21 +919,7 @@ def test_converting_twice_is_refused(moss_inplace, tmp_path):
     assert not (tmp_path / "again").exists()
 
 
-def test_closing_a_stream_midway_frees_its_caches(models):
-    model = models["chain"]
-    idle = model.pool.idle_count()
-    stream = model.stream(TEXT, seed=1, decode_frames=1, codec_thread=True, max_new_frames=FRAMES)
-    next(stream)
-    stream.close()  # a codec decode may be in flight on the worker: waited for, then released
-    _eventually(lambda: model.pool.idle_count() >= max(idle, 1))  # freed at the next step
-    assert len(model.codec._idle) >= 1
-    again = model.synthesize(TEXT, seed=1, max_new_frames=FRAMES)
-    np.testing.assert_allclose(
-        np.concatenate(list(model.stream(TEXT, seed=1, max_new_frames=FRAMES))), again, atol=2e-5
-    )
-
-
-# -- through the Engine (onnx_tts.load): the scheduler, the vocoder stage, the server --------
+# -- many requests at once: the scheduler, the vocoder stage, the server --------------------
 TEXTS = [
     "Hello there.",
     TEXT,
@@ -703,50 +928,12 @@ TEXTS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def engines(moss_official, moss_inplace):
-    """Engines in every KV mode: in place with batched slot rows, chain and copy on caches of
-    their own."""
-    import onnx_tts
-
-    made = {
-        "inplace": onnx_tts.load(moss_inplace, threads=1, cache_dir=None, max_batch=8),
-        "chain": onnx_tts.load(moss_official, kv="chain", threads=1, cache_dir=None, max_batch=8),
-        "copy": onnx_tts.load(moss_official, kv="copy", threads=1, cache_dir=None, max_batch=8),
-    }
-    yield made
-    for engine in made.values():
-        engine.close()
-
-
-def _engine_frames(engine, text, seed, voice="Ava", **options):
-    """The frames of a one-chunk text through the engine's scheduler."""
-    options = {"max_new_frames": FRAMES, **options}
-    prompt = engine.voice(voice)
-    sampling = engine.backend.sampling_defaults().with_overrides({"seed": seed})
-    [chunk] = engine.backend.text_chunks(text, engine.backend.request_options(options))
-    return [list(map(int, f)) for f in engine.generate(chunk, prompt, sampling, options)]
-
-
-def test_engine_kv_modes_give_the_published_frames(engines, moss_official):
-    assert engines["inplace"].info()["batching"]["batched"] is True
-    assert engines["inplace"].info()["kv_mode"] == "inplace"
-    loop = PublishedLoop(moss_official)
-    for mode in ("fixed", "full", "greedy"):
-        theirs = loop.synthesize(TEXT, seed=5, voice="Ava", sample_mode=mode, max_new_frames=FRAMES)
-        for kv, engine in engines.items():
-            ours = _engine_frames(engine, TEXT, seed=5, sample_mode=mode)
-            assert [ours] == theirs["frames"], (mode, kv)
-
-
-def test_engine_batch_is_invariant(engines):
+def test_engine_batch_is_invariant(inplace_engines):
     """12 requests of different lengths at once (rows of shared steps, 8 at a time) make the
     frames each makes alone."""
-    import threading
-
-    engine = engines["inplace"]
+    engine = inplace_engines["inplace"]
     jobs = [(TEXTS[i % len(TEXTS)], i, "full" if i % 3 == 0 else "fixed") for i in range(12)]
-    alone = [_engine_frames(engine, text, seed, sample_mode=mode) for text, seed, mode in jobs]
+    alone = [_frames(engine, text, seed=seed, sample_mode=mode) for text, seed, mode in jobs]
     steps = engine.stats()["steps"]
     row_steps = engine.stats()["row_steps"]
     together: list = [None] * len(jobs)
@@ -755,7 +942,7 @@ def test_engine_batch_is_invariant(engines):
     def run(index: int) -> None:
         text, seed, mode = jobs[index]
         start.wait()
-        together[index] = _engine_frames(engine, text, seed, sample_mode=mode)
+        together[index] = _frames(engine, text, seed=seed, sample_mode=mode)
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(len(jobs))]
     for thread in threads:
@@ -767,25 +954,24 @@ def test_engine_batch_is_invariant(engines):
     assert (stats["row_steps"] - row_steps) / (stats["steps"] - steps) > 2  # really batched
 
 
-def test_prompts_admitted_together_prefill_side_by_side(engines):
+def test_prompts_admitted_together_prefill_side_by_side(inplace_engines):
     """Requests admitted in one round run their prompts through the prefill graph on the
     prefill workers at once, each into its own slot row, and make the frames each makes
     alone."""
     from onnx_tts.decoding.scheduler import DecodeScheduler
-    from onnx_tts.request import Request
 
-    engine = engines["inplace"]
-    backend = engine.backend
+    engine = inplace_engines["inplace"]
+    model = engine.model
     jobs = [(TEXTS[i % len(TEXTS)], i, "full" if i % 2 else "fixed") for i in range(5)]
-    alone = [_engine_frames(engine, text, seed, sample_mode=mode) for text, seed, mode in jobs]
-    scheduler = DecodeScheduler(backend.program, backend.pool, max_batch=8, prefill_workers=3)
+    alone = [_frames(engine, text, seed=seed, sample_mode=mode) for text, seed, mode in jobs]
+    scheduler = DecodeScheduler(model.program, model.pool, max_batch=8, prefill_workers=3)
     try:
         requests = []
         for text, seed, mode in jobs:
-            options = backend.request_options({"max_new_frames": FRAMES, "sample_mode": mode})
-            [chunk] = backend.text_chunks(text, options)
-            sampling = backend.sampling_defaults().with_overrides({"seed": seed})
-            requests.append(Request(chunk, engine.voice("Ava"), sampling, options))
+            options = model.request_options({"max_new_frames": FRAMES, "sample_mode": mode})
+            [chunk] = model.text.chunks(text, options)
+            sampling = model.sampling_defaults().with_overrides({"seed": seed})
+            requests.append(Request(chunk, engine.voice(), sampling, options))
         with scheduler._cv:  # the worker waits for the lock: all five are admitted at once
             streams = [scheduler.submit(request) for request in requests]
         together = [[list(map(int, frame)) for frame in stream] for stream in streams]
@@ -797,8 +983,8 @@ def test_prompts_admitted_together_prefill_side_by_side(engines):
 
 
 @pytest.mark.parametrize("kv", ["inplace", "chain"])
-def test_engine_stream_equals_one_shot(engines, kv):
-    engine = engines[kv]
+def test_engine_stream_equals_one_shot_with_the_published_pauses(inplace_engines, kv):
+    engine = inplace_engines[kv]
     text = "A first short sentence here. And a second sentence follows it."
     options = {"max_new_frames": FRAMES, "voice_clone_max_text_tokens": 12, "sample_mode": "greedy"}
     one_shot = engine.synthesize(text, voice="Ava", seed=2, **options)
@@ -807,38 +993,22 @@ def test_engine_stream_equals_one_shot(engines, kv):
     streamed = np.concatenate(pieces)
     assert len(pieces) > 3 and streamed.shape == one_shot.samples.shape
     np.testing.assert_allclose(streamed, one_shot.samples, atol=2e-5, rtol=0)
-    # The chunks are separated by the published pauses.
-    chunks = engine.backend.text_chunks(text, engine.backend.request_options(options))
-    pause = round(48000 * engine.backend.pause_seconds(chunks[0]))
+    model = engine.model
+    chunks = model.text.chunks(text, model.request_options(options))
+    pause = round(48000 * model.vocoder.pause_seconds(chunks[0]))
     assert len(chunks) == 2 and np.count_nonzero(np.abs(one_shot.samples).max(axis=1) == 0) >= pause
 
 
-def test_engine_clones_a_voice_through_the_reference_cache(moss_official, tmp_path):
-    import onnx_tts
-
-    engine = onnx_tts.load(moss_official, threads=1, cache_dir=tmp_path / "cache")
-    try:
-        rng = np.random.default_rng(0)
-        path = tmp_path / "ref.wav"
-        soundfile.write(path, (0.3 * rng.standard_normal(24000)).astype(np.float32), 24000)
-        voice = engine.voice(str(path))
-        assert voice["prompt_audio_codes"].shape[1] == 16
-        again = engine.voice(str(path))
-        np.testing.assert_array_equal(voice["prompt_audio_codes"], again["prompt_audio_codes"])
-        assert engine.cache_stats()["reference"]["hits"] >= 1
-        options = {"max_new_frames": 6, "sample_mode": "greedy"}
-        audio = engine.synthesize(TEXT, voice=str(path), seed=1, **options)
-        assert audio.samples.shape[1] == 2
-    finally:
-        engine.close()
-
-
-def test_server_lists_builtin_voices_and_sends_24k_mono_pcm(moss_inplace, tmp_path):
+def test_server_speaks_the_published_audio(moss_official, tmp_path):
+    """The server as users run it: builtin voices listed; WAV in the model's 48 kHz stereo is
+    the published audio; OpenAI's pcm is 24 kHz mono; an unknown voice is a 404."""
     import httpx
 
     from benchmarks.live_server import LiveServer
 
-    live = LiveServer(tmp_path, "--model", str(moss_inplace), "--threads", "1")
+    loop = PublishedLoop(moss_official)
+    theirs = loop.synthesize(TEXT, voice="Ava", seed=0, max_new_frames=10)
+    live = LiveServer(tmp_path, "--model", str(moss_official), "--threads", "1")
     try:
         voices = {v["id"] for v in httpx.get(live.url + "/v1/audio/voices").json()["voices"]}
         assert {"default", "Ava"} <= voices
@@ -855,6 +1025,7 @@ def test_server_lists_builtin_voices_and_sends_24k_mono_pcm(moss_inplace, tmp_pa
     finally:
         live.stop()
     assert pcm.status_code == 200 and len(pcm.content) == 10 * 0.08 * 24000 * 2  # s16le mono
-    samples, rate = soundfile.read(io.BytesIO(wav.content), dtype="float32")
-    assert rate == 48000 and samples.ndim == 1 and len(samples) == 10 * 3840  # downmixed
+    samples, rate = soundfile.read(io.BytesIO(wav.content), dtype="int16")
+    assert rate == 48000 and samples.shape == (10 * 3840, 2)
+    np.testing.assert_array_equal(samples, _published_wav(theirs["waveform"]))
     assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "voice_not_found"

@@ -53,9 +53,9 @@ def test_same_seed_same_audio_other_seed_other_audio(codec_lm_engine: onnx_tts.E
 
 
 def test_duration_is_plausible_for_the_text(codec_lm_engine: onnx_tts.Engine) -> None:
-    model = codec_lm_engine.backend
+    model = codec_lm_engine.model
     for text in ("Hi.", TEXT):
-        chunks = model.text_chunks(text, {})
+        chunks = model.text.chunks(text, {})
         audio = codec_lm_engine.synthesize(text, seed=1)
         frames = audio.samples.shape[0] // model.hop_length
         pause_frames = (len(chunks) - 1) * 0.15 * 50
@@ -484,9 +484,9 @@ def test_top_p_keeps_the_smallest_prefix_reaching_p() -> None:
 
 def test_one_long_word_is_split_to_fit_the_kv_capacity(codec_lm_engine: onnx_tts.Engine) -> None:
     """A 2,000-letter word was refused ("needs N KV positions"): every chunk must fit."""
-    backend = codec_lm_engine.backend
-    chunks = backend.text_chunks("a" * 2000, {})
-    assert sum(len(chunk) for chunk in chunks) == len(backend.tokenizer.encode("a" * 2000))
+    backend = codec_lm_engine.model
+    chunks = backend.text.chunks("a" * 2000, {})
+    assert sum(len(chunk) for chunk in chunks) == len(backend.text.tokenizer.encode("a" * 2000))
     capacity = backend.pool.capacity.fixed
     assert all(backend._positions_needed(len(chunk)) <= capacity for chunk in chunks)
     assert max(len(chunk) for chunk in chunks) == backend.max_chunk_tokens
@@ -497,12 +497,12 @@ def test_one_long_word_is_split_to_fit_the_kv_capacity(codec_lm_engine: onnx_tts
 def test_long_sentence_is_split_at_spaces_not_inside_words(
     codec_lm_engine: onnx_tts.Engine,
 ) -> None:
-    backend = codec_lm_engine.backend
+    backend = codec_lm_engine.model
     words = ["word"] * 60
-    chunks = backend.text_chunks(" ".join(words), {})
+    chunks = backend.text.chunks(" ".join(words), {})
     assert len(chunks) > 1
     assert all(len(chunk) <= backend.max_chunk_tokens for chunk in chunks)
-    word = backend.tokenizer.encode("word")
+    word = backend.text.tokenizer.encode("word")
     # Each chunk holds whole words: its tokens start with those of "word".
     assert all(chunk[: len(word)] == word for chunk in chunks)
 
@@ -580,7 +580,7 @@ def test_an_utterance_with_no_audio_is_an_error(
     engine = onnx_tts.load(
         model_dir, cache_dir=None, result_cache_bytes=1 << 20, result_cache_dir=None
     )
-    kind = type(engine.backend.program)
+    kind = type(engine.model.program)
     normal = kind.consume
 
     def stops_at_once(self, state, rows, outputs):  # the program's step, then "done, no frame"

@@ -358,7 +358,7 @@ def test_synthesis_with_a_cache_hit_equals_synthesis_with_a_miss(tmp_path):
     disk_engine = onnx_tts.load(codec_lm_dir(), cache_dir=cache_dir, threads=1)
     hit_disk = disk_engine.synthesize(text, voice=path, seed=11)
     assert disk_engine.cache_stats()["reference"]["disk"]["hits"] == 1
-    uncached = Engine(engine.backend, None).synthesize(text, voice=path, seed=11)
+    uncached = Engine(engine.model, None).synthesize(text, voice=path, seed=11)
 
     assert missed.samples.size > 0
     for other in (hit_memory, hit_disk, uncached):

@@ -84,7 +84,7 @@ def test_key_covers_model_text_voice_and_options():
 
 def test_texts_that_normalise_alike_share_one_entry(tmp_path):
     engine = load(tmp_path)
-    assert engine.backend.text_chunks("Please  hold the line.", {}) == engine.backend.text_chunks(
+    assert engine.model.text.chunks("Please  hold the line.", {}) == engine.model.text.chunks(
         TEXT, {}
     )
     engine.synthesize(TEXT)
@@ -103,7 +103,7 @@ def test_stream_hit_yields_the_cached_audio_at_once_in_stream_chunk_sizes(tmp_pa
         "holdback_frames": 2,
     }
     chunks = list(engine.stream(TEXT, **options))
-    hop = engine.backend.hop_length
+    hop = engine.model.hop_length
     assert [len(c) for c in chunks[:-1]] == [6 * hop] + [10 * hop] * (len(chunks) - 2)
     assert 0 < len(chunks[-1]) <= 10 * hop
     np.testing.assert_array_equal(np.concatenate(chunks), whole.samples)

@@ -13,9 +13,9 @@ import pytest
 
 import onnx_tts
 from onnx_tts.decoding.kv_rows import MIN_SLOT_CAPACITY
+from onnx_tts.decoding.request import CancelToken, PlaybackClock, Request
 from onnx_tts.decoding.scheduler import DecodeScheduler, QueueFull
 from onnx_tts.errors import InputError
-from onnx_tts.request import CancelToken, PlaybackClock, Request
 from tests.conftest import codec_lm_dir
 
 TEXTS = [
@@ -136,8 +136,8 @@ def test_rows_join_and_leave_without_moving_the_kv(batched_voice):
 
 
 def test_a_row_keeps_its_address_while_it_decodes(batched_voice):
-    backend = batched_voice.backend
-    chunk = backend.text_chunks(TEXTS[3], {})[0]
+    backend = batched_voice.model
+    chunk = backend.text.chunks(TEXTS[3], {})[0]
     request = Request(chunk, batched_voice.voice(), backend.sampling_defaults(), {})
     stream = batched_voice.scheduler.submit(request)
     next(stream)
@@ -152,8 +152,8 @@ def test_one_sentence_allocates_only_what_it_needs():
     engine = _load(codec_lm_dir(), max_batch=8)
     engine.synthesize("Hi.", seed=1)
     stats = engine.stats()
-    layout = engine.backend.pool.layout
-    policy = engine.backend.pool.capacity  # this bundle fixes its capacity in bundle.json
+    layout = engine.model.pool.layout
+    policy = engine.model.pool.capacity  # this bundle fixes its capacity in bundle.json
     assert stats["slot_rows"] == 1
     assert stats["slot_capacity"] == (policy.fixed or MIN_SLOT_CAPACITY)
     assert stats["slot_bytes"] == stats["slot_capacity"] * layout.bytes_per_token
@@ -164,10 +164,10 @@ def test_one_sentence_allocates_only_what_it_needs():
 
 def test_bad_request_fails_alone(solo_voice, batched_voice):
     """A request the program refuses inside the worker fails; the others finish unchanged."""
-    backend = batched_voice.backend
+    backend = batched_voice.model
     good_voice = batched_voice.voice()
     bad_voice = {"speaker_embedding": np.zeros(3, np.float32)}  # wrong width
-    chunk = backend.text_chunks("Fine words here.", {})[0]
+    chunk = backend.text.chunks("Fine words here.", {})[0]
     sampling = backend.sampling_defaults().with_overrides({"seed": 5})
     expected = list(solo_voice.generate(chunk, good_voice, sampling))
     streams = [
@@ -188,7 +188,7 @@ def test_bad_request_fails_alone(solo_voice, batched_voice):
 def test_request_longer_than_the_slot_budget_gets_a_cache_of_its_own(solo_voice):
     """A request needing more KV than the slot budget allows decodes in the same loop on an
     in-place cache sized to it (counted), with the same frames as in a slot row."""
-    backend = solo_voice.backend
+    backend = solo_voice.model
     layout = backend.pool.layout
     tight = DecodeScheduler(
         backend.program,
@@ -197,7 +197,7 @@ def test_request_longer_than_the_slot_budget_gets_a_cache_of_its_own(solo_voice)
         slot_bytes=(MIN_SLOT_CAPACITY - 1) * layout.bytes_per_token,
     )
     roomy = DecodeScheduler(backend.program, backend.pool, max_batch=2)
-    chunk = backend.text_chunks("This sentence needs its own capacity.", {})[0]
+    chunk = backend.text.chunks("This sentence needs its own capacity.", {})[0]
     sampling = backend.sampling_defaults().with_overrides({"seed": 3})
     voice = solo_voice.voice()
     own = list(tight.submit(Request(chunk, voice, sampling, {})))
@@ -211,7 +211,7 @@ def test_request_longer_than_the_slot_budget_gets_a_cache_of_its_own(solo_voice)
 def test_admission_goes_by_priority_then_deadline_then_arrival(solo_voice):
     """With every row busy, the waiting request due first is admitted first: a stream whose
     player runs dry soonest, then the earliest first-audio deadline, then arrival."""
-    backend = solo_voice.backend
+    backend = solo_voice.model
     scheduler = DecodeScheduler(backend.program, backend.pool, max_batch=1)
     voice, sampling = solo_voice.voice(), backend.sampling_defaults()
     now = time.monotonic()
@@ -232,16 +232,16 @@ def test_admission_goes_by_priority_then_deadline_then_arrival(solo_voice):
     for _ in queued:
         scheduler.waiting = [r for r in queued if r.chunk not in order]
         scheduler.requests = [None]
-        (row,) = scheduler._take_waiting()
+        (row,) = scheduler._take(scheduler._plan())
         order.append(scheduler.requests[row].chunk)
     assert order == ["first", "dry", "soon", "batch", "late"]
 
 
 def test_cancelled_waiting_request_never_starts(solo_voice):
-    backend = solo_voice.backend
+    backend = solo_voice.model
     scheduler = DecodeScheduler(backend.program, backend.pool, max_batch=1)
     cancel = CancelToken()
-    chunk = backend.text_chunks("Never spoken.", {})[0]
+    chunk = backend.text.chunks("Never spoken.", {})[0]
     stream = scheduler.submit(
         Request(chunk, solo_voice.voice(), backend.sampling_defaults(), {}, cancel=cancel)
     )
@@ -252,9 +252,9 @@ def test_cancelled_waiting_request_never_starts(solo_voice):
 
 
 def test_a_full_queue_is_refused_not_grown(solo_voice):
-    backend = solo_voice.backend
+    backend = solo_voice.model
     scheduler = DecodeScheduler(backend.program, backend.pool, max_batch=1, max_waiting=0)
-    chunk = backend.text_chunks("Too many.", {})[0]
+    chunk = backend.text.chunks("Too many.", {})[0]
     with pytest.raises(QueueFull, match="waiting"):
         scheduler.submit(Request(chunk, solo_voice.voice(), backend.sampling_defaults(), {}))
     scheduler.close()
@@ -298,7 +298,7 @@ def test_max_batch_is_bounded(bad):
 
 @pytest.mark.parametrize("bad", [0, -1, 65, True, 1.5, "2"])
 def test_prefill_workers_are_bounded(batched_voice, bad):
-    backend = batched_voice.backend
+    backend = batched_voice.model
     with pytest.raises(InputError, match="prefill_workers"):
         DecodeScheduler(backend.program, backend.pool, max_batch=2, prefill_workers=bad)
 

@@ -22,9 +22,9 @@ import pytest
 import soundfile
 
 from benchmarks.live_server import LiveServer, free_port
-from onnx_tts.request import PlaybackClock
+from onnx_tts.decoding.request import PlaybackClock
+from onnx_tts.pipeline.timestretch import TimeStretcher, stretch
 from onnx_tts.server.encoding import StreamEncoder, wav_stream_header
-from onnx_tts.server.timestretch import TimeStretcher, stretch
 from tests.conftest import speechlike
 
 RATE = 16000  # the bundled default voice

@@ -14,10 +14,11 @@ import numpy as np
 import pytest
 
 import onnx_tts
+from onnx_tts.decoding.request import CancelToken, PlaybackClock, Request
 from onnx_tts.errors import InputError
+from onnx_tts.families.base import Vocoder, VocoderCapabilities
 from onnx_tts.pipeline.admission import Admission, retry_after_seconds
 from onnx_tts.pipeline.stages import VocoderStage
-from onnx_tts.request import CancelToken, PlaybackClock, Request
 from onnx_tts.vocoder import StreamingOptions
 from tests.conftest import codec_lm_dir
 
@@ -70,12 +71,13 @@ def test_batched_vocoder_windows_equal_each_stream_alone(model, codec_engine):
     assert windows > calls, "no vocoder call decoded more than one stream's window"
 
 
-class _RecordingVocoder:
+class _RecordingVocoder(Vocoder):
     """A stand-in vocoder: records the order it decodes streams in, fails for one voice."""
 
     def __init__(self, hop: int) -> None:
         self.hop, self.order = hop, []
         self.gate = threading.Event()
+        self.capabilities = VocoderCapabilities(16000, hop)
 
     def vocode(self, frames: np.ndarray, voice: Any) -> np.ndarray:
         self.gate.wait(10)  # hold the first round until every stream has its window due
@@ -91,7 +93,7 @@ def _one_shot_request(name: str, **timing: Any) -> Request:
 
 def test_stage_decodes_the_most_urgent_stream_first_and_a_failure_stays_alone():
     vocoder = _RecordingVocoder(hop=4)
-    stage = VocoderStage(vocoder.vocode, gather_seconds=0.05)
+    stage = VocoderStage(vocoder, gather_seconds=0.05)
     now = time.monotonic()
     dry = PlaybackClock()
     dry.chunk(now - 2.0, 0.5)  # this listener ran dry 1.5 s ago
@@ -123,17 +125,21 @@ def test_stage_decodes_the_most_urgent_stream_first_and_a_failure_stays_alone():
     stage.close()
 
 
-class _Decoders:
-    """Stateful stand-in decoders (one per stream, as `open_stream` makes them) that count
-    how many pushes run at once; with `meet`, every push waits (bounded) for another push to
-    run at the same time and fails if none does."""
+class _Decoders(Vocoder):
+    """A vocoder with stateful stand-in decoders (one per stream, as `open_stream` makes
+    them) that count how many pushes run at once; with `meet`, every push waits (bounded) for
+    another push to run at the same time and fails if none does."""
 
     def __init__(self, meet: bool) -> None:
         self.meeting = threading.Barrier(2, timeout=30) if meet else None
         self.lock = threading.Lock()
         self.running = self.most = self.pushes = 0
+        self.capabilities = VocoderCapabilities(16000, 4, channels=2, stateful_streams=True)
 
-    def open(self) -> Any:
+    def vocode(self, frames: np.ndarray, voice: Any) -> np.ndarray:
+        return np.zeros((0, 2), np.float32)
+
+    def open_stream(self) -> Any:
         return self
 
     def push(self, codes: np.ndarray) -> np.ndarray:
@@ -157,8 +163,7 @@ class _Decoders:
 def test_streams_with_decoders_of_their_own_decode_two_at_once_while_the_lm_idles(lm_idle):
     decoders = _Decoders(meet=lm_idle)
     stage = VocoderStage(
-        lambda frames, voice: np.zeros(0, np.float32),
-        open_stream=decoders.open,
+        decoders,
         gather_seconds=0.5,  # the four windows below are all due in the first round
         lm_idle=lambda: lm_idle,
     )
@@ -387,12 +392,12 @@ def test_threads_zero_gives_each_stage_its_share_of_the_cores():
     shares = threads_per_stage(available_cores())
     assert shares["decode"] + shares["vocoder"] == max(2, available_cores())
     engine = onnx_tts.load(codec_lm_dir(), cache_dir=None, threads=0)
-    threads = {role: s.options.intra_op_threads for role, s in engine.backend.sessions.items()}
+    threads = {role: s.options.intra_op_threads for role, s in engine.model.graphs.sessions.items()}
     assert threads["vocoder"] == shares["vocoder"] and threads["lm"] == shares["decode"]
     assert threads["encoder"] == shares["encoder"]
     engine.close()
     explicit = onnx_tts.load(codec_lm_dir(), cache_dir=None, threads=3)
-    assert {s.options.intra_op_threads for s in explicit.backend.sessions.values()} == {3}
+    assert {s.options.intra_op_threads for s in explicit.model.graphs.sessions.values()} == {3}
     explicit.close()
     assert threads_per_stage(8) == {"decode": 4, "vocoder": 4, "encoder": 4}
     assert threads_per_stage(1) == {"decode": 1, "vocoder": 1, "encoder": 1}
@@ -402,7 +407,7 @@ def test_a_listener_with_a_clock_gets_growing_windows_a_reader_the_fixed_stride(
     """Server streams carry their listener's clock: after the short first chunk their windows
     grow to the stride (the listener holds what the next window needs); a stream read as fast
     as it is made keeps the fixed stride (fewer windows to decode)."""
-    from onnx_tts.request import PlaybackClock
+    from onnx_tts.decoding.request import PlaybackClock
 
     engine = onnx_tts.load(cache_dir=None, max_batch=1)
     text = " ".join(TEXTS)
@@ -455,8 +460,8 @@ def test_one_bad_window_in_a_batched_call_fails_its_stream_alone(fault):
 
     engine = onnx_tts.load(codec_lm_dir(), cache_dir=None, max_batch=8)
     alone = [np.concatenate(list(engine.stream(TEXTS[i % 4], seed=i))) for i in range(8)]
-    backend = engine.backend
-    original_windows, original_one = backend.vocode_windows, backend.vocode
+    backend = engine.model
+    original_windows, original_one = backend.vocoder.vocode_windows, backend.vocoder.vocode
 
     def is_bad(voice) -> bool:
         return np.array_equal(np.asarray(voice["speaker_embedding"]), marked)
@@ -477,7 +482,7 @@ def test_one_bad_window_in_a_batched_call_fails_its_stream_alone(fault):
             return [np.full_like(w, np.nan) if is_bad(v) else w for w, v in pairs]
         return original_windows(windows, voices)
 
-    backend.vocode, backend.vocode_windows = broken, broken_windows
+    backend.vocoder.vocode, backend.vocoder.vocode_windows = broken, broken_windows
     voice = engine.voice(None)
     marked = np.asarray(voice["speaker_embedding"], np.float32) + np.float32(0.25)
     bad_voice = {**voice, "speaker_embedding": marked}

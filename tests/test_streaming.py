@@ -91,7 +91,7 @@ class ToyVocoderSession:
 
 def toy_vocoder(lookahead: int | None = TOY_LOOKAHEAD) -> tuple[Vocoder, ToyVocoderSession]:
     session = ToyVocoderSession()
-    vocoder = Vocoder(session, TOY_HOP, TOY_CODEBOOKS, TOY_CODEBOOK_SIZE, lookahead)  # type: ignore[arg-type]
+    vocoder = Vocoder(session, TOY_HOP, TOY_CODEBOOKS, TOY_CODEBOOK_SIZE, 16000, lookahead)  # type: ignore[arg-type]
     return vocoder, session
 
 
@@ -232,7 +232,7 @@ def test_decode_windows_groups_equal_lengths_and_matches_single_decodes() -> Non
 
 
 def test_decode_windows_pads_into_one_call_only_for_a_causal_vocoder(codec_lm_engine) -> None:
-    reference = codec_lm_engine.backend.vocoder
+    reference = codec_lm_engine.model.vocoder
 
     class CountingSession:
         def __init__(self) -> None:
@@ -249,11 +249,12 @@ def test_decode_windows_pads_into_one_call_only_for_a_causal_vocoder(codec_lm_en
     ]
     counting = CountingSession()
     causal = Vocoder(
-        counting,
+        counting,  # type: ignore[arg-type]
         reference.hop_length,
         reference.codebooks,
         reference.codebook_size,
-        0,  # type: ignore[arg-type]
+        reference.capabilities.sample_rate,
+        0,
     )
     batched = causal.decode_windows(windows)
     assert counting.runs == 1
@@ -261,10 +262,11 @@ def test_decode_windows_pads_into_one_call_only_for_a_causal_vocoder(codec_lm_en
         assert len(waveform) == len(codes) * reference.hop_length
         np.testing.assert_allclose(waveform, reference.decode(codes), rtol=0, atol=1e-5)
     unknown = Vocoder(
-        counting,
+        counting,  # type: ignore[arg-type]
         reference.hop_length,
         reference.codebooks,
-        reference.codebook_size,  # type: ignore[arg-type]
+        reference.codebook_size,
+        reference.capabilities.sample_rate,
     )
     unknown.decode_windows(windows)
     assert counting.runs == 1 + 4  # lookahead unknown: equal lengths only (3, 40, 17, 1)
@@ -365,8 +367,8 @@ def test_bundle_defaults_and_overrides() -> None:
 
 
 def test_stream_equals_synthesize_exactly_with_enough_overlap(codec_lm_engine) -> None:
-    defaults = codec_lm_engine.backend.streaming_defaults
-    hop = codec_lm_engine.backend.hop_length
+    defaults = codec_lm_engine.model.streaming_defaults
+    hop = codec_lm_engine.model.hop_length
     # The shipped defaults are wide enough for the causal vocoder: overlap covers the
     # receptive field plus the crossfade, so the stream is the one-shot waveform.
     assert defaults["overlap_frames"] * hop >= (
@@ -418,9 +420,9 @@ class FrameCounter:
         self.frames = 0
         self.steps = 0
         self.windows: list[int] = []
-        program, backend = engine.backend.program, engine.backend
+        program, backend = engine.model.program, engine.model
         original_consume, original_put = program.consume, VocoderStream.put
-        original_vocode = backend.vocode
+        original_vocode = backend.vocoder.vocode
 
         def put(stream: VocoderStream, frame: np.ndarray) -> None:
             self.frames += 1
@@ -437,7 +439,7 @@ class FrameCounter:
 
         monkeypatch.setattr(VocoderStream, "put", put)
         monkeypatch.setattr(program, "consume", consume)
-        monkeypatch.setattr(backend, "vocode", vocode)
+        monkeypatch.setattr(backend.vocoder, "vocode", vocode)
 
 
 @pytest.mark.parametrize("first_chunk_frames", [4, 8, 15])
@@ -448,8 +450,8 @@ def test_first_chunk_comes_after_first_chunk_frames(
     stream = codec_lm_engine.stream(ONE_SENTENCE, seed=2, first_chunk_frames=first_chunk_frames)
     first = next(stream)
     assert counter.windows[0] == first_chunk_frames  # the first window: the first N frames
-    hop = codec_lm_engine.backend.hop_length
-    defaults = codec_lm_engine.backend.streaming_defaults
+    hop = codec_lm_engine.model.hop_length
+    defaults = codec_lm_engine.model.streaming_defaults
     expected = (first_chunk_frames - defaults["holdback_frames"]) * hop - defaults[
         "crossfade_samples"
     ]
@@ -460,8 +462,8 @@ def test_first_chunk_comes_after_first_chunk_frames(
 
 
 def test_only_complete_generated_frames_reach_the_vocoder(codec_lm_engine, monkeypatch) -> None:
-    backend = codec_lm_engine.backend
-    original_vocode = backend.vocode
+    backend = codec_lm_engine.model
+    original_vocode = backend.vocoder.vocode
     counter = FrameCounter(codec_lm_engine, monkeypatch)
     windows: list[tuple[np.ndarray, int]] = []
 
@@ -469,7 +471,7 @@ def test_only_complete_generated_frames_reach_the_vocoder(codec_lm_engine, monke
         windows.append((np.array(codes), counter.frames))
         return original_vocode(codes, voice)
 
-    monkeypatch.setattr(backend, "vocode", vocode)  # records what the vocoder receives
+    monkeypatch.setattr(backend.vocoder, "vocode", vocode)  # records what the vocoder receives
     list(codec_lm_engine.stream(ONE_SENTENCE, seed=8))
     produced = np.stack(counter.produced)
     assert len(windows) > 3
@@ -504,7 +506,7 @@ def test_cancelled_stream_stops_generation_and_frees_its_row(monkeypatch, max_ba
     from tests.conftest import codec_lm_dir
 
     engine = onnx_tts.load(codec_lm_dir(), kv="inplace", cache_dir=None, max_batch=max_batch)
-    program = engine.backend.program
+    program = engine.model.program
     original_consume = program.consume
     steps, hold_at, release = 0, 0, threading.Event()
 

@@ -272,7 +272,7 @@ def test_neural_vocoder_bundle_streams_within_30_db_of_one_shot(neural_bundle: P
     hop = manifest["frames"]["hop_length"]
     for audio in _held_out_speech():
         snr = streamed_vs_one_shot_snr(
-            lambda m: engine.backend.vocode(m, {}),
+            lambda m: engine.model.vocoder.vocode(m, {}),
             standardised_mel(audio, stats),
             manifest["streaming"],
             hop,
@@ -287,7 +287,7 @@ def test_neural_vocoder_bundle_streams_within_30_db_of_one_shot(neural_bundle: P
     shorter = dict(manifest["streaming"], holdback_frames=1, overlap_frames=3)
     shorter["first_chunk_frames"] = max(shorter["first_chunk_frames"], 4)
     worse = streamed_vs_one_shot_snr(
-        lambda m: engine.backend.vocode(m, {}),
+        lambda m: engine.model.vocoder.vocode(m, {}),
         standardised_mel(_held_out_speech()[0], stats),
         shorter,
         hop,

@@ -53,6 +53,22 @@ def _models(work: Path) -> dict[str, tuple[Path | None, dict]]:
         models[f"turbo-{kv}"] = (turbo, {"kv": kv})
         models[f"original-{kv}"] = (original, {"kv": kv})
         models[f"original-cfg-{kv}"] = (original, {"kv": kv, "cfg_weight": 0.5})
+    moss = work / "moss"
+    if not (moss / "MOSS-TTS-Nano-100M-ONNX").is_dir():
+        from dataclasses import replace
+
+        from export.moss_tts_nano import build, small
+
+        build(moss, replace(small(), greedy_frame=True))
+    moss_inplace = work / "moss-inplace"
+    if not moss_inplace.is_dir():
+        from onnx_tts.tools.convert.inplace_kv import convert_moss_inplace_kv
+
+        convert_moss_inplace_kv(moss, moss_inplace, check=False)
+    for kv in ("chain", "copy"):
+        models[f"moss-{kv}"] = (moss, {"kv": kv, "max_new_frames": 24})
+        models[f"moss-full-{kv}"] = (moss, {"kv": kv, "max_new_frames": 24, "sample_mode": "full"})
+    models["moss-inplace"] = (moss_inplace, {"kv": "inplace", "max_new_frames": 24})
     models["turbo-inplace"] = (converted, {"kv": "inplace"})
     models["original-inplace"] = (original_inplace, {"kv": "inplace"})
     models["original-cfg-inplace"] = (original_inplace, {"kv": "inplace", "cfg_weight": 0.5})
@@ -72,12 +88,28 @@ def _record_model(name: str, model_dir, options: dict, voice_wav: Path, out: dic
 
     # Turbo exports carry no default voice: every request of theirs is cloned.
     voice = str(voice_wav) if name.startswith("turbo") else None
+    if name.startswith("moss"):
+        voice_wav = voice_wav.with_name("voice48k.wav")
     solo = onnx_tts.load(model_dir, cache_dir=None, max_batch=1, threads=1, **options)
     for i, text in enumerate(TEXTS):
         run(f"solo/{i}", lambda t=text, i=i: solo.synthesize(t, voice=voice, seed=i + 1).samples)
     run("clone", lambda: solo.synthesize(TEXTS[1], voice=str(voice_wav), seed=7).samples)
     run("greedy", lambda: solo.synthesize(TEXTS[0], voice=voice, temperature=0.0).samples)
     run("stream", lambda: np.concatenate(list(solo.stream(TEXTS[1], voice=voice, seed=3))))
+    if name.startswith("moss"):  # several text chunks (the family's token budget per chunk)
+        few = {"voice_clone_max_text_tokens": 6}
+        for seed in (1, 5):
+            run(f"chunks/{seed}", lambda s=seed: solo.synthesize(TEXTS[1], seed=s, **few).samples)
+            run(
+                f"chunks/stream/{seed}",
+                lambda s=seed: np.concatenate(list(solo.stream(TEXTS[1], seed=s, **few))),
+            )
+            run(
+                f"chunks/clone/{seed}",
+                lambda s=seed: (
+                    solo.synthesize(TEXTS[1], voice=str(voice_wav), seed=s, **few).samples
+                ),
+            )
     solo.close()
     batched = onnx_tts.load(model_dir, cache_dir=None, max_batch=4, threads=1, **options)
 
@@ -89,6 +121,15 @@ def _record_model(name: str, model_dir, options: dict, voice_wav: Path, out: dic
             return np.concatenate([a.samples for a in audios])
 
     run("batched", together)
+    if name.startswith("moss"):  # seeds for which the random stand-in speaks every request
+
+        def speaking() -> np.ndarray:
+            jobs = [(TEXTS[0], 1), (TEXTS[1], 1), (TEXTS[1], 5), (TEXTS[2], 1)]
+            with ThreadPoolExecutor(4) as pool:
+                audios = pool.map(lambda job: batched.synthesize(job[0], seed=job[1]), jobs)
+                return np.concatenate([a.samples for a in audios])
+
+        run("batched/speaking", speaking)
     batched.close()
     cached = onnx_tts.load(
         model_dir, cache_dir=None, result_cache_bytes=16 << 20, threads=1, **options
@@ -111,6 +152,10 @@ def record(path: Path, work: Path) -> None:
     work.mkdir(parents=True, exist_ok=True)
     voice_wav = work / "voice.wav"
     soundfile.write(str(voice_wav), speechlike(3.0), 24000, subtype="FLOAT")
+    # MOSS-TTS-Nano's codec runs at 48 kHz: a reference at its own rate (no resampling).
+    soundfile.write(
+        str(work / "voice48k.wav"), speechlike(0.7, 48000, seed=3), 48000, subtype="FLOAT"
+    )
     out: dict[str, np.ndarray] = {}
     for name, (model_dir, options) in _models(work).items():
         print(f"recording {name}", file=sys.stderr)

@@ -1,7 +1,7 @@
 """Voice-prefix KV cache: prefill a voice's conditioning prefix once, start every request from it.
 
-Families whose LM input starts with positions that depend only on the voice (Chatterbox's
-`audio_features` before the text, codec-lm's speaker embedding and reference codes) say how
+Families whose LM input starts with positions that depend only on the voice (the reference's
+audio features, a speaker embedding and reference codes before the text) say how
 many in `Admission.prefix`. With a prefix cache, every such request prefills in two runs: the
 prefix (or, on a hit, its KV values copied into the request's cache or row instead), then the
 rest continuing after it. Both paths compute the rest from the same prefix values, so a hit's

@@ -8,9 +8,9 @@ LFU with aging: on the Zipf(1.1) workload of benchmarks/bench_cache.py it keeps 
 LRU when the budget is tight), disk and an optional Redis shared by several servers
 ("replicas").
 
-Values are format-independent: float32 mono PCM plus its sample rate (encoding to WAV, FLAC
-or OGG happens on the way out). A value read back must be 1-D float32 samples within
-+-MAX_SAMPLE_PEAK at the model's sample rate, at most MAX_RESULT_SECONDS long.
+Values are format-independent: float32 PCM plus its sample rate (encoding to WAV, FLAC or OGG
+happens on the way out). A value read back must be float32 samples of the model's channels
+within +-MAX_SAMPLE_PEAK at the model's sample rate, at most MAX_RESULT_SECONDS long.
 
 The key (:func:`result_key`) is a sha256 over the model's identity (:func:`model_identity`:
 family, graph hashes and load settings), the text as the model consumes it (the normalised
@@ -44,6 +44,7 @@ __all__ = [
     "MAX_SAMPLE_PEAK",
     "RESULT_MARKER_NAME",
     "ResultCache",
+    "directory_hashes",
     "model_identity",
     "replay_chunks",
     "request_digest",
@@ -68,18 +69,19 @@ _REQUEST_DOMAIN = b"onnx-tts/resultcache/request/v1\x00"
 MAX_ALIASES = 1 << 16
 
 
-def result_schema(sample_rate: int | None = None) -> Schema:
-    """A result: 1-D float32 samples within +-MAX_SAMPLE_PEAK and an int64 sample rate equal
-    to ``sample_rate`` (the model's; None: any rate in [1000, 384000] Hz)."""
+def result_schema(sample_rate: int | None = None, channels: int = 1) -> Schema:
+    """A result: float32 samples ([n] for mono, [n, channels] otherwise) within
+    +-MAX_SAMPLE_PEAK and an int64 sample rate equal to ``sample_rate`` (the model's; None:
+    any rate in [1000, 384000] Hz)."""
     low, high = (_MIN_RATE, _MAX_RATE) if sample_rate is None else (sample_rate, sample_rate)
     return Schema(
         arrays={
             "samples": ArraySpec(
                 ("float32",),
-                (None,),
+                (None,) if channels == 1 else (None, channels),
                 -MAX_SAMPLE_PEAK,
                 MAX_SAMPLE_PEAK,
-                max_size=MAX_RESULT_SECONDS * high,
+                max_size=MAX_RESULT_SECONDS * high * channels,
             ),
             "sample_rate": ArraySpec(("int64",), (), low, high),
         }
@@ -90,10 +92,10 @@ class ResultCache(TypedCache):
     """Memory / disk / Redis cache of synthesised audio (see the module docstring).
 
     Arguments: those of :class:`onnx_tts.cache.typed.TypedCache` (memory 64 MiB by default;
-    default directory ``~/.cache/onnx-tts/resultcache``), plus ``sample_rate``: the model's,
-    which every value read back must have (None: any plausible rate, for maintenance tools).
-    Values are ``{"samples": float32 [n], "sample_rate": int64 []}``; use :meth:`get_audio` /
-    :meth:`put_audio`.
+    default directory ``~/.cache/onnx-tts/resultcache``), plus ``sample_rate`` and
+    ``channels``: the model's, which every value read back must have (sample_rate None: any
+    plausible rate, for maintenance tools). Values are ``{"samples": float32 [n] or [n,
+    channels], "sample_rate": int64 []}``; use :meth:`get_audio` / :meth:`put_audio`.
     """
 
     label = "result cache"
@@ -107,9 +109,10 @@ class ResultCache(TypedCache):
         memory_bytes: int = DEFAULT_RESULT_MEMORY_BYTES,
         *args: Any,
         sample_rate: int | None = None,
+        channels: int = 1,
         **kwargs: Any,
     ) -> None:
-        kwargs.setdefault("schema", result_schema(sample_rate))
+        kwargs.setdefault("schema", result_schema(sample_rate, channels))
         super().__init__(memory_bytes, *args, **kwargs)
         self.sample_rate = sample_rate
         # A hit must cost far less than text processing, so a request seen before is mapped
@@ -175,30 +178,32 @@ class ResultCache(TypedCache):
         )
 
 
-def model_identity(backend: Any) -> str:
-    """A stable fingerprint of a loaded model: its family, the sha256 of each graph (from the
-    bundle manifest when there is one, else hashed here once) and its load settings
-    (``info()``: KV mode, precision, ...), so two processes loading the same files with the
-    same settings agree, and any change of graph or setting gives another identity."""
-    info = dict(backend.info())
+def model_identity(model: Any) -> str:
+    """A stable fingerprint of a loaded model (a family's `Model`): its family, the sha256 of
+    each of its files (`model.file_hashes()`) and its load settings (``info()``: KV mode,
+    precision, ...), so two processes loading the same files with the same settings agree,
+    and any change of graph or setting gives another identity."""
+    info = dict(model.info())
     info.pop("batching", None)  # how requests are grouped, not what they sound like
-    bundle = getattr(backend, "bundle", None)
-    hashes = dict(getattr(bundle, "manifest", {}).get("sha256", {}) or {}) if bundle else {}
-    root = info.get("path")
-    if not hashes and root and Path(root).is_dir():
-        hashes = {
-            str(path.relative_to(root)): file_sha256(path)
-            for path in sorted(Path(root).rglob("*"))
-            if path.is_file() and path.suffix in (".onnx", ".data", ".json", ".bin")
-        }
+    hashes = model.file_hashes()
     info.pop("path", None)  # the same files elsewhere are the same model
     text = json.dumps(
-        {"family": backend.family, "graphs": hashes, "info": info},
+        {"family": model.family, "graphs": hashes, "info": info},
         sort_keys=True,
         default=str,
         separators=(",", ":"),
     )
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def directory_hashes(root: str | Path) -> dict[str, str]:
+    """sha256 of every model file (.onnx .data .json .bin) under `root`, by relative path."""
+    root = Path(root)
+    return {
+        str(path.relative_to(root)): file_sha256(path)
+        for path in sorted(root.rglob("*"))
+        if path.is_file() and path.suffix in (".onnx", ".data", ".json", ".bin")
+    }
 
 
 def request_digest(

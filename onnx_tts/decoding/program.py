@@ -22,7 +22,7 @@ import numpy as np
 from onnx_tts.session import Session
 
 if TYPE_CHECKING:
-    from onnx_tts.request import Request
+    from onnx_tts.decoding.request import Request
 
 LOGITS = "logits"
 INPUTS_EMBEDS = "inputs_embeds"
@@ -56,7 +56,7 @@ class DecodeProgram(ABC):
 
     lm: Session
     # A separate graph that runs the prompt (with the LM's present outputs and no pasts, e.g.
-    # MOSS-TTS-Nano's prefill beside its decode_step); None: the LM itself prefills.
+    # prefill graph beside a step graph); None: the LM itself prefills.
     prefill_lm: Session | None = None
     lm_rows: int = 1  # LM rows per request (2 for classifier-free guidance)
     input_name: str = INPUTS_EMBEDS  # the LM input a step feeds (besides KV and lengths)
@@ -86,7 +86,7 @@ def length_feeds(
     """Inputs beside the KV cache and the main input that LM graphs derive from how many
     tokens each row holds (`lengths`, before this step's `new` tokens): a right-padded
     `attention_mask` (`width` columns, default the longest total), `position_ids`, and
-    `past_valid_lengths` (the cached tokens per row, as MOSS-TTS-Nano's step graph takes them).
+    `past_valid_lengths` (the cached tokens per row, as some step graphs take them).
     Dtypes follow the graph's declared inputs."""
     lengths = np.asarray(lengths, np.int64)
     feeds: dict[str, np.ndarray] = {}

@@ -1,12 +1,12 @@
 """The one decode loop: every request, alone or among others, is a row of one scheduler.
 
-Requests (from any thread) wait in a bounded queue and are admitted, most urgent first
-(`Request.urgency()`: priority, then the earliest due time: a stream whose player would run
-dry, a first-audio deadline, or a no-deadline request's arrival plus slack), into free rows.
-A worker thread prefills the admitted requests (their prompts at once on the prefill workers
-when the program has a prefill graph of its own) and then runs one decode step for every
-active row: rows kept in the shared in-place slot buffer in one LM run, rows with a cache of
-their own one run each (`kv_rows.py`), then the family's program consumes all rows'
+Requests (from any thread) wait in a bounded queue. Each round the scheduling policy
+(`policy.py`; by default most urgent first: priority, then the earliest due time) decides, as
+plain data, which waiting requests enter which free rows and which rows step (`DecodePlan`);
+the worker then applies the plan: it prefills the admitted requests (their prompts at once on
+the prefill workers when the program has a prefill graph of its own) and runs one decode step
+of the chosen rows: rows kept in the shared in-place slot buffer in one LM run, rows with a
+cache of their own one run each (`kv_rows.py`), then the family's program consumes all rows'
 outputs at once. `max_batch=1` is a solo engine; a graph that cannot batch gets caches of its
 own inside the same loop; classifier-free guidance is two LM rows of one request.
 
@@ -37,9 +37,10 @@ from onnx_tts.cache.prefix import PrefixCache
 from onnx_tts.decoding.batch_probe import batch_invariance_problem
 from onnx_tts.decoding.kv_pool import KVPool
 from onnx_tts.decoding.kv_rows import DEFAULT_SLOT_BYTES, OwnCaches, RowHome, SlotRows, SlotRun
+from onnx_tts.decoding.policy import DecodePlan, DecodeView, SchedulingPolicy, make_policy
 from onnx_tts.decoding.program import Admission, DecodeProgram
+from onnx_tts.decoding.request import Handoff, Request
 from onnx_tts.errors import InputError, OnnxTTSError
-from onnx_tts.request import Handoff, Request
 
 log = logging.getLogger("onnx_tts.decoding")
 
@@ -47,11 +48,6 @@ MAX_BATCH_LIMIT = 256
 # Threads that run the prompts of requests admitted together (bound: far above the cores of
 # any machine this runs on).
 MAX_PREFILL_WORKERS = 64
-# Pacing (DecodeScheduler._paced): a row is urgent when its listener runs dry (or its first
-# audio is due) within this many seconds; rows with more audio buffered than AHEAD_SECONDS
-# then wait.
-URGENT_SECONDS = 0.5
-AHEAD_SECONDS = 1.0
 # Requests waiting for a row beyond this many are refused (QueueFull) instead of queued.
 DEFAULT_MAX_WAITING = 1024
 MAX_WAITING_LIMIT = 1 << 20
@@ -116,8 +112,10 @@ class DecodeScheduler:
         max_waiting: int = DEFAULT_MAX_WAITING,
         lookahead: bool = False,
         prefill_workers: int = 1,
+        policy: SchedulingPolicy | str | None = None,
     ) -> None:
         _check_count("max_batch", max_batch, MAX_BATCH_LIMIT)
+        self.policy = make_policy(policy)
         _check_count("prefill_workers", prefill_workers, MAX_PREFILL_WORKERS)
         self.program, self.pool, self.max_batch = program, pool, max_batch
         self.layout = pool.layout
@@ -248,13 +246,14 @@ class DecodeScheduler:
                         _tell(request.sink.end, closed)
                     self.waiting.clear()
                     return
-                admitted = self._take_waiting()
+                plan = self._plan()  # the policy decides, as plain data
+                admitted = self._take(plan)
             started = time.perf_counter()
             try:
                 if admitted:
                     self._prefill(admitted)
                 self._drop_cancelled()
-                rows = self._paced(self._active_rows())
+                rows = self._stepping(plan)
                 if rows.size:
                     self._step(rows)
                 if not self._active_rows().size:
@@ -277,34 +276,37 @@ class DecodeScheduler:
             np.int64,
         )
 
-    def _paced(self, rows: np.ndarray) -> np.ndarray:
-        """The rows of the next step. Work-conserving deadline pacing: while some row is
-        urgent (its listener runs dry, or its first audio is due, within URGENT_SECONDS),
-        rows whose listeners hold more than AHEAD_SECONDS of audio sit the step out, so the
-        cores go to the streams that would stall. Otherwise every row steps."""
-        if rows.size < 2:
-            return rows
-        now = time.monotonic()
-        slack = np.array([self.requests[row].due() - now for row in rows])  # type: ignore[union-attr]
-        if slack.min() >= URGENT_SECONDS:
-            return rows
-        keep = slack <= AHEAD_SECONDS
-        if not keep.all():
-            with self._cv:
-                self._stats["paced_rows"] += int((~keep).sum())
-        return rows[keep]
-
-    def _take_waiting(self) -> list[int]:
-        """Admit the most urgent waiting requests into the free rows, lowest row first."""
+    def _plan(self) -> DecodePlan:
+        """(under the lock) the policy's plan for this round: which waiting requests enter
+        which free rows, which rows step and which sit the step out."""
         self.waiting = [r for r in self.waiting if not self._cancelled(r)]
-        admitted = []
-        for row, active in enumerate(self.requests):
-            if active is None and self.waiting:
-                best = min(self.waiting, key=Request.urgency)
-                self.waiting.remove(best)
-                self.requests[row] = best
-                admitted.append(row)
-        return admitted
+        free = tuple(row for row, active in enumerate(self.requests) if active is None)
+        active = tuple(
+            (int(row), self.requests[row].urgency())  # type: ignore[union-attr]
+            for row in self._active_rows()
+        )
+        view = DecodeView(tuple(r.urgency() for r in self.waiting), free, active, time.monotonic())
+        return self.policy.schedule(view)
+
+    def _take(self, plan: DecodePlan) -> list[int]:
+        """(under the lock) apply the plan's admissions: its requests leave the queue for
+        their rows; returns those rows."""
+        for index, row in plan.admit:
+            self.requests[row] = self.waiting[index]
+        chosen = {index for index, _ in plan.admit}
+        self.waiting = [r for i, r in enumerate(self.waiting) if i not in chosen]
+        return [row for _, row in plan.admit]
+
+    def _stepping(self, plan: DecodePlan) -> np.ndarray:
+        """The rows of this step: the plan's, still decoding after prefill (a request may
+        have failed, finished or been cancelled since)."""
+        active = set(self._active_rows().tolist())
+        rows = np.array([row for row in plan.step if row in active], np.int64)
+        paced = sum(row in active for row in plan.sit_out)
+        if paced:
+            with self._cv:
+                self._stats["paced_rows"] += paced
+        return rows
 
     @staticmethod
     def _cancelled(request: Request) -> bool:

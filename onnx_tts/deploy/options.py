@@ -10,21 +10,10 @@ from __future__ import annotations
 from typing import Any
 
 from onnx_tts.config import RayConfig
-from onnx_tts.errors import InputError
 
 
 def autoscaling(config: RayConfig) -> bool:
     return config.min_replicas is not None or config.max_replicas is not None
-
-
-def check_ray(config: RayConfig) -> RayConfig:
-    """`config` (its fields already bounded) with the rules between fields checked."""
-    low, high = config.min_replicas, config.max_replicas
-    if (low is None) != (high is None):
-        raise InputError("--min-replicas and --max-replicas go together (autoscaling bounds)")
-    if low is not None and high is not None and low > high:
-        raise InputError(f"--min-replicas ({low}) must not exceed --max-replicas ({high})")
-    return config
 
 
 def deployment_options(
@@ -50,4 +39,4 @@ def deployment_options(
     return options
 
 
-__all__ = ["autoscaling", "check_ray", "deployment_options"]
+__all__ = ["autoscaling", "deployment_options"]

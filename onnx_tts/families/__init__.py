@@ -18,7 +18,7 @@ from typing import Any
 from onnx_tts.bundle import MANIFEST, Bundle
 from onnx_tts.errors import ModelError
 from onnx_tts.families import chatterbox, codec_lm, moss_tts_nano, phoneme_mel
-from onnx_tts.families.base import Backend, Detection, Family, LoadSettings, Option
+from onnx_tts.families.base import Detection, Family, LoadSettings, Model, Option
 
 FAMILIES: dict[str, Family] = {
     family.name: family
@@ -29,6 +29,8 @@ FAMILIES: dict[str, Family] = {
         moss_tts_nano.REGISTRY_ENTRY,
     )
 }
+# The family of bundle manifests written before "family" existed.
+FAMILY_OF_UNNAMED_BUNDLES = codec_lm.REGISTRY_ENTRY.name
 # Recognisers of model directories that carry no bundle.json, tried in order.
 LAYOUT_DETECTORS: tuple[Callable[[Path, Mapping[str, Any]], Detection | None], ...] = (
     moss_tts_nano.detect,
@@ -49,7 +51,7 @@ def detect(model_dir: Path | str, options: Mapping[str, Any] | None = None) -> D
         )
     if (root / MANIFEST).is_file():
         bundle = Bundle.read(root)
-        family = FAMILIES.get(bundle.family)
+        family = FAMILIES.get(bundle.family or FAMILY_OF_UNNAMED_BUNDLES)
         if family is None or family.manifest_sections is None:
             bundled = ", ".join(n for n, f in FAMILIES.items() if f.manifest_sections)
             raise ModelError(
@@ -74,9 +76,7 @@ def family_of(detection: Detection) -> Family:
     return FAMILIES[detection.family]
 
 
-def load_backend(
-    detection: Detection, settings: LoadSettings, options: Mapping[str, Any]
-) -> Backend:
+def load_model(detection: Detection, settings: LoadSettings, options: Mapping[str, Any]) -> Model:
     """Load what `detection` found; options the family does not take are an InputError
     naming the ones it does."""
     family = family_of(detection)
@@ -95,13 +95,13 @@ def all_options() -> dict[str, Option]:
 __all__ = [
     "FAMILIES",
     "LAYOUT_DETECTORS",
-    "Backend",
     "Detection",
     "Family",
     "LoadSettings",
+    "Model",
     "Option",
     "all_options",
     "detect",
     "family_of",
-    "load_backend",
+    "load_model",
 ]

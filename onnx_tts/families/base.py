@@ -1,23 +1,52 @@
-"""What a model family is to the engine: its registry entry (`Family`: detection, options,
-manifest sections, loader) and the `Backend` a loaded model provides."""
+"""The family contract: what a model family is to the engine.
+
+A family is a registry entry (`Family`: name, options, manifest sections, loader) whose loader
+returns a `Model` built from typed parts, each with one job:
+
+    Model
+      text     TextFrontend  normalise and chunk a text into what the LM generates one by one
+      voices   Voices        the default voice, builtin names, reading a reference file, and the
+                             reference encoder (canonical batch of 1, through the reference cache)
+      program  DecodeProgram prefill, what one step consumes and emits per row, stop rules
+      vocoder  Vocoder       frames -> samples, with its capabilities declared
+                             (`VocoderCapabilities`: rate, channels, hop, exact batching,
+                             a state per stream) and its pause rule between chunks
+      graphs   LoadedGraphs  sessions, the KV mode and the KV pool, built once by the shared
+                             loader (`families/loader.py`) for every family
+
+The engine, the CLI, the server and Wyoming use only these parts: nothing is probed, no family
+is named outside `families/`.
+"""
 
 from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+import os
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
 import numpy as np
 
-from onnx_tts.decoding import DecodeProgram, KVPool, SamplingOptions
+from onnx_tts.audio import load_audio
+from onnx_tts.cache.result import directory_hashes
+from onnx_tts.decoding import SAMPLING_KEYS, DecodeProgram, KVPool, SamplingOptions
 from onnx_tts.encoder import VoiceEncoder
-from onnx_tts.errors import InputError
-from onnx_tts.session import SessionOptions
+from onnx_tts.errors import AudioError, InputError
+from onnx_tts.families.loader import LoadedGraphs, LoadSettings, Stage
 
 Scope = Literal["load", "request", "both"]
+# How the chunks of one text are generated: "parallel" gives chunk i the seed + i and decodes
+# all chunks as rows at once; "sequential" decodes them one after another with one random
+# generator for the whole text (as a published runtime may do).
+ChunkOrder = Literal["parallel", "sequential"]
+# Pause between two chunks generated separately, unless the vocoder has its own rule.
+SENTENCE_PAUSE_SECONDS = 0.15
+# An encoded voice given as a dict: at most this many values per array.
+MAX_VOICE_VALUES = 1 << 24
 
 
 @dataclass(frozen=True)
@@ -78,58 +107,255 @@ class Detection:
     inspected: Any
 
 
-Stage = Literal["decode", "vocoder", "encoder"]
+# -- the parts ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class WordSpan:
+    """A word of a chunk as it is spoken. When the family's program aligns its frames to text
+    positions (it appends each frame's position to `Request.marks`), `first`/`last` are the
+    positions [first, last) the word covers and its timing is exact; otherwise `weight` (e.g.
+    its letters) shares out the chunk's duration and the timing is an estimate."""
+
+    text: str
+    first: int | None = None
+    last: int | None = None
+    weight: float = 1.0
+
+
+def spoken_words(text: str) -> list[WordSpan]:
+    """The words of `text` (punctuation around them dropped), weighted by their letters."""
+    words = (word.strip(".,;:!?\"'()[]{}") for word in text.split())
+    return [WordSpan(word, weight=max(1, len(word))) for word in words if word]
+
+
+class TextFrontend(ABC):
+    """A family's text: normalisation and the chunks its LM generates one by one."""
+
+    @abstractmethod
+    def chunks(self, text: str, options: Mapping[str, Any]) -> list[Any]:
+        """`text` (checked) as chunks, each one request of the scheduler; InputError when
+        nothing in it is speakable. `options`: the request's family options (checked)."""
+
+    def phoneme_chunks(self, ipa: str, text: str, options: Mapping[str, Any]) -> list[Any] | None:
+        """IPA phonemes to speak as given (`text`: what they stand for) as chunks, or None when
+        the model takes no phonemes (its words are then spoken from `text`)."""
+        return None
+
+    def describe(self, chunk: Any) -> str:
+        """A chunk as it reads (error messages quote it; captions show its words)."""
+        return chunk if isinstance(chunk, str) else ""
+
+    def words(self, chunk: Any) -> list[WordSpan]:
+        """The words of `chunk` for word timings: by default estimated from its text."""
+        return spoken_words(self.describe(chunk))
+
+
+class Voices:
+    """A family's voices: its default, builtin voices by name, how a reference file is read,
+    and the reference encoder. The engine resolves every voice through these (see
+    `pipeline/voices.py`): an encode goes through the canonical batch-of-1 reference cache.
+
+    `channels`: the channels a reference file is read with (1: mono samples [N]; 2: [2, N],
+    a mono file duplicated); `min_seconds` / `max_seconds`: the reference's bounds."""
+
+    def __init__(
+        self,
+        encoder: VoiceEncoder,
+        default: Callable[[], dict[str, np.ndarray]],
+        builtin: Mapping[str, Mapping[str, np.ndarray]] | None = None,
+        channels: int = 1,
+    ) -> None:
+        self.encoder = encoder
+        self._default = default
+        self.builtin = dict(builtin or {})
+        self.channels = channels
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Builtin voice names, in the model's order."""
+        return tuple(self.builtin)
+
+    def default(self) -> dict[str, np.ndarray]:
+        return self._default()
+
+    def read(self, path: str | os.PathLike[str]) -> np.ndarray:
+        """A reference file as the encoder takes it: mono samples [N] (or [channels, N]) at
+        the encoder's rate, cut to its longest reference; AudioError saying what is wrong."""
+        encoder = self.encoder
+        samples = load_audio(
+            path,
+            encoder.sample_rate,
+            min_seconds=encoder.min_seconds,
+            max_seconds=encoder.max_seconds,
+            channels=self.channels,
+        )
+        return samples if samples.ndim == 1 else np.ascontiguousarray(samples.T)
+
+    def check_encoded(self, voice: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        """An already-encoded voice (a dict `Engine.voice()` returned), checked: the encoder's
+        outputs, numeric, finite, bounded in size."""
+        expected = set(self.encoder.output_names)
+        missing = sorted(expected - set(voice))
+        if missing:
+            raise AudioError(
+                f"encoded voice lacks {', '.join(missing)} (this model's encoder gives "
+                f"{', '.join(sorted(expected))}); pass a file or samples, or a dict that "
+                "Engine.voice() returned for this model"
+            )
+        arrays: dict[str, np.ndarray] = {}
+        for name in sorted(expected):
+            try:
+                array = np.asarray(voice[name])
+            except (TypeError, ValueError):
+                array = np.asarray(None)
+            if array.dtype.kind not in "iuf" or array.size > MAX_VOICE_VALUES:
+                raise AudioError(f"encoded voice value {name!r} is not a numeric array")
+            if array.dtype.kind == "f" and not np.isfinite(array).all():
+                raise AudioError(f"encoded voice value {name!r} holds NaN or infinite numbers")
+            arrays[name] = array
+        return arrays
 
 
 @dataclass(frozen=True)
-class LoadSettings:
-    """Settings every family takes from `onnx_tts.load()`. `stage_threads` (when set) gives
-    each stage's sessions their intra-op threads, so the stages that run at once do not
-    oversubscribe the cores: `options_for(stage)`."""
+class VocoderCapabilities:
+    """What the engine may rely on from a family's vocoder.
 
-    kv: str | None = None
-    session_options: SessionOptions = field(default_factory=SessionOptions)
-    stage_threads: Mapping[str, int] | None = None
+    sample_rate, hop_length (samples per generated frame), channels (audio is [N] when 1,
+    [N, channels] otherwise); batches_exactly: `vocode_windows` decodes several streams'
+    windows in fewer runs and each comes out as it would alone; stateful_streams:
+    `open_stream()` gives a decoder with a state of its own per stream, fed new frames only
+    (no overlap, hold-back or crossfade needed)."""
 
-    def options_for(self, stage: Stage) -> SessionOptions:
-        """The session options of a graph of `stage` (decode: the LM and what each step
-        runs; vocoder; encoder: reference voices)."""
-        if self.stage_threads is None or stage not in self.stage_threads:
-            return self.session_options
-        return replace(self.session_options, intra_op_threads=self.stage_threads[stage])
-
-
-class Backend(Protocol):
-    """A loaded model, as the engine drives it."""
-
-    family: str
     sample_rate: int
-    hop_length: int  # samples per generated frame (streaming windows count frames)
-    kv_mode: str
-    streaming_defaults: Mapping[str, int]
-    encoder: VoiceEncoder
-    program: DecodeProgram
-    pool: KVPool
+    hop_length: int
+    channels: int = 1
+    batches_exactly: bool = False
+    stateful_streams: bool = False
 
-    def info(self) -> dict[str, Any]: ...
-    def default_voice(self) -> dict[str, np.ndarray]: ...
-    def sampling_defaults(self) -> SamplingOptions: ...
+
+class StreamDecoder(Protocol):
+    """A stateful streaming decoder of one stream (`Vocoder.open_stream`)."""
+
+    def push(self, frames: np.ndarray) -> np.ndarray: ...
+    def close(self) -> None: ...
+
+
+class Vocoder(ABC):
+    """Frames -> samples, with declared capabilities (`VocoderCapabilities`)."""
+
+    capabilities: VocoderCapabilities
+
+    @abstractmethod
+    def vocode(self, frames: np.ndarray, voice: Mapping[str, np.ndarray]) -> np.ndarray:
+        """All frames of one chunk [F, ...] -> samples ([N] or [N, channels] float32)."""
+
+    def vocode_windows(
+        self, windows: Sequence[np.ndarray], voices: Sequence[Mapping[str, np.ndarray]]
+    ) -> list[np.ndarray]:
+        """Several streams' windows, each decoded as `vocode` would (a vocoder whose
+        capabilities say `batches_exactly` does it in fewer runs)."""
+        return [self.vocode(window, voice) for window, voice in zip(windows, voices, strict=True)]
+
+    def open_stream(self) -> StreamDecoder:
+        """A decoder with its own state for one stream (only when `stateful_streams`)."""
+        raise NotImplementedError(f"{type(self).__name__} has no stateful streaming decoder")
+
+    def pause_seconds(self, chunk: Any) -> float:
+        """Silence after `chunk` when another chunk follows (the family's pause rule)."""
+        return SENTENCE_PAUSE_SECONDS
+
+
+class Model:
+    """A loaded family: its typed parts (module docstring) plus what is the family's own to
+    say about requests: sampling defaults, request options, and a description (`info`).
+
+    Subclasses pass every part to `__init__` and override `sampling_defaults`,
+    `request_options` and `info` where the family has more to say. `sampling_keys`: the
+    generic sampling options (temperature, top_k, top_p, repetition_penalty) the family's
+    program honours; a family that samples with options of its own takes none of them, and a
+    request that gives one is refused rather than silently ignored."""
+
+    sampling_keys: tuple[str, ...] = SAMPLING_KEYS
+
+    def __init__(
+        self,
+        *,
+        family: str,
+        text: TextFrontend,
+        voices: Voices,
+        program: DecodeProgram,
+        vocoder: Vocoder,
+        graphs: LoadedGraphs,
+        streaming_defaults: Mapping[str, int],
+    ) -> None:
+        self.family = family
+        self.text = text
+        self.voices = voices
+        self.program = program
+        self.vocoder = vocoder
+        self.graphs = graphs
+        self.streaming_defaults = dict(streaming_defaults)
+        self._file_hashes: dict[str, str] | None = None
+
+    # -- what the parts say ----------------------------------------------------------------
+    @property
+    def capabilities(self) -> VocoderCapabilities:
+        return self.vocoder.capabilities
+
+    @property
+    def sample_rate(self) -> int:
+        return self.vocoder.capabilities.sample_rate
+
+    @property
+    def hop_length(self) -> int:
+        return self.vocoder.capabilities.hop_length
+
+    @property
+    def channels(self) -> int:
+        return self.vocoder.capabilities.channels
+
+    @property
+    def kv_mode(self) -> str:
+        return self.graphs.kv_mode
+
+    @property
+    def pool(self) -> KVPool:
+        return self.graphs.pool
+
+    @property
+    def encoder(self) -> VoiceEncoder:
+        return self.voices.encoder
+
+    # -- the family's own ------------------------------------------------------------------
+    def sampling_defaults(self) -> SamplingOptions:
+        return SamplingOptions().checked()
+
     def request_options(self, options: Mapping[str, Any]) -> dict[str, Any]:
-        """Per-request family options, checked, with the model's defaults filled in."""
-        ...
+        """Per-request family options (already checked against the option table), with the
+        model's defaults filled in; options this returned come back unchanged."""
+        return dict(options)
 
-    def text_chunks(self, text: str, options: Mapping[str, Any]) -> list[Any]: ...
-    def vocode(self, frames: np.ndarray, voice: Mapping[str, np.ndarray]) -> np.ndarray: ...
+    def chunk_order(self, options: Mapping[str, Any]) -> ChunkOrder:
+        """How the chunks of one request (its checked `options`) are generated: "parallel"
+        (chunk i seeded with seed + i, all chunks decoding as rows at once) or "sequential"
+        (one after another, drawing from one generator seeded with the text's seed)."""
+        return "parallel"
 
-    # Optional: `vocode_windows(windows, voices) -> list[np.ndarray]`, several streams' windows
-    # in fewer runs, equal to vocoding each alone (the vocoder stage batches with it).
-    # Optional: `open_stream() -> decoder` (`push(frames) -> samples`, `close()`), a streaming
-    # decoder with its own state, one per stream (fed new frames only); `channels` (audio is
-    # [N, channels] when > 1); `pause_seconds(chunk)`, the silence after a chunk; `voice(voice,
-    # cache)`, the family's own voice resolution (builtin names, multichannel references).
+    def info(self) -> dict[str, Any]:
+        return {"family": self.family, "sample_rate": self.sample_rate, "kv_mode": self.kv_mode}
+
+    def file_hashes(self) -> dict[str, str]:
+        """sha256 of the model's files by relative path (part of the result cache's model
+        identity): by default every model file under `info()["path"]`, hashed once."""
+        if self._file_hashes is None:
+            root = self.info().get("path")
+            self._file_hashes = directory_hashes(root) if root and Path(root).is_dir() else {}
+        return self._file_hashes
+
+    def close(self) -> None:
+        """Free what the model holds beyond its sessions (nothing by default)."""
 
 
-Loader = Callable[[Detection, LoadSettings, Mapping[str, Any]], Backend]
+Loader = Callable[[Detection, LoadSettings, Mapping[str, Any]], Model]
 
 
 @dataclass(frozen=True)
@@ -168,10 +394,21 @@ class Family:
 
 
 __all__ = [
-    "Backend",
+    "MAX_VOICE_VALUES",
+    "SENTENCE_PAUSE_SECONDS",
+    "ChunkOrder",
     "Detection",
     "Family",
     "LoadSettings",
     "Loader",
+    "Model",
     "Option",
+    "Stage",
+    "StreamDecoder",
+    "TextFrontend",
+    "Vocoder",
+    "VocoderCapabilities",
+    "Voices",
+    "WordSpan",
+    "spoken_words",
 ]

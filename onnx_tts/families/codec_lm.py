@@ -17,19 +17,28 @@ from onnx_tts.decoding import (
     Admission,
     CapacityPolicy,
     DecodeProgram,
-    KVPool,
     RowSampler,
     SamplingOptions,
     StepOutput,
-    resolve_kv_mode,
 )
+from onnx_tts.decoding.request import Request
 from onnx_tts.encoder import VoiceEncoder
 from onnx_tts.errors import AudioError, InputError, ModelError
-from onnx_tts.families.base import Detection, Family, LoadSettings, Option
+from onnx_tts.families.base import (
+    Detection,
+    Family,
+    LoadSettings,
+    Model,
+    Option,
+    TextFrontend,
+    Vocoder,
+    VocoderCapabilities,
+    Voices,
+)
+from onnx_tts.families.loader import Graph, GraphSet, load_graphs
 from onnx_tts.frontend import TextTokenizer, normalize_text, split_sentences
-from onnx_tts.graph_io import check_graph_io, kv_layout
-from onnx_tts.request import Request
-from onnx_tts.session import Session, describe_graphs
+from onnx_tts.graph_io import check_graph_io
+from onnx_tts.session import Session
 from onnx_tts.vocoder import decode_in_batches
 
 FAMILY = "codec-lm"
@@ -38,8 +47,9 @@ GRAPH_ROLES = ("encoder", "embed", "vocoder")
 LM_GRAPHS = ("lm", "lm_concat")  # the GQA graph, and the same weights with a Concat cache
 
 
-class CodecVocoder:
-    """Runs a `codes` [B, F, K] -> `waveform` [B, F * hop] graph."""
+class CodecVocoder(Vocoder):
+    """Runs a `codes` [B, F, K] -> `waveform` [B, F * hop] graph; it does not depend on the
+    voice, so several streams' windows batch exactly (`decode_windows`)."""
 
     def __init__(
         self,
@@ -47,6 +57,7 @@ class CodecVocoder:
         hop_length: int,
         codebooks: int,
         codebook_size: int,
+        sample_rate: int,
         lookahead_frames: int | None = None,
     ):
         self.session = session
@@ -56,6 +67,15 @@ class CodecVocoder:
         # None = unknown. Only a vocoder known to be causal (0) may have windows right-padded
         # into one batch: padding after a window cannot change a causal vocoder's output.
         self.lookahead_frames = lookahead_frames
+        self.capabilities = VocoderCapabilities(sample_rate, hop_length, batches_exactly=True)
+
+    def vocode(self, frames: np.ndarray, voice: Mapping[str, np.ndarray]) -> np.ndarray:
+        return self.decode(frames)
+
+    def vocode_windows(
+        self, windows: Sequence[np.ndarray], voices: Sequence[Mapping[str, np.ndarray]]
+    ) -> list[np.ndarray]:
+        return self.decode_windows(windows)
 
     def decode(self, codes: np.ndarray) -> np.ndarray:
         """[F, K] -> [F * hop] or [B, F, K] -> [B, F * hop] float32 samples."""
@@ -160,8 +180,8 @@ class CodecLMProgram(DecodeProgram):
     (delay pattern: forced pads, EOS on codebook 0 ends the sequence), penalises repeats per
     codebook, and feeds the row back through the embed graph."""
 
-    def __init__(self, model: CodecLMModel, lm: Session) -> None:
-        self.model, self.lm, self.embed = model, lm, model.sessions["embed"]
+    def __init__(self, model: CodecLMModel, lm: Session, embed: Session) -> None:
+        self.model, self.lm, self.embed = model, lm, embed
         self.codebooks, self.codebook_size = model.codebooks, model.codebook_size
         self.pad_id, self.bos_id, self.eos_id = model.pad_id, model.bos_id, model.eos_id
         self.vocab = self.codebook_size + 3
@@ -188,7 +208,7 @@ class CodecLMProgram(DecodeProgram):
         )
 
     def admit(self, state: _CodecState, row: int, request: Request) -> Admission:
-        text_ids: list[int] = request.chunk
+        text_ids = list(request.chunk.ids)
         voice = self.model.prompt(request.voice)
         codes = voice["codes"]
         bos = np.full((1, self.codebooks), self.bos_id, dtype=np.int64)
@@ -241,10 +261,57 @@ class CodecLMProgram(DecodeProgram):
         )
 
 
-class CodecLMModel:
-    """Backend for a "codec-lm" bundle (see docs/ARCHITECTURE.md)."""
+@dataclass(frozen=True)
+class TokenChunk:
+    """A piece of text as the LM reads it: its token ids and the text they spell."""
 
-    family = FAMILY
+    ids: tuple[int, ...]
+    text: str
+
+
+class CodecLMText(TextFrontend):
+    """Normalised English split at sentences, tokenized, each chunk small enough for the KV
+    capacity a request may use."""
+
+    def __init__(self, model: CodecLMModel, tokenizer: TextTokenizer, max_chunk_chars: int):
+        self.model, self.tokenizer, self.max_chunk_chars = model, tokenizer, max_chunk_chars
+
+    def chunks(self, text: str, options: Mapping[str, Any]) -> list[TokenChunk]:
+        normalized = normalize_text(text)
+        chunks = [
+            chunk
+            for sentence in split_sentences(normalized, self.max_chunk_chars)
+            for chunk in self._fitted(sentence)
+        ]
+        chunks = [c for c in chunks if c.ids]
+        if not chunks:
+            raise InputError("text has nothing speakable after normalisation")
+        return chunks
+
+    def describe(self, chunk: Any) -> str:
+        return chunk.text if isinstance(chunk, TokenChunk) else ""
+
+    def _fitted(self, text: str) -> list[TokenChunk]:
+        """Token chunks of `text`, each small enough for the KV capacity: a chunk that is too
+        long is split again at commas or spaces, and a single word that is still too long
+        (e.g. 2,000 letters) at token boundaries, so a valid text is never refused."""
+        tokens = self.tokenizer.encode(text)
+        budget = self.model.max_chunk_tokens
+        if len(tokens) <= budget:
+            return [TokenChunk(tuple(tokens), text)]
+        pieces = split_sentences(text, max(1, len(text) * budget // len(tokens)))
+        if len(pieces) > 1:
+            return [chunk for piece in pieces for chunk in self._fitted(piece)]
+        parts = [tokens[start : start + budget] for start in range(0, len(tokens), budget)]
+        # One word cut at token boundaries: each part stands for its share of the letters.
+        step = max(1, -(-len(text) // len(parts)))
+        return [
+            TokenChunk(tuple(part), text[i * step : (i + 1) * step]) for i, part in enumerate(parts)
+        ]
+
+
+class CodecLMModel(Model):
+    """A "codec-lm" bundle (see docs/ARCHITECTURE.md) as the family contract's parts."""
 
     def __init__(self, bundle: Bundle, settings: LoadSettings, lm_graph: str = "lm") -> None:
         if lm_graph not in LM_GRAPHS:
@@ -255,47 +322,54 @@ class CodecLMModel:
         self.pad_id = bundle.value("codec", "pad_id", int, 0, 1 << 21)
         self.bos_id = bundle.value("codec", "bos_id", int, 0, 1 << 21)
         self.eos_id = bundle.value("codec", "eos_id", int, 0, 1 << 21)
-        self.hop_length = bundle.value("codec", "hop_length", int, 1, 1 << 16)
-        self.sample_rate = bundle.sample_rate
+        hop_length = bundle.value("codec", "hop_length", int, 1, 1 << 16)
         self.sampling = dict(bundle.section("sampling"))
-        self.streaming_defaults = dict(bundle.section("streaming"))
         self.prompt_frames = bundle.value("encoder", "prompt_frames", int, 0, 1 << 16, 150)
-        self.max_chunk_chars = bundle.value("text", "max_tokens_per_chunk", int, 1, 1 << 16, 200)
+        max_chars = bundle.value("text", "max_tokens_per_chunk", int, 1, 1 << 16, 200)
 
+        capacity = bundle.kv_capacity(2048)
+        limit = bundle.value("lm", "max_positions", int, 1, 1 << 22, capacity)
         stages = {"encoder": "encoder", "vocoder": "vocoder"}  # the rest runs every step
-        self.sessions = {
-            role: Session(bundle.graph_path(role), settings.options_for(stages.get(role, "decode")))
-            for role in (*GRAPH_ROLES, lm_graph)
-        }
-        lm = self.sessions[lm_graph]
-        self.layout = kv_layout(lm.spec)
-        default_mode = bundle.value("kv", "default_mode", str, default=None)
-        self.kv_mode = resolve_kv_mode(
-            settings.kv, self.layout, default_mode if self.layout.in_place else None
+        graphs = load_graphs(
+            GraphSet(
+                {
+                    role: Graph(bundle.graph_path(role), stages.get(role, "decode"))
+                    for role in (*GRAPH_ROLES, lm_graph)
+                },
+                lm=lm_graph,
+                capacity=CapacityPolicy(capacity, limit),
+                default_kv=bundle.value("kv", "default_mode", str, default=None),
+            ),
+            settings,
         )
-        self._validate(lm_graph)
-        self.tokenizer = TextTokenizer(bundle.path("text", "tokenizer"))
-        self.encoder = VoiceEncoder(
-            self.sessions["encoder"],
+        self._validate(graphs, lm_graph)
+        self.speaker_dim = int(graphs["embed"].input("speaker_embedding").shape[-1])  # type: ignore[union-attr]
+        encoder = VoiceEncoder(
+            graphs["encoder"],
             bundle_identity=f"{bundle.name}@{bundle.identity}",
-            sample_rate=self.sample_rate,
+            sample_rate=bundle.sample_rate,
             settings=dict(bundle.manifest.get("encoder", {})),
             graph_sha256=bundle.file_sha256(bundle.section("graphs")["encoder"]),
             graph_path=bundle.graph_path("encoder"),
-            hop_length=self.hop_length,
+            hop_length=hop_length,
         )
-        self.vocoder = CodecVocoder(
-            self.sessions["vocoder"],
-            self.hop_length,
+        vocoder = CodecVocoder(
+            graphs["vocoder"],
+            hop_length,
             self.codebooks,
             self.codebook_size,
+            bundle.sample_rate,
             lookahead_frames=bundle.value("vocoder", "lookahead_frames", int, 0, 1 << 10, 0),
         )
-        self.speaker_dim = int(self.sessions["embed"].input("speaker_embedding").shape[-1])
-        capacity = bundle.kv_capacity(2048)
-        limit = bundle.value("lm", "max_positions", int, 1, 1 << 22, capacity)
-        self.pool = KVPool(lm, self.layout, self.kv_mode, CapacityPolicy(capacity, limit))
-        self.program = CodecLMProgram(self, lm)
+        super().__init__(
+            family=FAMILY,
+            text=CodecLMText(self, TextTokenizer(bundle.path("text", "tokenizer")), max_chars),
+            voices=Voices(encoder, self._empty_voice),
+            program=CodecLMProgram(self, graphs.lm, graphs["embed"]),
+            vocoder=vocoder,
+            graphs=graphs,
+            streaming_defaults=dict(bundle.section("streaming")),
+        )
         # Positions one request may use: the in-place buffer's fixed size, and always the
         # model's position limit.
         positions = min(capacity, limit) if self.kv_mode == "inplace" else limit
@@ -307,18 +381,18 @@ class CodecLMModel:
                 f"(needs at least {self._positions_needed(1)}); raise kv.capacity"
             )
 
-    def _validate(self, lm_graph: str) -> None:
-        bundle, sessions = self.bundle, self.sessions
+    def _validate(self, graphs: Any, lm_graph: str) -> None:
+        bundle = self.bundle
         k, vocab = self.codebooks, self.codebook_size + 3
         hidden = bundle.value("lm", "hidden_size", int, 1, 1 << 16)
         check_graph_io(
-            sessions["encoder"].spec,
+            graphs["encoder"].spec,
             "encoder",
             {"audio": ("float32", (None, None))},
             {"codes": ("int64", (None, None, k)), "speaker_embedding": ("float32", (None, None))},
         )
         check_graph_io(
-            sessions["embed"].spec,
+            graphs["embed"].spec,
             "embed",
             {
                 "text_ids": ("int64", (None, None)),
@@ -336,22 +410,25 @@ class CodecLMModel:
         past_specs, present_specs = bundle.kv_specs()
         lm_inputs.update(past_specs)
         lm_outputs.update(present_specs)
-        check_graph_io(sessions[lm_graph].spec, lm_graph, lm_inputs, lm_outputs)
+        check_graph_io(graphs[lm_graph].spec, lm_graph, lm_inputs, lm_outputs)
         check_graph_io(
-            sessions["vocoder"].spec,
+            graphs["vocoder"].spec,
             "vocoder",
             {"codes": ("int64", (None, None, k))},
             {"waveform": ("float32", (None, None))},
         )
         extra = (
-            set(sessions[lm_graph].input_names)
+            set(graphs[lm_graph].input_names)
             - set(lm_inputs)
             - {"seqlens_k", "total_sequence_length", "attention_mask", "position_ids"}
         )
         if extra:
             raise ModelError(f"{lm_graph} graph has inputs onnx-tts cannot fill: {sorted(extra)}")
 
-    # -- backend interface ---------------------------------------------------------------------
+    # -- the family's own ----------------------------------------------------------------------
+    def file_hashes(self) -> dict[str, str]:
+        return dict(self.bundle.manifest.get("sha256", {}) or {})
+
     def info(self) -> dict[str, Any]:
         return {
             "family": self.family,
@@ -362,10 +439,10 @@ class CodecLMModel:
             "kv": self.bundle.manifest["kv"],
             "codec": self.bundle.manifest["codec"],
             "streaming": self.streaming_defaults,
-            "graphs": describe_graphs(self.sessions),
+            "graphs": self.graphs.describe(),
         }
 
-    def default_voice(self) -> dict[str, np.ndarray]:
+    def _empty_voice(self) -> dict[str, np.ndarray]:
         """No reference: an empty prompt and a zero speaker embedding."""
         return {
             "codes": np.zeros((0, self.codebooks), np.int64),
@@ -379,21 +456,6 @@ class CodecLMModel:
             if key in self.sampling
         }
         return SamplingOptions(**defaults).checked()
-
-    def request_options(self, options: Mapping[str, Any]) -> dict[str, Any]:
-        return dict(options)
-
-    def text_chunks(self, text: str, options: Mapping[str, Any]) -> list[list[int]]:
-        normalized = normalize_text(text)
-        chunks = [
-            chunk
-            for sentence in split_sentences(normalized, self.max_chunk_chars)
-            for chunk in self._fitted(sentence)
-        ]
-        chunks = [c for c in chunks if c]
-        if not chunks:
-            raise InputError("text has nothing speakable after normalisation")
-        return chunks
 
     def _positions_needed(self, tokens: int) -> int:
         """KV positions of a chunk of `tokens` text tokens with the longest voice prompt:
@@ -410,19 +472,6 @@ class CodecLMModel:
         while tokens > 0 and self._positions_needed(tokens) > positions:
             tokens -= 1
         return tokens
-
-    def _fitted(self, text: str) -> list[list[int]]:
-        """Token chunks of `text`, each small enough for the KV capacity: a chunk that is too
-        long is split again at commas or spaces, and a single word that is still too long
-        (e.g. 2,000 letters) at token boundaries, so a valid text is never refused."""
-        tokens = self.tokenizer.encode(text)
-        budget = self.max_chunk_tokens
-        if len(tokens) <= budget:
-            return [tokens]
-        pieces = split_sentences(text, max(1, len(text) * budget // len(tokens)))
-        if len(pieces) > 1:
-            return [chunk for piece in pieces for chunk in self._fitted(piece)]
-        return [tokens[start : start + budget] for start in range(0, len(tokens), budget)]
 
     def frame_limits(self, tokens: int) -> tuple[int, int]:
         """(min, max) frames for a chunk of `tokens` text tokens."""
@@ -446,16 +495,6 @@ class CodecLMModel:
             )
         codes = codes.astype(np.int64).reshape(-1, self.codebooks)[: self.prompt_frames]
         return {"codes": codes, "speaker_embedding": speaker}
-
-    def vocode(self, frames: np.ndarray, voice: Mapping[str, np.ndarray]) -> np.ndarray:
-        return self.vocoder.decode(frames)
-
-    def vocode_windows(
-        self, windows: Sequence[np.ndarray], voices: Sequence[Mapping[str, np.ndarray]]
-    ) -> list[np.ndarray]:
-        """Several streams' windows in as few vocoder runs as exactness allows (the vocoder
-        does not depend on the voice)."""
-        return self.vocoder.decode_windows(windows)
 
 
 def load(detection: Detection, settings: LoadSettings, options: Mapping[str, Any]) -> CodecLMModel:

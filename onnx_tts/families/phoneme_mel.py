@@ -10,6 +10,7 @@ See export/voice/train.py for the model and docs/ARCHITECTURE.md for the graph c
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -21,19 +22,29 @@ from onnx_tts.decoding import (
     Admission,
     CapacityPolicy,
     DecodeProgram,
-    KVPool,
     RowSampler,
     SamplingOptions,
     StepOutput,
-    resolve_kv_mode,
 )
+from onnx_tts.decoding.request import Request
 from onnx_tts.encoder import VoiceEncoder
 from onnx_tts.errors import InputError, ModelError
-from onnx_tts.families.base import Detection, Family, LoadSettings
+from onnx_tts.families.base import (
+    Detection,
+    Family,
+    LoadSettings,
+    Model,
+    TextFrontend,
+    Vocoder,
+    VocoderCapabilities,
+    Voices,
+    WordSpan,
+    spoken_words,
+)
+from onnx_tts.families.loader import Graph, GraphSet, LoadedGraphs, load_graphs
 from onnx_tts.frontend import PhonemeTable, Phonemizer, normalize_text, split_sentences
-from onnx_tts.graph_io import check_graph_io, kv_layout
-from onnx_tts.request import Request
-from onnx_tts.session import Session, describe_graphs
+from onnx_tts.graph_io import check_graph_io
+from onnx_tts.session import Session
 from onnx_tts.vocoder import decode_in_batches
 
 FAMILY = "phoneme-mel"
@@ -87,6 +98,7 @@ class _PointerState:
     previous: np.ndarray  # [rows, reduction * n_mels] the last step's frames
     speaker: np.ndarray  # [rows, E]
     sampler: RowSampler
+    marks: list[list[int] | None]  # a row's request.marks: the pointer of each step, if asked
 
 
 class PhonemeMelProgram(DecodeProgram):
@@ -94,9 +106,9 @@ class PhonemeMelProgram(DecodeProgram):
     runs the LM, takes `reduction` mel frames and samples how far the pointer advances; a row
     ends when its pointer passes the last symbol."""
 
-    def __init__(self, model: PhonemeMelModel) -> None:
+    def __init__(self, model: PhonemeMelModel, lm: Session, embed: Session) -> None:
         self.model = model
-        self.lm, self.embed = model.sessions["lm"], model.sessions["embed"]
+        self.lm, self.embed = lm, embed
         self.width = model.frame_width
 
     def new_state(self, rows: int) -> _PointerState:
@@ -110,10 +122,12 @@ class PhonemeMelProgram(DecodeProgram):
             previous=np.zeros((rows, self.width), np.float32),
             speaker=np.zeros((rows, self.model.speaker_dim), np.float32),
             sampler=RowSampler(rows),
+            marks=[None] * rows,
         )
 
     def admit(self, state: _PointerState, row: int, request: Request) -> Admission:
-        ids = np.asarray(request.chunk, dtype=np.int64)
+        ids = np.asarray(request.chunk.ids, dtype=np.int64)
+        state.marks[row] = request.marks
         if len(ids) > state.ids.shape[1]:
             wider = np.zeros((len(state.ids), len(ids)), np.int64)
             wider[:, : state.ids.shape[1]] = state.ids
@@ -144,6 +158,10 @@ class PhonemeMelProgram(DecodeProgram):
 
     def consume(self, state: _PointerState, rows: np.ndarray, logits: np.ndarray) -> StepOutput:
         frames = np.array(logits[:, : self.width], np.float32)
+        for row in rows:  # the phoneme each step's frames voice
+            marks = state.marks[row]
+            if marks is not None:
+                marks.append(int(state.pointer[row]))
         advance = state.sampler.sample(rows, logits[:, self.width :])
         progress = state.progress[rows]
         advance = np.where((advance == 0) & (progress + 1 >= MAX_STEPS_ON_ONE_SYMBOL), 1, advance)
@@ -160,17 +178,108 @@ class PhonemeMelProgram(DecodeProgram):
         )
 
 
-class PhonemeMelModel:
-    """Backend for a "phoneme-mel" bundle."""
+@dataclass(frozen=True)
+class PhonemeChunk:
+    """A sentence as the LM walks it: [start] + phoneme ids + [end], and its words."""
 
-    family = FAMILY
+    ids: tuple[int, ...]
+    text: str
+
+
+class PhonemeText(TextFrontend):
+    """Normalised English, split at sentences, phonemized by espeak-ng: [start] + phoneme ids
+    + [end] per sentence. Phoneme input (SSML <phoneme>, [[ ]]) is taken as given. Word
+    timings are exact: the program marks which phoneme each step voices, and a sentence's
+    words are its space-separated phoneme groups."""
+
+    def __init__(
+        self, table: PhonemeTable, phonemizer: Phonemizer, start: list[int], end: list[int], chars
+    ) -> None:
+        self.table, self.phonemizer = table, phonemizer
+        self.start_id, self.end_id, self.max_chunk_chars = start, end, chars
+        self.space_ids = set(table.encode(" "))
+
+    def phoneme_ids(self, sentence: str) -> list[int]:
+        """[start] + phoneme ids of `sentence` + [end]; only the boundaries if nothing is
+        speakable."""
+        return self.start_id + self.table.encode(self.phonemizer.phonemize(sentence)) + self.end_id
+
+    def chunks(self, text: str, options: Mapping[str, Any]) -> list[PhonemeChunk]:
+        sentences = split_sentences(normalize_text(text), self.max_chunk_chars)
+        chunks = [PhonemeChunk(tuple(self.phoneme_ids(s)), s) for s in sentences]
+        chunks = [chunk for chunk in chunks if len(chunk.ids) > 2]
+        if not chunks:
+            raise InputError("text has nothing speakable after normalisation")
+        return chunks
+
+    def phoneme_chunks(self, ipa: str, text: str, options: Mapping[str, Any]) -> list[PhonemeChunk]:
+        symbols = self.table.encode(unicodedata.normalize("NFD", ipa))
+        if not symbols:
+            raise InputError(
+                f"phonemes {ipa!r} hold no symbol this model knows; use IPA as espeak-ng writes it"
+            )
+        return [PhonemeChunk(tuple(self.start_id + symbols + self.end_id), text or ipa)]
+
+    def describe(self, chunk: Any) -> str:
+        return chunk.text if isinstance(chunk, PhonemeChunk) else ""
+
+    def words(self, chunk: Any) -> list[WordSpan]:
+        """The sentence's words on its phoneme groups (positions in `ids`, so the program's
+        pointer marks time them); when espeak grouped them otherwise, estimated."""
+        words = spoken_words(chunk.text)
+        groups: list[tuple[int, int]] = []
+        start = None
+        for position, symbol in enumerate(chunk.ids[1:-1], 1):
+            if symbol in self.space_ids:
+                if start is not None:
+                    groups.append((start, position))
+                start = None
+            elif start is None:
+                start = position
+        if start is not None:
+            groups.append((start, len(chunk.ids) - 1))
+        if len(groups) != len(words):
+            return words
+        return [
+            WordSpan(word.text, first, last, word.weight)
+            for word, (first, last) in zip(words, groups, strict=True)
+        ]
+
+
+class MelVocoder(Vocoder):
+    """Standardised log-mel [F, reduction, n_mels] -> waveform (Griffin-Lim in ONNX). It does
+    not depend on the voice, and B windows of one length in one run give each window's own
+    bits (tests/test_vocoder_fft.py): it batches exactly, one run per window length (padding
+    would change a window's last samples)."""
+
+    def __init__(self, session: Session, sample_rate: int, hop_length: int, n_mels: int) -> None:
+        self.session, self.n_mels = session, n_mels
+        self.capabilities = VocoderCapabilities(sample_rate, hop_length, batches_exactly=True)
+
+    def vocode(self, frames: np.ndarray, voice: Mapping[str, np.ndarray]) -> np.ndarray:
+        mel = np.asarray(frames, np.float32).reshape(1, -1, self.n_mels)
+        if mel.shape[1] == 0:
+            return np.zeros(0, np.float32)
+        return self._vocode_batch(mel)[0]
+
+    def _vocode_batch(self, mel: np.ndarray) -> np.ndarray:
+        return self.session.run({"mel": mel}, ["waveform"])["waveform"]
+
+    def vocode_windows(
+        self, windows: Sequence[np.ndarray], voices: Sequence[Mapping[str, np.ndarray]]
+    ) -> list[np.ndarray]:
+        mels = [np.asarray(w, np.float32).reshape(-1, self.n_mels) for w in windows]
+        return decode_in_batches(mels, self._vocode_batch, self.capabilities.hop_length)
+
+
+class PhonemeMelModel(Model):
+    """A "phoneme-mel" bundle as the family contract's parts."""
 
     def __init__(self, bundle: Bundle, settings: LoadSettings) -> None:
         self.bundle = bundle
         manifest = bundle.manifest
         text = bundle.section("text")
-        self.sample_rate = bundle.sample_rate
-        self.hop_length = bundle.value("frames", "hop_length", int, 1, 1 << 16)
+        hop_length = bundle.value("frames", "hop_length", int, 1, 1 << 16)
         self.n_mels = bundle.value("frames", "n_mels", int, 1, 1024)
         self.reduction = bundle.value("frames", "reduction", int, 1, 64)
         self.frame_width = self.reduction * self.n_mels
@@ -184,9 +293,8 @@ class PhonemeMelModel:
         ):
             raise ModelError(f"{bundle.root}: text.context must be a list of small integers")
         self.context = np.asarray(context, dtype=np.int64)
-        self.max_chunk_chars = bundle.value("text", "max_chars_per_chunk", int, 1, 1 << 16, 200)
+        max_chunk_chars = bundle.value("text", "max_chars_per_chunk", int, 1, 1 << 16, 200)
         self.sampling = dict(manifest.get("sampling", {}))
-        self.streaming_defaults = dict(bundle.section("streaming"))
         self.max_steps_per_symbol = bundle.value(
             "pointer", "max_steps_per_symbol", int, 1, 1000, 12
         )
@@ -194,14 +302,14 @@ class PhonemeMelModel:
         symbols = text.get("phonemes")
         if not isinstance(symbols, list) or not all(isinstance(s, str) for s in symbols):
             raise ModelError(f"{bundle.root}: text.phonemes must be a list of symbols")
-        self.table = PhonemeTable(symbols)
-        self.start_id = self.table.encode(bundle.value("text", "start_symbol", str))
-        self.end_id = self.table.encode(bundle.value("text", "end_symbol", str))
-        if len(self.start_id) != 1 or len(self.end_id) != 1:
+        table = PhonemeTable(symbols)
+        start_id = table.encode(bundle.value("text", "start_symbol", str))
+        end_id = table.encode(bundle.value("text", "end_symbol", str))
+        if len(start_id) != 1 or len(end_id) != 1:
             raise ModelError(
                 f"{bundle.root}: start/end symbols are not in the bundle's phoneme table"
             )
-        self.phonemizer = Phonemizer(bundle.value("text", "language", str, default="en-us"))
+        phonemizer = Phonemizer(bundle.value("text", "language", str, default="en-us"))
         default = _speaker_vector(manifest.get("default_speaker_embedding"))
         if default is None:
             raise ModelError(
@@ -216,49 +324,60 @@ class PhonemeMelModel:
         step_options = (
             options if options.shared_thread_pool else replace(options, intra_op_threads=1)
         )
-        self.sessions = {
-            role: Session(
-                bundle.graph_path(role),
-                step_options
-                if role in ("embed", "lm")
-                else settings.options_for("encoder" if role == "encoder" else "vocoder"),
-            )
-            for role in GRAPH_ROLES
-        }
-        self.layout = kv_layout(self.sessions["lm"].spec)
-        default_mode = bundle.value("kv", "default_mode", str, default=None)
-        self.kv_mode = resolve_kv_mode(settings.kv, self.layout, default_mode)
+        stages = {"encoder": "encoder", "vocoder": "vocoder"}
+        capacity = bundle.kv_capacity(4096)
+        graphs = load_graphs(
+            GraphSet(
+                {
+                    role: Graph(
+                        bundle.graph_path(role),
+                        stages.get(role, "decode"),
+                        options=step_options if role in ("embed", "lm") else None,
+                    )
+                    for role in GRAPH_ROLES
+                },
+                lm="lm",
+                capacity=CapacityPolicy(
+                    capacity, bundle.value("lm", "max_positions", int, 1, 1 << 22, capacity)
+                ),
+                default_kv=bundle.value("kv", "default_mode", str, default=None),
+            ),
+            settings,
+        )
         self.speaker_dim = default.shape[0]
-        self._validate()
+        self._validate(graphs)
         self.default_speaker = default
-        self.encoder = VoiceEncoder(
-            self.sessions["encoder"],
+        encoder = VoiceEncoder(
+            graphs["encoder"],
             bundle_identity=f"{bundle.name}@{bundle.identity}",
-            sample_rate=self.sample_rate,
+            sample_rate=bundle.sample_rate,
             settings=dict(manifest.get("encoder", {})),
             graph_sha256=bundle.file_sha256(bundle.section("graphs")["encoder"]),
             graph_path=bundle.graph_path("encoder"),
-            hop_length=self.hop_length,
+            hop_length=hop_length,
             frame_outputs=(),
         )
-        capacity = bundle.kv_capacity(4096)
-        limit = bundle.value("lm", "max_positions", int, 1, 1 << 22, capacity)
-        self.pool = KVPool(
-            self.sessions["lm"], self.layout, self.kv_mode, CapacityPolicy(capacity, limit)
+        super().__init__(
+            family=FAMILY,
+            text=PhonemeText(table, phonemizer, start_id, end_id, max_chunk_chars),
+            voices=Voices(encoder, lambda: {"speaker_embedding": self.default_speaker}),
+            program=PhonemeMelProgram(self, graphs["lm"], graphs["embed"]),
+            vocoder=MelVocoder(graphs["vocoder"], bundle.sample_rate, hop_length, self.n_mels),
+            graphs=graphs,
+            streaming_defaults=dict(bundle.section("streaming")),
         )
-        self.program = PhonemeMelProgram(self)
 
-    def _validate(self) -> None:
+    def _validate(self, graphs: LoadedGraphs) -> None:
         bundle, speaker_dim = self.bundle, self.speaker_dim
         hidden = bundle.value("lm", "hidden_size", int, 1, 1 << 16)
         check_graph_io(
-            self.sessions["encoder"].spec,
+            graphs["encoder"].spec,
             "encoder",
             {"audio": ("float32", (None, None))},
             {"speaker_embedding": ("float32", (None, speaker_dim))},
         )
         check_graph_io(
-            self.sessions["embed"].spec,
+            graphs["embed"].spec,
             "embed",
             {
                 "previous_frames": ("float32", (None, None, self.frame_width)),
@@ -274,15 +393,18 @@ class PhonemeMelModel:
         past_specs, present_specs = bundle.kv_specs()
         lm_inputs.update(past_specs)
         lm_outputs.update(present_specs)
-        check_graph_io(self.sessions["lm"].spec, "lm", lm_inputs, lm_outputs)
+        check_graph_io(graphs["lm"].spec, "lm", lm_inputs, lm_outputs)
         check_graph_io(
-            self.sessions["vocoder"].spec,
+            graphs["vocoder"].spec,
             "vocoder",
             {"mel": ("float32", (None, None, self.n_mels))},
             {"waveform": ("float32", (None, None))},
         )
 
-    # -- backend interface ---------------------------------------------------------------------
+    # -- the family's own ----------------------------------------------------------------------
+    def file_hashes(self) -> dict[str, str]:
+        return dict(self.bundle.manifest.get("sha256", {}) or {})
+
     def info(self) -> dict[str, Any]:
         return {
             "family": self.family,
@@ -292,13 +414,10 @@ class PhonemeMelModel:
             "kv_mode": self.kv_mode,
             "kv": self.bundle.manifest["kv"],
             "frames": self.bundle.manifest["frames"],
-            "phonemes": len(self.table),
+            "phonemes": len(self.text.table),  # type: ignore[attr-defined]
             "streaming": self.streaming_defaults,
-            "graphs": describe_graphs(self.sessions),
+            "graphs": self.graphs.describe(),
         }
-
-    def default_voice(self) -> dict[str, np.ndarray]:
-        return {"speaker_embedding": self.default_speaker}
 
     def sampling_defaults(self) -> SamplingOptions:
         # Only the advance decision is sampled; greedy (temperature 0) unless asked otherwise.
@@ -306,39 +425,6 @@ class PhonemeMelModel:
         if "sampling" in self.bundle.manifest:
             temperature = self.bundle.value("sampling", "temperature", float, 0.0, 100.0, 0.0)
         return SamplingOptions(temperature=temperature).checked()
-
-    def request_options(self, options: Mapping[str, Any]) -> dict[str, Any]:
-        return dict(options)
-
-    def phoneme_ids(self, sentence: str) -> list[int]:
-        """[start] + phoneme ids of `sentence` + [end]; only the boundaries if nothing is
-        speakable."""
-        return self.start_id + self.table.encode(self.phonemizer.phonemize(sentence)) + self.end_id
-
-    def text_chunks(self, text: str, options: Mapping[str, Any]) -> list[list[int]]:
-        sentences = split_sentences(normalize_text(text), self.max_chunk_chars)
-        chunks = [ids for ids in map(self.phoneme_ids, sentences) if len(ids) > 2]
-        if not chunks:
-            raise InputError("text has nothing speakable after normalisation")
-        return chunks
-
-    def vocode(self, frames: np.ndarray, voice: Mapping[str, np.ndarray]) -> np.ndarray:
-        mel = np.asarray(frames, np.float32).reshape(1, -1, self.n_mels)
-        if mel.shape[1] == 0:
-            return np.zeros(0, np.float32)
-        return self._vocode_batch(mel)[0]
-
-    def _vocode_batch(self, mel: np.ndarray) -> np.ndarray:
-        return self.sessions["vocoder"].run({"mel": mel}, ["waveform"])["waveform"]
-
-    def vocode_windows(
-        self, windows: Sequence[np.ndarray], voices: Sequence[Mapping[str, np.ndarray]]
-    ) -> list[np.ndarray]:
-        """Several streams' mel windows, one vocoder run per window length: the vocoder does
-        not depend on the voice, and B windows of one length in one run give each window's own
-        bits (tests/test_vocoder_fft.py); padding would change a window's last samples."""
-        mels = [np.asarray(w, np.float32).reshape(-1, self.n_mels) for w in windows]
-        return decode_in_batches(mels, self._vocode_batch, self.hop_length)
 
 
 def load(

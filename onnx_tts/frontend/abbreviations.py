@@ -6,12 +6,13 @@ from __future__ import annotations
 import re
 from collections.abc import Collection
 
-from onnx_tts.frontend.numerals import _HOUR_RE, _TIME_RE, _rewrite, _time
+from onnx_tts.frontend.numerals import _HOUR_RE, _TIME_RE, _time
 from onnx_tts.frontend.sentences import (
     _CAPITAL_NEXT,
     _ends_sentence,
     _sentence_initial,
     _text_ends_at,
+    rewrite,
 )
 
 # Abbreviations written with a period -> words. Context decides St. (saint/street) and Dr.
@@ -48,6 +49,20 @@ _ABBREVIATIONS = {  # may end a sentence
     "blvd": "boulevard",
     "rd": "road",
 }
+# Degrees written with periods, spelled ("Ph.D." -> "P-H-D"); a period stays only where the
+# sentence ends too.
+_DEGREES = {
+    "ph.d.": "P-H-D",
+    "b.sc.": "B-S-C",
+    "m.sc.": "M-S-C",
+    "ed.d.": "E-D-D",
+    "ll.b.": "L-L-B",
+    "ll.m.": "L-L-M",
+    "d.phil.": "D-Phil",
+}
+_DEGREE_RE = re.compile(
+    r"(?<![\w.])(" + "|".join(re.escape(d) for d in _DEGREES) + r")(?!\w)", re.IGNORECASE
+)
 # Letter-dot abbreviations (U.S., e.g., p.m.) by their letters; the others are spelled as one
 # capitalised word ("U.S." -> "US", "D.C." -> "DC"), which espeak and BPE models spell out.
 _DOTTED_WORDS = {
@@ -59,6 +74,33 @@ _DOTTED_WORDS = {
 }
 # Capitalised words that open a sentence far more often than they follow an abbreviation
 _NUMBER_SIGN_RE = re.compile(r"(?:(?<![\w.])No\.|#)\s?(?=\d)")
+# Abbreviations that stand before a number ("Fig. 3", "p. 12", "Vol. 2"): the period never
+# ends the sentence there.
+_BEFORE_NUMBER = {
+    "nos": "numbers",
+    "fig": "figure",
+    "figs": "figures",
+    "vol": "volume",
+    "vols": "volumes",
+    "ch": "chapter",
+    "chap": "chapter",
+    "eq": "equation",
+    "eqs": "equations",
+    "sec": "section",
+    "art": "article",
+    "para": "paragraph",
+    "pt": "part",
+    "ex": "example",
+    "tab": "table",
+    "ref": "reference",
+    "p": "page",
+    "pp": "pages",
+}
+_BEFORE_NUMBER_RE = re.compile(
+    r"(?<![\w.])("
+    + "|".join(sorted({*_BEFORE_NUMBER, *map(str.capitalize, _BEFORE_NUMBER)}, key=len)[::-1])
+    + r")\.\s?(?=\d)"
+)
 # Abbreviations: letter-dot runs (U.S., e.g., p.m.), then words with a period (Dr., etc.),
 # then single capital initials before a name (John F. Kennedy).
 _DOTTED_ABBREVIATION_RE = re.compile(r"(?<![\w.])((?:[A-Za-z]\.){2,})")
@@ -125,11 +167,16 @@ def _initial(match: re.Match[str]) -> str:
 def expand_abbreviations(text: str) -> str:
     """Abbreviations to words, keeping a period only where the sentence also ends, so that
     split_sentences does not cut at "U.S." or "Dr." inside a sentence."""
-    text = _rewrite(_TIME_RE, _time, text)  # "3:30 p.m.": the meridiem's period is the time's
-    text = _rewrite(_HOUR_RE, _time, text)
+    text = rewrite(_TIME_RE, _time, text)  # "3:30 p.m.": the meridiem's period is the time's
+    text = rewrite(_HOUR_RE, _time, text)
     text = _NUMBER_SIGN_RE.sub("number ", text)
+    text = _BEFORE_NUMBER_RE.sub(lambda m: _BEFORE_NUMBER[m.group(1).lower()] + " ", text)
     text = _UNIT_PERIOD_RE.sub(
         lambda m: m.group(1) + ("." if _ends_sentence(m.string, m.end()) else ""), text
+    )
+    text = _DEGREE_RE.sub(
+        lambda m: _DEGREES[m.group(1).lower()] + ("." if _ends_sentence(m.string, m.end()) else ""),
+        text,
     )
     text = _DOTTED_ABBREVIATION_RE.sub(_dotted_abbreviation, text)
     text = _WORD_ABBREVIATION_RE.sub(_word_abbreviation, text)

@@ -13,7 +13,7 @@ from onnx_tts.errors import InputError, UnspeakableTextWarning
 MAX_TEXT_CHARS = 200_000
 # Characters the English frontend speaks; other letters (CJK, Arabic, Hebrew, ...) and emoji
 # would be read by espeak as "Chinese letter" or dropped by a tokenizer without a word.
-_SPEAKABLE_SYMBOLS = frozenset("$£€¥¢°%&+=@#*/\\<>|~^_`'\"()[]{}")
+_SPEAKABLE_SYMBOLS = frozenset("$£€¥¢°%&+=@#*/\\<>|~^_`'\"()[]{}×÷±≈≤≥≠′″")
 
 
 def _character_group(ch: str) -> str:

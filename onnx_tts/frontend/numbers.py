@@ -73,7 +73,7 @@ def year_to_words(year: int) -> str:
     return f"{number_to_words(head)} {tail_words}"
 
 
-def _integer_words(digits: str) -> str:
+def integer_words(digits: str) -> str:
     """An integer string as words; long runs and leading zeros are read digit by digit."""
     if len(digits) > MAX_CARDINAL_DIGITS or (len(digits) > 1 and digits.startswith("0")):
         return digits_to_words(digits)
@@ -83,7 +83,7 @@ def _integer_words(digits: str) -> str:
 def number_text_to_words(text: str) -> str:
     """A number as written ("1,234.5", "42", "007") to words."""
     whole, _, fraction = text.replace(",", "").partition(".")
-    words = _integer_words(whole)
+    words = integer_words(whole)
     if fraction:
         words += " point " + digits_to_words(fraction)
     return words

@@ -1,31 +1,35 @@
-"""Written numeric forms to English words: phone numbers, dates, money, times, scientific
-notation, versions, ordinals, decades, fractions and ratios, units, ranges, years, numbers."""
+"""Written numeric forms to English words: phone numbers, money, times, scientific notation,
+ordinals, decades, fractions and ratios, units, ranges, years, numbers (dates in `dates`,
+versions and dotted numbers in `versions`)."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 
+from onnx_tts.frontend.dates import expand_dates
 from onnx_tts.frontend.numbers import (
     _ONES,
-    _integer_words,
     digits_to_words,
+    integer_words,
     number_text_to_words,
     number_to_words,
     ordinal_to_words,
     year_to_words,
 )
-from onnx_tts.frontend.sentences import _LOWER_WORD_NEXT, _ends_sentence, _sentence_initial
+from onnx_tts.frontend.sentences import (
+    _LOWER_WORD_NEXT,
+    _ends_sentence,
+    _sentence_initial,
+    pad,
+    rewrite,
+)
+from onnx_tts.frontend.versions import expand_versions
 
 # The word before a 4-digit number that makes it a year ("in 1984") rather than a count.
 _YEAR_CUES = frozenset(
     """in since by from until till through to of year the around circa after before during
     early late mid spring summer autumn fall winter""".split()
 )
-_MONTHS = (
-    "January February March April May June July August September October November December"
-).split()
-_MONTH_ABBREVIATIONS = {m[:3].lower(): m for m in _MONTHS} | {"sept": "September"}
 # Denominators read as a fraction ("3/4" three quarters); others make a ratio ("24/7").
 _FRACTION_DENOMINATORS = frozenset({2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 16, 32, 64, 100})
 _DECADE_CUES = "the|early|mid|late|in|their|his|her|my|our|your|mid"
@@ -44,6 +48,18 @@ _CURRENCIES = {
     "£": ("pound", "pounds", "penny", "pence"),
     "€": ("euro", "euros", "cent", "cents"),
     "¥": ("yen", "yen", "sen", "sen"),
+}
+# Currency codes written before or after an amount ("5 USD", "EUR 10.50").
+_CURRENCY_CODES = {
+    "USD": ("US dollar", "US dollars", "cent", "cents"),
+    "EUR": ("euro", "euros", "cent", "cents"),
+    "GBP": ("pound", "pounds", "penny", "pence"),
+    "JPY": ("yen", "yen", "sen", "sen"),
+    "CAD": ("Canadian dollar", "Canadian dollars", "cent", "cents"),
+    "AUD": ("Australian dollar", "Australian dollars", "cent", "cents"),
+    "CHF": ("Swiss franc", "Swiss francs", "centime", "centimes"),
+    "INR": ("rupee", "rupees", "paisa", "paise"),
+    "CNY": ("yuan", "yuan", "fen", "fen"),
 }
 # Unit written after a number -> (singular, plural). Only unambiguous abbreviations: a bare
 # "m" after a number is metres, "s" seconds; "l" (litre vs. the letter) is left alone.
@@ -82,6 +98,27 @@ _UNITS = {
     "oz": ("ounce", "ounces"),
     "kw": ("kilowatt", "kilowatts"),
     "kwh": ("kilowatt hour", "kilowatt hours"),
+    "wh": ("watt hour", "watt hours"),
+    "mah": ("milliamp hour", "milliamp hours"),
+    "gw": ("gigawatt", "gigawatts"),
+    "kv": ("kilovolt", "kilovolts"),
+    "v": ("volt", "volts"),  # capital V only (see _unit): "3 v 3" is a match-up
+    "w": ("watt", "watts"),  # capital W only
+    "mins": ("minute", "minutes"),
+    "secs": ("second", "seconds"),
+    "yr": ("year", "years"),
+    "yrs": ("year", "years"),
+    "sq ft": ("square foot", "square feet"),
+    "sq m": ("square meter", "square meters"),
+    "m^2": ("square meter", "square meters"),
+    "km^2": ("square kilometer", "square kilometers"),
+    "cm^2": ("square centimeter", "square centimeters"),
+    "mm^2": ("square millimeter", "square millimeters"),
+    "ft^2": ("square foot", "square feet"),
+    "mi^2": ("square mile", "square miles"),
+    "m^3": ("cubic meter", "cubic meters"),
+    "cm^3": ("cubic centimeter", "cubic centimeters"),
+    "ft^3": ("cubic foot", "cubic feet"),
     "°c": ("degree Celsius", "degrees Celsius"),
     "°f": ("degree Fahrenheit", "degrees Fahrenheit"),
     "°": ("degree", "degrees"),
@@ -92,11 +129,16 @@ _UNITS = {
 _NUMBER = r"(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?"
 _CURRENCY = r"[$£€¥]"
 _MONEY_RE = re.compile(
-    rf"({_CURRENCY})\s?({_NUMBER})(?:\s?(thousand|million|billion|trillion)\b|"
+    rf"({_CURRENCY})\s?({_NUMBER})(?!\.\d)(?:\s?(thousand|million|billion|trillion)\b|"
     rf"({'|'.join(sorted(_SCALE_SUFFIXES, key=len, reverse=True))})\b)?",
     re.IGNORECASE,
 )
 _MONEY_AFTER_RE = re.compile(rf"(?<![\w.,])({_NUMBER})\s?({_CURRENCY})(?!\s?\d)")
+_CODE = "|".join(_CURRENCY_CODES)
+_CODE_AFTER_RE = re.compile(rf"(?<![\w.,])({_NUMBER})\s?({_CODE})\b")
+_CODE_BEFORE_RE = re.compile(rf"\b({_CODE})\s?({_NUMBER})(?![\d.,]\d|\w)")
+# A power: "x^2" x squared, "2^10" two to the power of ten (after units: "m^2").
+_POWER_RE = re.compile(r"(?<=\w)\^(\d{1,3})(?!\d)")
 _CENTS_RE = re.compile(rf"(?<![\w.,])({_NUMBER})\s?¢")
 _NEGATIVE_MONEY_RE = re.compile(rf"(?<![\w.,])-(?={_CURRENCY}\d)")
 # A meridiem after a time or an hour: "3:30 pm", "3 p.m.", "10AM". The period of "p.m." is
@@ -118,15 +160,8 @@ _PHONE_RE = re.compile(
     )(?![\w\-]|[.,]\d)""",
     re.VERBOSE,
 )
-_ISO_DATE_RE = re.compile(r"(?<![\w.\-])(\d{4})-(\d{2})-(\d{2})(?![\w\-]|[.,]\d)")
-_SLASH_DATE_RE = re.compile(r"(?<![\w./])(\d{1,2})/(\d{1,2})/(\d{4}|\d{2})(?![\w/]|[.,]\d)")
-_MONTH_DAY_RE = re.compile(
-    r"\b(" + "|".join(_MONTHS) + r"|(?:Jan|Feb|Mar|Apr|Jun|Jul|Aug|Sept|Sep|Oct|Nov|Dec)\.?)"
-    r"\s+(\d{1,2})(?:st|nd|rd|th)?\b(?!:)(?:,?\s+(\d{4})\b(?![.,]\d))?"
-)
 _RANGE_RE = re.compile(r"(?<![\w.\-/])(\d{1,4})-(\d{1,4})(?![\w\-/]|[.,]\d)")
 _SCIENTIFIC_RE = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)[eE]([+-]?\d{1,4})(?![\w.])")
-_DOTTED_RE = re.compile(r"(?<![\w.])\d+(?:\.\d+){2,}(?![\w]|\.\d)")
 _ORDINAL_RE = re.compile(r"(?<![\w.,])(\d{1,9})(st|nd|rd|th)\b", re.IGNORECASE)
 _UNIT_RE = re.compile(
     rf"(?<![\w.,])({_NUMBER})\s?("
@@ -141,17 +176,24 @@ _SHORT_DECADE_RE = re.compile(
 )
 _YEAR_RE = re.compile(r"(?<![\w.,$£€¥])(1\d\d\d|20\d\d)(?![\w]|[.,]\d)")
 # A number someone dials is read digit by digit: "Dial 911", "call 411".
-_DIALED_RE = re.compile(r"\b((?:dial|call|phone|fax|text)\s+)(\d{3,})\b(?![.,]\d)", re.IGNORECASE)
+# So is a code: "zip code 90210", "PIN 1234", "extension 204".
+_DIALED_RE = re.compile(
+    r"\b((?:dial|call|phone|fax|text|zip(?: code)?|postcode|postal code|pin|extension|ext\.?)"
+    r"\s+)(\d{3,})\b(?![.,]\d)",
+    re.IGNORECASE,
+)
 _MIXED_FRACTION_RE = re.compile(r"(?<![\w./])(\d+)\s(\d{1,2})/(\d{1,3})(?![\w/]|[.,]\d)")
 _SLASH_RE = re.compile(r"(?<![\w./])(\d{1,3})/(\d{1,3})(?![\w/]|[.,]\d)")
 _NUMBER_RE = re.compile(rf"(?<!\d){_NUMBER}")
 # "$5/month", "20 km/day": a slash before a unit of time or count is "per".
 _PER_RE = re.compile(
-    r"(?<=\w) ?/ ?(?=(?:second|sec|minute|min|hour|hr|day|night|week|month|mo|year|yr|person|"
+    r"(?<=\w)\s?/\s?(?=(?:second|sec|minute|min|hour|hr|day|night|week|month|mo|year|yr|person|"
     r"head|unit|item|kg|lb|gallon|liter|litre|mile|km)\b)",
     re.IGNORECASE,
 )
-_NEGATIVE_RE = re.compile(r"(?<![\w.,])-(?=\d)")
+_NEGATIVE_RE = re.compile(r"(?<![\w.,])-(?=\.?\d)")
+# A decimal written without its zero: ".5" is "point five".
+_LEADING_DECIMAL_RE = re.compile(r"(?<![\w.])\.(\d+)(?![\d.])")
 
 
 def _is_one(number_text: str) -> bool:
@@ -168,7 +210,7 @@ def _money_after(match: re.Match[str]) -> str:
 
 
 def _money_words(symbol: str, amount: str, scale: str | None) -> str:
-    unit, units, cent, cents = _CURRENCIES[symbol]
+    unit, units, cent, cents = _CURRENCIES.get(symbol) or _CURRENCY_CODES[symbol]
     if scale:  # "$1.5 million", "$5M" -> "five million dollars"
         return f"{number_text_to_words(amount)} {scale.lower()} {units}"
     whole, _, fraction = amount.replace(",", "").partition(".")
@@ -179,8 +221,15 @@ def _money_words(symbol: str, amount: str, scale: str | None) -> str:
         return f"{number_text_to_words(amount)} {units}"
     if cents_words and int(whole) == 0:
         return cents_words  # "$0.99" -> "ninety nine cents"
-    words = f"{_integer_words(whole)} {unit if int(whole) == 1 else units}"
+    words = f"{integer_words(whole)} {unit if int(whole) == 1 else units}"
     return f"{words} and {cents_words}" if cents_words else words
+
+
+def _power(match: re.Match[str]) -> str:
+    exponent = int(match.group(1))
+    return {2: "squared", 3: "cubed"}.get(
+        exponent
+    ) or f"to the power of {number_to_words(exponent)}"
 
 
 def _cents(match: re.Match[str]) -> str:
@@ -188,7 +237,9 @@ def _cents(match: re.Match[str]) -> str:
     return f"{number_text_to_words(amount)} {'cent' if _is_one(amount) else 'cents'}"
 
 
-def _clock(hours: int, minutes: int, meridiem: str | None) -> str:
+def clock_words(hours: int, minutes: int, meridiem: str | None = None) -> str:
+    """A time of day as spoken: (15, 45) fifteen forty five, (9, 5, "a") nine oh five AM,
+    (9, 0) nine o'clock, (15, 0) fifteen hundred."""
     if minutes == 0:
         if meridiem:
             words = number_to_words(hours)
@@ -205,47 +256,20 @@ def _clock(hours: int, minutes: int, meridiem: str | None) -> str:
 
 def _time(match: re.Match[str]) -> str:
     minutes = match.groupdict().get("minutes")
-    words = _clock(int(match["hours"]), int(minutes or 0), match["meridiem"])
+    words = clock_words(int(match["hours"]), int(minutes or 0), match["meridiem"])
     # "at 5 p.m. We left": the period of "p.m." ends the sentence too.
     return words + "." if match["dot"] and _ends_sentence(match.string, match.end()) else words
 
 
-def _phone(match: re.Match[str]) -> str:
-    number = match.group(0)
+def phone_words(number: str) -> str:
+    """A phone number read digit by digit in its groups, a comma (a short pause) between
+    groups: "+1 555-1234" -> "plus one, five five five, one two three four"."""
     groups = [digits_to_words(group) for group in re.findall(r"\d+", number)]
-    return ("plus " if number.startswith("+") else "") + ", ".join(groups)
+    return ("plus " if number.lstrip().startswith("+") else "") + ", ".join(groups)
 
 
-def _day_words(month: int, day: int, year: str | None) -> str | None:
-    if not (1 <= month <= 12 and 1 <= day <= 31):
-        return None
-    words = f"{_MONTHS[month - 1]} {ordinal_to_words(day)}"
-    if year is None:
-        return words
-    year_words = year_to_words(int(year)) if len(year) == 4 else _two_digit_year(year)
-    return f"{words}, {year_words}"
-
-
-def _two_digit_year(digits: str) -> str:
-    return f"oh {_ONES[int(digits)]}" if digits.startswith("0") else number_to_words(int(digits))
-
-
-def _iso_date(match: re.Match[str]) -> str:
-    year, month, day = match.groups()
-    return _day_words(int(month), int(day), year) or match.group(0)
-
-
-def _slash_date(match: re.Match[str]) -> str:
-    month, day, year = match.groups()  # US order: month/day/year
-    return _day_words(int(month), int(day), year) or match.group(0)
-
-
-def _month_day(match: re.Match[str]) -> str:
-    name, day, year = match.groups()
-    key = name.rstrip(".").lower()
-    month = _MONTH_ABBREVIATIONS.get(key[:4] if key.startswith("sept") else key[:3])
-    words = _day_words(_MONTHS.index(month) + 1, int(day), year) if month else None
-    return words or match.group(0)
+def _phone(match: re.Match[str]) -> str:
+    return phone_words(match.group(0))
 
 
 def _range(match: re.Match[str]) -> str:
@@ -253,7 +277,7 @@ def _range(match: re.Match[str]) -> str:
     low, high = match.groups()
     if all(_YEAR_RE.fullmatch(side) for side in (low, high)):
         return f"{year_to_words(int(low))} to {year_to_words(int(high))}"
-    return f"{_integer_words(low)} to {_integer_words(high)}"
+    return f"{integer_words(low)} to {integer_words(high)}"
 
 
 def _year(match: re.Match[str]) -> str:
@@ -280,16 +304,15 @@ def _scientific(match: re.Match[str]) -> str:
     )
 
 
-def _dotted(match: re.Match[str]) -> str:
-    return " point ".join(_integer_words(part) for part in match.group(0).split("."))
-
-
 def _ordinal(match: re.Match[str]) -> str:
     return ordinal_to_words(int(match.group(1)))
 
 
 def _unit(match: re.Match[str]) -> str:
     amount, unit = match.group(1), match.group(2)
+    if len(unit) == 1 and (unit.isupper() != (unit.lower() in "vw")):
+        # "5G", "3M", "2H": g, m, s, h are lower case; "12V", "60W" upper case ("3 v 3")
+        return match.group(0)
     singular, plural = _UNITS[unit.lower()]
     return f"{number_text_to_words(amount)} {singular if _is_one(amount) else plural}"
 
@@ -311,7 +334,7 @@ def _slash(match: re.Match[str]) -> str:
     numerator, denominator = int(match.group(1)), int(match.group(2))
     if _is_fraction(numerator, denominator):
         return _fraction_words(numerator, denominator)
-    return f"{_integer_words(match.group(1))} {_integer_words(match.group(2))}"
+    return f"{integer_words(match.group(1))} {integer_words(match.group(2))}"
 
 
 def _mixed_fraction(match: re.Match[str]) -> str:
@@ -341,35 +364,34 @@ def _plural_number(words: str) -> str:
     return f"{head} {last}".strip()
 
 
-def _rewrite(pattern: re.Pattern[str], replace: Callable[[re.Match[str]], str], text: str) -> str:
-    # Spaces around each replacement keep a spoken number from gluing to its neighbours.
-    return pattern.sub(lambda match: f" {replace(match)} ", text)
-
-
 def expand_numbers(text: str) -> str:
     """Phone numbers, dates, money, scientific notation, dotted versions/IPs, ordinals,
     decades, fractions and ratios, units, ranges, years, then plain numbers, as English words
     (in that order: the specific forms first). Times are read by expand_abbreviations."""
-    text = _rewrite(_PHONE_RE, _phone, text)
-    text = _rewrite(_ISO_DATE_RE, _iso_date, text)
-    text = _rewrite(_SLASH_DATE_RE, _slash_date, text)
-    text = _rewrite(_MONTH_DAY_RE, _month_day, text)
+    text = rewrite(_PHONE_RE, _phone, text)
+    # Versions and dotted numbers before money, units and plain numbers, which would read
+    # "2.0" of "2.0.1" as a decimal and leave ".1" behind as a sentence end.
+    text = expand_versions(text)
+    text = expand_dates(text)
     text = _NEGATIVE_MONEY_RE.sub("minus ", text)
-    text = _rewrite(_MONEY_RE, _money, text)
-    text = _rewrite(_MONEY_AFTER_RE, _money_after, text)
-    text = _rewrite(_CENTS_RE, _cents, text)
-    text = _rewrite(_TIME_RE, _time, text)
-    text = _rewrite(_SCIENTIFIC_RE, _scientific, text)
-    text = _rewrite(_DOTTED_RE, _dotted, text)
-    text = _rewrite(_ORDINAL_RE, _ordinal, text)
-    text = _rewrite(_DECADE_RE, _decade, text)  # before units: "1990s" is not 1990 seconds
-    text = _rewrite(_SHORT_DECADE_RE, _short_decade, text)
-    text = _rewrite(_MIXED_FRACTION_RE, _mixed_fraction, text)
-    text = _rewrite(_SLASH_RE, _slash, text)
+    text = rewrite(_MONEY_RE, _money, text)
+    text = rewrite(_MONEY_AFTER_RE, _money_after, text)
+    text = rewrite(_CODE_AFTER_RE, _money_after, text)
+    text = rewrite(_CODE_BEFORE_RE, lambda m: _money_words(m.group(1), m.group(2), None), text)
+    text = rewrite(_CENTS_RE, _cents, text)
+    text = rewrite(_TIME_RE, _time, text)
+    text = rewrite(_SCIENTIFIC_RE, _scientific, text)
+    text = rewrite(_ORDINAL_RE, _ordinal, text)
+    text = rewrite(_DECADE_RE, _decade, text)  # before units: "1990s" is not 1990 seconds
+    text = rewrite(_SHORT_DECADE_RE, _short_decade, text)
+    text = rewrite(_MIXED_FRACTION_RE, _mixed_fraction, text)
+    text = rewrite(_SLASH_RE, _slash, text)
     text = _NEGATIVE_RE.sub("minus ", text)
-    text = _rewrite(_UNIT_RE, _unit, text)
-    text = _rewrite(_RANGE_RE, _range, text)
+    text = rewrite(_LEADING_DECIMAL_RE, lambda m: f"point {digits_to_words(m.group(1))}", text)
+    text = rewrite(_UNIT_RE, _unit, text)
+    text = rewrite(_POWER_RE, _power, text)
+    text = rewrite(_RANGE_RE, _range, text)
     text = _DIALED_RE.sub(lambda m: m.group(1) + digits_to_words(m.group(2)), text)
-    text = _rewrite(_YEAR_RE, _year, text)
-    text = _PER_RE.sub(" per ", text)
-    return _rewrite(_NUMBER_RE, lambda m: number_text_to_words(m.group(0)), text)
+    text = rewrite(_YEAR_RE, _year, text)
+    text = _PER_RE.sub(pad("per"), text)
+    return rewrite(_NUMBER_RE, lambda m: number_text_to_words(m.group(0)), text)

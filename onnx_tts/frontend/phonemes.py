@@ -15,6 +15,12 @@ from onnx_tts.errors import ModelError
 # to intone. A comma-like mark is followed by a space, as a word boundary.
 _CLAUSE = re.compile(r"([^,.;:!?]+)([,.;:!?]*)")
 _LANGUAGE_SWITCH = re.compile(r"\([^)]*\)")  # "(en)" ... "(fr)" around foreign words
+# Letters espeak may read as a word, phonemized letter by letter as espeak names them: a run
+# that holds the letter A ("Q-and-A session" was "Q and uh session"), and the "AM" of a time
+# after a number word ("ten AM." was "ten am").
+_SPELLED = re.compile(
+    r"(?<![\w'-])((?=[\w-]*\bA\b)[A-Za-z]+(?:-[A-Za-z]+)+|(?<=[a-z] )AM)(?![\w'-])"
+)
 _ESPEAK_CHARS_UTF8 = 1
 _ESPEAK_PHONEMES_IPA = 0x02
 _ESPEAK_AUDIO_SYNCHRONOUS = 0x02
@@ -88,12 +94,22 @@ class Phonemizer:
                 pieces.append(out.decode("utf-8", errors="ignore").strip())
         return " ".join(p for p in pieces if p)
 
+    def _words(self, words: str) -> str:
+        pieces = []
+        for index, piece in enumerate(_SPELLED.split(words)):
+            if index % 2:  # letters to name one by one
+                parts = piece.split("-") if "-" in piece else list(piece)
+                pieces.append("".join(self._clause(part) for part in parts))
+            elif piece.strip():
+                pieces.append(self._clause(piece))
+        return " ".join(piece for piece in pieces if piece)
+
     def phonemize(self, text: str) -> str:
         clauses = []
         with Phonemizer._lock:
             self._lib.espeak_SetVoiceByName(self.voice.encode())
             for words, marks in _CLAUSE.findall(text):
-                phonemes = _LANGUAGE_SWITCH.sub("", self._clause(words)) if words.strip() else ""
+                phonemes = _LANGUAGE_SWITCH.sub("", self._words(words)) if words.strip() else ""
                 if phonemes or marks:
                     clauses.append(phonemes.strip() + marks[:1])
         # A space after every clause mark: ", " inside a sentence, and between sentences.

@@ -4,6 +4,7 @@ end its sentence? does a word start one?) and the splitter that cuts text into s
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 # inside one: "the U.S. The next day" ends a sentence, "the U.S. Army" does not.
 _SENTENCE_OPENERS = frozenset(
@@ -13,6 +14,10 @@ _SENTENCE_OPENERS = frozenset(
     those thus today tomorrow we what when where which while who why with yes yesterday yet
     you your""".split()
 )
+# The space a rule puts around the words it writes. Every rule sees it as whitespace
+# (str.isspace), but unlike a writer's space it never makes a period before it a sentence
+# end: "v.2" or ".5" rewritten must not become "v. two"; normalize_text turns it into " ".
+PAD = "\u2028"
 _LOWER_WORD_NEXT = re.compile(r"\s+[a-z]")
 _CAPITAL_NEXT = re.compile(r"\s+([A-Z])")
 _NEXT_WORD = re.compile(r"\s+[\"'(]*([A-Za-z]+)")
@@ -43,6 +48,17 @@ def _sentence_initial(text: str, start: int) -> bool:
     while start > 0 and text[start - 1].isspace():
         start -= 1
     return start == 0 or text[start - 1] in ".!?"
+
+
+def pad(words: str) -> str:
+    """Words a rule writes in place of what it read, with PAD on both sides."""
+    return f"{PAD}{words}{PAD}"
+
+
+def rewrite(pattern: re.Pattern[str], replace: Callable[[re.Match[str]], str], text: str) -> str:
+    """Each match of `pattern` replaced by `replace(match)` with PAD around it, so that a
+    spoken number does not glue to its neighbours."""
+    return pattern.sub(lambda match: pad(replace(match)), text)
 
 
 def split_sentences(text: str, max_chars: int = 200) -> list[str]:

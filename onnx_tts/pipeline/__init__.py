@@ -18,10 +18,9 @@ from onnx_tts.cache.reference import ReferenceCache
 from onnx_tts.cache.result import ResultCache
 from onnx_tts.config import DEFAULT_RESULT_MEMORY_BYTES, CacheConfig, EngineConfig, checked
 from onnx_tts.errors import InputError
-from onnx_tts.families import detect, family_of, load_backend
-from onnx_tts.families.base import LoadSettings
+from onnx_tts.families import detect, family_of, load_model
+from onnx_tts.families.base import SENTENCE_PAUSE_SECONDS, LoadSettings
 from onnx_tts.pipeline.engine import Audio, Engine
-from onnx_tts.pipeline.execution import SENTENCE_PAUSE_SECONDS
 from onnx_tts.pipeline.planner import Plan, Planner, Timing
 from onnx_tts.pipeline.stages import threads_per_stage
 from onnx_tts.pipeline.voices import VoiceLike
@@ -60,7 +59,7 @@ def load(
     cache_disk_bytes, redis_url, redis_ttl_seconds, result_cache_bytes, result_cache_dir,
     result_cache_disk_bytes, prefix_cache_bytes), each checked against the bounds written
     there once; any other keyword is a load option of the model's family (`onnx-tts info`
-    lists them, e.g. precision or exaggeration for Chatterbox exports). `providers`: ONNX
+    lists them, e.g. a precision or an expressiveness control). `providers`: ONNX
     Runtime execution providers in order of preference.
     """
     if isinstance(providers, str) or not all(isinstance(p, str) for p in providers):
@@ -91,7 +90,7 @@ def build_engine(
     # --threads 0: each stage's share of the cores (explicit threads: every session that many).
     stages = threads_per_stage(available_cores()) if config.threads == 0 else None
     settings = LoadSettings(config.kv, session_options, stages)
-    backend = load_backend(detection, settings, family_options)
+    model = load_model(detection, settings, family_options)
     secret = resolve_cache_secret(caches.cache_secret)
     reference = ReferenceCache(
         memory_bytes=caches.cache_memory_bytes,
@@ -113,14 +112,15 @@ def build_engine(
             redis_ttl_seconds=caches.redis_ttl_seconds,
             disk_max_bytes=caches.result_cache_disk_bytes,
             secret=secret,
-            sample_rate=backend.sample_rate,
+            sample_rate=model.sample_rate,
+            channels=model.channels,
         )
     prefixes = PrefixCache(caches.prefix_cache_bytes) if caches.prefix_cache_bytes else None
     # Prompts that arrive together run side by side, each with the decode stage's threads.
     decode_threads = stages["decode"] if stages is not None else config.threads
     prefill_workers = max(1, min(config.max_batch, available_cores() // max(1, decode_threads)))
     return Engine(
-        backend,
+        model,
         reference,
         family_of(detection),
         config.max_batch,
@@ -130,6 +130,7 @@ def build_engine(
         max_waiting=config.max_waiting,
         lookahead=config.lookahead,
         prefill_workers=prefill_workers,
+        policy=config.policy,
     )
 
 

@@ -11,7 +11,8 @@ together carry `cores * target / (sum of costs)`; the capacity is the smaller. T
 real time, and the server's event loop and its clients share the cores (measured with `bench
 serve` on 2 cores: 16 concurrent streams of the default voice played without a stall, 22
 admitted at 0.85 stalled). The estimate is smoothed and, when some active
-stream is about to run dry (its player's lead below `min_lead_seconds`), nothing new starts: a
+stream is about to run dry (the scheduling policy's call: by default a lead below 0.3 s),
+nothing new starts: a
 stall for an admitted listener is worse than a wait before the first byte. Until the engine has
 been busy enough to measure, streams are admitted up to `max_streams`.
 
@@ -39,6 +40,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from onnx_tts.decoding.policy import SchedulingPolicy, StreamLoad, make_policy
+
 # Utilisation below this says too little about the cost of a stream to extrapolate from.
 MIN_MEASURABLE_UTILISATION = 0.15
 # Nor does a sample in which less audio than this was made (seconds).
@@ -58,18 +61,19 @@ class Admission:
         max_streams: int,
         max_waiting: int,
         target_utilisation: float = 0.65,
-        min_lead_seconds: float = 0.3,
         lead: Callable[[], float | None] = lambda: None,
         cores: int = 1,
         comfortable_lead_seconds: float = 1.0,
         stalls: Callable[[], int] = lambda: 0,
+        policy: SchedulingPolicy | None = None,
     ) -> None:
         """`busy_seconds`: each stage's busy seconds so far; `audio_seconds`: seconds of audio
         the stages made so far; `cores`: the CPUs the stages share."""
         self.busy_seconds, self.audio_seconds, self.lead = busy_seconds, audio_seconds, lead
         self.cores = max(1, cores)
         self.max_streams, self.max_waiting = max_streams, max_waiting
-        self.target, self.min_lead = target_utilisation, min_lead_seconds
+        self.target = target_utilisation
+        self.policy = make_policy(policy)
         self.active = 0
         self.waiting = 0
         self._tickets = itertools.count()
@@ -194,11 +198,8 @@ class Admission:
     def _room(self) -> bool:
         """(under the lock) whether one more stream may start now."""
         self._measure()
-        if self.active >= self._capacity_now():
-            return False
-        lead = self.lead()
-        # A listener about to run dry is served first.
-        return not (self._real_time() and self.active and lead is not None and lead < self.min_lead)
+        load = StreamLoad(self.active, self._capacity_now(), self.lead(), self._real_time())
+        return self.policy.stream_may_start(load)
 
     def _admit(self) -> None:
         self.active += 1

@@ -14,7 +14,7 @@ import numpy as np
 
 from onnx_tts.cache.result import ResultCache, model_identity, request_digest, result_key
 from onnx_tts.errors import InputError, OnnxTTSError, OnnxTTSWarning
-from onnx_tts.families.base import Backend
+from onnx_tts.families.base import Model
 from onnx_tts.pipeline.planner import Plan
 from onnx_tts.vocoder import StreamingOptions
 
@@ -22,8 +22,8 @@ from onnx_tts.vocoder import StreamingOptions
 class ResultCaching:
     """One model's use of the result cache (None: every call is a miss that stores nothing)."""
 
-    def __init__(self, backend: Backend, results: ResultCache | None) -> None:
-        self.backend, self.results = backend, results
+    def __init__(self, model: Model, results: ResultCache | None) -> None:
+        self.model, self.results = model, results
         # Texts of several sentences also store and reuse each sentence.
         self.sentence_entries = True
         self._identity: str | None = None
@@ -40,7 +40,7 @@ class ResultCaching:
         if self.results is None or cache is False:
             return None, None
         if self._identity is None:
-            self._identity = model_identity(self.backend)
+            self._identity = model_identity(self.model)
         # A request that asked for caching has its own alias: auto requests never replay it.
         given = {**options, "\x00cache": True} if cache else options
         digest = request_digest(self._identity, text, voice, seed, given)
@@ -55,7 +55,8 @@ class ResultCaching:
         sampled = sampling.temperature > 0 and sampling.seed is None
         if self.results is None or cache is False or (sampled and not cache):
             return None
-        key = result_key(self._identity or "", plan.chunks, prompt, sampling, plan.options)
+        options = {**plan.options, **plan.key()}  # speed and pauses change the audio too
+        key = result_key(self._identity or "", plan.chunks, prompt, sampling, options)
         if key is not None:
             self.results.remember(digest, key)
         return key
@@ -64,8 +65,15 @@ class ResultCaching:
         """Result-cache keys of each sentence of a deterministic text of several sentences, so
         a new text reuses the sentences it shares with earlier ones. A sentence's audio is
         generated and vocoded on its own (with its own seed), so its entry is exact. A text
-        of one sentence needs none: its whole-text key is that sentence's key."""
-        if not self.sentence_entries or self.results is None or len(plan.chunks) < 2:
+        of one sentence needs none: its whole-text key is that sentence's key; nor does a
+        text whose chunks draw from one generator in order (a sentence's audio then depends
+        on the sentences before it)."""
+        if (
+            not self.sentence_entries
+            or self.results is None
+            or len(plan.chunks) < 2
+            or plan.sequential
+        ):
             return [None] * len(plan.chunks)
         identity = self._identity or ""
         return [
@@ -85,7 +93,7 @@ class ResultCaching:
 
     def store_sentence(self, key: str | None, samples: np.ndarray) -> None:
         if key is not None and self.results is not None:
-            self.results.put_sentence(key, samples, self.backend.sample_rate)
+            self.results.put_sentence(key, samples, self.model.sample_rate)
 
     @staticmethod
     def stream_key(key: str, window: StreamingOptions) -> str:
@@ -103,7 +111,7 @@ class ResultCaching:
         fails the stream."""
         if self.results is not None:
             try:
-                self.results.put_audio(key, samples, self.backend.sample_rate)
+                self.results.put_audio(key, samples, self.model.sample_rate)
             except OnnxTTSError as error:
                 warnings.warn(f"result not cached: {error}", OnnxTTSWarning, stacklevel=2)
 

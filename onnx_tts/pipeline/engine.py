@@ -23,23 +23,27 @@ from onnx_tts.cache.result import ResultCache, replay_chunks
 from onnx_tts.cache.tiered import TieredCache
 from onnx_tts.decoding import SamplingOptions
 from onnx_tts.decoding.kv_rows import DEFAULT_SLOT_BYTES
+from onnx_tts.decoding.policy import SchedulingPolicy
+from onnx_tts.decoding.request import CancelToken, PlaybackClock, Request
 from onnx_tts.decoding.scheduler import DEFAULT_MAX_WAITING, DecodeScheduler, FrameStream
 from onnx_tts.families import FAMILIES
-from onnx_tts.families.base import Backend, Family
+from onnx_tts.families.base import Family, Model
 from onnx_tts.pipeline.caching import ResultCaching
 from onnx_tts.pipeline.execution import AudioStream, Executor, Progress, ReadyChunks
 from onnx_tts.pipeline.planner import Planner, Timing
-from onnx_tts.pipeline.voices import VoiceLike, Voices
-from onnx_tts.request import CancelToken, PlaybackClock, Request
+from onnx_tts.pipeline.timings import WordTiming
+from onnx_tts.pipeline.voices import VoiceLike, VoiceResolver
 from onnx_tts.vocoder import StreamingOptions
 
 
 @dataclass
 class Audio:
-    """Synthesised speech: float32 mono samples at `sample_rate`."""
+    """Synthesised speech: float32 samples at `sample_rate`, [N] (mono) or [N, channels], and
+    when asked for (`timestamps=True`), when each word sounds (`words`)."""
 
     samples: np.ndarray
     sample_rate: int
+    words: list[WordTiming] | None = None
 
     @property
     def duration(self) -> float:
@@ -62,7 +66,7 @@ class Engine:
 
     def __init__(
         self,
-        backend: Backend,
+        model: Model,
         cache: ReferenceCache | None,
         family: Family | None = None,
         max_batch: int = 1,
@@ -72,33 +76,40 @@ class Engine:
         max_waiting: int = DEFAULT_MAX_WAITING,
         lookahead: bool = False,
         prefill_workers: int = 1,
+        policy: str | SchedulingPolicy | None = None,
     ) -> None:
-        self.backend = backend
+        self.model = model
         self.cache = cache
         self.results = results  # finished audio of deterministic requests (cache/result.py)
         self.prefixes = prefixes  # KV of voice prefixes (cache/prefix.py)
-        self.family = family or FAMILIES[backend.family]
+        self.family = family or FAMILIES[model.family]
         # A bundle whose streaming defaults are invalid fails at load (ModelError), not at the
         # first stream after it passed every non-streaming test.
         self.streaming_options()
         self.scheduler = DecodeScheduler(
-            backend.program,
-            backend.pool,
+            model.program,
+            model.pool,
             max_batch,
             prefixes,
             slot_bytes,
             max_waiting,
             lookahead,
             prefill_workers,
+            policy,
         )
-        self.planner = Planner(backend, self.family)
-        self.voices = Voices(backend, cache)
-        self.caching = ResultCaching(backend, results)
-        self.executor = Executor(backend, self.scheduler)
+        self.planner = Planner(model, self.family)
+        self.voices = VoiceResolver(model.voices, cache)
+        self.caching = ResultCaching(model, results)
+        self.executor = Executor(model, self.scheduler)
 
     @property
     def sample_rate(self) -> int:
-        return self.backend.sample_rate
+        return self.model.sample_rate
+
+    @property
+    def channels(self) -> int:
+        """Channels of the model's audio (samples are [N, channels] when more than 1)."""
+        return self.model.channels
 
     @property
     def sentence_entries(self) -> bool:
@@ -110,7 +121,7 @@ class Engine:
         self.caching.sentence_entries = bool(value)
 
     def info(self) -> dict[str, Any]:
-        info = self.backend.info()
+        info = self.model.info()
         scheduler = self.scheduler
         batched = scheduler.slots is not None and scheduler.max_batch > 1
         info["batching"] = {"batched": batched, "max_batch": scheduler.max_batch}
@@ -130,12 +141,19 @@ class Engine:
         fail)."""
         self.scheduler.close()
         self.executor.close()
+        self.model.close()
 
     # -- voices and caches ---------------------------------------------------------------------
     def voice(self, voice: VoiceLike = None) -> dict[str, np.ndarray]:
-        """Encoder outputs for a reference: a file path, mono samples at the encoder's rate, or
-        an already-encoded dict. Goes through the reference cache."""
+        """The conditioning of a voice: None (the model's default), a builtin voice's name, a
+        reference file, samples at the encoder's rate, or an already-encoded dict. References
+        go through the reference cache."""
         return self.voices.resolve(voice)
+
+    @property
+    def voice_names(self) -> tuple[str, ...]:
+        """Voices the model itself ships, by name (e.g. a manifest's builtin voices)."""
+        return self.model.voices.names
 
     def _caches(self) -> dict[str, TieredCache | None]:
         return {"reference": self.cache, "result": self.results, "prefix": self.prefixes}
@@ -157,7 +175,7 @@ class Engine:
         should_stop: Callable[[], bool] | None = None,
     ) -> FrameStream:
         """The LM stage alone: complete frames of one text chunk (an item of the model's
-        `backend.text_chunks()`), for an encoded voice (`voice()`), as they are generated.
+        `model.text.chunks()`), for an encoded voice (`voice()`), as they are generated.
         Closing the iterator stops generation and frees its row."""
         cancel = CancelToken()
         if should_stop is not None:
@@ -165,8 +183,8 @@ class Engine:
         request = Request(
             chunk,
             voice,
-            sampling or self.backend.sampling_defaults(),
-            self.backend.request_options(options or {}),
+            sampling or self.model.sampling_defaults(),
+            self.model.request_options(options or {}),
             cancel=cancel,
         )
         return self.executor.frames(request)
@@ -179,6 +197,10 @@ class Engine:
         progress: Progress | None = None,
         cache: bool | None = None,
         *,
+        ssml: bool | None = None,
+        speed: float = 1.0,
+        sentence_silence: float | None = None,
+        timestamps: bool = False,
         deadline: float | None = None,
         priority: int = 0,
         cancel: CancelToken | None = None,
@@ -186,25 +208,32 @@ class Engine:
     ) -> Audio:
         """Speak `text` (in the voice of `voice` when given). Same seed -> same samples.
 
-        `options`: sampling (temperature, top_k, top_p, repetition_penalty) and the model
-        family's request options (e.g. language). `cache` (with a result cache): None stores
-        and reuses deterministic requests only, True also a sampled one (made once, then
-        replayed), False neither looks up nor stores. `deadline` (time.monotonic() seconds),
-        `priority` (lower first) and `cancel` (a CancelToken the caller may fire) order and
-        stop the work in the scheduler."""
+        `text` may carry markup: SSML when it starts with <speak> (or `ssml=True`; False reads
+        it as plain text), Piper's ``[[ phonemes ]]`` otherwise. `speed` (0.25-4, pitch kept)
+        scales every sentence's pace; `sentence_silence` (seconds) replaces the pause between
+        sentences; `timestamps` gives `Audio.words` (each word's start and end). `options`:
+        sampling (temperature, top_k, top_p, repetition_penalty, where the family takes them)
+        and the model family's request options (e.g. language). `cache` (with a result cache):
+        None stores and reuses deterministic requests only, True also a sampled one (made once,
+        then replayed), False neither looks up nor stores (a request with timestamps is never
+        cached). `deadline` (time.monotonic() seconds), `priority` (lower first) and `cancel`
+        (a CancelToken the caller may fire) order and stop the work in the scheduler."""
         timing = Timing(deadline=deadline, priority=priority, cancel=cancel)
-        digest, value = self.caching.recall(text, voice, seed, options, cache)
+        shaping = {"ssml": ssml, "speed": speed, "sentence_silence": sentence_silence}
+        if timestamps is True:
+            cache = False  # cached audio carries no word timings
+        digest, value = self.caching.recall(text, voice, seed, {**options, **shaping}, cache)
         if value is None:
-            plan = self.planner.plan(text, seed, options)
+            plan = self.planner.plan(text, seed, options, timestamps=timestamps, **shaping)
             prompt = self.voice(voice)
             key = self.caching.key(plan, prompt, digest, cache)
             if key is None:
-                samples = self.executor.synthesize(plan, prompt, timing, progress)
-                return Audio(samples, self.sample_rate)
+                samples, words = self.executor.synthesize(plan, prompt, timing, progress)
+                return Audio(samples, self.sample_rate, words if timestamps else None)
             sentences = self.caching.sentence_keys(plan, prompt)
 
             def compute() -> dict[str, np.ndarray]:
-                samples = self.executor.synthesize(
+                samples, _ = self.executor.synthesize(
                     plan,
                     prompt,
                     timing,
@@ -225,7 +254,7 @@ class Engine:
         """The model's streaming window defaults (bundle.json "streaming") with overrides
         (None = default), checked: e.g. a stride smaller than the overlap is an InputError."""
         return StreamingOptions.resolve(
-            self.backend.streaming_defaults, int(self.backend.hop_length), **overrides
+            self.model.streaming_defaults, int(self.model.hop_length), **overrides
         )
 
     def stream(
@@ -240,6 +269,10 @@ class Engine:
         holdback_frames: int | None = None,
         crossfade_samples: int | None = None,
         cache: bool | None = None,
+        ssml: bool | None = None,
+        speed: float = 1.0,
+        sentence_silence: float | None = None,
+        timestamps: bool = False,
         deadline: float | None = None,
         clock: PlaybackClock | None = None,
         priority: int = 0,
@@ -250,13 +283,14 @@ class Engine:
 
         The chunks concatenate to the length of synthesize()'s output for the same text, voice
         and seed (and to the same samples when the windows are wide enough for the vocoder;
-        see onnx_tts.vocoder). Options and text are checked here, before the first chunk.
-        Closing the iterator early (or breaking out of the loop) stops generation and frees
-        its rows. The stream can also be polled (`poll()`, `listen(callback)`: an event loop
-        serving many streams). `cache`: as in synthesize(). `deadline` (first audio,
-        time.monotonic() seconds; default now), `clock` (the listener's player: once audio
-        flows, the stream is due when it would run dry), `priority` and `cancel` order and
-        stop the work.
+        see onnx_tts.vocoder). Options and text are checked here, before the first chunk
+        (markup, speed, sentence_silence and timestamps as in synthesize(); with timestamps the
+        stream's `words` grows by each sentence's words once it was handed out). Closing the
+        iterator early (or breaking out of the loop) stops generation and frees its rows. The
+        stream can also be polled (`poll()`, `listen(callback)`: an event loop serving many
+        streams). `cache`: as in synthesize(). `deadline` (first audio, time.monotonic()
+        seconds; default now), `clock` (the listener's player: once audio flows, the stream is
+        due when it would run dry), `priority` and `cancel` order and stop the work.
         """
         window = self.streaming_options(
             first_chunk_frames=first_chunk_frames,
@@ -271,17 +305,20 @@ class Engine:
             priority=priority,
             cancel=cancel,
         )
-        digest, hit = self.caching.recall(text, voice, seed, options, cache)
+        shaping = {"ssml": ssml, "speed": speed, "sentence_silence": sentence_silence}
+        if timestamps is True:
+            cache = False  # cached audio carries no word timings
+        digest, hit = self.caching.recall(text, voice, seed, {**options, **shaping}, cache)
         stream_key = None
         if hit is None:
-            plan = self.planner.plan(text, seed, options)
+            plan = self.planner.plan(text, seed, options, timestamps=timestamps, **shaping)
             prompt = self.voice(voice)
             key = self.caching.key(plan, prompt, digest, cache)
             if key is not None:
                 stream_key = self.caching.stream_key(key, window)
                 hit = self.caching.stream_hit(key, window)
         if hit is not None:  # the cached audio at once, in the stream's chunk sizes
-            hop = int(self.backend.hop_length)
+            hop = int(self.model.hop_length)
             sizes = window.first_chunk_frames * hop, window.stride_frames * hop
             return ReadyChunks(replay_chunks(hit["samples"], *sizes))
         stream = self.executor.stream(plan, prompt, window, timing)

@@ -1,7 +1,8 @@
 """Request execution: a planned text's chunks go to the model's scheduler as requests (for
 `synthesize` all at once, so the sentences of one text decode as parallel rows); their frames go
 to the vocoder stage, which decodes them one-shot per sentence (`synthesize`) or window by
-window (`stream`); the sentences are joined by a short pause."""
+window (`stream`); the sentences are joined by the vocoder's pause. A plan in sequential order
+(one generator for the whole text) submits each chunk once the LM finished the one before."""
 
 from __future__ import annotations
 
@@ -11,16 +12,15 @@ from collections.abc import Callable, Iterator, Mapping
 import numpy as np
 
 from onnx_tts.audio import check_finite
+from onnx_tts.decoding.request import Request
 from onnx_tts.decoding.scheduler import DecodeScheduler, FrameStream
 from onnx_tts.errors import EmptyAudioError, OnnxTTSError
-from onnx_tts.families.base import Backend
+from onnx_tts.families.base import Model
 from onnx_tts.pipeline.planner import Plan, Timing
 from onnx_tts.pipeline.stages import VocoderStage, VocoderStream
-from onnx_tts.request import Request
+from onnx_tts.pipeline.timestretch import TimeStretcher, stretch
+from onnx_tts.pipeline.timings import WordTiming, time_words
 from onnx_tts.vocoder import StreamingOptions
-
-# Pause inserted between sentences that were generated separately.
-SENTENCE_PAUSE_SECONDS = 0.15
 
 Progress = Callable[[int, int], None]
 
@@ -28,37 +28,45 @@ Progress = Callable[[int, int], None]
 class Executor:
     """Runs the plans of one model through its scheduler and its vocoder stage."""
 
-    def __init__(self, backend: Backend, scheduler: DecodeScheduler) -> None:
-        self.backend, self.scheduler = backend, scheduler
-        batched = getattr(backend, "vocode_windows", None) is not None
+    def __init__(self, model: Model, scheduler: DecodeScheduler) -> None:
+        self.model, self.scheduler = model, scheduler
         self.vocoder = VocoderStage(
-            lambda frames, voice: backend.vocode(frames, voice),
-            (lambda frames, voices: backend.vocode_windows(frames, voices)) if batched else None,
+            model.vocoder,
             scheduler_wake=scheduler.wake,
-            open_stream=getattr(backend, "open_stream", None),
             lm_idle=scheduler.idle,
+            policy=scheduler.policy,
         )
+        self.hop_length = int(model.hop_length)
 
     @property
     def sample_rate(self) -> int:
-        return self.backend.sample_rate
+        return self.model.sample_rate
 
     @property
     def channels(self) -> int:
         """Channels of the model's audio: samples are [N] (mono) or [N, channels]."""
-        return int(getattr(self.backend, "channels", 1))
+        return self.model.channels
 
     def silence(self, samples: int = 0) -> np.ndarray:
         """`samples` zeros shaped like the model's audio."""
         shape = (samples,) if self.channels == 1 else (samples, self.channels)
         return np.zeros(shape, np.float32)
 
-    def pause(self, chunk: object = None) -> np.ndarray:
-        """The silence after sentence `chunk`, generated separately from the next (same in
-        synthesize and stream): the family's own rule when it has one (`pause_seconds`)."""
-        rule = getattr(self.backend, "pause_seconds", None)
-        seconds = rule(chunk) if rule is not None else SENTENCE_PAUSE_SECONDS
+    def pause(self, plan: Plan, requests: list[Request], index: int) -> np.ndarray:
+        """The silence after chunk `index` (same in synthesize and stream): the plan's (a
+        break, `sentence_silence`), else between two chunks the vocoder's pause rule."""
+        seconds = plan.pause_after(index)
+        if seconds is None:
+            last = index == len(requests) - 1
+            seconds = 0.0 if last else self.model.vocoder.pause_seconds(requests[index].chunk)
         return self.silence(int(seconds * self.sample_rate))
+
+    def timings(self, request: Request, samples: int, rate: float, offset: int) -> list[WordTiming]:
+        """The word timings of one chunk of `samples` (as made), played at `rate` from output
+        sample `offset` on."""
+        words = self.model.text.words(request.chunk)
+        sample_rate = self.sample_rate
+        return time_words(words, request.marks, samples, sample_rate, rate, offset / sample_rate)
 
     def frames(self, request: Request) -> FrameStream:
         """Complete frames of one request as they are generated (closing stops it): the LM
@@ -68,7 +76,7 @@ class Executor:
     def audio(self, request: Request, window: StreamingOptions | None) -> VocoderStream:
         """The samples of one request through both stages: windowed, or one-shot (`window`
         None: one chunk, every frame vocoded at once). Closing stops it."""
-        stream = self.vocoder.open(request, window, int(self.backend.hop_length))
+        stream = self.vocoder.open(request, window, self.hop_length)
         self.scheduler.submit(request)
         return stream
 
@@ -77,7 +85,7 @@ class Executor:
 
     def vocode(self, frames: np.ndarray, voice: Mapping[str, np.ndarray]) -> np.ndarray:
         # A model that yields NaN/inf must never reach a speaker, a file or a cache.
-        samples = self.backend.vocode(frames, voice)
+        samples = self.model.vocoder.vocode(frames, voice)
         check_finite(samples, "the model's audio")
         return samples
 
@@ -89,40 +97,44 @@ class Executor:
         progress: Progress | None = None,
         known: Mapping[int, np.ndarray] | None = None,
         made: Callable[[int, np.ndarray], None] | None = None,
-    ) -> np.ndarray:
-        """The whole text's samples. `known` sentences (from the result cache) are not
-        generated; `made(index, samples)` is told each sentence that was."""
+    ) -> tuple[np.ndarray, list[WordTiming]]:
+        """The whole text's samples, and its word timings when the plan asks for them. `known`
+        sentences (from the result cache, as made, before any speed) are not generated;
+        `made(index, samples)` is told each sentence that was."""
         known = known or {}
         requests = plan.requests(voice, timing)
-        # Every sentence is submitted at once and decodes as its own row.
-        streams = {
-            index: self.audio(request, None)
-            for index, request in enumerate(requests)
-            if index not in known
-        }
-        pieces: list[np.ndarray] = []
-        try:
+        streams = _OneShotStreams(self, requests, sequential=plan.sequential)
+        if not plan.sequential:  # every sentence at once, each decoding as its own row
             for index in range(len(requests)):
+                if index not in known:
+                    streams.start(index)
+        pieces: list[np.ndarray] = [self.silence(round(plan.lead * self.sample_rate))]
+        words: list[WordTiming] = []
+        try:
+            for index, request in enumerate(requests):
                 if index in known:
                     samples = known[index]
                 else:
-                    parts = [piece for piece in streams[index] if len(piece)]
+                    parts = [piece for piece in streams.get(index) if len(piece)]
                     samples = np.concatenate([self.silence(), *parts])
                     if not samples.size:
-                        raise no_audio(requests[index].chunk, index, len(requests))
+                        raise no_audio(
+                            self.model.text.describe(request.chunk), index, len(requests)
+                        )
                     if made is not None:
                         made(index, samples)
-                if index:
-                    pieces.append(self.pause(requests[index - 1].chunk))
-                if samples.size:
-                    pieces.append(samples)
+                rate = plan.rate(index)
+                played = stretch(samples, rate, self.sample_rate) if rate != 1.0 else samples
+                if plan.timestamps:
+                    offset = sum(len(piece) for piece in pieces)
+                    words += self.timings(request, len(samples), rate, offset)
+                pieces += [played, self.pause(plan, requests, index)]
                 if progress is not None:
                     progress(index + 1, len(requests))
         finally:
-            for stream in streams.values():  # on an error, the others stop at once
-                stream.close()
+            streams.close()  # on an error, the others stop at once
         samples = np.concatenate(pieces) if pieces else self.silence()
-        return samples.astype(np.float32, copy=False)
+        return samples.astype(np.float32, copy=False), words
 
     def stream(
         self,
@@ -132,7 +144,41 @@ class Executor:
         timing: Timing | None = None,
     ) -> AudioStream:
         """The text's audio as windows of frames are vocoded (see AudioStream)."""
-        return AudioStream(self, plan.requests(voice, timing), window)
+        return AudioStream(self, plan, plan.requests(voice, timing), window)
+
+
+class _OneShotStreams:
+    """The one-shot streams of a text's chunks for `Executor.synthesize`. In sequential order
+    chunk i + 1 is submitted when the LM finished chunk i (or when the consumer reaches it,
+    whichever comes first: only after chunk i ended either way)."""
+
+    def __init__(self, executor: Executor, requests: list[Request], sequential: bool) -> None:
+        self.executor, self.requests, self.sequential = executor, requests, sequential
+        self.streams: dict[int, VocoderStream] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def start(self, index: int) -> None:
+        with self._lock:
+            if self._closed or index >= len(self.requests) or index in self.streams:
+                return
+            request = self.requests[index]
+            stream = self.executor.vocoder.open(request, None, self.executor.hop_length)
+            if self.sequential:
+                stream.on_lm_done = lambda: self.start(index + 1)
+            self.streams[index] = stream
+        self.executor.scheduler.submit(request)
+
+    def get(self, index: int) -> VocoderStream:
+        self.start(index)  # (already started unless the consumer is ahead of the LM)
+        return self.streams[index]
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            streams = list(self.streams.values())
+        for stream in streams:
+            stream.close()
 
 
 class AudioStream:
@@ -143,12 +189,19 @@ class AudioStream:
     (`poll()`, with `listen(callback)` to be told from another thread when something is ready:
     an event loop serves many streams without a thread each). Closing it cancels every
     sentence still to come and frees their rows. `on_complete(samples)`, when set, receives
-    the whole audio once every chunk was handed out (not for a closed stream)."""
+    the whole audio once every chunk was handed out (not for a closed stream). A chunk with a
+    speed of its own is time-stretched as it streams; with word timings asked for, `words`
+    grows by each chunk's words once the chunk's last samples were handed out."""
 
     def __init__(
-        self, executor: Executor, requests: list[Request], window: StreamingOptions
+        self,
+        executor: Executor,
+        plan: Plan,
+        requests: list[Request],
+        window: StreamingOptions,
     ) -> None:
-        self.executor, self.requests, self.window = executor, requests, window
+        self.executor, self.plan, self.requests, self.window = executor, plan, requests, window
+        self.words: list[WordTiming] = []
         self.on_complete: Callable[[np.ndarray], None] | None = None
         self._listener: Callable[[], None] | None = None
         self._lock = threading.Lock()
@@ -158,7 +211,10 @@ class AudioStream:
         self._pieces: list[np.ndarray] = []
         self._closed = False
         self._failure: BaseException | None = None
-        self._produced = 0  # samples of the current sentence handed out
+        self._produced = 0  # samples of the current sentence as made (before its speed)
+        self._emitted = 0  # samples handed out so far
+        self._stretcher: TimeStretcher | None = None
+        self._lead = round(plan.lead * executor.sample_rate)
         if requests:
             self._open(0)
 
@@ -170,7 +226,7 @@ class AudioStream:
                 return
             try:
                 stream = self.executor.vocoder.open(
-                    self.requests[index], self.window, int(self.executor.backend.hop_length)
+                    self.requests[index], self.window, self.executor.hop_length
                 )
             except OnnxTTSError as error:  # the engine is closing
                 self._failure = error
@@ -210,9 +266,15 @@ class AudioStream:
         while True:
             if self._closed:
                 raise StopIteration
+            if self._lead:
+                lead, self._lead = self._lead, 0
+                return self._keep(self.executor.silence(lead))
             if self._pause_due:
                 self._pause_due = False
-                return self._keep(self.executor.pause(self.requests[self._index - 1].chunk))
+                pause = self.executor.pause(self.plan, self.requests, self._index - 1)
+                if len(pause):
+                    return self._keep(pause)
+                continue
             if self._index >= len(self.requests):
                 self._finish()
                 raise StopIteration
@@ -231,12 +293,13 @@ class AudioStream:
                     self.close()
                     if cancelled:  # its consumer stopped it: the stream just ends
                         raise StopIteration from None
+                    chunk = self.requests[self._index].chunk
                     raise no_audio(
-                        self.requests[self._index].chunk, self._index, len(self.requests)
+                        self.executor.model.text.describe(chunk), self._index, len(self.requests)
                     ) from None
-                self._index += 1
-                self._produced = 0
-                self._pause_due = self._index < len(self.requests)
+                tail = self._end_chunk()
+                if len(tail):
+                    return self._keep(tail)
                 continue
             except BaseException:
                 self.close()
@@ -244,9 +307,39 @@ class AudioStream:
             if chunk is None:
                 return None
             self._produced += len(chunk)
-            return self._keep(chunk)
+            played = self._played(chunk)
+            if not len(played):
+                continue
+            return self._keep(played)
+
+    def _played(self, chunk: np.ndarray) -> np.ndarray:
+        """`chunk` at its sentence's speed (time-stretched when the plan asks for one)."""
+        rate = self.plan.rate(self._index)
+        if rate == 1.0:
+            return chunk
+        if self._stretcher is None:
+            channels = chunk.shape[1] if chunk.ndim == 2 else 1
+            self._stretcher = TimeStretcher(rate, self.executor.sample_rate, channels)
+        return self._stretcher.push(chunk)
+
+    def _end_chunk(self) -> np.ndarray:
+        """The sentence's last samples (a time-stretcher's tail), its words, and the step to
+        the next sentence (after its pause)."""
+        tail = self.executor.silence()
+        if self._stretcher is not None:
+            tail, self._stretcher = self._stretcher.finish(), None
+        if self.plan.timestamps:
+            rate = self.plan.rate(self._index)
+            start = self._emitted + len(tail) - round(self._produced / rate)
+            request = self.requests[self._index]
+            self.words += self.executor.timings(request, self._produced, rate, start)
+        self._index += 1
+        self._produced = 0
+        self._pause_due = True
+        return tail
 
     def _keep(self, chunk: np.ndarray) -> np.ndarray:
+        self._emitted += len(chunk)
         if self.on_complete is not None:
             self._pieces.append(chunk)
         return chunk
@@ -297,11 +390,12 @@ class ReadyChunks:
             close()
 
 
-def no_audio(chunk: object, index: int, count: int) -> EmptyAudioError:
-    """The error for a sentence the model ended without any audio: an utterance with no sound
-    is never returned, written or cached as if it were speech."""
+def no_audio(chunk: str, index: int, count: int) -> EmptyAudioError:
+    """The error for a sentence the model ended without any audio (`chunk`: the sentence as
+    the family describes it, or ""): an utterance with no sound is never returned, written or
+    cached as if it were speech."""
     which = f"sentence {index + 1} of {count}"
-    if isinstance(chunk, str):
+    if chunk:
         which += f" ({chunk[:40]!r}{'...' if len(chunk) > 40 else ''})"
     return EmptyAudioError(
         f"the model produced no audio for {which}: it stopped at its first step; rephrase "
@@ -310,7 +404,6 @@ def no_audio(chunk: object, index: int, count: int) -> EmptyAudioError:
 
 
 __all__ = [
-    "SENTENCE_PAUSE_SECONDS",
     "AudioStream",
     "Executor",
     "Progress",

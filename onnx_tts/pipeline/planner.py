@@ -1,5 +1,10 @@
 """Text planning: everything a request gives is checked before any work, then split into the
-chunks the model generates one by one (each becomes one `Request` of the scheduler)."""
+chunks the model generates one by one (each becomes one `Request` of the scheduler).
+
+A text may carry markup (SSML when it starts with <speak> or `ssml=True`; Piper's
+``[[ phonemes ]]`` otherwise): its text goes through the family's chunking, its phonemes to
+models that take them, its breaks become the pauses after chunks and its prosody rates each
+chunk's speed (times the request's `speed`)."""
 
 from __future__ import annotations
 
@@ -11,10 +16,14 @@ from typing import Any
 import numpy as np
 
 from onnx_tts.decoding import SAMPLING_KEYS, SamplingOptions, check_seed
+from onnx_tts.decoding.request import CancelToken, PlaybackClock, Request
 from onnx_tts.errors import InputError
-from onnx_tts.families.base import Backend, Family
-from onnx_tts.frontend import check_text
-from onnx_tts.request import CancelToken, PlaybackClock, Request
+from onnx_tts.families.base import ChunkOrder, Family, Model
+from onnx_tts.frontend import Break, Phonemes, check_text, parse_markup
+from onnx_tts.pipeline.timestretch import MAX_SPEED, MIN_SPEED
+
+# Silence a request may ask for between its sentences (`sentence_silence`), seconds.
+MAX_SENTENCE_SILENCE = 10.0
 
 
 @dataclass(frozen=True)
@@ -35,59 +44,175 @@ class Timing:
 
 @dataclass(frozen=True)
 class Plan:
-    """A checked request: the family's text chunks, sampling (seed of chunk 0) and the
-    family's request options with the model's defaults filled in."""
+    """A checked request: the family's text chunks, sampling (seed of chunk 0), the family's
+    request options with the model's defaults filled in, and how the chunks are generated
+    (`order`, the family's choice: see `Model.chunk_order`)."""
 
     chunks: list[Any]
     sampling: SamplingOptions
     options: dict[str, Any]
+    order: ChunkOrder = "parallel"
+    # Per chunk: its speed (1 = as the model speaks), and the silence after it in seconds
+    # (None: the vocoder's pause rule between chunks, none after the last); `lead`: silence
+    # before the first chunk (a text that starts with a break).
+    rates: tuple[float, ...] = ()
+    pauses: tuple[float | None, ...] = ()
+    lead: float = 0.0
+    timestamps: bool = False
 
     def requests(
         self, voice: Mapping[str, np.ndarray], timing: Timing | None = None
     ) -> list[Request]:
-        """One scheduler request per chunk (chunk i samples with seed + i); all share one
-        cancel token, so cancelling the text stops every chunk."""
+        """One scheduler request per chunk; all share one cancel token, so cancelling the text
+        stops every chunk. Parallel order: chunk i samples with seed + i. Sequential order:
+        every chunk draws, in order, from one generator seeded with the text's seed."""
         timing = timing or Timing()
         cancel = timing.cancel or CancelToken()
+        shared = np.random.default_rng(self.sampling.seed) if self.sequential else None
         return [
             Request(
                 chunk,
                 voice,
-                self.sampling.for_chunk(index),
+                self.sampling if self.sequential else self.sampling.for_chunk(index),
                 self.options,
                 deadline=timing.deadline,
                 clock=timing.clock,
                 priority=timing.priority,
                 cancel=cancel,
+                generator=shared,
+                marks=[] if self.timestamps else None,
             )
             for index, chunk in enumerate(self.chunks)
         ]
+
+    def rate(self, index: int) -> float:
+        return self.rates[index] if self.rates else 1.0
+
+    def pause_after(self, index: int) -> float | None:
+        """Seconds of silence after chunk `index`, or None for the vocoder's rule (which
+        applies between chunks only)."""
+        return self.pauses[index] if self.pauses else None
+
+    def key(self) -> dict[str, Any]:
+        """What of the plan besides its chunks, sampling and options changes the audio."""
+        return {"rates": self.rates, "pauses": self.pauses, "lead": self.lead}
+
+    @property
+    def sequential(self) -> bool:
+        return self.order == "sequential"
 
 
 class Planner:
     """Checks text, seed, sampling and the family's request options of one model."""
 
-    def __init__(self, backend: Backend, family: Family) -> None:
-        self.backend, self.family = backend, family
+    def __init__(self, model: Model, family: Family) -> None:
+        self.model, self.family = model, family
 
-    def plan(self, text: str | bytes, seed: int | None, options: Mapping[str, Any]) -> Plan:
+    def plan(
+        self,
+        text: str | bytes,
+        seed: int | None,
+        options: Mapping[str, Any],
+        *,
+        ssml: bool | None = None,
+        speed: float = 1.0,
+        sentence_silence: float | None = None,
+        timestamps: bool = False,
+    ) -> Plan:
         """An unknown keyword is an InputError naming the valid ones; nothing runs before
-        every value is checked."""
+        every value is checked (markup included: invalid SSML names its position)."""
         text = check_text(text)
-        sampling = {k: v for k, v in options.items() if k in SAMPLING_KEYS}
-        family_options = {k: v for k, v in options.items() if k not in SAMPLING_KEYS}
+        speed = _checked_number("speed", speed, MIN_SPEED, MAX_SPEED)
+        if sentence_silence is not None:
+            sentence_silence = _checked_number(
+                "sentence_silence", sentence_silence, 0.0, MAX_SENTENCE_SILENCE
+            )
+        if ssml not in (None, True, False):
+            raise InputError(f"ssml must be true, false or unset, got {ssml!r}")
+        if not isinstance(timestamps, bool):
+            raise InputError(f"timestamps must be true or false, got {timestamps!r}")
+        honoured = self.model.sampling_keys
+        sampling = {k: v for k, v in options.items() if k in honoured}
+        family_options = {k: v for k, v in options.items() if k not in honoured}
         request_names = {o.name for o in self.family.options_in("request")}
         unknown = sorted(set(family_options) - request_names)
         if unknown:
-            valid = sorted({*SAMPLING_KEYS, "seed", *request_names})
+            valid = sorted({*honoured, "seed", *request_names})
+            ignored = [k for k in unknown if k in SAMPLING_KEYS]
+            why = (
+                f" (it samples with options of its own: {', '.join(sorted(request_names))})"
+                if ignored
+                else ""
+            )
             raise InputError(
-                f"unknown option(s) {', '.join(unknown)} for the {self.family.name} model; "
+                f"unknown option(s) {', '.join(unknown)} for the {self.family.name} model{why}; "
                 f"valid: {', '.join(valid)}"
             )
-        checked = self.backend.request_options(self.family.check_options(family_options, "request"))
-        defaults = self.backend.sampling_defaults()
+        checked = self.model.request_options(self.family.check_options(family_options, "request"))
+        defaults = self.model.sampling_defaults()
         plan = defaults.with_overrides({**sampling, "seed": check_seed(seed)})
-        return Plan(self.backend.text_chunks(text, checked), plan, checked)
+        chunks, rates, pauses, lead = self._chunks(text, checked, ssml, speed, sentence_silence)
+        return Plan(
+            chunks,
+            plan,
+            checked,
+            self.model.chunk_order(checked),
+            tuple(rates),
+            tuple(pauses),
+            lead,
+            timestamps,
+        )
+
+    def _chunks(
+        self,
+        text: str,
+        options: Mapping[str, Any],
+        ssml: bool | None,
+        speed: float,
+        sentence_silence: float | None,
+    ) -> tuple[list[Any], list[float], list[float | None], float]:
+        """The chunks of a text's segments, each chunk's rate and the pause after it."""
+        frontend = self.model.text
+        chunks: list[Any] = []
+        rates: list[float] = []
+        pauses: list[float | None] = []
+        lead = 0.0
+        for segment in parse_markup(text, ssml):
+            if isinstance(segment, Break):
+                if not chunks:
+                    lead += segment.seconds
+                else:
+                    pauses[-1] = (pauses[-1] or 0.0) + segment.seconds
+                continue
+            if isinstance(segment, Phonemes):
+                made = frontend.phoneme_chunks(segment.ipa, segment.text, options)
+                if made is None:
+                    if not segment.text:
+                        raise InputError(
+                            f"the {self.family.name} model takes words, not phonemes: write the "
+                            f"words of [[ {segment.ipa} ]] instead"
+                        )
+                    made = frontend.chunks(segment.text, options)
+            else:
+                made = frontend.chunks(segment.text, options)
+            for chunk in made:
+                if chunks and pauses[-1] is None and sentence_silence is not None:
+                    pauses[-1] = sentence_silence
+                chunks.append(chunk)
+                rates.append(min(MAX_SPEED, max(MIN_SPEED, speed * segment.rate)))
+                pauses.append(None)
+        if not chunks:
+            raise InputError("text has nothing speakable: its markup holds no words")
+        return chunks, rates, pauses, lead
+
+
+def _checked_number(name: str, value: Any, low: float, high: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InputError(f"{name} must be a number, got {value!r}")
+    number = float(value)
+    if not np.isfinite(number) or not low <= number <= high:
+        raise InputError(f"{name} must be between {low:g} and {high:g}, got {value!r}")
+    return number
 
 
 __all__ = ["Plan", "Planner", "Timing"]

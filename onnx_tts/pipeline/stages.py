@@ -1,23 +1,23 @@
 """The vocoder stage: every stream's windows of one model, on one worker thread.
 
 The decode scheduler hands each request's frames to its `VocoderStream` (the request's sink);
-the stage's worker decodes whatever windows are due, most urgent stream first (a stream whose
-player is about to run dry before one that has audio buffered; a one-shot request with no
-deadline last), and hands the samples to the stream's consumer. Windows that become due
+the stage's worker decodes whatever windows are due in the order the scheduling policy gives
+(by default most urgent stream first: a stream whose player is about to run dry before one
+that has audio buffered; a one-shot request with no deadline last), and hands the samples to
+the stream's consumer. Windows that become due
 within `gather_seconds` of each other are decoded together: one vocoder call for a batch when
-the model's vocoder can batch them exactly (`Backend.vocode_windows`), otherwise one call each
-in deadline order. So the vocoder runs beside the LM (its own thread, its own cores) instead of
-inside every caller's thread, and a slow consumer never holds either stage up: its samples
-wait in its own queue.
+the family's vocoder declares that it batches exactly (`VocoderCapabilities.batches_exactly`:
+`Vocoder.vocode_windows`), otherwise one call each in deadline order. So the vocoder runs
+beside the LM (its own thread, its own cores) instead of inside every caller's thread, and a
+slow consumer never holds either stage up: its samples wait in its own queue.
 
 A one-shot request (`synthesize`) is a stream with a single window: all its frames, decoded
 when its LM is done.
 
-A model whose vocoder streams with a state of its own (a codec with causal caches, e.g.
-MOSS-TTS-Nano's decode_step) offers `Backend.open_stream() -> decoder` (`push(frames) ->
-samples`, `close()`): each streamed request then gets one such decoder, fed each window's new
-frames in order (no overlap, no crossfade: the state carries the context), on the stage's
-thread.
+A vocoder that streams with a state of its own (a codec with causal caches:
+`VocoderCapabilities.stateful_streams`) gives each streamed request one decoder
+(`Vocoder.open_stream()`: `push(frames) -> samples`, `close()`), fed each window's new frames
+in order (no overlap, no crossfade: the state carries the context), on the stage's thread.
 """
 
 from __future__ import annotations
@@ -27,15 +27,17 @@ import dataclasses
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
 from onnx_tts.audio import check_finite
+from onnx_tts.decoding.policy import SchedulingPolicy, make_policy
+from onnx_tts.decoding.request import Handoff, Request
 from onnx_tts.errors import OnnxTTSError
-from onnx_tts.request import Handoff, Request
+from onnx_tts.families.base import Vocoder
 from onnx_tts.vocoder import StreamingDecoder, StreamingOptions, Window
 
 # Windows due within this long of the first one are decoded in the same round.
@@ -65,11 +67,6 @@ def threads_per_stage(cores: int) -> dict[str, int]:
     return {"decode": half, "vocoder": max(1, cores - half), "encoder": half}
 
 
-Vocode = Callable[[np.ndarray, Mapping[str, np.ndarray]], np.ndarray]
-VocodeWindows = Callable[[Sequence[np.ndarray], Sequence[Mapping[str, np.ndarray]]], list]
-OpenStream = Callable[[], Any]  # a stateful decoder: push(frames) -> samples, close()
-
-
 class VocoderStream:
     """One request's frames in, its samples out. The scheduler calls `put`/`end` (it is the
     request's sink); the consumer iterates the samples; closing cancels the request."""
@@ -83,7 +80,7 @@ class VocoderStream:
     ) -> None:
         self.stage, self.request = stage, request
         # A windowed stream of a model with a stateful decoder feeds it only new frames.
-        self.stateful = window is not None and stage.open_stream is not None
+        self.stateful = window is not None and stage.stateful
         if self.stateful:
             assert window is not None
             window = dataclasses.replace(
@@ -182,7 +179,7 @@ class VocoderStream:
     def decode_stateful(self, codes: np.ndarray) -> np.ndarray:
         """(on the stage's thread) the next frames through this stream's own decoder."""
         if self._state is None:
-            self._state = self.stage.open_stream()  # type: ignore[misc]
+            self._state = self.stage.vocoder.open_stream()
         return self._state.push(codes)
 
     def release_state(self) -> None:
@@ -232,16 +229,18 @@ class VocoderStage:
 
     def __init__(
         self,
-        vocode: Vocode,
-        vocode_windows: VocodeWindows | None = None,
+        vocoder: Vocoder,
         scheduler_wake: Callable[[], None] = lambda: None,
-        open_stream: OpenStream | None = None,
         gather_seconds: float = DEFAULT_GATHER_SECONDS,
         max_batch: int = MAX_VOCODER_BATCH,
         lm_idle: Callable[[], bool] | None = None,
+        policy: SchedulingPolicy | None = None,
     ) -> None:
-        self.vocode, self.vocode_windows = vocode, vocode_windows
-        self.open_stream = open_stream
+        self.vocoder = vocoder
+        self.policy = make_policy(policy)  # which due windows go first
+        capabilities = vocoder.capabilities
+        self.batches = capabilities.batches_exactly
+        self.stateful = capabilities.stateful_streams
         # While the decode scheduler has nothing to run (`lm_idle`), its core is free: two
         # streams with decoders of their own then decode at once (the windows left when a
         # burst of streams ends together otherwise wait for one another on one core).
@@ -256,6 +255,7 @@ class VocoderStage:
         self._cv = threading.Condition(self.lock)
         self.streams: set[VocoderStream] = set()
         self._due: set[VocoderStream] = set()
+        self._decoding: set[VocoderStream] = set()  # taken by the worker's current round
         self._closed = False
         self._thread: threading.Thread | None = None
         # samples: audio handed to consumers (admission's cost per second of audio).
@@ -281,9 +281,13 @@ class VocoderStage:
         return stream
 
     def forget(self, stream: VocoderStream) -> None:
+        """A stream closed by its consumer: its windows are dropped and its stateful decoder
+        goes back to the vocoder's pool (by the worker, if it is decoding for it now)."""
         with self._cv:
             self.streams.discard(stream)
             self._due.discard(stream)
+            if stream not in self._decoding:
+                stream.release_state()
 
     def notify_if_due(self, stream: VocoderStream, force: bool = False) -> None:
         with self._cv:
@@ -325,6 +329,7 @@ class VocoderStage:
                 time.sleep(self.gather_seconds)  # let windows due at about the same time join
             with self._cv:
                 work = self._take_due()
+                self._decoding = {stream for stream, _ in work}
             started = time.perf_counter()
             # Only the most urgent batch per round: a window that became due meanwhile (a new
             # stream's first, a listener about to run dry) goes before the rest of this round.
@@ -342,6 +347,9 @@ class VocoderStage:
                 # (their windows are taken again next round: a window depends only on the
                 # frames, so it is the same one)
                 waiting = [stream for batch in batches[taken:] for stream, _ in batch]
+                for stream in self._decoding - self.streams:  # closed or ended this round
+                    stream.release_state()
+                self._decoding = set()
                 self._due.update(stream for stream in waiting if stream in self.streams)
                 leftover = bool(waiting)
                 self._stats["rounds"] += 1
@@ -362,7 +370,8 @@ class VocoderStage:
         """(under the lock) every due (stream, window), most urgent first; failed streams
         get their error now."""
         work = []
-        for stream in sorted(self._due, key=lambda s: s.request.urgency()):
+        due = list(self._due)
+        for stream in [due[i] for i in self.policy.order([s.request.urgency() for s in due])]:
             if stream.failed is not None and not stream.done:
                 stream.release_state()
                 stream.fail(stream.failed)
@@ -377,7 +386,7 @@ class VocoderStage:
     def _batches(self, work: list[tuple[VocoderStream, Any]]) -> list[list[tuple]]:
         """Windows decoded in one call: equal lengths when the vocoder batches, else one each;
         in the order of each batch's most urgent window."""
-        if self.vocode_windows is None:
+        if not self.batches:
             return [[item] for item in work]
         rank = {id(item): index for index, item in enumerate(work)}
         stateful = [[item] for item in work if item[0].stateful]  # each has its own state
@@ -410,13 +419,13 @@ class VocoderStage:
                 stream = batch[index][0]
                 if stream.stateful:  # a stream with its own decoder
                     return stream.decode_stateful(codes[index])
-                return self.vocode(codes[index], voices[index])
+                return self.vocoder.vocode(codes[index], voices[index])
             except Exception as error:
                 return error
 
-        if len(filled) > 1 and self.vocode_windows is not None and not batch[0][0].stateful:
+        if len(filled) > 1 and self.batches and not batch[0][0].stateful:
             try:
-                decoded = self.vocode_windows(
+                decoded = self.vocoder.vocode_windows(
                     [codes[i] for i in filled], [voices[i] for i in filled]
                 )
                 for index, waveform in zip(filled, decoded, strict=True):
@@ -446,7 +455,8 @@ class VocoderStage:
                     self.streams.discard(stream)
                     continue
                 if stream not in self.streams:
-                    continue  # closed meanwhile
+                    stream.release_state()  # closed meanwhile
+                    continue
                 try:
                     self._stats["samples"] += stream.accept(window, result)
                 except Exception as error:

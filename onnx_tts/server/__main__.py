@@ -2,6 +2,6 @@
 
 import sys
 
-from onnx_tts.server.cli import main
+from onnx_tts.cli import main
 
-sys.exit(main())
+sys.exit(main(["serve", *sys.argv[1:]]))

@@ -11,7 +11,7 @@ import signal
 import socket
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from onnx_tts.config import (
@@ -20,7 +20,7 @@ from onnx_tts.config import (
 )
 from onnx_tts.errors import InputError
 from onnx_tts.flags import add_engine_flags
-from onnx_tts.server.settings import add_arguments, serve_settings
+from onnx_tts.server.settings import ServeSettings, add_arguments, serve_settings
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -44,8 +44,10 @@ def add_wyoming_parser(subparsers: Any) -> argparse.ArgumentParser:
     return add_wyoming_arguments(parser)
 
 
-def run(args: argparse.Namespace) -> int:
-    """Serve until SIGINT/SIGTERM; returns the exit status (2 for bad arguments or models)."""
+def run(args: argparse.Namespace, on_ray: Callable[[ServeSettings], int] | None = None) -> int:
+    """Serve until SIGINT/SIGTERM; returns the exit status (2 for bad arguments or models).
+    With --ray the settings go to `on_ray` (the CLI passes the Ray Serve runner: the server
+    knows nothing of where it is deployed)."""
     try:
         settings = serve_settings(args)
     except InputError as error:
@@ -54,9 +56,10 @@ def run(args: argparse.Namespace) -> int:
     config = settings.server
     configure_logging(config.log_level, config.log_json)
     if settings.ray.ray:
-        from onnx_tts.deploy import serve_on_ray
-
-        return serve_on_ray(settings)
+        if on_ray is None:
+            print("onnx-tts serve: --ray runs through `onnx-tts serve --ray`", file=sys.stderr)
+            return 2
+        return on_ray(settings)
     import uvicorn
 
     from onnx_tts.server.app import create_app

@@ -69,6 +69,7 @@ class SpeechModel:
             lead=self.lead,
             cores=available_cores(),
             stalls=self.stalls,
+            policy=engine.scheduler.policy,
         )
 
     def stalls(self) -> int:
@@ -106,20 +107,20 @@ class SpeechModel:
 
     @property
     def hop_length(self) -> int:
-        return int(getattr(self.engine.backend, "hop_length", 0) or 0)
+        return int(self.engine.model.hop_length)
 
     @property
     def builtin_voices(self) -> list[str]:
-        """Voices the model itself ships (e.g. MOSS-TTS-Nano's manifest voices), by name."""
-        return list(getattr(self.engine.backend, "voice_names", []))
+        """Voices the model itself ships (its family's builtin voices), by name."""
+        return list(self.engine.voice_names)
 
     @property
     def voice_rate(self) -> int:
-        return int(self.engine.backend.encoder.sample_rate)
+        return int(self.engine.model.encoder.sample_rate)
 
     def voice_limits(self) -> tuple[float | None, float | None]:
-        encoder = self.engine.backend.encoder
-        return getattr(encoder, "min_seconds", None), getattr(encoder, "max_seconds", None)
+        encoder = self.engine.model.encoder
+        return encoder.min_seconds, encoder.max_seconds
 
     def decode_voice(self, path: str | Path, on_trim: Trimmed | None = None) -> np.ndarray:
         """Reference audio file -> mono float32 at this model's encoder rate (AudioError if bad);
@@ -157,7 +158,7 @@ class SpeechModel:
 def model_options(engine: onnx_tts.Engine) -> dict[str, type]:
     """Request fields a model takes beyond OpenAI's (its sampling options, its family's
     per-request options and stream windows), each with its type."""
-    sampling = engine.backend.sampling_defaults()
+    sampling = engine.model.sampling_defaults()
     options: dict[str, type] = {}
     for item in dataclasses.fields(sampling):
         if item.name != "seed":

@@ -1,8 +1,8 @@
 """OpenAI's free-text `instructions` ("speak slowly and calmly") mapped onto what a model can do.
 
 The models here take no style prompt, so the words that have a meaning for them are applied:
-pace words scale `speed` (WSOLA, pitch kept), and expressiveness words set Chatterbox's
-`exaggeration` when the model has that option. Every clause with none of those words is
+pace words scale `speed` (WSOLA, pitch kept), and expressiveness words set a model's
+`exaggeration` option when its family has one. Every clause with none of those words is
 reported back as ignored (a response header and the log), never silently dropped.
 """
 
@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from onnx_tts.server.timestretch import MAX_SPEED, MIN_SPEED
+from onnx_tts.pipeline.timestretch import MAX_SPEED, MIN_SPEED
 
 # Longest phrases first: "very slowly" must not be read as "slowly".
 _PACE = (

@@ -19,10 +19,10 @@ import numpy as np
 import soxr
 
 from onnx_tts.audio import downmix
+from onnx_tts.decoding.request import CancelToken, PlaybackClock
 from onnx_tts.errors import SessionError
-from onnx_tts.request import CancelToken, PlaybackClock
+from onnx_tts.pipeline.timestretch import TimeStretcher
 from onnx_tts.server.engines import SpeechModel
-from onnx_tts.server.timestretch import TimeStretcher
 
 # Events a Generation posts to its queue.
 START, AUDIO, END, ERROR = "start", "audio", "end", "error"

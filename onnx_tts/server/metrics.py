@@ -1,5 +1,5 @@
 """Prometheus metrics of the server (the playback clock that defines an underrun is
-onnx_tts.request.PlaybackClock)."""
+onnx_tts.decoding.request.PlaybackClock)."""
 
 from __future__ import annotations
 

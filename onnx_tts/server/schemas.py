@@ -7,9 +7,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from onnx_tts.pipeline.timestretch import MAX_SPEED, MIN_SPEED
 from onnx_tts.server.encoding import FORMATS
 from onnx_tts.server.errors import APIError
-from onnx_tts.server.timestretch import MAX_SPEED, MIN_SPEED
 
 MAX_INPUT_CHARS = 4096
 # OpenAI's built-in voice names: clients (Open WebUI defaults to "alloy") send them; they all

@@ -13,9 +13,9 @@ from onnx_tts.config import (
     RayConfig,
     ServerConfig,
     add_flags,
+    check_ray,
     from_flags,
 )
-from onnx_tts.deploy.options import check_ray
 from onnx_tts.flags import add_engine_flags, engine_configs, family_options
 
 

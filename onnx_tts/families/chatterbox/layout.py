@@ -156,6 +156,14 @@ def _check_language_model(graph: GraphSpec, problems: list[str]) -> LanguageMode
     if problems:
         return None
     logits, embeds = graph.outputs["logits"], graph.inputs["inputs_embeds"]
+    for what, spec in (("output 'logits'", logits), ("input 'inputs_embeds'", embeds)):
+        if spec.dtype.kind != "f" or len(spec.shape) not in (0, 3):
+            problems.append(
+                f"{name}: {what} is {spec.dtype} of rank {len(spec.shape)}, expected floating "
+                "point [batch, sequence, size]"
+            )
+    if problems:
+        return None
     return LanguageModelSpec(
         kv=layout,
         embeds_dtype=embeds.dtype,
@@ -205,6 +213,13 @@ def _check_decoder(graph: GraphSpec, problems: list[str]) -> None:
             problems.append(f"{name}: missing input {required!r}")
     if not graph.outputs:
         problems.append(f"{name}: declares no output")
+        return
+    waveform = next(iter(graph.outputs.values()))
+    if waveform.dtype.kind != "f" or len(waveform.shape) > 3:
+        problems.append(
+            f"{name}: output {waveform.name!r} is {waveform.dtype} of rank "
+            f"{len(waveform.shape)}, expected a floating point waveform"
+        )
 
 
 def _tokenizer_languages(tokenizer_path: Path) -> tuple[str, ...]:

@@ -6,32 +6,37 @@ as vocoder. Nothing about dtypes or sizes is assumed; it comes from the layout's
 
 from __future__ import annotations
 
-import hashlib
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 from tokenizers import Tokenizer
 
 from onnx_tts.audio import load_audio
+from onnx_tts.bundle import files_identity
 from onnx_tts.decoding import (
     Admission,
     CapacityPolicy,
     DecodeProgram,
-    KVPool,
     RowSampler,
     SamplingOptions,
     StepOutput,
     StopRules,
     StopTracker,
-    resolve_kv_mode,
 )
+from onnx_tts.decoding.request import Request
 from onnx_tts.encoder import VoiceEncoder
 from onnx_tts.errors import AudioError, InputError, ModelError
-from onnx_tts.families.base import LoadSettings
+from onnx_tts.families.base import (
+    LoadSettings,
+    Model,
+    TextFrontend,
+    Vocoder,
+    VocoderCapabilities,
+    Voices,
+)
 from onnx_tts.families.chatterbox.layout import (
     FAMILY_MULTILINGUAL,
     FAMILY_ORIGINAL,
@@ -46,9 +51,9 @@ from onnx_tts.families.chatterbox.text import (
     punctuate,
     replace_punctuation,
 )
+from onnx_tts.families.loader import Graph, GraphSet, load_graphs
 from onnx_tts.frontend import normalize_text, split_sentences
-from onnx_tts.request import Request
-from onnx_tts.session import Session, describe_graphs
+from onnx_tts.session import Session
 
 START_SPEECH_TOKEN = 6561
 STOP_SPEECH_TOKEN = 6562
@@ -88,9 +93,9 @@ class ChatterboxProgram(DecodeProgram):
     penalty, sample; 6562 or a stop rule ends the row; the token goes back through
     embed_tokens at its position."""
 
-    def __init__(self, model: ChatterboxModel) -> None:
-        self.model = model
-        self.lm = model.sessions["language_model"]
+    def __init__(self, model: ChatterboxModel, text: ChatterboxText, lm: Session) -> None:
+        self.model, self.text = model, text
+        self.lm = lm
         self.lm_rows = 2 if model.cfg_weight > 0 else 1
 
     def new_state(self, rows: int) -> _TokenState:
@@ -106,7 +111,7 @@ class ChatterboxProgram(DecodeProgram):
     def admit(self, state: _TokenState, row: int, request: Request) -> Admission:
         model = self.model
         arrays = model.voice_arrays(request.voice)
-        ids = np.asarray(model.token_ids(request.chunk, request.options.get("language")))[None]
+        ids = np.asarray(self.text.token_ids(request.chunk, request.options.get("language")))[None]
         embeds = model.prefill_embeds(ids, arrays["audio_features"], self.lm_rows == 2)
         limit = model.max_new_tokens
         if not model.published_loop:
@@ -158,11 +163,103 @@ class ChatterboxProgram(DecodeProgram):
         return StepOutput(frames=frames, done=done)
 
 
-class ChatterboxModel:
-    """Backend for Chatterbox ONNX directories (Turbo, original English, multilingual)."""
+class ChatterboxText(TextFrontend):
+    """Text as the published pipelines prepare and tokenize it."""
 
-    sample_rate = SAMPLE_RATE
-    hop_length = SAMPLES_PER_TOKEN
+    def __init__(self, model: ChatterboxModel, tokenizer: Tokenizer) -> None:
+        self.model, self.tokenizer = model, tokenizer
+        self.family = model.family
+        self._cangjie_converter: CangjieConverter | None = None
+
+    def chunks(self, text: str, options: Mapping[str, Any]) -> list[str]:
+        """The text as the published pipelines prepare it: punctuation replacements, (English
+        models) our number and abbreviation reading, sentences of at most MAX_CHUNK_CHARS, each
+        with a capital and an end mark. `published_loop`: the whole text as given (ends
+        stripped), as the model cards' scripts tokenize it."""
+        if self.model.published_loop:
+            chunks = [text.strip()]
+        else:
+            english = self.family != FAMILY_MULTILINGUAL
+            cleaned = replace_punctuation(text, self.family, keep_number_colons=english)
+            if english:
+                cleaned = normalize_text(cleaned)
+            sentences = split_sentences(" ".join(cleaned.split()), MAX_CHUNK_CHARS)
+            chunks = [punctuate(s, self.family) for s in sentences]
+        chunks = [s for s in chunks if s and self._has_tokens(s)]
+        if not chunks:
+            raise InputError("text has nothing speakable after normalisation")
+        return chunks
+
+    def _has_tokens(self, sentence: str) -> bool:
+        return bool(self.tokenizer.encode(sentence, add_special_tokens=False).ids)
+
+    def token_ids(self, sentence: str, language: str | None = None) -> list[int]:
+        """Token ids of one sentence as the published scripts build them."""
+        if self.family == FAMILY_TURBO:
+            return list(self.tokenizer.encode(sentence, add_special_tokens=False).ids)
+        if self.family == FAMILY_MULTILINGUAL:
+            language = language or self.model.language
+            if language == "ja":
+                sentence = hiragana(sentence)  # before NFKD, which spoils kana readings
+            sentence = multilingual_normalize(sentence)
+            if language == "zh" and self._cangjie() is not None:
+                sentence = self._cangjie()(sentence)  # type: ignore[misc]
+            sentence = f"[{language}]{sentence}"
+        ids = list(self.tokenizer.encode(sentence).ids)
+        if not ids or ids[-1] != START_SPEECH_TOKEN:
+            # A tokenizer without the ONNX repos' template: add the wrapping ourselves.
+            start = self.tokenizer.token_to_id("[START]")
+            stop = self.tokenizer.token_to_id("[STOP]")
+            body = list(self.tokenizer.encode(sentence, add_special_tokens=False).ids)
+            ids = [EXAGGERATION_TOKEN, *([start] if start is not None else []), *body]
+            ids += [stop if stop is not None else 0, START_SPEECH_TOKEN]
+        return ids
+
+    def _cangjie(self) -> CangjieConverter | None:
+        path = self.model.layout.model_dir / "Cangjie5_TC.json"
+        if self._cangjie_converter is None and path.is_file():
+            self._cangjie_converter = CangjieConverter(path)
+        return self._cangjie_converter
+
+
+class ChatterboxVocoder(Vocoder):
+    """The conditional decoder: speech tokens [F] or [F, 1] -> exactly F * 960 samples at
+    24 kHz, conditioned on the voice (so windows of several streams do not batch)."""
+
+    def __init__(self, model: ChatterboxModel, decoder: Session) -> None:
+        self.model, self.decoder = model, decoder
+        self.capabilities = VocoderCapabilities(SAMPLE_RATE, SAMPLES_PER_TOKEN)
+
+    def vocode(self, frames: np.ndarray, voice: Mapping[str, np.ndarray]) -> np.ndarray:
+        """The decoder sees prompt tokens + frames (+ 3 silence tokens for Turbo, as
+        published; their audio is cut so every frame maps to one 40 ms hop)."""
+        tokens = np.asarray(frames, dtype=np.int64).reshape(-1)
+        if tokens.size == 0:
+            return np.zeros(0, np.float32)
+        if tokens.min() < 0 or tokens.max() >= START_SPEECH_TOKEN:
+            raise InputError("speech tokens for the decoder must be in [0, 6561)")
+        arrays = self.model.voice_arrays(voice)
+        prompt = arrays["audio_tokens"].reshape(-1).astype(np.int64)
+        padding = np.full(self.model.silence_padding, SILENCE_TOKEN, np.int64)
+        speech = np.concatenate([prompt, tokens, padding])[None]
+        decoder = self.decoder
+        feeds = {
+            "speech_tokens": speech,
+            "speaker_embeddings": arrays["speaker_embeddings"][None].astype(
+                self.model.input_dtype("conditional_decoder", "speaker_embeddings")
+            ),
+            "speaker_features": arrays["speaker_features"][None].astype(
+                self.model.input_dtype("conditional_decoder", "speaker_features")
+            ),
+        }
+        output = decoder.run(feeds)[decoder.output_names[0]]
+        samples = np.asarray(output, dtype=np.float32).reshape(-1)
+        return samples[: tokens.size * SAMPLES_PER_TOKEN]
+
+
+class ChatterboxModel(Model):
+    """Chatterbox ONNX directories (Turbo, original English, multilingual) as the family
+    contract's parts."""
 
     def __init__(
         self,
@@ -181,18 +278,18 @@ class ChatterboxModel:
     ) -> None:
         del precision  # chosen by detection, which read the files of that precision
         self.layout = layout
-        self.family = layout.family
-        self.kv_mode = resolve_kv_mode(settings.kv, layout.lm.kv)
+        family = layout.family
         if exaggeration is not None and not layout.embed_has_exaggeration:
-            raise InputError(f"{self.family} has no exaggeration control; drop --exaggeration")
+            raise InputError(f"{family} has no exaggeration control; drop --exaggeration")
         self.exaggeration = 0.5 if exaggeration is None else float(exaggeration)
         if cfg_weight is not None and not layout.embed_has_position_ids:
-            raise InputError(f"{self.family} does not support classifier-free guidance")
+            raise InputError(f"{family} does not support classifier-free guidance")
         self.cfg_weight = float(cfg_weight or 0.0)
+        self.family = family
         self.language = "en"
         self.language = self.check_language(language)
         self.published_loop = bool(published_loop)
-        default_cap = PUBLISHED_MAX_NEW_TOKENS[self.family] if published_loop else MAX_NEW_TOKENS
+        default_cap = PUBLISHED_MAX_NEW_TOKENS[family] if published_loop else MAX_NEW_TOKENS
         self.max_new_tokens = default_cap if max_new_tokens is None else int(max_new_tokens)
         rules = default_stop_rules()
         if self.published_loop:
@@ -205,61 +302,71 @@ class ChatterboxModel:
         self.stop_rules = StopRules(
             **{**rules.__dict__, **{k: v for k, v in overrides.items() if v is not None}}
         ).checked()
-        self.silence_padding = 3 if self.family == FAMILY_TURBO else 0
-        self.streaming_defaults = {
-            "first_chunk_frames": 10,
-            "stride_frames": 25,
-            "overlap_frames": 8,
-            "holdback_frames": 2,
-            "crossfade_samples": 480,
-        }
+        self.silence_padding = 3 if family == FAMILY_TURBO else 0
 
         stages = {"speech_encoder": "encoder", "conditional_decoder": "vocoder"}
-        self.sessions = {
-            role: Session(spec.path, settings.options_for(stages.get(role, "decode")))
-            for role, spec in layout.graphs.items()
-        }
+        graphs = load_graphs(
+            GraphSet(
+                {
+                    role: Graph(spec.path, stages.get(role, "decode"))
+                    for role, spec in layout.graphs.items()
+                },
+                lm="language_model",
+                capacity=CapacityPolicy(None, POSITION_LIMIT),
+                kv=layout.lm.kv,
+            ),
+            settings,
+        )
+        self.sessions = graphs.sessions
         self._check_runtime_io()
         try:
-            self.tokenizer = Tokenizer.from_file(str(layout.tokenizer_path))
+            tokenizer = Tokenizer.from_file(str(layout.tokenizer_path))
         except Exception as error:  # tokenizers raises a bare Exception on bad JSON
             raise ModelError(f"cannot read tokenizer {layout.tokenizer_path}: {error}") from None
-        self.embeds_dtype = self._dtype("language_model", "inputs_embeds")
-        self.encoder = VoiceEncoder(
-            self.sessions["speech_encoder"],
-            bundle_identity=f"{self.family}/{layout.graphs['speech_encoder'].path.name}",
+        self.embeds_dtype = self.input_dtype("language_model", "inputs_embeds")
+        encoder = VoiceEncoder(
+            graphs["speech_encoder"],
+            bundle_identity=f"{family}/{layout.graphs['speech_encoder'].path.name}",
             sample_rate=SAMPLE_RATE,
             settings={"min_seconds": REFERENCE_MIN_SECONDS, "max_seconds": REFERENCE_MAX_SECONDS},
-            graph_sha256=model_identity(layout.files_of("speech_encoder")),
+            graph_sha256=files_identity(layout.files_of("speech_encoder")),
             hop_length=SAMPLES_PER_TOKEN,
             frame_outputs=(layout.speech_encoder_outputs["audio_tokens"],),
             input_name="audio_values",
         )
-        self.pool = KVPool(
-            self.sessions["language_model"],
-            layout.lm.kv,
-            self.kv_mode,
-            CapacityPolicy(None, POSITION_LIMIT),
-        )
-        self.program = ChatterboxProgram(self)
         self._default_voice: dict[str, np.ndarray] | None = None
-        self._cangjie_converter: CangjieConverter | None = None
         self._lock = threading.Lock()
+        text = ChatterboxText(self, tokenizer)
+        super().__init__(
+            family=family,
+            text=text,
+            voices=Voices(encoder, self._encoded_default_voice),
+            program=ChatterboxProgram(self, text, graphs.lm),
+            vocoder=ChatterboxVocoder(self, graphs["conditional_decoder"]),
+            graphs=graphs,
+            streaming_defaults={
+                "first_chunk_frames": 10,
+                "stride_frames": 25,
+                "overlap_frames": 8,
+                "holdback_frames": 2,
+                "crossfade_samples": 480,
+            },
+        )
 
     # -- setup ---------------------------------------------------------------------------------
     def _check_runtime_io(self) -> None:
         """The loaded sessions must agree with what the layout read from the files."""
         for role, session in self.sessions.items():
             declared = self.layout.graphs[role]
-            missing = [n for n in declared.input_names if session.input(n) is None]
+            missing = [n for n in declared.input_names if session.input(n) is None]  # type: ignore[union-attr]
             if missing:
                 raise ModelError(f"{declared.path.name}: runtime does not see inputs {missing}")
 
-    def _dtype(self, role: str, name: str) -> np.dtype:
-        info = self.sessions[role].input(name)
+    def input_dtype(self, role: str, name: str) -> np.dtype:
+        info = self.sessions[role].input(name)  # type: ignore[union-attr]
         return info.dtype if info is not None else np.dtype(np.float32)
 
-    # -- backend interface ---------------------------------------------------------------------
+    # -- the family's own ----------------------------------------------------------------------
     def info(self) -> dict[str, Any]:
         lm = self.layout.lm
         return {
@@ -287,10 +394,10 @@ class ChatterboxModel:
             "cfg_weight": self.cfg_weight,
             "published_loop": self.published_loop,
             "streaming": self.streaming_defaults,
-            "graphs": describe_graphs(self.sessions),
+            "graphs": self.graphs.describe(),
         }
 
-    def default_voice(self) -> dict[str, np.ndarray]:
+    def _encoded_default_voice(self) -> dict[str, np.ndarray]:
         """The repository's default_voice.wav, encoded once."""
         if self.layout.default_voice is None:
             raise AudioError(
@@ -332,56 +439,6 @@ class ChatterboxModel:
             )
         return code
 
-    def text_chunks(self, text: str, options: Mapping[str, Any]) -> list[str]:
-        """The text as the published pipelines prepare it: punctuation replacements, (English
-        models) our number and abbreviation reading, sentences of at most MAX_CHUNK_CHARS, each
-        with a capital and an end mark. `published_loop`: the whole text as given (ends
-        stripped), as the model cards' scripts tokenize it."""
-        if self.published_loop:
-            chunks = [text.strip()]
-        else:
-            english = self.family != FAMILY_MULTILINGUAL
-            cleaned = replace_punctuation(text, self.family, keep_number_colons=english)
-            if english:
-                cleaned = normalize_text(cleaned)
-            sentences = split_sentences(" ".join(cleaned.split()), MAX_CHUNK_CHARS)
-            chunks = [punctuate(s, self.family) for s in sentences]
-        chunks = [s for s in chunks if s and self._has_tokens(s)]
-        if not chunks:
-            raise InputError("text has nothing speakable after normalisation")
-        return chunks
-
-    def _has_tokens(self, sentence: str) -> bool:
-        return bool(self.tokenizer.encode(sentence, add_special_tokens=False).ids)
-
-    def token_ids(self, sentence: str, language: str | None = None) -> list[int]:
-        """Token ids of one sentence as the published scripts build them."""
-        if self.family == FAMILY_TURBO:
-            return list(self.tokenizer.encode(sentence, add_special_tokens=False).ids)
-        if self.family == FAMILY_MULTILINGUAL:
-            language = language or self.language
-            if language == "ja":
-                sentence = hiragana(sentence)  # before NFKD, which spoils kana readings
-            sentence = multilingual_normalize(sentence)
-            if language == "zh" and self._cangjie() is not None:
-                sentence = self._cangjie()(sentence)  # type: ignore[misc]
-            sentence = f"[{language}]{sentence}"
-        ids = list(self.tokenizer.encode(sentence).ids)
-        if not ids or ids[-1] != START_SPEECH_TOKEN:
-            # A tokenizer without the ONNX repos' template: add the wrapping ourselves.
-            start = self.tokenizer.token_to_id("[START]")
-            stop = self.tokenizer.token_to_id("[STOP]")
-            body = list(self.tokenizer.encode(sentence, add_special_tokens=False).ids)
-            ids = [EXAGGERATION_TOKEN, *([start] if start is not None else []), *body]
-            ids += [stop if stop is not None else 0, START_SPEECH_TOKEN]
-        return ids
-
-    def _cangjie(self) -> CangjieConverter | None:
-        path = self.layout.model_dir / "Cangjie5_TC.json"
-        if self._cangjie_converter is None and path.is_file():
-            self._cangjie_converter = CangjieConverter(path)
-        return self._cangjie_converter
-
     def voice_arrays(self, voice: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Encoder outputs under their canonical names, without the batch axis."""
         arrays = {}
@@ -401,7 +458,7 @@ class ChatterboxModel:
             feeds["position_ids"] = positions.astype(np.int64)
         if self.layout.embed_has_exaggeration:
             feeds["exaggeration"] = np.full(
-                (ids.shape[0],), self.exaggeration, self._dtype("embed_tokens", "exaggeration")
+                (ids.shape[0],), self.exaggeration, self.input_dtype("embed_tokens", "exaggeration")
             )
         return self.sessions["embed_tokens"].run(feeds, ["inputs_embeds"])["inputs_embeds"]
 
@@ -415,55 +472,3 @@ class ChatterboxModel:
             return cond
         uncond_text = np.where((ids < START_SPEECH_TOKEN)[..., None], 0.0, text)
         return np.concatenate([cond, np.concatenate([prefix, uncond_text], axis=1)], axis=0)
-
-    def vocode(self, frames: np.ndarray, voice: Mapping[str, np.ndarray]) -> np.ndarray:
-        """Speech tokens [F] or [F, 1] -> exactly F * 960 samples at 24 kHz.
-
-        The decoder sees prompt tokens + frames (+ 3 silence tokens for Turbo, as published;
-        their audio is cut so every frame maps to one 40 ms hop)."""
-        tokens = np.asarray(frames, dtype=np.int64).reshape(-1)
-        if tokens.size == 0:
-            return np.zeros(0, np.float32)
-        if tokens.min() < 0 or tokens.max() >= START_SPEECH_TOKEN:
-            raise InputError("speech tokens for the decoder must be in [0, 6561)")
-        arrays = self.voice_arrays(voice)
-        prompt = arrays["audio_tokens"].reshape(-1).astype(np.int64)
-        padding = np.full(self.silence_padding, SILENCE_TOKEN, np.int64)
-        speech = np.concatenate([prompt, tokens, padding])[None]
-        decoder = self.sessions["conditional_decoder"]
-        feeds = {
-            "speech_tokens": speech,
-            "speaker_embeddings": arrays["speaker_embeddings"][None].astype(
-                self._dtype("conditional_decoder", "speaker_embeddings")
-            ),
-            "speaker_features": arrays["speaker_features"][None].astype(
-                self._dtype("conditional_decoder", "speaker_features")
-            ),
-        }
-        output = decoder.run(feeds)[decoder.output_names[0]]
-        samples = np.asarray(output, dtype=np.float32).reshape(-1)
-        return samples[: tokens.size * SAMPLES_PER_TOKEN]
-
-
-def model_identity(paths: list[Path]) -> str:
-    """Fingerprint of a graph and its sidecars for the reference-cache key: the .onnx file
-    in full, each sidecar by size plus its first and last MiB (hashing a 1 GB sidecar on
-    every load would cost seconds)."""
-    digest = hashlib.sha256()
-    for path in paths:
-        digest.update(path.name.encode())
-        try:
-            with path.open("rb") as handle:
-                if path.suffix == ".onnx":
-                    for block in iter(lambda handle=handle: handle.read(1 << 20), b""):
-                        digest.update(block)
-                    continue
-                size = path.stat().st_size
-                digest.update(str(size).encode())
-                digest.update(handle.read(1 << 20))
-                if size > 2 << 20:
-                    handle.seek(size - (1 << 20))
-                    digest.update(handle.read())
-        except OSError as error:
-            raise ModelError(f"cannot read {path}: {error.strerror or error}") from None
-    return digest.hexdigest()

@@ -2,11 +2,12 @@
 MOSS-Audio-Tokenizer-Nano-ONNX codec), run unmodified: the published layout is recognised and
 checked (`layout`), text is tokenized and chunked as published (`text`), frames come from the
 global transformer and the local depth transformer (`program`, `local`, `sampling`), audio from
-the codec (`codec`); `model.MossTTSNano` is the backend.
+the codec (`codec`); `model.MossTTSNano` holds the parts. It runs through the engine like
+every family:
 
-    from onnx_tts.families.moss_tts_nano import open_model
-    model = open_model("models/")                        # the parent of both directories
-    audio = model.synthesize("Hello.", voice="Junhao", seed=1)   # float32 [samples, 2], 48 kHz
+    import onnx_tts
+    engine = onnx_tts.load("models/")                    # the parent of both directories
+    audio = engine.synthesize("Hello.", voice="Junhao", seed=1)  # float32 [samples, 2], 48 kHz
 """
 
 from __future__ import annotations
@@ -16,17 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from onnx_tts.families.base import Detection, Family, LoadSettings, Option
-from onnx_tts.families.moss_tts_nano.layout import (
-    FAMILY,
-    MAX_NEW_FRAMES,
-    SAMPLE_MODES,
-    MossLayout,
-    inspect_layout,
-    looks_like_moss,
-)
+from onnx_tts.families.moss_tts_nano.layout import FAMILY, MAX_NEW_FRAMES, SAMPLE_MODES
 from onnx_tts.families.moss_tts_nano.local import PATH_CHOICES
+from onnx_tts.families.moss_tts_nano.reader import inspect_layout, looks_like_moss
 from onnx_tts.families.moss_tts_nano.text import MAX_CHUNK_TOKENS
-from onnx_tts.session import SessionOptions
 
 
 def detect(root: Path, options: Mapping[str, Any]) -> Detection | None:
@@ -43,23 +37,6 @@ def load(detection: Detection, settings: LoadSettings, options: Mapping[str, Any
     from onnx_tts.families.moss_tts_nano.model import MossTTSNano
 
     return MossTTSNano(detection.inspected, settings, **options)
-
-
-def open_model(
-    path: str | Path,
-    kv: str | None = None,
-    threads: int = 0,
-    **options: Any,
-) -> Any:
-    """The backend of a MOSS-TTS-Nano directory without an Engine: its own synthesize() and
-    stream() decode chunk after chunk on a scheduler of one row with one generator for the
-    text, as the published runtime does. `onnx_tts.load(DIR)` gives the batched Engine."""
-    from onnx_tts.families.moss_tts_nano.model import MossTTSNano
-
-    layout: MossLayout = inspect_layout(Path(path))
-    checked = REGISTRY_ENTRY.check_options(options, "load")
-    settings = LoadSettings(kv, SessionOptions(intra_op_threads=threads))
-    return MossTTSNano(layout, settings, **checked)
 
 
 _OPTIONS = (
@@ -94,6 +71,13 @@ _OPTIONS = (
         choices=PATH_CHOICES,
     ),
     Option(
+        "parallel_chunks",
+        bool,
+        "decode the chunks of a text at once (chunk i seeded seed + i) instead of one after "
+        "another with one generator, as published",
+        "both",
+    ),
+    Option(
         "text_temperature", float, "continue/stop temperature (host sampling)", "both", 1e-6, 100.0
     ),
     Option("text_top_p", float, "continue/stop nucleus (host sampling)", "both", 0.0, 1.0),
@@ -118,4 +102,4 @@ REGISTRY_ENTRY = Family(
     _OPTIONS,
 )
 
-__all__ = ["FAMILY", "REGISTRY_ENTRY", "detect", "inspect_layout", "open_model"]
+__all__ = ["FAMILY", "REGISTRY_ENTRY", "detect", "inspect_layout"]

@@ -24,9 +24,8 @@ from onnx_tts.audio import (
 )
 from onnx_tts.encoder import VoiceEncoder
 from onnx_tts.errors import AudioError, InputError, ModelError, NonFiniteAudioError
-from onnx_tts.families.moss_tts_nano.graphs import LazySession
 from onnx_tts.families.moss_tts_nano.layout import MossLayout
-from onnx_tts.session import StateChain
+from onnx_tts.session import LazySession, StateChain
 
 PROMPT_CODES = "prompt_audio_codes"
 REFERENCE_MIN_SECONDS = 0.5

@@ -22,7 +22,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from onnx_tts.families.moss_tts_nano.graphs import LazySession
 from onnx_tts.families.moss_tts_nano.layout import MossLayout
 from onnx_tts.families.moss_tts_nano.sampling import (
     frame_uniforms,
@@ -30,7 +29,7 @@ from onnx_tts.families.moss_tts_nano.sampling import (
     penalize,
     sample_rows,
 )
-from onnx_tts.session import KVCache
+from onnx_tts.session import KVCache, LazySession
 
 PATHS = ("greedy_frame", "fixed_frame", "cached_step", "decoder")
 PATH_CHOICES = ("auto", *PATHS)  # "auto": the published dispatch

@@ -23,10 +23,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from onnx_tts.decoding import Admission, DecodeProgram, StepOutput
+from onnx_tts.decoding.request import Request
 from onnx_tts.families.moss_tts_nano.layout import MossLayout
 from onnx_tts.families.moss_tts_nano.local import LocalPath, LocalRows
 from onnx_tts.families.moss_tts_nano.sampling import MossSampling
-from onnx_tts.request import Request
 from onnx_tts.session import Session
 
 GLOBAL_HIDDEN = "global_hidden"

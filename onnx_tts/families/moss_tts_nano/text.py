@@ -13,9 +13,12 @@ separate front ends and are not applied here.
 from __future__ import annotations
 
 import unicodedata
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from onnx_tts.errors import InputError, ModelError
+from onnx_tts.families.base import TextFrontend
 
 SENTENCE_END = frozenset(".!?。！？；;")
 CLAUSE_END = frozenset(",，、；;：:")
@@ -97,10 +100,11 @@ def _joined(left: str, right: str) -> str:
     return left + right if has_cjk(left) or has_cjk(right) else f"{left} {right}"
 
 
-class MossText:
-    """The model's tokenizer and chunker."""
+class MossText(TextFrontend):
+    """The model's tokenizer and chunker. `vocab`: the model's text vocabulary; a tokenizer
+    with more pieces could give ids the model's embedding has no row for."""
 
-    def __init__(self, tokenizer_path: Path) -> None:
+    def __init__(self, tokenizer_path: Path, vocab: int | None = None) -> None:
         import sentencepiece
 
         try:
@@ -110,6 +114,15 @@ class MossText:
                 f"{tokenizer_path} is not a SentencePiece model ({error}); download it again"
             ) from None
         self.vocab_size = int(self.sp.get_piece_size())
+        if vocab is not None and self.vocab_size > vocab:
+            raise ModelError(
+                f"{tokenizer_path} has {self.vocab_size} pieces but the model's vocabulary "
+                f"(vocab_size in the TTS meta) has {vocab}: its ids would index past the "
+                "model's embedding; use the tokenizer.model published with these graphs"
+            )
+
+    def chunks(self, text: str, options: Mapping[str, Any]) -> list[str]:
+        return self.split(text, options.get("voice_clone_max_text_tokens", DEFAULT_CHUNK_TOKENS))
 
     def encode(self, text: str) -> list[int]:
         return [int(t) for t in self.sp.encode(text, out_type=int)]
@@ -117,7 +130,7 @@ class MossText:
     def count(self, text: str) -> int:
         return len(self.encode(text))
 
-    def chunks(self, text: str, budget: int = DEFAULT_CHUNK_TOKENS) -> list[str]:
+    def split(self, text: str, budget: int = DEFAULT_CHUNK_TOKENS) -> list[str]:
         """The published chunks of `text` (InputError for text with nothing to speak)."""
         text = text.strip()
         if not speakable(text):

@@ -63,7 +63,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def run_convert(args: argparse.Namespace) -> int:
     if args.check_steps < 1:
         raise InputError(f"--check-steps must be at least 1, got {args.check_steps}")
-    from onnx_tts.families.moss_tts_nano.layout import looks_like_moss
+    from onnx_tts.families.moss_tts_nano.reader import looks_like_moss
 
     if Path(args.source).is_dir() and looks_like_moss(Path(args.source)):
         report = convert_moss_inplace_kv(

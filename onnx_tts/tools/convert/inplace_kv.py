@@ -347,7 +347,7 @@ def convert_moss_inplace_kv(
     weights are stored once. `dst` appears in one rename after the check passed."""
     from onnx import external_data_helper
 
-    from onnx_tts.families.moss_tts_nano.layout import inspect_layout
+    from onnx_tts.families.moss_tts_nano.reader import inspect_layout
 
     src, dst = Path(src), Path(dst)
     if dst.exists():

@@ -3,9 +3,9 @@
 The CLI, the Python API, the HTTP server and the Wyoming server all describe work the same way:
 a piece of text (a family's chunk), the voice's conditioning, sampling options (with the
 chunk's seed), the family's options, when its first audio is due, the player it feeds (a
-stream's playback clock), a priority, a cancel token, and where its frames go. The scheduler
-orders admission by urgency (`Request.due()`), so a stream whose player is about to run dry
-goes before a request that can wait.
+stream's playback clock), a priority, a cancel token, and where its frames go. What the
+scheduling policy (`policy.py`) weighs is `Request.urgency()`: the priority, when the request
+next needs compute (`Request.due()`) and its arrival order.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from onnx_tts.decoding.policy import Urgency
 from onnx_tts.decoding.sampling import SamplingOptions
 
 # A request without a deadline waits this long behind requests that have one (a batch job
@@ -129,11 +130,15 @@ class Handoff:
 class Request:
     """One text chunk to generate and everything the stages need to serve it.
 
-    chunk: an item of the family's `text_chunks()`; voice: encoder outputs; sampling: with
+    chunk: an item of the family's `text.chunks()`; voice: encoder outputs; sampling: with
     this chunk's seed; options: the family's request options (checked). deadline: monotonic
     time its first audio is due (None: no deadline, a batch request); clock: the player of a
     streamed request; priority: lower goes first among equally urgent requests; cancel: the
-    token every stage checks; sink: where its frames go (set by the scheduler when None)."""
+    token every stage checks; sink: where its frames go (set by the scheduler when None);
+    generator: the random generator shared by the chunks of one text that decode one after
+    another (a family whose published runtime draws the whole text from one generator), None
+    for a chunk that draws from its own seed; marks: when word timings are asked for, a list
+    the family's program may fill with the text position each emitted frame voices."""
 
     chunk: Any
     voice: Mapping[str, np.ndarray]
@@ -144,6 +149,8 @@ class Request:
     priority: int = 0
     cancel: CancelToken = field(default_factory=CancelToken)
     sink: Any = None
+    generator: np.random.Generator | None = None
+    marks: list[int] | None = None
     arrival: float = field(default_factory=time.monotonic)
     order: int = field(default_factory=lambda: next(_arrivals))
 
@@ -158,9 +165,9 @@ class Request:
             return self.deadline
         return self.arrival + NO_DEADLINE_SLACK_SECONDS
 
-    def urgency(self) -> tuple[int, float, int]:
-        """Sort key: priority, then earliest due time, then arrival order."""
-        return (self.priority, self.due(), self.order)
+    def urgency(self) -> Urgency:
+        """What the scheduling policy knows of this request: priority, due time, arrival."""
+        return Urgency(self.priority, self.due(), self.order)
 
 
 __all__ = ["NO_DEADLINE_SLACK_SECONDS", "CancelToken", "Handoff", "PlaybackClock", "Request"]

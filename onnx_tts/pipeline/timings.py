@@ -1,0 +1,89 @@
+"""Word timings: when each word of a text sounds in the output audio.
+
+A chunk's span in the output is exact (its samples, the pauses and the speed are all known);
+inside a chunk, a word is timed exactly when the family's program marked which text position
+each frame voices (`Request.marks`, e.g. the default voice's phoneme pointer) and the family
+told the positions of its words (`TextFrontend.words`); otherwise the chunk's duration is
+shared out by the words' weights (their letters) and the timing says `estimated`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from onnx_tts.families.base import WordSpan
+
+
+@dataclass(frozen=True)
+class WordTiming:
+    """A word as spoken, from `start` to `end` seconds in the output audio."""
+
+    word: str
+    start: float
+    end: float
+    estimated: bool
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "word": self.word,
+            "start": round(self.start, 3),
+            "end": round(self.end, 3),
+            "estimated": self.estimated,
+        }
+
+
+def time_words(
+    words: Sequence[WordSpan],
+    marks: Sequence[int] | None,
+    samples: int,
+    sample_rate: int,
+    rate: float = 1.0,
+    offset: float = 0.0,
+) -> list[WordTiming]:
+    """The timings of one chunk's `words`: its `samples` as the model made them, played at
+    `rate` (the output is samples / rate long) from `offset` seconds on."""
+    if not words or samples <= 0:
+        return []
+    seconds = samples / sample_rate / rate
+    spans = _marked(words, marks) if marks else None
+    if spans is None:
+        total = sum(max(word.weight, 1e-9) for word in words)
+        timings, position = [], 0.0
+        for word in words:
+            length = seconds * max(word.weight, 1e-9) / total
+            start = offset + position
+            timings.append(WordTiming(word.text, start, start + length, True))
+            position += length
+        return timings
+    per_mark = seconds / len(marks)  # type: ignore[arg-type]
+    return [
+        WordTiming(word.text, offset + first * per_mark, offset + last * per_mark, estimated)
+        for word, (first, last, estimated) in zip(words, spans, strict=True)
+    ]
+
+
+def _marked(
+    words: Sequence[WordSpan], marks: Sequence[int]
+) -> list[tuple[float, float, bool]] | None:
+    """Per word (first mark, one past its last mark, estimated) in units of marks, or None
+    when the words carry no positions. A word no frame voiced (the pointer jumped over it)
+    takes the gap between its neighbours and is marked estimated."""
+    if any(word.first is None or word.last is None for word in words):
+        return None
+    found: list[tuple[int, int] | None] = []
+    for word in words:
+        hits = [i for i, mark in enumerate(marks) if word.first <= mark < word.last]  # type: ignore[operator]
+        found.append((hits[0], hits[-1] + 1) if hits else None)
+    spans: list[tuple[float, float, bool]] = []
+    for index, hit in enumerate(found):
+        if hit is not None:
+            spans.append((float(hit[0]), float(hit[1]), False))
+            continue
+        before = spans[-1][1] if spans else 0.0
+        after = next((h[0] for h in found[index + 1 :] if h is not None), len(marks))
+        spans.append((before, max(before, float(after)), True))
+    return spans
+
+
+__all__ = ["WordTiming", "time_words"]
