@@ -352,7 +352,7 @@ def parts(directory: Path, frames: int, repeats: int) -> list[dict[str, Any]]:
     """Each stage alone, float against int8 (1 thread, medians, alternating): the global decode
     step and the local frame graph at 1 and 8 rows, the codec per frame (decode_step windows
     of 4) and per request (decode_full of `frames`), the prefill."""
-    from onnx_tts.families.moss_tts_nano.layout import inspect_layout
+    from onnx_tts.families.moss_tts_nano.reader import inspect_layout
     from onnx_tts.session import KVCache, Session, SessionOptions
 
     options = SessionOptions(intra_op_threads=1, inter_op_threads=1)

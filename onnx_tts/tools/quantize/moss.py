@@ -14,7 +14,8 @@ from pathlib import Path
 import onnx
 
 from onnx_tts.errors import ModelError
-from onnx_tts.families.moss_tts_nano.layout import MossLayout, inspect_layout
+from onnx_tts.families.moss_tts_nano.layout import MossLayout
+from onnx_tts.families.moss_tts_nano.reader import inspect_layout
 from onnx_tts.tools.bundle_files import save_sharing_data
 from onnx_tts.tools.quantize.feeds import Hint
 from onnx_tts.tools.quantize.plan import Check, GraphJob, GraphResult
