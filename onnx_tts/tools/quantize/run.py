@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 import onnx
 
-from onnx_tts.errors import InputError, ModelError
+from onnx_tts.errors import InputError, ModelError, SessionError
 from onnx_tts.tools.bundle_files import atomic_write_bytes, save_sharing_data
 from onnx_tts.tools.quantize.agreement import Agreement, compare_stateless, compare_with_cache
 from onnx_tts.tools.quantize.plan import Check, GraphJob, GraphResult, Thresholds, decide
@@ -204,9 +204,15 @@ def _quantize_job(
     save_sharing_data(floats, "weights.data")
     del graphs, floats
     for check in job.checks:
-        result.agreements[check.name] = _run_check(
-            check, references, result.candidates, steps, job.name
-        )
+        try:
+            result.agreements[check.name] = _run_check(
+                check, references, result.candidates, steps, job.name
+            )
+        except SessionError as error:  # e.g. a check input the graph does not accept
+            raise ModelError(
+                f"{job.name} ({check.name}): the agreement check could not run the graphs: "
+                f"{error}; leave this graph out (--graphs)"
+            ) from None
     result.kept, result.reason = decide(result.agreements, thresholds, job.per_step)
     return result
 
