@@ -8,9 +8,10 @@ the fastest kernel (0.30x fp32 at 1 row against 0.39x for 8-bit MatMulNBits at b
 8-bit MatMulNBits at block 32 is the only int8 form whose rows do not depend on each other:
 `DynamicQuantizeLinear` picks one activation scale for the whole tensor, so a request decodes
 differently beside others, and the engine must then run every request on its own cache (no
-batching: 8 requests cost 8 weight reads per step instead of one). With `accuracy_level` 4 (int8 compute) MatMulNBits
-quantizes activations per row and block; at block 32 a row's result is bit-identical alone or
-in a batch of any size (blocks of 64 and 128 are not, measured: see `BATCH_INVARIANT_BLOCK`).
+batching: 8 requests cost 8 weight reads per step instead of one). With `accuracy_level` 4
+(int8 compute) MatMulNBits quantizes activations per row and block; at block 32 a row's result
+is bit-identical alone or in a batch of any size (blocks of 64 and 128 are not, measured: see
+`BATCH_INVARIANT_BLOCK`).
 """
 
 from __future__ import annotations
