@@ -97,6 +97,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     synth.add_argument("--voice", help="reference audio to clone (WAV, FLAC, OGG)")
     synth.add_argument("--seed", type=int, help="random seed (same seed -> same audio)")
+    shaping = synth.add_argument_group("speech (pace, pauses, markup, captions)")
+    shaping.add_argument(
+        "--speed", type=float, default=1.0, help="pace, 0.25-4 (time-stretched, pitch kept)"
+    )
+    shaping.add_argument(
+        "--sentence-silence", type=float, help="seconds of silence between sentences"
+    )
+    shaping.add_argument(
+        "--ssml", action="store_true", help="read the text as SSML (a text starting <speak> is)"
+    )
+    shaping.add_argument(
+        "--captions",
+        metavar="FILE",
+        help="also write the words' timings as subtitles (.srt or .vtt)",
+    )
     sampling = synth.add_argument_group("sampling (how each token is drawn)")
     sampling.add_argument("--temperature", type=float, help=SAMPLING_HELP["temperature"])
     sampling.add_argument("--top-k", type=int, help=SAMPLING_HELP["top_k"])
@@ -288,28 +303,57 @@ class _Collector:
         self.chunks.append(np.asarray(samples, np.float32))
 
 
+def _captions_kind(args: argparse.Namespace) -> str | None:
+    """srt or vtt from --captions' extension (checked before any work)."""
+    if args.captions is None:
+        return None
+    from onnx_tts.audio import check_output_path
+
+    kind = Path(args.captions).suffix.lower().lstrip(".")
+    if kind not in ("srt", "vtt"):
+        raise InputError(f"--captions writes .srt or .vtt subtitles, not {args.captions!r}")
+    check_output_path(args.captions, "wav")  # writable, before any work
+    return kind
+
+
+def _write_captions(args: argparse.Namespace, kind: str | None, words: Any) -> None:
+    if kind is not None:
+        from onnx_tts.atomic_files import write_atomically
+        from onnx_tts.pipeline.timings import subtitles
+
+        write_atomically(Path(args.captions), subtitles(words or [], kind).encode())
+
+
 def cmd_synth(args: argparse.Namespace) -> int:
     from onnx_tts.audio import encode_for, encoded_rate
 
     text = _read_text(args.text)
     fmt = _output_format(args)
+    captions = _captions_kind(args)
     to_stdout = args.output == "-"
     window = _stream_options(args)
     started = time.perf_counter()
     engine = _load_engine(args)
     loaded = time.perf_counter()
-    sampling = _sampling_options(args)
+    options = {
+        **_sampling_options(args),
+        "ssml": True if args.ssml else None,
+        "speed": args.speed,
+        "sentence_silence": args.sentence_silence,
+        "timestamps": captions is not None,
+    }
     if args.stream:
-        chunks = engine.stream(text, voice=args.voice, seed=args.seed, **window, **sampling)
+        chunks = engine.stream(text, voice=args.voice, seed=args.seed, **window, **options)
         samples, first = _synth_stream(args, engine, fmt, chunks)
         duration = samples / engine.sample_rate
+        _write_captions(args, captions, chunks.words)
     else:
         audio = engine.synthesize(
             text,
             voice=args.voice,
             seed=args.seed,
             progress=_Progress(enabled=not args.quiet),
-            **sampling,
+            **options,
         )
         if not to_stdout:
             audio.save(args.output, fmt)
@@ -318,6 +362,7 @@ def cmd_synth(args: argparse.Namespace) -> int:
         else:
             data = encode_for("stdout", audio.samples, audio.sample_rate, fmt)
             RawPcmWriter().write_bytes(data)
+        _write_captions(args, captions, audio.words)
         duration, first = audio.duration, None
     elapsed = time.perf_counter() - loaded
     if args.verbose:

@@ -193,3 +193,39 @@ def test_requests_that_differ_in_speed_or_pauses_are_different_results(tmp_path)
         assert engine.cache_stats()["result"]["hits"] >= 1
     finally:
         engine.close()
+
+
+def test_the_cli_writes_subtitles_and_takes_speed_ssml_and_sentence_silence(tmp_path):
+    import subprocess
+    import sys
+
+    import soundfile
+
+    def synth(*args: str) -> subprocess.CompletedProcess:
+        command = [sys.executable, "-m", "onnx_tts.cli", "synth", *args, "--cache-dir", "none"]
+        return subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+
+    text = "Hello there. How are you today?"
+    done = synth(text, "-o", "a.wav", "--captions", "a.srt", "-q")
+    assert done.returncode == 0, done.stderr
+    srt = (tmp_path / "a.srt").read_text()
+    assert srt.startswith("1\n00:00:00,") and "Hello there\n" in srt and "How are you today" in srt
+    done = synth(text, "-o", "b.wav", "--captions", "b.vtt", "--stream", "-q", "--speed", "2")
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "b.vtt").read_text().startswith("WEBVTT\n\n00:00:00.")
+    normal = soundfile.info(str(tmp_path / "a.wav")).frames
+    fast = soundfile.info(str(tmp_path / "b.wav")).frames
+    assert abs(fast - (normal - 2400) / 2 - 2400) <= 4  # speech halved, the pause kept
+    done = synth("Hi <break time='1s'/> you.", "--ssml", "-o", "c.wav", "-q")
+    assert done.returncode == 0, done.stderr
+    spaced = synth(text, "--sentence-silence", "0.5", "-o", "d.wav", "-q")
+    assert spaced.returncode == 0, spaced.stderr
+    assert soundfile.info(str(tmp_path / "d.wav")).frames - normal == 8000 - 2400
+    for bad, message in (
+        (("--captions", "x.txt"), "--captions writes .srt or .vtt"),
+        (("--speed", "9"), "speed must be between 0.25 and 4"),
+        (("--ssml",), "invalid SSML"),
+    ):
+        done = synth("<speak>Hi" if "--ssml" in bad else text, "-o", "e.wav", *bad)
+        assert done.returncode == 2 and message in done.stderr, done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1 and not (tmp_path / "e.wav").exists()
