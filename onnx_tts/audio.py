@@ -4,9 +4,10 @@ Every writer (a whole file, a WAV streamed as it is generated, raw PCM to a pipe
 samples into 16-bit integers with the one function :func:`pcm16`, so `-o x.wav` and `--stream`
 give the same samples. Non-finite samples are refused before anything is written.
 
-Output formats (:data:`OUTPUT_FORMATS`): libsndfile inside the soundfile wheel writes WAV,
-FLAC, MP3, Ogg Vorbis and Ogg Opus with no ffmpeg; AAC (ADTS) needs PyAV, the optional
-`aac` extra. Codecs with a fixed set of sample rates get the audio resampled with soxr.
+Output formats (:data:`OUTPUT_FORMATS`, from the one table in `formats.py`): libsndfile inside
+the soundfile wheel writes WAV, FLAC, Ogg Vorbis and Ogg Opus, LAME (`lameenc`) constant-bitrate
+MP3, PyAV (the optional `aac` extra) AAC in ADTS. Codecs with a fixed set of sample rates get
+the audio resampled with soxr. Audio is mono [N] or [N, channels].
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from onnx_tts.errors import (
     OutputError,
     ReferenceTrimmedWarning,
 )
+from onnx_tts.formats import FORMAT_EXTENSIONS, FORMATS, OUTPUT_FORMATS, encoded_rate
 
 # Below this peak a reference clip carries no voice to clone.
 SILENCE_PEAK = 1e-4
@@ -58,32 +60,7 @@ MAX_DECODE_CHANNELS = 64
 # A RIFF/WAV file counts its bytes in 32 bits.
 MAX_WAV_DATA_BYTES = 0xFFFFFFFF - 36
 
-# The formats `save_audio` writes; `.ogg` is Vorbis, `.opus` is Opus in an Ogg container.
-OUTPUT_FORMATS = ("wav", "flac", "mp3", "ogg", "opus", "aac")
-FORMAT_EXTENSIONS = {
-    ".wav": "wav",
-    ".flac": "flac",
-    ".mp3": "mp3",
-    ".ogg": "ogg",
-    ".oga": "ogg",
-    ".opus": "opus",
-    ".aac": "aac",
-}
-# libsndfile (format, subtype) per format it writes.
-_SNDFILE_FORMATS = {
-    "wav": ("WAV", "PCM_16"),
-    "flac": ("FLAC", "PCM_16"),
-    "mp3": ("MP3", "MPEG_LAYER_III"),
-    "ogg": ("OGG", "VORBIS"),
-    "opus": ("OGG", "OPUS"),
-}
-# Sample rates a codec takes; audio at another rate is resampled to the nearest one above.
-# Opus always runs at 48 kHz inside: that is the rate players expect of an .opus file.
-_CODEC_RATES = {
-    "mp3": (8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000),
-    "opus": (48000,),
-    "aac": (8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000, 64000, 88200, 96000),
-}
+# The formats `save_audio` writes come from the one format table (`formats.py`).
 AAC_EXTRA_HINT = "AAC output needs PyAV: pip install 'onnx-tts[aac]' (or use mp3/opus)"
 PCM16_SCALE = 32767.0
 
@@ -311,14 +288,6 @@ def output_format(path: str | os.PathLike[str] | None, forced: str | None = None
     return FORMAT_EXTENSIONS[suffix]
 
 
-def encoded_rate(fmt: str, sample_rate: int) -> int:
-    """The sample rate a file of format `fmt` gets for audio at `sample_rate`."""
-    rates = _CODEC_RATES.get(fmt)
-    if rates is None or sample_rate in rates:
-        return sample_rate
-    return next((rate for rate in rates if rate >= sample_rate), rates[-1])
-
-
 def check_encoder(fmt: str) -> None:
     """OutputError naming the extra to install when the encoder of `fmt` is missing."""
     if fmt == "aac":
@@ -353,27 +322,44 @@ def check_output_path(path: str | os.PathLike[str], fmt: str | None = None) -> P
 
 
 def _encode_aac(samples: np.ndarray, sample_rate: int) -> bytes:
-    """AAC-LC in an ADTS stream (what a `.aac` file is) with PyAV's bundled ffmpeg."""
+    """AAC-LC in an ADTS stream (what a `.aac` file is) with PyAV's bundled ffmpeg; samples
+    [N] or [N, channels] (packed)."""
     try:
         import av
     except ImportError:
         raise OutputError(AAC_EXTRA_HINT) from None
+    layout = "mono" if samples.ndim == 1 else "stereo"
     buffer = io.BytesIO()
     with av.open(buffer, "w", format="adts") as container:
         stream = container.add_stream("aac", rate=sample_rate)
-        stream.layout = "mono"
-        frame = av.AudioFrame.from_ndarray(samples[None, :], format="flt", layout="mono")
+        stream.layout = layout
+        frame = av.AudioFrame.from_ndarray(samples.reshape(1, -1), format="flt", layout=layout)
         frame.sample_rate = sample_rate
         for packet in (*stream.encode(frame), *stream.encode(None)):
             container.mux(packet)
     return buffer.getvalue()
 
 
+def _encode_mp3(samples: np.ndarray, sample_rate: int) -> bytes:
+    """Constant-bitrate MP3 from LAME (the server's streamed MP3 too): every frame the same
+    size, so decoders that never learn the length read it whole."""
+    import lameenc
+
+    channels = 1 if samples.ndim == 1 else samples.shape[1]
+    encoder = lameenc.Encoder()
+    encoder.set_in_sample_rate(sample_rate)
+    encoder.set_channels(channels)
+    encoder.set_bit_rate(64 * channels if sample_rate <= 24000 else 96 * channels)
+    encoder.set_quality(2)
+    data = bytes(encoder.encode(to_pcm16(samples))) if len(samples) else b""
+    return data + bytes(encoder.flush())
+
+
 def encode_audio(samples: np.ndarray, sample_rate: int, fmt: str) -> bytes:
-    """The bytes of a complete file of format `fmt` (one of OUTPUT_FORMATS, or the
-    libsndfile names "WAV", "FLAC", "OGG"). WAV and FLAC are 16-bit (:func:`pcm16`); the lossy
-    codecs take float samples clipped to [-1, 1], resampled first when the codec needs another
-    rate (:func:`encoded_rate`). NonFiniteAudioError for NaN/inf samples."""
+    """The bytes of a complete file of format `fmt` (one of OUTPUT_FORMATS): samples [N] or
+    [N, channels]. WAV and FLAC are 16-bit (:func:`pcm16`); the lossy codecs take float samples
+    clipped to [-1, 1], resampled first when the codec needs another rate (`encoded_rate`).
+    NonFiniteAudioError for NaN/inf samples."""
     fmt = fmt.lower()
     if fmt not in OUTPUT_FORMATS:
         raise OutputError(f"unknown audio format {fmt!r}; use one of {', '.join(OUTPUT_FORMATS)}")
@@ -386,8 +372,10 @@ def encode_audio(samples: np.ndarray, sample_rate: int, fmt: str) -> bytes:
         data = np.clip(resample(array, sample_rate, rate), -1.0, 1.0)
     if fmt == "aac":
         return _encode_aac(np.ascontiguousarray(data, dtype=np.float32), rate)
+    if fmt == "mp3":
+        return _encode_mp3(data, rate)
     buffer = io.BytesIO()
-    container, subtype = _SNDFILE_FORMATS[fmt]
+    container, subtype = FORMATS[fmt].sndfile  # type: ignore[misc]
     soundfile.write(buffer, data, rate, format=container, subtype=subtype)
     return buffer.getvalue()
 

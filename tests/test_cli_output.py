@@ -27,7 +27,7 @@ from onnx_tts.cli import _Progress, build_parser, main
 from onnx_tts.completion import bash_script
 from onnx_tts.errors import NonFiniteAudioError, OutputError
 
-RATE = 16000  # the default voice's rate: mp3 and aac take it as is, opus needs 48 kHz
+RATE = 16000  # the default voice's rate: mp3, opus and aac take it as is
 TONE_HZ = 440.0
 
 
@@ -65,7 +65,7 @@ def _leftovers(directory: Path) -> list[str]:
         (".flac", "PCM_16", RATE),
         (".mp3", "MPEG_LAYER_III", RATE),
         (".ogg", "VORBIS", RATE),
-        (".opus", "OPUS", 48000),
+        (".opus", "OPUS", RATE),
         (".aac", "aac", RATE),
     ],
 )
@@ -86,7 +86,8 @@ def test_each_extension_writes_its_format(
 
 def test_every_output_format_has_an_extension_and_a_rate() -> None:
     assert set(FORMAT_EXTENSIONS.values()) == set(OUTPUT_FORMATS)
-    assert encoded_rate("opus", 16000) == 48000
+    assert encoded_rate("opus", 16000) == 16000  # a rate Opus takes as it is
+    assert encoded_rate("opus", 22050) == 24000
     assert encoded_rate("mp3", 16000) == 16000
     assert encoded_rate("mp3", 17000) == 22050  # the nearest rate above
     assert encoded_rate("wav", 17000) == 17000
@@ -101,7 +102,7 @@ def test_every_output_format_has_an_extension_and_a_rate() -> None:
 def test_forced_format_wins_over_the_extension(tmp_path: Path) -> None:
     path = save_audio(tmp_path / "speech.bin", _tone(), RATE, "opus")
     info = soundfile.info(str(path))
-    assert (info.format, info.subtype, info.samplerate) == ("OGG", "OPUS", 48000)
+    assert (info.format, info.subtype, info.samplerate) == ("OGG", "OPUS", RATE)
 
 
 def test_failures_leave_no_file_and_no_temp(
@@ -112,17 +113,17 @@ def test_failures_leave_no_file_and_no_temp(
     for extension in (".mp3", ".opus", ".aac", ".flac"):
         with pytest.raises(NonFiniteAudioError):
             save_audio(tmp_path / f"nan{extension}", bad, RATE)
-    existing = save_audio(tmp_path / "kept.mp3", _tone(0.5), RATE)
+    existing = save_audio(tmp_path / "kept.ogg", _tone(0.5), RATE)
     before = existing.read_bytes()
 
     def broken_write(*_args: object, **_kwargs: object) -> None:
         raise soundfile.LibsndfileError(1, "encoder exploded")
 
     monkeypatch.setattr(audio_io.soundfile, "write", broken_write)
-    with pytest.raises(OutputError, match=r"cannot encode .*kept\.mp3 as mp3"):
+    with pytest.raises(OutputError, match=r"cannot encode .*kept\.ogg as ogg"):
         save_audio(existing, _tone(), RATE)
     assert existing.read_bytes() == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["kept.mp3"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kept.ogg"]
 
 
 def test_aac_without_pyav_names_the_extra(
@@ -151,7 +152,7 @@ def test_cli_writes_mp3_and_opus_files_and_says_what_it_wrote(tmp_path: Path) ->
     wav, rate = soundfile.read(str(tmp_path / "ref.wav"), dtype="float32")
     for name, codec, expected_rate in (
         ("a.mp3", "MPEG_LAYER_III", rate),
-        ("b.opus", "OPUS", 48000),
+        ("b.opus", "OPUS", rate),
     ):
         result = _synth(tmp_path, "-o", name)
         assert result.returncode == 0, result.stderr
