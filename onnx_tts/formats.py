@@ -37,7 +37,9 @@ FORMATS: dict[str, AudioFormat] = {
         # Constant-bitrate LAME: readable to the end by decoders that never learn the length
         # (libsndfile's own MP3 writer is VBR without a Xing header, which it then misreads).
         AudioFormat("mp3", (".mp3",), "audio/mpeg", _MPEG_RATES),
-        AudioFormat("ogg", (".ogg", ".oga"), "audio/ogg", sndfile=("OGG", "VORBIS"), response=False),
+        AudioFormat(
+            "ogg", (".ogg", ".oga"), "audio/ogg", sndfile=("OGG", "VORBIS"), response=False
+        ),
         # Opus runs at 48 kHz inside; it takes these input rates as they are.
         AudioFormat(
             "opus", (".opus",), "audio/ogg", (8000, 12000, 16000, 24000, 48000), ("OGG", "OPUS")
