@@ -262,6 +262,24 @@ class WyomingConfig:
         low=1,
         high=4096,
     )
+    # Home Assistant opens a connection per request; a streamed text's chunks come as its
+    # language model writes them (seconds apart). The HTTP server's header bound applies to
+    # the rest of an event once its first byte has come.
+    header_timeout: float = setting(
+        10.0,
+        "seconds a client has to send the rest of an event once its first byte arrived",
+        low=0.1,
+        high=3600,
+        units="seconds",
+    )
+    idle_timeout: float = setting(
+        60.0,
+        "seconds a connection may stay silent, while nothing is being spoken to it, before "
+        "it is closed",
+        low=0.1,
+        high=3600,
+        units="seconds",
+    )
     log_level: str = setting("info", "log level", choices=LOG_LEVELS)
     log_json: bool = setting(False, "log one JSON object per line (for collectors)")
 

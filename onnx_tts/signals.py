@@ -1,10 +1,18 @@
 """Termination signals as exceptions, so that `finally` blocks run.
 
-systemd, docker and `timeout` stop a process with SIGTERM (a closed terminal sends SIGHUP).
-Python's default for both is to die at once, leaving temporary files behind. Inside
-:func:`termination_as_exception` they raise :class:`TerminatedBySignal` in the main thread
-instead, so a streamed WAV's temp file is removed and the process can exit with the
-conventional status 128 + signal number.
+systemd, docker and `timeout` stop a process with SIGTERM, a closed terminal sends SIGHUP,
+Ctrl-C SIGINT, Ctrl-\\ SIGQUIT, and scripts send SIGUSR1, SIGALRM and the like: the default
+action of each ends the process at once, leaving temporary files behind. Inside
+:func:`termination_as_exception` every signal whose default action ends the process raises
+:class:`TerminatedBySignal` in the main thread instead, so a streamed WAV's temp file is removed
+and the process can exit with the conventional status 128 + signal number. Left alone: SIGKILL
+and SIGSTOP (they cannot be caught), the faults a handler cannot return from (SIGSEGV, SIGBUS,
+SIGFPE, SIGILL), SIGPIPE and SIGXFSZ (Python ignores them: the write fails with EPIPE or EFBIG
+instead, which the writers report), and any signal the process was started with ignored
+(`nohup` ignores SIGHUP on purpose).
+
+:func:`deferred` holds these signals back for the few statements that create a temporary file
+and register it for removal, so that no signal can fall between the two.
 """
 
 from __future__ import annotations
@@ -15,11 +23,27 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
 
-DEFAULT_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGHUP)
+_ENDING = (
+    "SIGHUP SIGINT SIGQUIT SIGTRAP SIGABRT SIGUSR1 SIGUSR2 SIGALRM SIGTERM SIGSTKFLT SIGXCPU "
+    "SIGVTALRM SIGPROF SIGIO SIGPWR SIGSYS"
+).split()
+
+
+def terminating_signals() -> tuple[signal.Signals, ...]:
+    """Every catchable signal whose default action ends the process (see the module
+    docstring for those left alone), real-time signals included."""
+    found = {getattr(signal, name) for name in _ENDING if hasattr(signal, name)}
+    if hasattr(signal, "SIGRTMIN"):
+        found.update(range(signal.SIGRTMIN, signal.SIGRTMAX + 1))
+    valid = signal.valid_signals()
+    return tuple(sorted((s for s in found if s in valid), key=int))  # type: ignore[misc]
+
+
+DEFAULT_SIGNALS: tuple[signal.Signals, ...] = terminating_signals()
 
 
 class TerminatedBySignal(BaseException):
-    """Raised in the main thread on SIGTERM/SIGHUP.
+    """Raised in the main thread on a terminating signal.
 
     A BaseException, like KeyboardInterrupt, so that ``except Exception`` clauses do not
     swallow a request to stop.
@@ -27,7 +51,10 @@ class TerminatedBySignal(BaseException):
 
     def __init__(self, signum: int) -> None:
         self.signum = int(signum)
-        self.name = signal.Signals(self.signum).name
+        try:
+            self.name = signal.Signals(self.signum).name
+        except ValueError:  # a real-time signal has no name of its own
+            self.name = f"SIGRTMIN+{self.signum - int(signal.SIGRTMIN)}"
         super().__init__(f"terminated by {self.name}")
 
     @property
@@ -36,13 +63,18 @@ class TerminatedBySignal(BaseException):
         return 128 + self.signum
 
 
+_handled: tuple[int, ...] = ()  # the signals termination_as_exception handles right now
+
+
 @contextmanager
 def termination_as_exception(
     signals: tuple[signal.Signals, ...] = DEFAULT_SIGNALS,
 ) -> Iterator[None]:
     """Within the block, the given signals raise TerminatedBySignal (once; repeats while the
-    cleanup runs are ignored). Previous handlers are restored on exit. Outside the main
-    thread, where Python cannot install handlers, this does nothing."""
+    cleanup runs are ignored), but those the process was started with ignored. Previous
+    handlers are restored on exit. Outside the main thread, where Python cannot install
+    handlers, this does nothing."""
+    global _handled
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -55,9 +87,35 @@ def termination_as_exception(
         raised = True
         raise TerminatedBySignal(signum)
 
-    previous = {sig: signal.signal(sig, handler) for sig in signals}
+    previous = {}
+    for sig in signals:
+        current = signal.getsignal(sig)
+        if current is signal.SIG_IGN:
+            continue
+        try:
+            previous[sig] = signal.signal(sig, handler)
+        except (OSError, ValueError, RuntimeError):  # reserved by the C library
+            continue
+    outer, _handled = _handled, tuple(previous)
     try:
         yield
     finally:
+        _handled = outer
         for sig, old in previous.items():
             signal.signal(sig, old)
+
+
+@contextmanager
+def deferred() -> Iterator[None]:
+    """Hold the handled termination signals back in this thread for the block (they arrive
+    right after it): for creating a temporary file and registering it for removal as one
+    step. Without termination_as_exception in force, or outside the main thread, nothing."""
+    held = _handled
+    if not held or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
