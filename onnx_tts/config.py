@@ -391,7 +391,9 @@ def check_value(
         (spec.low is not None and value < spec.low) or (spec.high is not None and value > spec.high)
     ):
         unit = spec.unit if in_unit else 1
-        low = "-inf" if spec.low is None else _in_unit(math.ceil(spec.low / unit) * unit, unit)
+        # A MiB flag's low bound is shown rounded up to a whole MiB; other bounds as they are.
+        shown_low = spec.low if unit == 1 or spec.low is None else math.ceil(spec.low / unit) * unit
+        low = "-inf" if shown_low is None else _in_unit(shown_low, unit)
         high = "inf" if spec.high is None else _in_unit(spec.high, unit)
         units = spec.unit_name if in_unit or spec.unit == 1 else ""
         raise InputError(
