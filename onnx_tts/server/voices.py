@@ -397,12 +397,15 @@ class VoiceStore:
             voice = Voice(ident, shown, int(time.time()), sample_rate)
             meta = json.dumps(voice_meta(voice, self.secret)).encode()
 
-            def write_audio(handle: Any) -> None:
-                soundfile.write(handle, audio, sample_rate, format="WAV", subtype="FLOAT")
+            # Encoded in memory first: libsndfile writing to a file hides the OS's error
+            # (a full disk) behind a short write.
+            encoded = io.BytesIO()
+            soundfile.write(encoded, audio, sample_rate, format="WAV", subtype="FLOAT")
+            wav_bytes = encoded.getvalue()
 
             had_meta = self._state(ident)[0] is not None  # a refused record being replaced
             try:
-                _atomic_write(self._audio_path(ident), write_audio)
+                _atomic_write(self._audio_path(ident), lambda handle: handle.write(wav_bytes))
                 _atomic_write(self._meta_path(ident), lambda handle: handle.write(meta))
             except OSError as error:
                 if not had_meta:  # no half voice left behind
