@@ -53,6 +53,7 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.attack_cases import CASES  # noqa: E402
 from benchmarks.attack_live import LIVE_CASES  # noqa: E402
+from benchmarks.attack_round4 import ROUND_FOUR  # noqa: E402, F401 (adds its categories)
 
 MODELS = REPO / "onnx_tts" / "models"
 GOOD_VOICE_SOURCE = REPO / "tests" / "data" / "heldout_voice_joe_x0.92.flac"
