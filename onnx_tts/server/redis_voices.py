@@ -151,8 +151,12 @@ class RedisVoiceStore:
         pipe = self._client.pipeline(transaction=True)
         pipe.hget(self._meta_key, ident)
         pipe.get(self._audio_prefix + ident)
-        raw_meta, data = pipe.execute()
-        return raw_meta, data
+        # A key of the wrong type (someone else's write) is a damaged voice, not a Redis
+        # that is down: its error comes back in place of the value.
+        raw_meta, data = pipe.execute(raise_on_error=False)
+        if isinstance(raw_meta, Exception):
+            raise raw_meta
+        return raw_meta, None if isinstance(data, Exception) else data
 
     # -- writes ----------------------------------------------------------------------------
 
