@@ -3,6 +3,6 @@ attack_live.LIVE_CASES and their probes and configurations to its registries."""
 
 from __future__ import annotations
 
-from benchmarks import attack_names, attack_stores
+from benchmarks import attack_names, attack_stores, attack_wyoming_conn
 
-ROUND_FOUR = (attack_names, attack_stores)
+ROUND_FOUR = (attack_names, attack_stores, attack_wyoming_conn)
