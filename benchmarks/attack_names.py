@@ -52,109 +52,117 @@ def fullwidth(text: str) -> str:
     return "".join(chr(ord(c) + 0xFEE0) if "!" <= c <= "~" else c for c in text)
 
 
-# == cases ======================================================================================
 def upload_case(name: str, status: int, code: str, note: str, config: str = "names") -> None:
     add("names", config, "name_upload", "error", name=name, status=status, code=code,
         seed=next(_seeds), note=note)  # fmt: skip
 
-
-for base in ["default", *OPENAI]:
-    for spelled, how in ((base, "as is"), (base.upper(), "upper case"), (base + " ", "a trailing "
-                         "space"), (fullwidth(base), "fullwidth")):  # fmt: skip
-        upload_case(spelled, 409, "voice_name_reserved", f"upload named {base!r}, {how}")
-for spelled, how in [
-    ("no\u200bva", "a zero-width space inside"),
-    ("\u2060alloy", "a word joiner in front"),
-    ("al\u00adloy", "a soft hyphen inside"),
-    ("alloy\u200d", "a zero-width joiner after"),
-    ("\ufeffecho", "a byte order mark in front"),
-    ("sh\u200cimmer", "a zero-width non-joiner inside"),
-    ("\u00a0nova", "a no-break space in front"),
-    ("nova\u3000", "an ideographic space after"),
-]:
-    upload_case(spelled, 409, "voice_name_reserved", f"OpenAI's name with {how}")
-for spelled, how in [
-    ("voice_0123456789abcdef01234567", "shaped like an id"),
-    ("VOICE_0123456789ABCDEF01234567", "shaped like an id, upper case"),
-    ("<id:Kitchen Light>", "another stored voice's id"),
-    (" <id:Café Noir>", "another stored voice's id after a space"),
-]:
-    upload_case(spelled, 409, "voice_name_reserved", f"upload {how}")
-for spelled in ("Junhao", "junhao", " AVA", fullwidth("bella"), "BELLA "):
-    upload_case(
-        spelled, 409, "voice_name_reserved", f"MOSS-TTS-Nano's builtin voice as {spelled!r}"
-    )
-for spelled in (
-    "kitchen light",
-    "KITCHEN LIGHT",
-    " Kitchen  Light ",
-    "Kitchen\u00a0Light",
-    fullwidth("kitchen") + " " + fullwidth("light"),
-    "café noir",
-    unicodedata.normalize("NFD", "Café Noir"),
-    "CAFÉ NOIR",
-    "Cafe\u0301 Noir",
-):
-    upload_case(spelled, 409, "voice_name_taken", f"another clip named {spelled!r} (a stored name)")
-for spelled in ("\u200b", "\u200b\u200d", "\u00ad\u2060"):
-    upload_case(spelled, 400, "invalid_value", f"a name of invisible characters {spelled!r}")
-
-for spelled, ref in [
-    ("kitchen light", "<id:Kitchen Light>"),
-    (" KITCHEN LIGHT", "<id:Kitchen Light>"),
-    ("Kitchen\u00a0Light", "<id:Kitchen Light>"),
-    (fullwidth("kitchen") + " " + fullwidth("light"), "<id:Kitchen Light>"),
-    ({"id": "kitchen light"}, "<id:Kitchen Light>"),
-    (unicodedata.normalize("NFD", "café noir"), "<id:Café Noir>"),
-    ("CAFÉ NOIR", "<id:Café Noir>"),
-    ("alloy", "default"),
-    ("ALLOY", "default"),
-    ("nova ", "default"),
-    (fullwidth("shimmer"), "default"),
-    ("Default", "default"),
-    ("no\u200bva", "default"),
-    ({"id": "echo"}, "default"),
-]:
-    add("names", "names", "name_speech", "ok", voice=spelled, same_as=ref,
-        note=f"speech with {spelled!r} is exactly {ref!r}")  # fmt: skip
-for spelled, ref in (("  ava", "Ava"), ("BELLA", "Bella"), ("junhao", "Junhao")):
-    add("names", "names", "name_speech", "ok", voice=spelled, same_as=ref, model="moss",
-        note=f"MOSS speech with {spelled!r} is exactly its builtin {ref!r}")  # fmt: skip
-for spelled, model, why in [
-    ("nobody", None, "an unknown name"),
-    ("Junhao", None, "MOSS's builtin voice asked of the other model"),
-    ("voice_000000000000000000000000", None, "an id no voice has"),
-    ("Kitchen Ligh", None, "a name one letter short"),
-]:
-    add("names", "names", "name_speech", "error", voice=spelled, model=model, status=404,
-        code="voice_not_found", note=why)  # fmt: skip
-for spelled, ref in [
-    ("<id:Kitchen Light>", "<id:Kitchen Light>"),
-    ("kitchen light", "<id:Kitchen Light>"),
-    (" KITCHEN  LIGHT", "<id:Kitchen Light>"),
-    ("alloy", "default"),
-    ("ｃａｆé noir", "<id:Café Noir>"),
-]:
-    add("names", "names", "wy_name", "ok", voice=spelled, same_as=ref,
-        note=f"Wyoming synthesize with {spelled!r} is exactly {ref!r}")  # fmt: skip
-add("names", "names", "wy_name", "error", voice="nobody", code="voice_not_found",
-    note="Wyoming: an unknown name")  # fmt: skip
 
 # A store written by something else (an older server, a hand edit): legacy voices one name
 # reaches, a legacy voice named like OpenAI's voice, one named like another voice's id.
 # (key, stored name, seed); "<id:KEY>" in a name is that voice's id.
 LEGACY = [("porch-a", "Porch", 71), ("porch-b", "porch ", 72), ("shimmer", "Shimmer", 73),
           ("id-named", "<id:porch-a>", 74)]  # fmt: skip
-for spelled in ("porch", "PORCH", "shimmer", "Shimmer", "<id:porch-a>"):
-    add("names", "names-legacy", "name_speech", "error", voice=spelled, status=409,
-        code="voice_ambiguous", note=f"legacy store: {spelled!r} reaches two voices")  # fmt: skip
-for key in ("porch-b", "shimmer", "id-named"):
-    add("names", "names-legacy", "name_speech", "ok", voice=f"<id:{key}>", same_as=f"<id:{key}>",
-        note=f"legacy store: the voice {key!r} by its id")  # fmt: skip
-add("names", "names-legacy", "name_speech", "ok", voice="alloy", same_as="default",
-    note="legacy store: 'alloy' (no legacy voice takes it) is the default voice")  # fmt: skip
-add("names", "names-legacy", "wy_name", "error", voice="porch", code="voice_ambiguous",
-    note="Wyoming, legacy store: 'porch' reaches two voices")  # fmt: skip
+
+
+# == cases ======================================================================================
+def register_cases() -> None:
+    """Add this category's cases (attack_round4 calls each module in a fixed order, so
+    case ids do not depend on import order)."""
+    for base in ["default", *OPENAI]:
+        spellings = ((base, "as is"), (base.upper(), "upper case"),
+                     (base + " ", "a trailing space"), (fullwidth(base), "fullwidth"))  # fmt: skip
+        for spelled, how in spellings:
+            upload_case(spelled, 409, "voice_name_reserved", f"upload named {base!r}, {how}")
+    for spelled, how in [
+        ("no\u200bva", "a zero-width space inside"),
+        ("\u2060alloy", "a word joiner in front"),
+        ("al\u00adloy", "a soft hyphen inside"),
+        ("alloy\u200d", "a zero-width joiner after"),
+        ("\ufeffecho", "a byte order mark in front"),
+        ("sh\u200cimmer", "a zero-width non-joiner inside"),
+        ("\u00a0nova", "a no-break space in front"),
+        ("nova\u3000", "an ideographic space after"),
+    ]:
+        upload_case(spelled, 409, "voice_name_reserved", f"OpenAI's name with {how}")
+    for spelled, how in [
+        ("voice_0123456789abcdef01234567", "shaped like an id"),
+        ("VOICE_0123456789ABCDEF01234567", "shaped like an id, upper case"),
+        ("<id:Kitchen Light>", "another stored voice's id"),
+        (" <id:Café Noir>", "another stored voice's id after a space"),
+    ]:
+        upload_case(spelled, 409, "voice_name_reserved", f"upload {how}")
+    for spelled in ("Junhao", "junhao", " AVA", fullwidth("bella"), "BELLA "):
+        upload_case(
+            spelled, 409, "voice_name_reserved", f"MOSS-TTS-Nano's builtin voice as {spelled!r}"
+        )
+    for spelled in (
+        "kitchen light",
+        "KITCHEN LIGHT",
+        " Kitchen  Light ",
+        "Kitchen\u00a0Light",
+        fullwidth("kitchen") + " " + fullwidth("light"),
+        "café noir",
+        unicodedata.normalize("NFD", "Café Noir"),
+        "CAFÉ NOIR",
+        "Cafe\u0301 Noir",
+    ):
+        upload_case(
+            spelled, 409, "voice_name_taken", f"another clip named {spelled!r} (a stored name)"
+        )
+    for spelled in ("\u200b", "\u200b\u200d", "\u00ad\u2060"):
+        upload_case(spelled, 400, "invalid_value", f"a name of invisible characters {spelled!r}")
+
+    for spelled, ref in [
+        ("kitchen light", "<id:Kitchen Light>"),
+        (" KITCHEN LIGHT", "<id:Kitchen Light>"),
+        ("Kitchen\u00a0Light", "<id:Kitchen Light>"),
+        (fullwidth("kitchen") + " " + fullwidth("light"), "<id:Kitchen Light>"),
+        ({"id": "kitchen light"}, "<id:Kitchen Light>"),
+        (unicodedata.normalize("NFD", "café noir"), "<id:Café Noir>"),
+        ("CAFÉ NOIR", "<id:Café Noir>"),
+        ("alloy", "default"),
+        ("ALLOY", "default"),
+        ("nova ", "default"),
+        (fullwidth("shimmer"), "default"),
+        ("Default", "default"),
+        ("no\u200bva", "default"),
+        ({"id": "echo"}, "default"),
+    ]:
+        add("names", "names", "name_speech", "ok", voice=spelled, same_as=ref,
+            note=f"speech with {spelled!r} is exactly {ref!r}")  # fmt: skip
+    for spelled, ref in (("  ava", "Ava"), ("BELLA", "Bella"), ("junhao", "Junhao")):
+        add("names", "names", "name_speech", "ok", voice=spelled, same_as=ref, model="moss",
+            note=f"MOSS speech with {spelled!r} is exactly its builtin {ref!r}")  # fmt: skip
+    for spelled, model, why in [
+        ("nobody", None, "an unknown name"),
+        ("Junhao", None, "MOSS's builtin voice asked of the other model"),
+        ("voice_000000000000000000000000", None, "an id no voice has"),
+        ("Kitchen Ligh", None, "a name one letter short"),
+    ]:
+        add("names", "names", "name_speech", "error", voice=spelled, model=model, status=404,
+            code="voice_not_found", note=why)  # fmt: skip
+    for spelled, ref in [
+        ("<id:Kitchen Light>", "<id:Kitchen Light>"),
+        ("kitchen light", "<id:Kitchen Light>"),
+        (" KITCHEN  LIGHT", "<id:Kitchen Light>"),
+        ("alloy", "default"),
+        ("ｃａｆé noir", "<id:Café Noir>"),
+    ]:
+        add("names", "names", "wy_name", "ok", voice=spelled, same_as=ref,
+            note=f"Wyoming synthesize with {spelled!r} is exactly {ref!r}")  # fmt: skip
+    add("names", "names", "wy_name", "error", voice="nobody", code="voice_not_found",
+        note="Wyoming: an unknown name")  # fmt: skip
+
+    for spelled in ("porch", "PORCH", "shimmer", "Shimmer", "<id:porch-a>"):
+        add("names", "names-legacy", "name_speech", "error", voice=spelled, status=409,
+            code="voice_ambiguous", note=f"legacy: {spelled!r} reaches two voices")  # fmt: skip
+    for key in ("porch-b", "shimmer", "id-named"):
+        add("names", "names-legacy", "name_speech", "ok", voice=f"<id:{key}>",
+            same_as=f"<id:{key}>", note=f"legacy store: the voice {key!r} by its id")  # fmt: skip
+    add("names", "names-legacy", "name_speech", "ok", voice="alloy", same_as="default",
+        note="legacy store: 'alloy' (no legacy voice takes it) is the default voice")  # fmt: skip
+    add("names", "names-legacy", "wy_name", "error", voice="porch", code="voice_ambiguous",
+        note="Wyoming, legacy store: 'porch' reaches two voices")  # fmt: skip
 
 
 # == configurations =============================================================================

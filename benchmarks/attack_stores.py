@@ -103,11 +103,18 @@ SIGNED_REDIS = {
     "audio_replaced_sha_updated": DAMAGED,
 }
 
-for config, kinds in (("stores", DISK), ("stores-signed", SIGNED_DISK), ("stores-redis", REDIS),
-                      ("stores-redis-signed", SIGNED_REDIS)):  # fmt: skip
-    for kind, want in kinds.items():
-        add("stores", config, "stored_voice", "ok" if want == "ok" else "error", tamper=kind,
-            code=want, seed=next(_seeds), note=f"{config}: {kind.replace('_', ' ')}")  # fmt: skip
+
+# == cases ======================================================================================
+def register_cases() -> None:
+    """Add this category's cases (attack_round4 calls each module in a fixed order, so
+    case ids do not depend on import order)."""
+    for config, kinds in (("stores", DISK), ("stores-signed", SIGNED_DISK), ("stores-redis", REDIS),
+                          ("stores-redis-signed", SIGNED_REDIS)):  # fmt: skip
+        for kind, want in kinds.items():
+            expect = "ok" if want == "ok" else "error"
+            note = f"{config}: {kind.replace('_', ' ')}"
+            add("stores", config, "stored_voice", expect, tamper=kind, code=want,
+                seed=next(_seeds), note=note)  # fmt: skip
 
 
 # == configurations =============================================================================

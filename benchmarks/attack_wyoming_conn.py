@@ -43,7 +43,7 @@ SYNTH = ("synthesize", {"text": TEXT})
 HALF_CLOSE_BAD = "<garbage for half-close>"
 
 # -- half-closed clients: (events, what must come back) ------------------------------------------
-HALF_CLOSED = {
+HALF_CLOSED: dict = {
     "one synthesize": ([SYNTH], {"audio-stop": 1}),
     "a long synthesize (longer than the idle timeout)": (
         [("synthesize", {"text": " ".join(LONG_INPUT.split()[:120])})], {"audio-stop": 1}),
@@ -61,46 +61,6 @@ HALF_CLOSED = {
         {"audio-stop": 1}),
     "describe then a synthesize": ([("describe", {}), SYNTH], {"info": 1, "audio-stop": 1}),
 }  # fmt: skip
-for what, (events, wants) in HALF_CLOSED.items():
-    add(CATEGORY, CONFIG, "wy_half_close", "ok", events=events, wants=wants,
-        note=f"half-closed after {what}")  # fmt: skip
-for what, events, code in [
-    ("a bad stored voice", [("synthesize", {"text": TEXT, "voice": {"name": HALF_CLOSE_BAD}})],
-     "voice_damaged"),
-    ("an empty text", [("synthesize", {"text": "  "})], "empty_text"),
-    ("an unknown voice", [("synthesize", {"text": TEXT, "voice": {"name": "nobody"}})],
-     "voice_not_found"),
-]:  # fmt: skip
-    add(CATEGORY, CONFIG, "wy_half_close", "error", events=events, code=code,
-        note=f"half-closed after {what}")  # fmt: skip
-add(CATEGORY, CONFIG, "wy_partial", "error", raw=b'{"type": "synthesize", "da', half_close=True,
-    note="half-closed in the middle of an event")  # fmt: skip
-
-# -- partial events and silence ------------------------------------------------------------------
-for raw, what in [
-    (b'{"type": "synthe', "half a header line"),
-    (b'{"type": "synthesize", "data_length": 100}\n{"text": "', "a header and part of its data"),
-    (b'{"type": "synthesize", "payload_length": 1000}\n' + b"\0" * 10, "part of a payload"),
-    (b"{", "one brace"),
-    (b"   ", "three spaces"),
-    (b'{"type": "describe"', "a whole header but its newline"),
-]:
-    add(CATEGORY, CONFIG, "wy_partial", "error", raw=raw, note=f"sends {what}, then waits")
-add(CATEGORY, CONFIG, "wy_drip", "error", part="header",
-    note="drips a valid synthesize one byte per 0.3 s")  # fmt: skip
-add(CATEGORY, CONFIG, "wy_drip", "error", part="data",
-    note="a whole header, then drips its data one byte per 0.3 s")  # fmt: skip
-add(CATEGORY, CONFIG, "wy_many", "ok", opening=b'{"type": "synthe', clients=50,
-    note="50 connections with half an event each; a good client is still served")  # fmt: skip
-add(CATEGORY, CONFIG, "wy_many", "ok", opening=b"", clients=100,
-    note="100 silent connections; a good client is still served")  # fmt: skip
-add(CATEGORY, CONFIG, "wy_idle", "error", events=[], wants={},
-    note="connects and sends nothing")  # fmt: skip
-add(CATEGORY, CONFIG, "wy_idle", "ok", events=[("describe", {})], wants={"info": 1},
-    note="describe, then silence: closed after the answer")  # fmt: skip
-add(CATEGORY, CONFIG, "wy_idle", "ok", events=[SYNTH], wants={"audio-stop": 1},
-    note="synthesize, then silence without closing: all audio, then closed")  # fmt: skip
-
 # -- stored voices that are not what their record says ------------------------------------------
 BAD_VOICES = {
     "missing": "voice_damaged",
@@ -116,9 +76,58 @@ BAD_VOICES = {
     "record_garbage": "voice_not_found",
     "record_fifo": "voice_not_found",
 }
-for kind, code in BAD_VOICES.items():
-    add(CATEGORY, CONFIG, "wy_bad_voice", "error", bad=kind, code=code,
-        note=f"synthesize with a stored voice whose {kind.replace('_', ' ')}")  # fmt: skip
+
+
+# == cases ======================================================================================
+def register_cases() -> None:
+    """Add this category's cases (attack_round4 calls each module in a fixed order, so
+    case ids do not depend on import order)."""
+    for what, (events, wants) in HALF_CLOSED.items():
+        add(CATEGORY, CONFIG, "wy_half_close", "ok", events=events, wants=wants,
+            note=f"half-closed after {what}")  # fmt: skip
+    for what, events, code in [
+        ("a bad stored voice", [("synthesize", {"text": TEXT, "voice": {"name": HALF_CLOSE_BAD}})],
+         "voice_damaged"),
+        ("an empty text", [("synthesize", {"text": "  "})], "empty_text"),
+        ("an unknown voice", [("synthesize", {"text": TEXT, "voice": {"name": "nobody"}})],
+         "voice_not_found"),
+    ]:  # fmt: skip
+        add(CATEGORY, CONFIG, "wy_half_close", "error", events=events, code=code,
+            note=f"half-closed after {what}")  # fmt: skip
+    add(CATEGORY, CONFIG, "wy_partial", "error", raw=b'{"type": "synthesize", "da', half_close=True,
+        note="half-closed in the middle of an event")  # fmt: skip
+
+    # -- partial events and silence --------------------------------------------------------------
+    for raw, what in [
+        (b'{"type": "synthe', "half a header line"),
+        (
+            b'{"type": "synthesize", "data_length": 100}\n{"text": "',
+            "a header and part of its data",
+        ),
+        (b'{"type": "synthesize", "payload_length": 1000}\n' + b"\0" * 10, "part of a payload"),
+        (b"{", "one brace"),
+        (b"   ", "three spaces"),
+        (b'{"type": "describe"', "a whole header but its newline"),
+    ]:
+        add(CATEGORY, CONFIG, "wy_partial", "error", raw=raw, note=f"sends {what}, then waits")
+    add(CATEGORY, CONFIG, "wy_drip", "error", part="header",
+        note="drips a valid synthesize one byte per 0.3 s")  # fmt: skip
+    add(CATEGORY, CONFIG, "wy_drip", "error", part="data",
+        note="a whole header, then drips its data one byte per 0.3 s")  # fmt: skip
+    add(CATEGORY, CONFIG, "wy_many", "ok", opening=b'{"type": "synthe', clients=50,
+        note="50 connections with half an event each; a good client is still served")  # fmt: skip
+    add(CATEGORY, CONFIG, "wy_many", "ok", opening=b"", clients=100,
+        note="100 silent connections; a good client is still served")  # fmt: skip
+    add(CATEGORY, CONFIG, "wy_idle", "error", events=[], wants={},
+        note="connects and sends nothing")  # fmt: skip
+    add(CATEGORY, CONFIG, "wy_idle", "ok", events=[("describe", {})], wants={"info": 1},
+        note="describe, then silence: closed after the answer")  # fmt: skip
+    add(CATEGORY, CONFIG, "wy_idle", "ok", events=[SYNTH], wants={"audio-stop": 1},
+        note="synthesize, then silence without closing: all audio, then closed")  # fmt: skip
+
+    for kind, code in BAD_VOICES.items():
+        add(CATEGORY, CONFIG, "wy_bad_voice", "error", bad=kind, code=code,
+            note=f"synthesize with a stored voice whose {kind.replace('_', ' ')}")  # fmt: skip
 
 
 # == the configuration ==========================================================================
