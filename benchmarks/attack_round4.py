@@ -7,10 +7,11 @@ from __future__ import annotations
 from benchmarks import (
     attack_files,
     attack_names,
+    attack_process,
     attack_stores,
     attack_wyoming_conn,
 )
 
-ROUND_FOUR = (attack_names, attack_stores, attack_wyoming_conn, attack_files)
+ROUND_FOUR = (attack_names, attack_stores, attack_wyoming_conn, attack_files, attack_process)
 for _module in ROUND_FOUR:
     _module.register_cases()

@@ -63,7 +63,25 @@ class TerminatedBySignal(BaseException):
         return 128 + self.signum
 
 
-_handled: tuple[int, ...] = ()  # the signals termination_as_exception handles right now
+class _Termination:
+    """The handler of termination_as_exception: raises once, and not inside `deferred`."""
+
+    def __init__(self) -> None:
+        self.raised = False
+        self.deferring = 0
+        self.pending: int | None = None
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        if self.raised:
+            return  # already unwinding: let the cleanup finish
+        if self.deferring:
+            self.pending = signum  # raised when the deferred block ends
+            return
+        self.raised = True
+        raise TerminatedBySignal(signum)
+
+
+_active: _Termination | None = None  # the handler in force, if any
 
 
 @contextmanager
@@ -74,48 +92,44 @@ def termination_as_exception(
     cleanup runs are ignored), but those the process was started with ignored. Previous
     handlers are restored on exit. Outside the main thread, where Python cannot install
     handlers, this does nothing."""
-    global _handled
+    global _active
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    raised = False
-
-    def handler(signum: int, frame: FrameType | None) -> None:
-        nonlocal raised
-        if raised:
-            return  # already unwinding: let the cleanup finish
-        raised = True
-        raise TerminatedBySignal(signum)
-
+    handler = _Termination()
     previous = {}
     for sig in signals:
-        current = signal.getsignal(sig)
-        if current is signal.SIG_IGN:
+        if signal.getsignal(sig) is signal.SIG_IGN:
             continue
         try:
             previous[sig] = signal.signal(sig, handler)
         except (OSError, ValueError, RuntimeError):  # reserved by the C library
             continue
-    outer, _handled = _handled, tuple(previous)
+    outer, _active = _active, handler
     try:
         yield
     finally:
-        _handled = outer
+        _active = outer
         for sig, old in previous.items():
             signal.signal(sig, old)
 
 
 @contextmanager
 def deferred() -> Iterator[None]:
-    """Hold the handled termination signals back in this thread for the block (they arrive
-    right after it): for creating a temporary file and registering it for removal as one
-    step. Without termination_as_exception in force, or outside the main thread, nothing."""
-    held = _handled
-    if not held or threading.current_thread() is not threading.main_thread():
+    """A termination signal that arrives inside the block (Python runs handlers in the main
+    thread, whichever thread the signal reached) raises when the block ends: for creating a
+    temporary file and registering it for removal as one step. Outside the main thread, or
+    without termination_as_exception in force, nothing."""
+    handler = _active
+    if handler is None or threading.current_thread() is not threading.main_thread():
         yield
         return
-    before = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    handler.deferring += 1
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+        handler.deferring -= 1
+        if not handler.deferring and handler.pending is not None and not handler.raised:
+            signum, handler.pending = handler.pending, None
+            handler.raised = True
+            raise TerminatedBySignal(signum)

@@ -178,3 +178,28 @@ def test_a_signal_while_a_temp_file_is_open_removes_it(tmp_path: Path, sig: int)
     )
     assert done.returncode == 128 + sig
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_signal_inside_deferred_is_raised_when_the_block_ends() -> None:
+    """Python runs signal handlers in the main thread whichever thread the signal reached, so
+    blocking it in one thread does not hold it back: the handler itself defers."""
+    from onnx_tts.signals import deferred
+
+    import threading
+
+    reached = []
+    done = threading.Event()
+    other = threading.Thread(target=done.wait)  # a thread the kernel may deliver the signal to
+    other.start()
+    try:
+        with pytest.raises(TerminatedBySignal) as caught, termination_as_exception():
+            with deferred():
+                os.kill(os.getpid(), signal.SIGUSR1)
+                signal.sigtimedwait([], 0.01)  # bytecode boundaries: the handler has run
+                sum(range(1000))
+                reached.append("end of the block")
+            reached.append("after the block")
+    finally:
+        done.set()
+        other.join()
+    assert reached == ["end of the block"] and caught.value.signum == signal.SIGUSR1
