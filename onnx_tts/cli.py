@@ -404,9 +404,17 @@ def cmd_cache(args: argparse.Namespace) -> int:
 
 
 def cmd_config(args: argparse.Namespace) -> int:
-    from onnx_tts.config import CacheConfig, EngineConfig, RayConfig, ServerConfig, env_table
+    from onnx_tts.config import (
+        CacheConfig,
+        EngineConfig,
+        RayConfig,
+        ServerConfig,
+        WyomingConfig,
+        env_table,
+    )
 
-    rows = env_table(ServerConfig, EngineConfig, CacheConfig, RayConfig)
+    # A variable both servers read (ONNX_TTS_HEADER_TIMEOUT, ...) is listed once.
+    rows = env_table(ServerConfig, EngineConfig, CacheConfig, RayConfig, WyomingConfig)
     if args.markdown:
         print("| variable | flag | default | meaning |\n|---|---|---|---|")
         for variable, flag, default, meaning in rows:
