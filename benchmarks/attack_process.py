@@ -255,8 +255,10 @@ def _cpu_seconds(pid: int) -> float:
 def _as_a_shell_starts_it(ignored: str | None, close: tuple[int, ...] = ()) -> Any:
     def start() -> None:
         os.setsid()
-        for sig in (signal.SIGINT, signal.SIGQUIT):  # as an interactive shell starts commands
-            signal.signal(sig, signal.SIG_DFL)
+        # As an interactive shell starts commands, whatever the runner inherited (a runner
+        # started in the background ignores SIGINT and SIGQUIT, one under nohup SIGHUP).
+        for name in ENDING:
+            signal.signal(_signal(name), signal.SIG_DFL)
         if ignored:
             signal.signal(_signal(ignored), signal.SIG_IGN)
         for fd in close:

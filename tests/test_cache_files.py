@@ -72,7 +72,9 @@ def test_an_entry_that_is_not_a_regular_file_is_refused_unread(
     if kind == "directory":  # never removed (not the cache's to delete): computed, not stored
         assert entry.is_dir() and lines[-1].startswith("wrote ")
     else:
-        what = {"fifo": "a FIFO", "sparse_6_gib": "6442450944 bytes long"}.get(kind, "a symbolic link")
+        what = {"fifo": "a FIFO", "sparse_6_gib": "6442450944 bytes long"}.get(
+            kind, "a symbolic link"
+        )
         assert len(lines) == 2 and lines[0].startswith("onnx-tts: warning: reference cache: ")
         assert f"refused unread: {what}" in lines[0] and lines[1].startswith("wrote ")
         # Dropped and recomputed: a valid regular file again.

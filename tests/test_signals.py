@@ -79,9 +79,11 @@ def test_every_catchable_terminating_signal_is_handled() -> None:
 
 def _as_a_shell_starts_it(ignored: tuple[int, ...] = ()):
     def start() -> None:
-        # A test runner started in the background inherits SIGINT and SIGQUIT ignored; an
-        # interactive shell starts commands with them at their defaults.
-        for sig in (signal.SIGINT, signal.SIGQUIT):
+        # A test runner started in the background inherits SIGINT and SIGQUIT ignored (under
+        # nohup SIGHUP too); an interactive shell starts commands with them at their defaults.
+        from onnx_tts.signals import terminating_signals
+
+        for sig in terminating_signals():
             signal.signal(sig, signal.SIG_DFL)
         for sig in ignored:  # e.g. nohup
             signal.signal(sig, signal.SIG_IGN)
@@ -183,9 +185,9 @@ def test_a_signal_while_a_temp_file_is_open_removes_it(tmp_path: Path, sig: int)
 def test_a_signal_inside_deferred_is_raised_when_the_block_ends() -> None:
     """Python runs signal handlers in the main thread whichever thread the signal reached, so
     blocking it in one thread does not hold it back: the handler itself defers."""
-    from onnx_tts.signals import deferred
-
     import threading
+
+    from onnx_tts.signals import deferred
 
     reached = []
     done = threading.Event()
