@@ -232,26 +232,19 @@ def load_audio(
     most MAX_DECODE_SECONDS are ever decoded; a trim is never silent (see
     :func:`reference_trimmed`: a warning, or `on_trim`).
     """
-    if isinstance(path, bytes):
-        data_bytes = path
-        path = name or "audio"  # type: ignore[assignment]
-
-        def source() -> Any:
-            return io.BytesIO(data_bytes)
-
-        truncated = wav_truncation(data_bytes)
-    else:
-        file_path = Path(path)
+    data_bytes = path if isinstance(path, bytes) else None
+    if data_bytes is None:
+        file_path = Path(path)  # type: ignore[arg-type]
         if not file_path.exists():
             raise AudioError(f"reference audio not found: {file_path}")
         if not file_path.is_file():
             raise AudioError(f"reference audio is not a file: {file_path}")
-        path = name or file_path  # type: ignore[assignment]
+    truncated = wav_truncation(file_path if data_bytes is None else data_bytes)
+    path = name or (file_path if data_bytes is None else "audio")  # type: ignore[assignment]
 
-        def source() -> Any:
-            return str(file_path)
+    def source() -> Any:  # what libsndfile opens: the file, or the bytes in memory
+        return str(file_path) if data_bytes is None else io.BytesIO(data_bytes)
 
-        truncated = wav_truncation(file_path)
     try:
         info = soundfile.info(source())
     except (soundfile.LibsndfileError, RuntimeError, TypeError, ValueError) as error:
