@@ -335,8 +335,12 @@ def _limits(umask: int | None, fsize: int | None = None):
             resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
         if umask is not None:
             os.umask(umask)
-        # A runner started in the background inherits SIGINT ignored; a user's shell does not.
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        # A runner started in the background inherits SIGINT and SIGQUIT ignored, one under
+        # nohup SIGHUP too; a user's interactive shell starts commands with them at default.
+        from onnx_tts.signals import terminating_signals
+
+        for sig in terminating_signals():
+            signal.signal(sig, signal.SIG_DFL)
         os.setsid()
 
     return apply
