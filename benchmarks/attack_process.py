@@ -48,6 +48,7 @@ from benchmarks.attack_live import (
     wav_bytes,
 )
 from benchmarks.live_server import LiveServer, free_port
+from tests.file_systems import read_only
 
 CATEGORY = "process"
 LONG_TEXT = " ".join(f"Sentence number {i} keeps the generator busy for a while." for i in
@@ -438,22 +439,6 @@ def _full_tmpfs(where: Path, fill: bool = True):
         subprocess.run(["umount", "-l", str(where)], capture_output=True)
 
 
-@contextlib.contextmanager
-def _read_only(directory: Path):
-    if os.geteuid() == 0:
-        subprocess.run(["chattr", "+i", str(directory)], check=True)
-        try:
-            yield
-        finally:
-            subprocess.run(["chattr", "-i", str(directory)], check=True)
-    else:
-        directory.chmod(0o555)
-        try:
-            yield
-        finally:
-            directory.chmod(0o755)
-
-
 def _upload(server: LiveServer, seconds: float, name: str) -> httpx.Response:
     clip = wav_bytes(speechlike(seconds, 16000, 402), 16000)
     return httpx.post(server.url + "/v1/audio/voices", files={"audio_sample": ("v.wav", clip)},
@@ -466,7 +451,7 @@ def probe_store_io(ctx: LiveContext, case: dict[str, Any]) -> Verdict:
     with contextlib.ExitStack() as stack:
         if kind == "read-only voices dir":
             server = stack.enter_context(_stopping(LiveServer(work)))
-            stack.enter_context(_read_only(work / "voices"))
+            stack.enter_context(read_only(work / "voices"))
             response = _upload(server, 2.0, "read only")
         elif kind == "full voices dir":
             full = stack.enter_context(_full_tmpfs(work / "full"))

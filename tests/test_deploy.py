@@ -301,8 +301,9 @@ def test_damaged_redis_voices_are_never_used(redis_url: str) -> None:
 
 def test_redis_voice_limit_holds(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     import onnx_tts.server.redis_voices as module
+    import onnx_tts.server.voices as records
 
-    monkeypatch.setattr(module, "MAX_VOICES", 2)
+    monkeypatch.setattr(records, "MAX_VOICES", 2)  # the rule both stores apply
     store = module.RedisVoiceStore(redis_url, namespace="t3")
     store.add("a", _clip(3), 16000)
     store.add("b", _clip(4), 16000)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -21,6 +20,7 @@ import soundfile
 
 from benchmarks.live_server import LiveServer, free_port
 from tests.conftest import speechlike
+from tests.file_systems import read_only
 
 RATE = 16000
 
@@ -150,24 +150,6 @@ def test_a_voices_dir_that_is_a_regular_file_is_one_line_and_exit_2(
         "is created if missing)"
     )
     assert afile.read_text() == "not a directory"
-
-
-@contextlib.contextmanager
-def read_only(directory: Path) -> Iterator[None]:
-    """`directory` made read-only for this process's user: permission bits, and for root
-    (whom they do not stop) the immutable attribute."""
-    if os.geteuid() == 0:
-        subprocess.run(["chattr", "+i", str(directory)], check=True)
-        try:
-            yield
-        finally:
-            subprocess.run(["chattr", "-i", str(directory)], check=True)
-    else:
-        directory.chmod(0o555)
-        try:
-            yield
-        finally:
-            directory.chmod(0o755)
 
 
 def test_an_upload_to_a_read_only_voices_dir_is_a_500_naming_it(

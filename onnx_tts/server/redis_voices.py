@@ -30,18 +30,16 @@ from typing import Any
 import numpy as np
 
 from onnx_tts.audio import resample
-from onnx_tts.server.voice_names import ID_PATTERN, check_new_name, name_key, reserved_names
+from onnx_tts.server.voice_names import ID_PATTERN, check_new_name, reserved_names
 from onnx_tts.server.voices import (
     MAX_STORED_SAMPLES,
-    MAX_VOICES,
     Rejections,
     Voice,
-    VoiceExists,
-    VoiceNameTaken,
     VoiceStoreError,
     checked_samples,
     damaged,
     parse_meta,
+    stored_as,
     voice_id,
     voice_meta,
 )
@@ -188,18 +186,10 @@ class RedisVoiceStore:
                     # on another replica restarts this one instead of passing the limit.
                     pipe.watch(self._meta_key)
                     stored = self._voices(pipe.hgetall(self._meta_key))
-                    existing = next((v for v in stored if v.id == ident), None)
+                    # The count of every record, refused ones too: the hash is bounded.
+                    existing = stored_as(stored, ident, key, pipe.hlen(self._meta_key))
                     if existing is not None:
-                        if name_key(existing.name) != key:
-                            raise VoiceExists(existing)
                         return existing, False
-                    taken = next((v for v in stored if name_key(v.name) == key), None)
-                    if taken is not None:
-                        raise VoiceNameTaken(taken)
-                    if pipe.hlen(self._meta_key) >= MAX_VOICES:
-                        raise OverflowError(
-                            f"the server stores at most {MAX_VOICES} voices; delete some first"
-                        )
                     voice = Voice(ident, shown, int(time.time()), sample_rate)
                     sha = hashlib.sha256(data).hexdigest()
                     pipe.multi()

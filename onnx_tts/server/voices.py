@@ -226,6 +226,24 @@ class Rejections:
             self._bad.pop(voice_id_, None)
 
 
+def stored_as(stored: list[Voice], ident: str, key: str, count: int) -> Voice | None:
+    """The stored voice an upload of content `ident` under a name of key `key` already is
+    (None: it is new), by the rules of `VoiceStore.add`: VoiceExists for the same content under
+    another name, VoiceNameTaken for the name of another content, OverflowError when `count`
+    voices are stored already."""
+    existing = next((v for v in stored if v.id == ident), None)
+    if existing is not None:
+        if name_key(existing.name) != key:
+            raise VoiceExists(existing)
+        return existing
+    taken = next((v for v in stored if name_key(v.name) == key), None)
+    if taken is not None:
+        raise VoiceNameTaken(taken)
+    if count >= MAX_VOICES:
+        raise OverflowError(f"the server stores at most {MAX_VOICES} voices; delete some first")
+    return None
+
+
 def damaged(voice: Voice, why: str) -> VoiceStoreError:
     return VoiceStoreError(
         404,
@@ -382,18 +400,9 @@ class VoiceStore:
         ident = voice_id(audio, sample_rate)
         with self._lock:
             stored = self.list()
-            existing = next((v for v in stored if v.id == ident), None)
+            existing = stored_as(stored, ident, key, len(stored))
             if existing is not None:
-                if name_key(existing.name) != key:
-                    raise VoiceExists(existing)
                 return existing, False
-            taken = next((v for v in stored if name_key(v.name) == key), None)
-            if taken is not None:
-                raise VoiceNameTaken(taken)
-            if len(stored) >= MAX_VOICES:
-                raise OverflowError(
-                    f"the server stores at most {MAX_VOICES} voices; delete some first"
-                )
             voice = Voice(ident, shown, int(time.time()), sample_rate)
             meta = json.dumps(voice_meta(voice, self.secret)).encode()
 
