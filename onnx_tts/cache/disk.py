@@ -40,6 +40,13 @@ _TMP_PREFIX = ".tmp-"
 MAX_ENTRY_BYTES = 2 << 30
 
 
+def _new_temp_file(parent: int) -> tuple[int, str]:
+    """(descriptor, name) of a new, uniquely named temp file in directory `parent` (fd)."""
+    name = f"{_TMP_PREFIX}{secrets.token_hex(8)}"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    return os.open(name, flags, 0o644, dir_fd=parent), name
+
+
 def cache_root() -> Path:
     """``$XDG_CACHE_HOME/onnx-tts``, or ``~/.cache/onnx-tts``: home of every disk cache."""
     base = os.environ.get("XDG_CACHE_HOME") or ""
@@ -170,9 +177,7 @@ class DiskTier:
             # Written and renamed inside the subdirectory's own descriptor: a subdirectory
             # that is a symbolic link (to somewhere outside the cache) is refused, never used.
             with directory_fd(self.directory, (sub,)) as parent:
-                tmp_name = f"{_TMP_PREFIX}{secrets.token_hex(8)}"
-                flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-                fd = os.open(tmp_name, flags, 0o644, dir_fd=parent)
+                fd, tmp_name = _new_temp_file(parent)
                 # No fsync: after a crash a torn file fails its checksum and is recomputed, so
                 # durability is not worth a disk flush per new entry.
                 with os.fdopen(fd, "wb") as handle:
