@@ -16,13 +16,14 @@ import contextlib
 import errno
 import io
 import os
+import re
 import struct
 import sys
 import warnings
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import numpy as np
 import soundfile
@@ -32,6 +33,7 @@ from onnx_tts.atomic_files import (
     fsync_directory,
     output_mode,
     output_target,
+    release_temp,
     temp_beside,
     write_atomically,
     write_error,
@@ -125,15 +127,20 @@ def resample(samples: np.ndarray, from_rate: int, to_rate: int) -> np.ndarray:
 
 
 # -- decoding -----------------------------------------------------------------------------------
-def wav_truncation(path: Path) -> str | None:
-    """Why a RIFF/WAVE file is cut short (its data chunk claims more bytes than follow), or
-    None. libsndfile reads such a file silently up to where it ends."""
+def wav_truncation(source: Path | bytes) -> str | None:
+    """Why a RIFF/WAVE file (a path, or its bytes) is cut short (its data chunk claims more
+    bytes than follow), or None. libsndfile reads such a file silently up to where it ends."""
     try:
-        with path.open("rb") as handle:
+        if isinstance(source, bytes):
+            handle: BinaryIO = io.BytesIO(source)
+            size = len(source)
+        else:
+            handle = source.open("rb")
+            size = source.stat().st_size
+        with handle:
             head = handle.read(12)
             if len(head) < 12 or head[:4] != b"RIFF" or head[8:12] != b"WAVE":
                 return None
-            size = path.stat().st_size
             position = 12
             for _ in range(64):  # a WAV has a handful of chunks; never walk an endless list
                 header = handle.read(8)
@@ -153,6 +160,12 @@ def wav_truncation(path: Path) -> str | None:
     except OSError:
         return None  # soundfile reports unreadable files itself
     return None
+
+
+def _decode_reason(error: Exception, name: object) -> str:
+    """libsndfile's reason, naming the file as the caller does (not an in-memory object)."""
+    text = re.sub(r"<_io\.BytesIO object at 0x[0-9a-f]+>", str(name), str(error))
+    return text.rstrip(".")
 
 
 Trimmed = Callable[[ReferenceTrimmedWarning], None]
@@ -177,17 +190,18 @@ def reference_trimmed(
 
 
 def load_audio(
-    path: str | os.PathLike[str],
+    path: str | os.PathLike[str] | bytes,
     sample_rate: int,
     *,
     min_seconds: float | None = None,
     max_seconds: float | None = None,
     on_trim: Trimmed | None = None,
     channels: int = 1,
+    name: str | None = None,
 ) -> np.ndarray:
-    """Decode an audio file to float32 at `sample_rate`: mono [N] (channels averaged), or with
-    `channels=2` stereo [N, 2] for stereo models (a mono file duplicated, a stereo one kept, more
-    channels refused).
+    """Decode an audio file (a path, or its bytes, named `name` in messages) to float32 at
+    `sample_rate`: mono [N] (channels averaged), or with `channels=2` stereo [N, 2] for stereo
+    models (a mono file duplicated, a stereo one kept, more channels refused).
 
     Raises AudioError for a missing, unreadable, unsupported, truncated, empty, silent or too
     short file, a sample rate outside 8-384 kHz, and non-finite or absurd (> 16) peaks. Audio
@@ -195,16 +209,24 @@ def load_audio(
     most MAX_DECODE_SECONDS are ever decoded; a trim is never silent (see
     :func:`reference_trimmed`: a warning, or `on_trim`).
     """
-    path = Path(path)
-    if not path.exists():
-        raise AudioError(f"reference audio not found: {path}")
-    if not path.is_file():
-        raise AudioError(f"reference audio is not a file: {path}")
+    data_bytes = path if isinstance(path, bytes) else None
+    if data_bytes is None:
+        file_path = Path(path)  # type: ignore[arg-type]
+        if not file_path.exists():
+            raise AudioError(f"reference audio not found: {file_path}")
+        if not file_path.is_file():
+            raise AudioError(f"reference audio is not a file: {file_path}")
+    truncated = wav_truncation(file_path if data_bytes is None else data_bytes)
+    path = name or (file_path if data_bytes is None else "audio")  # type: ignore[assignment]
+
+    def source() -> Any:  # what libsndfile opens: the file, or the bytes in memory
+        return str(file_path) if data_bytes is None else io.BytesIO(data_bytes)
+
     try:
-        info = soundfile.info(str(path))
+        info = soundfile.info(source())
     except (soundfile.LibsndfileError, RuntimeError, TypeError, ValueError) as error:
         raise AudioError(
-            f"cannot decode reference audio {path}: {str(error).rstrip('.')}; "
+            f"cannot decode reference audio {path}: {_decode_reason(error, path)}; "
             "use a WAV, FLAC or OGG file"
         ) from None
     rate = int(info.samplerate)
@@ -218,16 +240,15 @@ def load_audio(
             f"reference audio {path} has {info.channels} channels; at most "
             f"{MAX_DECODE_CHANNELS} (a voice is mono or stereo)"
         )
-    truncated = wav_truncation(path)
     if truncated:
         raise AudioError(f"reference audio {path} is truncated: {truncated}; re-export the file")
     limit = MAX_DECODE_SECONDS if max_seconds is None else min(max_seconds, MAX_DECODE_SECONDS)
     max_frames = max(1, int(limit * rate))
     try:
-        data, _ = soundfile.read(str(path), frames=max_frames, dtype="float32", always_2d=True)
+        data, _ = soundfile.read(source(), frames=max_frames, dtype="float32", always_2d=True)
     except (soundfile.LibsndfileError, RuntimeError, TypeError, ValueError) as error:
         raise AudioError(
-            f"cannot decode reference audio {path}: {str(error).rstrip('.')}; "
+            f"cannot decode reference audio {path}: {_decode_reason(error, path)}; "
             "use a WAV, FLAC or OGG file"
         ) from None
     except MemoryError:
@@ -317,7 +338,7 @@ def check_output_path(path: str | os.PathLike[str], fmt: str | None = None) -> P
     # Permission bits do not say everything (root, /proc, read-only mounts): try it.
     fd, probe = temp_beside(path)
     os.close(fd)
-    os.unlink(probe)
+    release_temp(probe, remove=True)
     return path
 
 
@@ -490,6 +511,7 @@ class ProgressiveWavWriter:
             handle.close()
             self._file = None
             os.replace(self.tmp, self.path)
+            release_temp(str(self.tmp))
         except OSError as error:
             self.abort()
             raise write_error(self.path, error) from None
@@ -502,7 +524,7 @@ class ProgressiveWavWriter:
             with contextlib.suppress(OSError):
                 self._file.close()
             self._file = None
-        self.tmp.unlink(missing_ok=True)
+        release_temp(str(self.tmp), remove=True)
 
     def __enter__(self) -> ProgressiveWavWriter:
         return self

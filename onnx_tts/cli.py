@@ -15,6 +15,7 @@ from typing import Any, NoReturn
 
 import numpy as np
 
+from onnx_tts.atomic_files import remove_temp_files
 from onnx_tts.audio import OUTPUT_FORMATS, ProgressiveWavWriter, RawPcmWriter
 from onnx_tts.completion import SHELLS
 from onnx_tts.config import CacheConfig, add_flags, from_flags
@@ -192,6 +193,11 @@ def _read_text(arg: str) -> str:
     from onnx_tts.frontend import check_text
 
     if arg == "-":
+        if sys.stdin is None:  # started with stdin closed (<&-)
+            raise InputError(
+                "the text is - (read stdin), but stdin is closed; pipe the text in, or give "
+                "it as an argument"
+            )
         return check_text(sys.stdin.buffer.read())
     return check_text(arg)
 
@@ -247,6 +253,11 @@ def _output_format(args: argparse.Namespace) -> str:
     "pcm" (raw s16le) only to stdout."""
     from onnx_tts.audio import check_encoder, check_output_path, output_format
 
+    if args.output == "-" and sys.stdout is None:  # started with stdout closed (>&-)
+        raise InputError(
+            "-o - writes the audio to stdout, but stdout is closed; redirect it (> out.wav) "
+            "or give -o FILE"
+        )
     if args.output != "-":
         if args.format == "pcm":
             raise InputError("--format pcm writes raw samples to stdout only: add -o -")
@@ -437,9 +448,17 @@ def cmd_cache(args: argparse.Namespace) -> int:
 
 
 def cmd_config(args: argparse.Namespace) -> int:
-    from onnx_tts.config import CacheConfig, EngineConfig, RayConfig, ServerConfig, env_table
+    from onnx_tts.config import (
+        CacheConfig,
+        EngineConfig,
+        RayConfig,
+        ServerConfig,
+        WyomingConfig,
+        env_table,
+    )
 
-    rows = env_table(ServerConfig, EngineConfig, CacheConfig, RayConfig)
+    # A variable both servers read (ONNX_TTS_HEADER_TIMEOUT, ...) is listed once.
+    rows = env_table(ServerConfig, EngineConfig, CacheConfig, RayConfig, WyomingConfig)
     if args.markdown:
         print("| variable | flag | default | meaning |\n|---|---|---|---|")
         for variable, flag, default, meaning in rows:
@@ -569,14 +588,38 @@ def _log_warnings_as_one_line() -> None:
         logger.setLevel(logging.WARNING)
 
 
+def _hold_standard_descriptors() -> None:
+    """A process started with stdin, stdout or stderr closed (`>&-`) has a free descriptor 0-2
+    that the next file opened would take: audio meant for stdout would land in it. Each one
+    is held by /dev/null; Python already set sys.stdin/stdout to None for them, which the
+    commands check (one clear line), and errors go to /dev/null rather than to stdout."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            held = os.open(os.devnull, os.O_RDWR)
+            if held != fd:
+                os.dup2(held, fd)
+                os.close(held)
+    if sys.stderr is None:
+        sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - for the life of the process
+
+
 def main(argv: list[str] | None = None) -> int:
+    _hold_standard_descriptors()
     parser = build_parser()
     args = parser.parse_args(argv)
     warnings.showwarning = _one_line_warning
     _log_warnings_as_one_line()
     try:
         with termination_as_exception():
-            return COMMANDS[args.command](args)
+            try:
+                return COMMANDS[args.command](args)
+            except BaseException:
+                # A signal (or any failure) may have come while a temp file existed: remove
+                # them while further signals are still held off by the handler.
+                remove_temp_files()
+                raise
     except TerminatedBySignal as stop:
         print(f"onnx-tts: {stop}", file=sys.stderr)
         return stop.exit_code

@@ -4,6 +4,7 @@ the progress bar, --version, `python -m onnx_tts`, and the generated shell compl
 from __future__ import annotations
 
 import io
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -287,3 +288,44 @@ def test_cli_output_onto_a_link_and_onto_a_read_only_file(
         assert code == 2 and len(err) == 1 and "read-only" in err[0], err
     assert locked.read_bytes() == b"keep me"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["link.wav", "locked.wav", "real.wav"]
+
+
+def _closed(*fds: int):
+    def close() -> None:
+        for fd in fds:
+            os.close(fd)
+
+    return close
+
+
+@pytest.mark.parametrize(
+    ("argv", "closed", "message"),
+    [
+        (["Hello.", "-o", "-", "--stream"], 1, "stdout is closed"),
+        (["Hello.", "-o", "-", "--format", "wav"], 1, "stdout is closed"),
+        (["Hello.", "-o", "-", "--stream", "--format", "wav"], 1, "stdout is closed"),
+        (["-", "-o", "{out}"], 0, "stdin is closed"),
+        (["-", "-o", "-", "--stream"], 0, "stdin is closed"),
+    ],
+    ids=["stream-pcm", "whole-wav", "stream-wav", "stdin-to-file", "stdin-to-stdout"],
+)
+def test_closed_standard_streams_are_one_line_and_exit_2(
+    tmp_path: Path, argv: list[str], closed: int, message: str
+) -> None:
+    """`>&-` and `<&-`: the first write to stdout (or read of stdin) was a traceback; the
+    descriptor of a closed stdout could also be reused by the next file opened."""
+    argv = [arg.replace("{out}", str(tmp_path / "out.wav")) for arg in argv]
+    done = subprocess.run(
+        [sys.executable, "-m", "onnx_tts.cli", "synth", *argv],
+        stdin=subprocess.DEVNULL if closed != 0 else None,
+        stdout=subprocess.DEVNULL if closed != 1 else None,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+        preexec_fn=_closed(closed),
+    )
+    assert done.returncode == 2
+    (line,) = done.stderr.splitlines()
+    assert line.startswith("onnx-tts: error: ") and message in line
+    assert list(tmp_path.iterdir()) == []  # nothing written anywhere
