@@ -24,9 +24,10 @@ from onnx_tts.audio import (
     output_format,
     save_audio,
 )
-from onnx_tts.cli import _Progress, build_parser, main
+from onnx_tts.cli import build_parser, main
 from onnx_tts.completion import bash_script
 from onnx_tts.errors import NonFiniteAudioError, OutputError
+from onnx_tts.synth_cli import _Progress
 
 RATE = 16000  # the default voice's rate: mp3, opus and aac take it as is
 TONE_HZ = 440.0

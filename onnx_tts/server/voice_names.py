@@ -9,7 +9,7 @@ is ``nova``), case folded (``Nova`` too).
 
 An upload may not take a name that already denotes a voice: ``default``, OpenAI's voice names
 (clients such as Open WebUI send ``alloy`` to mean "the server's voice"), the builtin voices of
-the models served (MOSS-TTS-Nano's ``Junhao``), a name shaped like a voice id, or another
+the models served (a manifest's builtin voices), a name shaped like a voice id, or another
 stored voice's name. Such an upload is refused with 409 rather than renamed into a namespace:
 clients address a voice by the bare name their user typed, so a stored ``user:alloy`` would
 never be what ``alloy`` reaches, and a silent rename surprises more than a refusal that says
