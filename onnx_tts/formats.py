@@ -52,7 +52,10 @@ FORMATS: dict[str, AudioFormat] = {
     )
 }
 OUTPUT_FORMATS = tuple(name for name, f in FORMATS.items() if f.file)
-RESPONSE_FORMATS = tuple(name for name, f in FORMATS.items() if f.response)
+# In OpenAI's order of its response_format values.
+RESPONSE_FORMATS = tuple(
+    name for name in ("mp3", "opus", "aac", "flac", "wav", "pcm") if FORMATS[name].response
+)
 FORMAT_EXTENSIONS = {ext: f.name for f in FORMATS.values() for ext in f.extensions}
 CONTENT_TYPES = {name: f.content_type for name, f in FORMATS.items()}
 

@@ -238,7 +238,10 @@ def create_app(config: ServerConfig, registry: ModelRegistry | None = None) -> F
         job, styling = await run_in_threadpool(plan_speech, state, speech_request, received)
         try:
             encoder = await run_in_threadpool(
-                StreamEncoder, speech_request.response_format, job.output_rate
+                StreamEncoder,
+                speech_request.response_format,
+                job.output_rate,
+                job.output_channels,
             )
         except FormatUnavailable as error:
             raise APIError(

@@ -106,6 +106,11 @@ class SpeechModel:
         return max(1, int(self.engine.stats().get("active_rows", 1)))
 
     @property
+    def channels(self) -> int:
+        """Channels of the model's audio (2 for a stereo codec)."""
+        return self.engine.channels
+
+    @property
     def hop_length(self) -> int:
         return int(self.engine.model.hop_length)
 

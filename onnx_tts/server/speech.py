@@ -74,6 +74,8 @@ def plan_speech(state: Any, request: SpeechRequest, received: float) -> tuple[Ge
         options=options,
         speed=styling.speed(request.speed),
         output_rate=encoded_rate(request.response_format, model.sample_rate, sample_rate),
+        # OpenAI's pcm is mono (its clients assume it); the other formats say their channels.
+        output_channels=1 if request.response_format == "pcm" else model.channels,
         received_at=received,
     )
     return job, styling
@@ -135,7 +137,7 @@ def respond(
     rate = job.output_rate
     headers = {
         "X-Sample-Rate": str(rate),
-        "X-Channels": "1",
+        "X-Channels": str(job.output_channels),
         "X-Bit-Depth": "16",
         **headers,
     }
