@@ -53,6 +53,7 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.attack_cases import CASES  # noqa: E402
 from benchmarks.attack_live import LIVE_CASES  # noqa: E402
+from benchmarks.attack_round4 import ROUND_FOUR  # noqa: E402, F401 (adds its categories)
 
 MODELS = REPO / "onnx_tts" / "models"
 GOOD_VOICE_SOURCE = REPO / "tests" / "data" / "heldout_voice_joe_x0.92.flac"
@@ -334,8 +335,12 @@ def _limits(umask: int | None, fsize: int | None = None):
             resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
         if umask is not None:
             os.umask(umask)
-        # A runner started in the background inherits SIGINT ignored; a user's shell does not.
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        # A runner started in the background inherits SIGINT and SIGQUIT ignored, one under
+        # nohup SIGHUP too; a user's interactive shell starts commands with them at default.
+        from onnx_tts.signals import terminating_signals
+
+        for sig in terminating_signals():
+            signal.signal(sig, signal.SIG_DFL)
         os.setsid()
 
     return apply
@@ -860,6 +865,47 @@ def build_world(root: Path, need_redis: bool, stack: contextlib.ExitStack) -> Wo
                  {"": seed_dir}, redis_seed, full_fs)  # fmt: skip
 
 
+# What each category attacks (docs/RELIABILITY.md shows them with their totals).
+CATEGORY_HELP = {
+    "text": "text that is empty, unspeakable, huge, control characters, odd scripts",
+    "numbers": "numbers, dates, digits by the thousand, sampling options out of range",
+    "voice": "reference audio: NaN, 1e30 peaks, wrong rates, truncated, FIFOs, 70 channels",
+    "bundle": "model directories: tampered manifests, hashes, paths out of the bundle, links",
+    "cache": "cache entries forged with valid checksums, on disk and in Redis",
+    "sizes": "sizes a user controls: windows, batch, threads, cache bounds",
+    "paths": "output paths: directories, links, read-only files, long names, full disks",
+    "signals": "SIGTERM/SIGHUP/SIGINT while writing",
+    "outputs": "stdout closed by its reader, /dev/full, stream flags",
+    "api": "the Python API: NaN embeddings, integer audio, streams dropped unread",
+    "server": "the HTTP server: bad JSON, slow clients, floods, disconnects, API keys",
+    "web": "the web page and its static files",
+    "wyoming": "the Wyoming server: malformed events, bounds, clients that leave",
+    "pipeline": "the staged pipeline: faulty vocoders and LMs beside healthy streams",
+    "names": "voice names that would reach another voice (reserved, id-shaped, case, Unicode)",
+    "stores": "stored voices tampered with on disk and in Redis, signed and unsigned",
+    "wyoming-conn": "Wyoming clients that half-close, send part of an event, or nothing",
+    "cache-files": "cache entries that are FIFOs, device links, links out, sparse files",
+    "process": "every terminating signal, closed stdio, store I/O, cut and malformed bodies",
+}
+
+
+def markdown_table(results: list[dict[str, Any]]) -> str:
+    """The totals per category (and what each attacks) as a Markdown table."""
+    categories = [c for c in CATEGORY_HELP if any(r["category"] == c for r in results)]
+    categories += sorted({r["category"] for r in results} - set(categories))
+    lines = [
+        "| category | what it attacks | cases | " + " | ".join(OUTCOMES) + " |",
+        "|---|---|---:|" + "---:|" * len(OUTCOMES),
+    ]
+    for name in [*categories, "total"]:
+        rows = [r for r in results if name in ("total", r["category"])]
+        counts = Counter(r["outcome"] for r in rows)
+        label = "**total**" if name == "total" else f"`{name}`"
+        cells = [label, CATEGORY_HELP.get(name, ""), str(len(rows))]
+        lines.append("| " + " | ".join(cells + [str(counts[o]) for o in OUTCOMES]) + " |")
+    return "\n".join(lines)
+
+
 def print_table(results: list[dict[str, Any]]) -> None:
     categories = sorted({r["category"] for r in results})
     header = f"{'category':<10} {'tried':>5} " + " ".join(f"{o:>14}" for o in OUTCOMES)
@@ -954,7 +1000,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--api-case", help=argparse.SUPPRESS)
     parser.add_argument("--pipeline-case", help=argparse.SUPPRESS)
     parser.add_argument("--output", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--markdown", action="store_true", help="print --output's totals as a Markdown table"
+    )
     args = parser.parse_args(argv)
+    if args.markdown:
+        print(markdown_table(json.loads(args.output.read_text())["cases"]))
+        return 0
     if args.api_case:
         return api_case_main(args.api_case, args.root)
     if args.pipeline_case:

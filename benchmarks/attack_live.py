@@ -1739,18 +1739,34 @@ def _wyoming_exit(ctx: LiveContext, case: dict[str, Any], uri: str) -> Verdict:
     return one_line_exit_2(done)
 
 
-PROBES: dict[str, Callable[[LiveContext, dict[str, Any]], Verdict]] = {
-    name[len("probe_") :]: value
-    for name, value in dict(globals()).items()
-    if name.startswith("probe_") and callable(value)
-}
+PROBES: dict[str, Callable[[LiveContext, dict[str, Any]], Verdict]] = {}
+
+
+def register_probes(namespace: dict[str, Any]) -> None:
+    """Every `probe_<name>` function of a module's namespace, as probe `<name>` (the category
+    modules of round four register theirs: attack_names, attack_stores, ...)."""
+    for name, value in dict(namespace).items():
+        if name.startswith("probe_") and callable(value):
+            PROBES[name[len("probe_") :]] = value
+
+
+register_probes(globals())
+# Configurations other modules add: name -> what starts its servers into the context.
+CONFIG_STARTERS: dict[str, Callable[[LiveContext], None]] = {}
+# HTTP configurations whose generations must all stop after each case, and those whose
+# voices directory must come out of each case unchanged (no voice damaged or removed).
+HTTP_CONFIGS = {"plain", "keyed", "flood", "replicas"}
+SNAPSHOT_CONFIGS = {"plain", "keyed", "flood"}
 
 
 # == running live configurations =================================================================
 def start_config(name: str, root: Path) -> LiveContext:
     ctx = LiveContext(name, root)
     ctx.stack_state = {}  # type: ignore[attr-defined]
-    if name == "own":
+    if name.startswith("own"):  # the cases start what they need themselves
+        return ctx
+    if name in CONFIG_STARTERS:
+        CONFIG_STARTERS[name](ctx)
         return ctx
     if name == "wyoming":
         from onnx_tts.server.voices import VoiceStore
@@ -1790,7 +1806,7 @@ def run_live_case(ctx: LiveContext, case: dict[str, Any]) -> Verdict:
     """One case against the configuration's servers, then what holds whatever it did: no
     traceback in the logs, no generation left running, no stored voice damaged, no temp file."""
     marks = [len(server.log()) for server in ctx.servers]
-    stores = [ctx.root / "voices"] if ctx.name in ("plain", "keyed", "flood") else []
+    stores = [ctx.root / "voices"] if ctx.name in SNAPSHOT_CONFIGS else []
     before = {str(d): snapshot(d) for d in stores}
     try:
         verdict = PROBES[case["probe"]](ctx, case)
@@ -1808,7 +1824,7 @@ def run_live_case(ctx: LiveContext, case: dict[str, Any]) -> Verdict:
             return Verdict("traceback", f"server log: {first[:150]}")
         if server.process.poll() is not None:
             return Verdict("runaway", f"the server died (exit {server.process.returncode})")
-    if ctx.name in ("plain", "keyed", "flood", "replicas") and verdict.outcome != "runaway":
+    if ctx.name in HTTP_CONFIGS and verdict.outcome != "runaway":
         active = wait_idle(ctx)
         if active:
             return Verdict("runaway", f"{active:g} generation(s) still active after the case")

@@ -1,6 +1,11 @@
 """Files written atomically: a unique temporary file beside the one replaced, fsynced, given
 that file's permissions (or the umask's), then renamed over it; a symbolic link's target is
-the file replaced, and a read-only file is refused. On any failure nothing is left behind."""
+the file replaced, and a read-only file is refused. On any failure nothing is left behind.
+
+Every temporary file is registered from the moment it exists (its creation and registration
+are one step, no terminating signal between them: `onnx_tts.signals.deferred`) until it is
+renamed or removed, so that a process ended by a signal removes what it left with
+:func:`remove_temp_files`."""
 
 from __future__ import annotations
 
@@ -8,9 +13,14 @@ import contextlib
 import os
 import stat
 import tempfile
+import threading
 from pathlib import Path
 
 from onnx_tts.errors import OutputError
+from onnx_tts.signals import deferred
+
+_live_temps: set[str] = set()
+_temps_lock = threading.Lock()
 
 
 def output_target(path: str | os.PathLike[str]) -> Path:
@@ -41,13 +51,39 @@ def output_target(path: str | os.PathLike[str]) -> Path:
 
 
 def temp_beside(path: Path) -> tuple[int, str]:
-    """A new uniquely named temp file next to `path` (same file system, for the rename)."""
+    """A new uniquely named temp file next to `path` (same file system, for the rename),
+    registered until :func:`release_temp` (see the module docstring)."""
     parent = path.parent if str(path.parent) else Path(".")
     try:
-        # The name is shortened so that a valid long target name gives a valid temp name.
-        return tempfile.mkstemp(prefix=f".{path.name[:128]}.", suffix=".part", dir=parent)
+        with deferred():
+            # The name is shortened so that a valid long target name gives a valid temp name.
+            fd, name = tempfile.mkstemp(prefix=f".{path.name[:128]}.", suffix=".part", dir=parent)
+            with _temps_lock:
+                _live_temps.add(name)
     except OSError as error:
         raise write_error(path, error) from None
+    return fd, name
+
+
+def release_temp(name: str, *, remove: bool = False) -> None:
+    """`name` is no temp file of ours any more (renamed into place, or removed here when
+    `remove`)."""
+    if remove:
+        with contextlib.suppress(OSError):
+            os.unlink(name)
+    with _temps_lock:
+        _live_temps.discard(name)
+
+
+def remove_temp_files() -> int:
+    """Remove every registered temp file (a process ended by a signal); how many there were."""
+    with _temps_lock:
+        names = list(_live_temps)
+        _live_temps.clear()
+    for name in names:
+        with contextlib.suppress(OSError):
+            os.unlink(name)
+    return len(names)
 
 
 def _current_umask() -> int:
@@ -103,8 +139,9 @@ def write_atomically(path: Path, data: bytes) -> Path:
         finally:
             os.close(fd)
         os.replace(tmp, path)
+        release_temp(tmp)
     except BaseException as error:
-        Path(tmp).unlink(missing_ok=True)
+        release_temp(tmp, remove=True)
         if isinstance(error, OSError):
             raise write_error(path, error) from None
         raise
@@ -116,6 +153,8 @@ __all__ = [
     "fsync_directory",
     "output_mode",
     "output_target",
+    "release_temp",
+    "remove_temp_files",
     "temp_beside",
     "write_atomically",
     "write_error",

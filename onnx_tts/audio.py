@@ -4,9 +4,10 @@ Every writer (a whole file, a WAV streamed as it is generated, raw PCM to a pipe
 samples into 16-bit integers with the one function :func:`pcm16`, so `-o x.wav` and `--stream`
 give the same samples. Non-finite samples are refused before anything is written.
 
-Output formats (:data:`OUTPUT_FORMATS`): libsndfile inside the soundfile wheel writes WAV,
-FLAC, MP3, Ogg Vorbis and Ogg Opus with no ffmpeg; AAC (ADTS) needs PyAV, the optional
-`aac` extra. Codecs with a fixed set of sample rates get the audio resampled with soxr.
+Output formats (:data:`OUTPUT_FORMATS`, from the one table in `formats.py`): libsndfile inside
+the soundfile wheel writes WAV, FLAC, Ogg Vorbis and Ogg Opus, LAME (`lameenc`) constant-bitrate
+MP3, PyAV (the optional `aac` extra) AAC in ADTS. Codecs with a fixed set of sample rates get
+the audio resampled with soxr. Audio is mono [N] or [N, channels].
 """
 
 from __future__ import annotations
@@ -15,13 +16,14 @@ import contextlib
 import errno
 import io
 import os
+import re
 import struct
 import sys
 import warnings
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import numpy as np
 import soundfile
@@ -31,6 +33,7 @@ from onnx_tts.atomic_files import (
     fsync_directory,
     output_mode,
     output_target,
+    release_temp,
     temp_beside,
     write_atomically,
     write_error,
@@ -43,6 +46,7 @@ from onnx_tts.errors import (
     OutputError,
     ReferenceTrimmedWarning,
 )
+from onnx_tts.formats import FORMAT_EXTENSIONS, FORMATS, OUTPUT_FORMATS, encoded_rate
 
 # Below this peak a reference clip carries no voice to clone.
 SILENCE_PEAK = 1e-4
@@ -58,32 +62,7 @@ MAX_DECODE_CHANNELS = 64
 # A RIFF/WAV file counts its bytes in 32 bits.
 MAX_WAV_DATA_BYTES = 0xFFFFFFFF - 36
 
-# The formats `save_audio` writes; `.ogg` is Vorbis, `.opus` is Opus in an Ogg container.
-OUTPUT_FORMATS = ("wav", "flac", "mp3", "ogg", "opus", "aac")
-FORMAT_EXTENSIONS = {
-    ".wav": "wav",
-    ".flac": "flac",
-    ".mp3": "mp3",
-    ".ogg": "ogg",
-    ".oga": "ogg",
-    ".opus": "opus",
-    ".aac": "aac",
-}
-# libsndfile (format, subtype) per format it writes.
-_SNDFILE_FORMATS = {
-    "wav": ("WAV", "PCM_16"),
-    "flac": ("FLAC", "PCM_16"),
-    "mp3": ("MP3", "MPEG_LAYER_III"),
-    "ogg": ("OGG", "VORBIS"),
-    "opus": ("OGG", "OPUS"),
-}
-# Sample rates a codec takes; audio at another rate is resampled to the nearest one above.
-# Opus always runs at 48 kHz inside: that is the rate players expect of an .opus file.
-_CODEC_RATES = {
-    "mp3": (8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000),
-    "opus": (48000,),
-    "aac": (8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000, 64000, 88200, 96000),
-}
+# The formats `save_audio` writes come from the one format table (`formats.py`).
 AAC_EXTRA_HINT = "AAC output needs PyAV: pip install 'onnx-tts[aac]' (or use mp3/opus)"
 PCM16_SCALE = 32767.0
 
@@ -148,15 +127,20 @@ def resample(samples: np.ndarray, from_rate: int, to_rate: int) -> np.ndarray:
 
 
 # -- decoding -----------------------------------------------------------------------------------
-def wav_truncation(path: Path) -> str | None:
-    """Why a RIFF/WAVE file is cut short (its data chunk claims more bytes than follow), or
-    None. libsndfile reads such a file silently up to where it ends."""
+def wav_truncation(source: Path | bytes) -> str | None:
+    """Why a RIFF/WAVE file (a path, or its bytes) is cut short (its data chunk claims more
+    bytes than follow), or None. libsndfile reads such a file silently up to where it ends."""
     try:
-        with path.open("rb") as handle:
+        if isinstance(source, bytes):
+            handle: BinaryIO = io.BytesIO(source)
+            size = len(source)
+        else:
+            handle = source.open("rb")
+            size = source.stat().st_size
+        with handle:
             head = handle.read(12)
             if len(head) < 12 or head[:4] != b"RIFF" or head[8:12] != b"WAVE":
                 return None
-            size = path.stat().st_size
             position = 12
             for _ in range(64):  # a WAV has a handful of chunks; never walk an endless list
                 header = handle.read(8)
@@ -176,6 +160,12 @@ def wav_truncation(path: Path) -> str | None:
     except OSError:
         return None  # soundfile reports unreadable files itself
     return None
+
+
+def _decode_reason(error: Exception, name: object) -> str:
+    """libsndfile's reason, naming the file as the caller does (not an in-memory object)."""
+    text = re.sub(r"<_io\.BytesIO object at 0x[0-9a-f]+>", str(name), str(error))
+    return text.rstrip(".")
 
 
 Trimmed = Callable[[ReferenceTrimmedWarning], None]
@@ -200,17 +190,18 @@ def reference_trimmed(
 
 
 def load_audio(
-    path: str | os.PathLike[str],
+    path: str | os.PathLike[str] | bytes,
     sample_rate: int,
     *,
     min_seconds: float | None = None,
     max_seconds: float | None = None,
     on_trim: Trimmed | None = None,
     channels: int = 1,
+    name: str | None = None,
 ) -> np.ndarray:
-    """Decode an audio file to float32 at `sample_rate`: mono [N] (channels averaged), or with
-    `channels=2` stereo [N, 2] for stereo models (a mono file duplicated, a stereo one kept, more
-    channels refused).
+    """Decode an audio file (a path, or its bytes, named `name` in messages) to float32 at
+    `sample_rate`: mono [N] (channels averaged), or with `channels=2` stereo [N, 2] for stereo
+    models (a mono file duplicated, a stereo one kept, more channels refused).
 
     Raises AudioError for a missing, unreadable, unsupported, truncated, empty, silent or too
     short file, a sample rate outside 8-384 kHz, and non-finite or absurd (> 16) peaks. Audio
@@ -218,16 +209,24 @@ def load_audio(
     most MAX_DECODE_SECONDS are ever decoded; a trim is never silent (see
     :func:`reference_trimmed`: a warning, or `on_trim`).
     """
-    path = Path(path)
-    if not path.exists():
-        raise AudioError(f"reference audio not found: {path}")
-    if not path.is_file():
-        raise AudioError(f"reference audio is not a file: {path}")
+    data_bytes = path if isinstance(path, bytes) else None
+    if data_bytes is None:
+        file_path = Path(path)  # type: ignore[arg-type]
+        if not file_path.exists():
+            raise AudioError(f"reference audio not found: {file_path}")
+        if not file_path.is_file():
+            raise AudioError(f"reference audio is not a file: {file_path}")
+    truncated = wav_truncation(file_path if data_bytes is None else data_bytes)
+    path = name or (file_path if data_bytes is None else "audio")  # type: ignore[assignment]
+
+    def source() -> Any:  # what libsndfile opens: the file, or the bytes in memory
+        return str(file_path) if data_bytes is None else io.BytesIO(data_bytes)
+
     try:
-        info = soundfile.info(str(path))
+        info = soundfile.info(source())
     except (soundfile.LibsndfileError, RuntimeError, TypeError, ValueError) as error:
         raise AudioError(
-            f"cannot decode reference audio {path}: {str(error).rstrip('.')}; "
+            f"cannot decode reference audio {path}: {_decode_reason(error, path)}; "
             "use a WAV, FLAC or OGG file"
         ) from None
     rate = int(info.samplerate)
@@ -241,16 +240,15 @@ def load_audio(
             f"reference audio {path} has {info.channels} channels; at most "
             f"{MAX_DECODE_CHANNELS} (a voice is mono or stereo)"
         )
-    truncated = wav_truncation(path)
     if truncated:
         raise AudioError(f"reference audio {path} is truncated: {truncated}; re-export the file")
     limit = MAX_DECODE_SECONDS if max_seconds is None else min(max_seconds, MAX_DECODE_SECONDS)
     max_frames = max(1, int(limit * rate))
     try:
-        data, _ = soundfile.read(str(path), frames=max_frames, dtype="float32", always_2d=True)
+        data, _ = soundfile.read(source(), frames=max_frames, dtype="float32", always_2d=True)
     except (soundfile.LibsndfileError, RuntimeError, TypeError, ValueError) as error:
         raise AudioError(
-            f"cannot decode reference audio {path}: {str(error).rstrip('.')}; "
+            f"cannot decode reference audio {path}: {_decode_reason(error, path)}; "
             "use a WAV, FLAC or OGG file"
         ) from None
     except MemoryError:
@@ -311,14 +309,6 @@ def output_format(path: str | os.PathLike[str] | None, forced: str | None = None
     return FORMAT_EXTENSIONS[suffix]
 
 
-def encoded_rate(fmt: str, sample_rate: int) -> int:
-    """The sample rate a file of format `fmt` gets for audio at `sample_rate`."""
-    rates = _CODEC_RATES.get(fmt)
-    if rates is None or sample_rate in rates:
-        return sample_rate
-    return next((rate for rate in rates if rate >= sample_rate), rates[-1])
-
-
 def check_encoder(fmt: str) -> None:
     """OutputError naming the extra to install when the encoder of `fmt` is missing."""
     if fmt == "aac":
@@ -348,32 +338,49 @@ def check_output_path(path: str | os.PathLike[str], fmt: str | None = None) -> P
     # Permission bits do not say everything (root, /proc, read-only mounts): try it.
     fd, probe = temp_beside(path)
     os.close(fd)
-    os.unlink(probe)
+    release_temp(probe, remove=True)
     return path
 
 
 def _encode_aac(samples: np.ndarray, sample_rate: int) -> bytes:
-    """AAC-LC in an ADTS stream (what a `.aac` file is) with PyAV's bundled ffmpeg."""
+    """AAC-LC in an ADTS stream (what a `.aac` file is) with PyAV's bundled ffmpeg; samples
+    [N] or [N, channels] (packed)."""
     try:
         import av
     except ImportError:
         raise OutputError(AAC_EXTRA_HINT) from None
+    layout = "mono" if samples.ndim == 1 else "stereo"
     buffer = io.BytesIO()
     with av.open(buffer, "w", format="adts") as container:
         stream = container.add_stream("aac", rate=sample_rate)
-        stream.layout = "mono"
-        frame = av.AudioFrame.from_ndarray(samples[None, :], format="flt", layout="mono")
+        stream.layout = layout
+        frame = av.AudioFrame.from_ndarray(samples.reshape(1, -1), format="flt", layout=layout)
         frame.sample_rate = sample_rate
         for packet in (*stream.encode(frame), *stream.encode(None)):
             container.mux(packet)
     return buffer.getvalue()
 
 
+def _encode_mp3(samples: np.ndarray, sample_rate: int) -> bytes:
+    """Constant-bitrate MP3 from LAME (the server's streamed MP3 too): every frame the same
+    size, so decoders that never learn the length read it whole."""
+    import lameenc
+
+    channels = 1 if samples.ndim == 1 else samples.shape[1]
+    encoder = lameenc.Encoder()
+    encoder.set_in_sample_rate(sample_rate)
+    encoder.set_channels(channels)
+    encoder.set_bit_rate(64 * channels if sample_rate <= 24000 else 96 * channels)
+    encoder.set_quality(2)
+    data = bytes(encoder.encode(to_pcm16(samples))) if len(samples) else b""
+    return data + bytes(encoder.flush())
+
+
 def encode_audio(samples: np.ndarray, sample_rate: int, fmt: str) -> bytes:
-    """The bytes of a complete file of format `fmt` (one of OUTPUT_FORMATS, or the
-    libsndfile names "WAV", "FLAC", "OGG"). WAV and FLAC are 16-bit (:func:`pcm16`); the lossy
-    codecs take float samples clipped to [-1, 1], resampled first when the codec needs another
-    rate (:func:`encoded_rate`). NonFiniteAudioError for NaN/inf samples."""
+    """The bytes of a complete file of format `fmt` (one of OUTPUT_FORMATS): samples [N] or
+    [N, channels]. WAV and FLAC are 16-bit (:func:`pcm16`); the lossy codecs take float samples
+    clipped to [-1, 1], resampled first when the codec needs another rate (`encoded_rate`).
+    NonFiniteAudioError for NaN/inf samples."""
     fmt = fmt.lower()
     if fmt not in OUTPUT_FORMATS:
         raise OutputError(f"unknown audio format {fmt!r}; use one of {', '.join(OUTPUT_FORMATS)}")
@@ -386,8 +393,10 @@ def encode_audio(samples: np.ndarray, sample_rate: int, fmt: str) -> bytes:
         data = np.clip(resample(array, sample_rate, rate), -1.0, 1.0)
     if fmt == "aac":
         return _encode_aac(np.ascontiguousarray(data, dtype=np.float32), rate)
+    if fmt == "mp3":
+        return _encode_mp3(data, rate)
     buffer = io.BytesIO()
-    container, subtype = _SNDFILE_FORMATS[fmt]
+    container, subtype = FORMATS[fmt].sndfile  # type: ignore[misc]
     soundfile.write(buffer, data, rate, format=container, subtype=subtype)
     return buffer.getvalue()
 
@@ -502,6 +511,7 @@ class ProgressiveWavWriter:
             handle.close()
             self._file = None
             os.replace(self.tmp, self.path)
+            release_temp(str(self.tmp))
         except OSError as error:
             self.abort()
             raise write_error(self.path, error) from None
@@ -514,7 +524,7 @@ class ProgressiveWavWriter:
             with contextlib.suppress(OSError):
                 self._file.close()
             self._file = None
-        self.tmp.unlink(missing_ok=True)
+        release_temp(str(self.tmp), remove=True)
 
     def __enter__(self) -> ProgressiveWavWriter:
         return self

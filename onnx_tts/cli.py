@@ -7,20 +7,17 @@ import json
 import logging
 import os
 import sys
-import time
 import warnings
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, NoReturn
 
-import numpy as np
-
-from onnx_tts.audio import OUTPUT_FORMATS, ProgressiveWavWriter, RawPcmWriter
+from onnx_tts.atomic_files import remove_temp_files
 from onnx_tts.completion import SHELLS
 from onnx_tts.config import CacheConfig, add_flags, from_flags
 from onnx_tts.errors import InputError, OnnxTTSError, OutputClosedError
-from onnx_tts.flags import add_engine_flags, engine_configs, family_options
+from onnx_tts.flags import add_engine_flags, load_engine
 from onnx_tts.signals import TerminatedBySignal, termination_as_exception
+from onnx_tts.synth_cli import add_synth_parser, cmd_synth
 
 # `onnx-tts cache` takes where the caches are, not how big they may grow.
 CACHE_SIZE_FIELDS = (
@@ -38,22 +35,6 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-
-
-SAMPLING_HELP = {
-    "temperature": "randomness of each token: 0 = greedy (always the likeliest), higher = more "
-    "varied (default: the model's)",
-    "top_k": "draw only from the k likeliest tokens (0 = no limit)",
-    "top_p": "draw only from the likeliest tokens whose probabilities sum to p (nucleus, 0-1]",
-    "repetition_penalty": "divide the scores of tokens already produced (1 = off, >1 repeats less)",
-}
-STREAM_FLAGS = (
-    "first_chunk_frames",
-    "stride_frames",
-    "overlap_frames",
-    "holdback_frames",
-    "crossfade_samples",
-)
 
 
 def version_line() -> str:
@@ -78,41 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=version_line())
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    synth = commands.add_parser("synth", help="synthesize speech from text")
-    synth.add_argument("text", help="text to speak, or - to read it from stdin")
-    synth.add_argument(
-        "-o",
-        "--output",
-        default="out.wav",
-        help="output file, its extension picks the format (.wav .flac .mp3 .ogg .opus .aac; "
-        "AAC needs the 'aac' extra), or - for stdout (raw s16le PCM with --stream)",
-    )
-    synth.add_argument(
-        "--format",
-        choices=(*OUTPUT_FORMATS, "pcm"),
-        help="write this format whatever the extension (pcm = raw s16le, stdout only)",
-    )
-    synth.add_argument(
-        "-q", "--quiet", action="store_true", help="no progress bar and no summary line"
-    )
-    synth.add_argument("--voice", help="reference audio to clone (WAV, FLAC, OGG)")
-    synth.add_argument("--seed", type=int, help="random seed (same seed -> same audio)")
-    sampling = synth.add_argument_group("sampling (how each token is drawn)")
-    sampling.add_argument("--temperature", type=float, help=SAMPLING_HELP["temperature"])
-    sampling.add_argument("--top-k", type=int, help=SAMPLING_HELP["top_k"])
-    sampling.add_argument("--top-p", type=float, help=SAMPLING_HELP["top_p"])
-    sampling.add_argument(
-        "--repetition-penalty", type=float, help=SAMPLING_HELP["repetition_penalty"]
-    )
-    streaming = synth.add_argument_group("streaming (only with --stream)")
-    streaming.add_argument("--stream", action="store_true", help="stream audio as it is made")
-    streaming.add_argument("--first-chunk-frames", type=int, help="frames in the first window")
-    streaming.add_argument("--stride-frames", type=int, help="new frames per later window")
-    streaming.add_argument("--overlap-frames", type=int, help="left context per window")
-    streaming.add_argument("--holdback-frames", type=int, help="frames held for right context")
-    streaming.add_argument("--crossfade-samples", type=int, help="crossfade between windows")
-    synth.add_argument("-v", "--verbose", action="store_true", help="timings on stderr")
-    add_engine_flags(synth)
+    add_synth_parser(commands)
 
     info = commands.add_parser("info", help="describe a model: graphs, I/O, KV layout")
     info.add_argument("--json", action="store_true", help="machine-readable output")
@@ -173,181 +120,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _load_engine(args: argparse.Namespace) -> Any:
-    from onnx_tts.pipeline import build_engine
-
-    config, caches = engine_configs(args)
-    return build_engine(config, caches, family_options=family_options(args))
-
-
-def _read_text(arg: str) -> str:
-    from onnx_tts.frontend import check_text
-
-    if arg == "-":
-        return check_text(sys.stdin.buffer.read())
-    return check_text(arg)
-
-
-class _Progress:
-    """A tqdm bar of sentences on stderr, shown only when stderr is a terminal, the text has
-    more than one sentence and --quiet was not given."""
-
-    def __init__(self, enabled: bool = True) -> None:
-        self.enabled = enabled
-        self.bar: Any = None
-
-    def __call__(self, done: int, total: int) -> None:
-        if not self.enabled or total < 2 or not sys.stderr.isatty():
-            return
-        if self.bar is None:
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=total, unit="sentence", file=sys.stderr, leave=False)
-        self.bar.update(done - self.bar.n)
-        if done == total:
-            self.bar.close()
-
-
-def _stream_options(args: argparse.Namespace) -> dict[str, Any]:
-    given = {name: getattr(args, name) for name in STREAM_FLAGS if getattr(args, name) is not None}
-    if given and not args.stream:
-        flags = ", ".join("--" + name.replace("_", "-") for name in given)
-        raise InputError(f"{flags} only apply to streaming; add --stream or drop them")
-    return given
-
-
-def _sampling_options(args: argparse.Namespace) -> dict[str, Any]:
-    return {name: getattr(args, name) for name in SAMPLING_HELP if getattr(args, name) is not None}
-
-
-def _write_stream(chunks: Iterable[np.ndarray], sink: Any) -> tuple[int, float | None]:
-    """Write chunks as they come (each writer converts with audio.pcm16 and checks they are
-    finite); returns the samples written and the time to the first audio."""
-    start = time.perf_counter()
-    first: float | None = None
-    samples = 0
-    for chunk in chunks:
-        if first is None and len(chunk):
-            first = time.perf_counter() - start
-        sink.write(chunk)
-        samples += len(chunk)
-    return samples, first
-
-
-def _output_format(args: argparse.Namespace) -> str:
-    """The format synth writes, checked before any work: from --format or the extension;
-    "pcm" (raw s16le) only to stdout."""
-    from onnx_tts.audio import check_encoder, check_output_path, output_format
-
-    if args.output != "-":
-        if args.format == "pcm":
-            raise InputError("--format pcm writes raw samples to stdout only: add -o -")
-        check_output_path(args.output, args.format)  # fail before any work
-        return output_format(args.output, args.format)
-    if args.format is None and not args.stream:
-        raise InputError(
-            "-o - writes raw PCM as it streams; add --stream (or --format wav|mp3|... for a "
-            "whole file on stdout)"
-        )
-    fmt = args.format or "pcm"
-    if args.stream and fmt not in ("pcm", "wav"):
-        raise InputError(
-            f"--stream to stdout writes pcm or wav; drop --stream to get the whole {fmt} file "
-            "on stdout"
-        )
-    check_encoder(fmt)
-    return fmt
-
-
-def _synth_stream(
-    args: argparse.Namespace, engine: Any, fmt: str, chunks: Any
-) -> tuple[int, float | None]:
-    """Write the chunks of engine.stream as they come; (samples, time to first audio)."""
-    from onnx_tts.audio import save_audio, wav_header
-
-    channels = engine.channels  # stereo models write stereo
-    if args.output == "-":
-        sink = RawPcmWriter()
-        if fmt == "wav":
-            sink.write_bytes(wav_header(engine.sample_rate, None, channels))
-        return _write_stream(chunks, sink)
-    if fmt == "wav":
-        with ProgressiveWavWriter(args.output, engine.sample_rate, channels) as writer:
-            return _write_stream(chunks, writer)
-    # Compressed formats are encoded whole at the end (the file appears only complete).
-    kept: list[np.ndarray] = []
-    samples, first = _write_stream(chunks, _Collector(kept))
-    audio = np.concatenate(kept) if kept else np.zeros(0, np.float32)
-    save_audio(args.output, audio, engine.sample_rate, fmt)
-    return samples, first
-
-
-class _Collector:
-    """A stream sink that keeps the chunks (checked finite) for one encode at the end."""
-
-    def __init__(self, chunks: list[np.ndarray]) -> None:
-        self.chunks = chunks
-
-    def write(self, samples: np.ndarray) -> None:
-        from onnx_tts.audio import check_finite
-
-        check_finite(samples)
-        self.chunks.append(np.asarray(samples, np.float32))
-
-
-def cmd_synth(args: argparse.Namespace) -> int:
-    from onnx_tts.audio import encode_for, encoded_rate
-
-    text = _read_text(args.text)
-    fmt = _output_format(args)
-    to_stdout = args.output == "-"
-    window = _stream_options(args)
-    started = time.perf_counter()
-    engine = _load_engine(args)
-    loaded = time.perf_counter()
-    sampling = _sampling_options(args)
-    if args.stream:
-        chunks = engine.stream(text, voice=args.voice, seed=args.seed, **window, **sampling)
-        samples, first = _synth_stream(args, engine, fmt, chunks)
-        duration = samples / engine.sample_rate
-    else:
-        audio = engine.synthesize(
-            text,
-            voice=args.voice,
-            seed=args.seed,
-            progress=_Progress(enabled=not args.quiet),
-            **sampling,
-        )
-        if not to_stdout:
-            audio.save(args.output, fmt)
-        elif fmt == "pcm":
-            RawPcmWriter().write(audio.samples)
-        else:
-            data = encode_for("stdout", audio.samples, audio.sample_rate, fmt)
-            RawPcmWriter().write_bytes(data)
-        duration, first = audio.duration, None
-    elapsed = time.perf_counter() - loaded
-    if args.verbose:
-        parts = [
-            f"load {loaded - started:.2f} s",
-            f"synth {elapsed:.2f} s",
-            f"audio {duration:.2f} s",
-            f"RTF {elapsed / max(duration, 1e-9):.3f}",
-        ]
-        if first is not None:
-            parts.insert(2, f"time to first audio {first * 1000:.0f} ms")
-        print("onnx-tts: " + ", ".join(parts), file=sys.stderr)
-    if not to_stdout and not args.quiet:
-        rate = encoded_rate(fmt, engine.sample_rate)
-        print(f"wrote {args.output} ({fmt}, {duration:.2f} s at {rate} Hz)", file=sys.stderr)
-    return 0
-
-
 def cmd_info(args: argparse.Namespace) -> int:
     import onnx_tts
     from onnx_tts.session import ort_library_path, ort_version
 
-    engine = _load_engine(args)
+    engine = load_engine(args)
     info = engine.info()
     info["onnxruntime"] = {"version": ort_version(), "library": ort_library_path()}
     info["onnx_tts"] = onnx_tts.__version__
@@ -399,9 +176,17 @@ def cmd_cache(args: argparse.Namespace) -> int:
 
 
 def cmd_config(args: argparse.Namespace) -> int:
-    from onnx_tts.config import CacheConfig, EngineConfig, RayConfig, ServerConfig, env_table
+    from onnx_tts.config import (
+        CacheConfig,
+        EngineConfig,
+        RayConfig,
+        ServerConfig,
+        WyomingConfig,
+        env_table,
+    )
 
-    rows = env_table(ServerConfig, EngineConfig, CacheConfig, RayConfig)
+    # A variable both servers read (ONNX_TTS_HEADER_TIMEOUT, ...) is listed once.
+    rows = env_table(ServerConfig, EngineConfig, CacheConfig, RayConfig, WyomingConfig)
     if args.markdown:
         print("| variable | flag | default | meaning |\n|---|---|---|---|")
         for variable, flag, default, meaning in rows:
@@ -538,14 +323,38 @@ def _log_warnings_as_one_line() -> None:
         logger.setLevel(logging.WARNING)
 
 
+def _hold_standard_descriptors() -> None:
+    """A process started with stdin, stdout or stderr closed (`>&-`) has a free descriptor 0-2
+    that the next file opened would take: audio meant for stdout would land in it. Each one
+    is held by /dev/null; Python already set sys.stdin/stdout to None for them, which the
+    commands check (one clear line), and errors go to /dev/null rather than to stdout."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            held = os.open(os.devnull, os.O_RDWR)
+            if held != fd:
+                os.dup2(held, fd)
+                os.close(held)
+    if sys.stderr is None:
+        sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - for the life of the process
+
+
 def main(argv: list[str] | None = None) -> int:
+    _hold_standard_descriptors()
     parser = build_parser()
     args = parser.parse_args(argv)
     warnings.showwarning = _one_line_warning
     _log_warnings_as_one_line()
     try:
         with termination_as_exception():
-            return COMMANDS[args.command](args)
+            try:
+                return COMMANDS[args.command](args)
+            except BaseException:
+                # A signal (or any failure) may have come while a temp file existed: remove
+                # them while further signals are still held off by the handler.
+                remove_temp_files()
+                raise
     except TerminatedBySignal as stop:
         print(f"onnx-tts: {stop}", file=sys.stderr)
         return stop.exit_code

@@ -268,6 +268,24 @@ class WyomingConfig:
         low=1,
         high=4096,
     )
+    # Home Assistant opens a connection per request; a streamed text's chunks come as its
+    # language model writes them (seconds apart). The HTTP server's header bound applies to
+    # the rest of an event once its first byte has come.
+    header_timeout: float = setting(
+        10.0,
+        "seconds a client has to send the rest of an event once its first byte arrived",
+        low=0.1,
+        high=3600,
+        units="seconds",
+    )
+    idle_timeout: float = setting(
+        60.0,
+        "seconds a connection may stay silent, while nothing is being spoken to it, before "
+        "it is closed",
+        low=0.1,
+        high=3600,
+        units="seconds",
+    )
     log_level: str = setting("info", "log level", choices=LOG_LEVELS)
     log_json: bool = setting(False, "log one JSON object per line (for collectors)")
 
@@ -389,7 +407,9 @@ def check_value(
         (spec.low is not None and value < spec.low) or (spec.high is not None and value > spec.high)
     ):
         unit = spec.unit if in_unit else 1
-        low = "-inf" if spec.low is None else _in_unit(math.ceil(spec.low / unit) * unit, unit)
+        # A MiB flag's low bound is shown rounded up to a whole MiB; other bounds as they are.
+        shown_low = spec.low if unit == 1 or spec.low is None else math.ceil(spec.low / unit) * unit
+        low = "-inf" if shown_low is None else _in_unit(shown_low, unit)
         high = "inf" if spec.high is None else _in_unit(spec.high, unit)
         units = spec.unit_name if in_unit or spec.unit == 1 else ""
         raise InputError(

@@ -53,4 +53,12 @@ def family_options(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-__all__ = ["add_engine_flags", "engine_configs", "family_options"]
+def load_engine(args: argparse.Namespace) -> Any:
+    """The engine the parsed engine flags describe (`synth`, `info`)."""
+    from onnx_tts.pipeline import build_engine
+
+    config, caches = engine_configs(args)
+    return build_engine(config, caches, family_options=family_options(args))
+
+
+__all__ = ["add_engine_flags", "engine_configs", "family_options", "load_engine"]

@@ -1,10 +1,18 @@
 """Termination signals as exceptions, so that `finally` blocks run.
 
-systemd, docker and `timeout` stop a process with SIGTERM (a closed terminal sends SIGHUP).
-Python's default for both is to die at once, leaving temporary files behind. Inside
-:func:`termination_as_exception` they raise :class:`TerminatedBySignal` in the main thread
-instead, so a streamed WAV's temp file is removed and the process can exit with the
-conventional status 128 + signal number.
+systemd, docker and `timeout` stop a process with SIGTERM, a closed terminal sends SIGHUP,
+Ctrl-C SIGINT, Ctrl-\\ SIGQUIT, and scripts send SIGUSR1, SIGALRM and the like: the default
+action of each ends the process at once, leaving temporary files behind. Inside
+:func:`termination_as_exception` every signal whose default action ends the process raises
+:class:`TerminatedBySignal` in the main thread instead, so a streamed WAV's temp file is removed
+and the process can exit with the conventional status 128 + signal number. Left alone: SIGKILL
+and SIGSTOP (they cannot be caught), the faults a handler cannot return from (SIGSEGV, SIGBUS,
+SIGFPE, SIGILL), SIGPIPE and SIGXFSZ (Python ignores them: the write fails with EPIPE or EFBIG
+instead, which the writers report), and any signal the process was started with ignored
+(`nohup` ignores SIGHUP on purpose).
+
+:func:`deferred` holds these signals back for the few statements that create a temporary file
+and register it for removal, so that no signal can fall between the two.
 """
 
 from __future__ import annotations
@@ -15,11 +23,27 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
 
-DEFAULT_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGHUP)
+_ENDING = (
+    "SIGHUP SIGINT SIGQUIT SIGTRAP SIGABRT SIGUSR1 SIGUSR2 SIGALRM SIGTERM SIGSTKFLT SIGXCPU "
+    "SIGVTALRM SIGPROF SIGIO SIGPWR SIGSYS"
+).split()
+
+
+def terminating_signals() -> tuple[signal.Signals, ...]:
+    """Every catchable signal whose default action ends the process (see the module
+    docstring for those left alone), real-time signals included."""
+    found = {getattr(signal, name) for name in _ENDING if hasattr(signal, name)}
+    if hasattr(signal, "SIGRTMIN"):
+        found.update(range(signal.SIGRTMIN, signal.SIGRTMAX + 1))
+    valid = signal.valid_signals()
+    return tuple(sorted((s for s in found if s in valid), key=int))  # type: ignore[misc]
+
+
+DEFAULT_SIGNALS: tuple[signal.Signals, ...] = terminating_signals()
 
 
 class TerminatedBySignal(BaseException):
-    """Raised in the main thread on SIGTERM/SIGHUP.
+    """Raised in the main thread on a terminating signal.
 
     A BaseException, like KeyboardInterrupt, so that ``except Exception`` clauses do not
     swallow a request to stop.
@@ -27,7 +51,10 @@ class TerminatedBySignal(BaseException):
 
     def __init__(self, signum: int) -> None:
         self.signum = int(signum)
-        self.name = signal.Signals(self.signum).name
+        try:
+            self.name = signal.Signals(self.signum).name
+        except ValueError:  # a real-time signal has no name of its own
+            self.name = f"SIGRTMIN+{self.signum - int(signal.SIGRTMIN)}"
         super().__init__(f"terminated by {self.name}")
 
     @property
@@ -36,28 +63,73 @@ class TerminatedBySignal(BaseException):
         return 128 + self.signum
 
 
+class _Termination:
+    """The handler of termination_as_exception: raises once, and not inside `deferred`."""
+
+    def __init__(self) -> None:
+        self.raised = False
+        self.deferring = 0
+        self.pending: int | None = None
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        if self.raised:
+            return  # already unwinding: let the cleanup finish
+        if self.deferring:
+            self.pending = signum  # raised when the deferred block ends
+            return
+        self.raised = True
+        raise TerminatedBySignal(signum)
+
+
+_active: _Termination | None = None  # the handler in force, if any
+
+
 @contextmanager
 def termination_as_exception(
     signals: tuple[signal.Signals, ...] = DEFAULT_SIGNALS,
 ) -> Iterator[None]:
     """Within the block, the given signals raise TerminatedBySignal (once; repeats while the
-    cleanup runs are ignored). Previous handlers are restored on exit. Outside the main
-    thread, where Python cannot install handlers, this does nothing."""
+    cleanup runs are ignored), but those the process was started with ignored. Previous
+    handlers are restored on exit. Outside the main thread, where Python cannot install
+    handlers, this does nothing."""
+    global _active
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    raised = False
-
-    def handler(signum: int, frame: FrameType | None) -> None:
-        nonlocal raised
-        if raised:
-            return  # already unwinding: let the cleanup finish
-        raised = True
-        raise TerminatedBySignal(signum)
-
-    previous = {sig: signal.signal(sig, handler) for sig in signals}
+    handler = _Termination()
+    previous = {}
+    for sig in signals:
+        if signal.getsignal(sig) is signal.SIG_IGN:
+            continue
+        try:
+            previous[sig] = signal.signal(sig, handler)
+        except (OSError, ValueError, RuntimeError):  # reserved by the C library
+            continue
+    outer, _active = _active, handler
     try:
         yield
     finally:
+        _active = outer
         for sig, old in previous.items():
             signal.signal(sig, old)
+
+
+@contextmanager
+def deferred() -> Iterator[None]:
+    """A termination signal that arrives inside the block (Python runs handlers in the main
+    thread, whichever thread the signal reached) raises when the block ends: for creating a
+    temporary file and registering it for removal as one step. Outside the main thread, or
+    without termination_as_exception in force, nothing."""
+    handler = _active
+    if handler is None or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    handler.deferring += 1
+    try:
+        yield
+    finally:
+        handler.deferring -= 1
+        if not handler.deferring and handler.pending is not None and not handler.raised:
+            signum, handler.pending = handler.pending, None
+            handler.raised = True
+            raise TerminatedBySignal(signum)

@@ -4,6 +4,7 @@ the progress bar, --version, `python -m onnx_tts`, and the generated shell compl
 from __future__ import annotations
 
 import io
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -23,11 +24,12 @@ from onnx_tts.audio import (
     output_format,
     save_audio,
 )
-from onnx_tts.cli import _Progress, build_parser, main
+from onnx_tts.cli import build_parser, main
 from onnx_tts.completion import bash_script
 from onnx_tts.errors import NonFiniteAudioError, OutputError
+from onnx_tts.synth_cli import _Progress
 
-RATE = 16000  # the default voice's rate: mp3 and aac take it as is, opus needs 48 kHz
+RATE = 16000  # the default voice's rate: mp3, opus and aac take it as is
 TONE_HZ = 440.0
 
 
@@ -65,7 +67,7 @@ def _leftovers(directory: Path) -> list[str]:
         (".flac", "PCM_16", RATE),
         (".mp3", "MPEG_LAYER_III", RATE),
         (".ogg", "VORBIS", RATE),
-        (".opus", "OPUS", 48000),
+        (".opus", "OPUS", RATE),
         (".aac", "aac", RATE),
     ],
 )
@@ -86,7 +88,8 @@ def test_each_extension_writes_its_format(
 
 def test_every_output_format_has_an_extension_and_a_rate() -> None:
     assert set(FORMAT_EXTENSIONS.values()) == set(OUTPUT_FORMATS)
-    assert encoded_rate("opus", 16000) == 48000
+    assert encoded_rate("opus", 16000) == 16000  # a rate Opus takes as it is
+    assert encoded_rate("opus", 22050) == 24000
     assert encoded_rate("mp3", 16000) == 16000
     assert encoded_rate("mp3", 17000) == 22050  # the nearest rate above
     assert encoded_rate("wav", 17000) == 17000
@@ -101,7 +104,7 @@ def test_every_output_format_has_an_extension_and_a_rate() -> None:
 def test_forced_format_wins_over_the_extension(tmp_path: Path) -> None:
     path = save_audio(tmp_path / "speech.bin", _tone(), RATE, "opus")
     info = soundfile.info(str(path))
-    assert (info.format, info.subtype, info.samplerate) == ("OGG", "OPUS", 48000)
+    assert (info.format, info.subtype, info.samplerate) == ("OGG", "OPUS", RATE)
 
 
 def test_failures_leave_no_file_and_no_temp(
@@ -112,17 +115,17 @@ def test_failures_leave_no_file_and_no_temp(
     for extension in (".mp3", ".opus", ".aac", ".flac"):
         with pytest.raises(NonFiniteAudioError):
             save_audio(tmp_path / f"nan{extension}", bad, RATE)
-    existing = save_audio(tmp_path / "kept.mp3", _tone(0.5), RATE)
+    existing = save_audio(tmp_path / "kept.ogg", _tone(0.5), RATE)
     before = existing.read_bytes()
 
     def broken_write(*_args: object, **_kwargs: object) -> None:
         raise soundfile.LibsndfileError(1, "encoder exploded")
 
     monkeypatch.setattr(audio_io.soundfile, "write", broken_write)
-    with pytest.raises(OutputError, match=r"cannot encode .*kept\.mp3 as mp3"):
+    with pytest.raises(OutputError, match=r"cannot encode .*kept\.ogg as ogg"):
         save_audio(existing, _tone(), RATE)
     assert existing.read_bytes() == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["kept.mp3"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kept.ogg"]
 
 
 def test_aac_without_pyav_names_the_extra(
@@ -151,7 +154,7 @@ def test_cli_writes_mp3_and_opus_files_and_says_what_it_wrote(tmp_path: Path) ->
     wav, rate = soundfile.read(str(tmp_path / "ref.wav"), dtype="float32")
     for name, codec, expected_rate in (
         ("a.mp3", "MPEG_LAYER_III", rate),
-        ("b.opus", "OPUS", 48000),
+        ("b.opus", "OPUS", rate),
     ):
         result = _synth(tmp_path, "-o", name)
         assert result.returncode == 0, result.stderr
@@ -286,3 +289,44 @@ def test_cli_output_onto_a_link_and_onto_a_read_only_file(
         assert code == 2 and len(err) == 1 and "read-only" in err[0], err
     assert locked.read_bytes() == b"keep me"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["link.wav", "locked.wav", "real.wav"]
+
+
+def _closed(*fds: int):
+    def close() -> None:
+        for fd in fds:
+            os.close(fd)
+
+    return close
+
+
+@pytest.mark.parametrize(
+    ("argv", "closed", "message"),
+    [
+        (["Hello.", "-o", "-", "--stream"], 1, "stdout is closed"),
+        (["Hello.", "-o", "-", "--format", "wav"], 1, "stdout is closed"),
+        (["Hello.", "-o", "-", "--stream", "--format", "wav"], 1, "stdout is closed"),
+        (["-", "-o", "{out}"], 0, "stdin is closed"),
+        (["-", "-o", "-", "--stream"], 0, "stdin is closed"),
+    ],
+    ids=["stream-pcm", "whole-wav", "stream-wav", "stdin-to-file", "stdin-to-stdout"],
+)
+def test_closed_standard_streams_are_one_line_and_exit_2(
+    tmp_path: Path, argv: list[str], closed: int, message: str
+) -> None:
+    """`>&-` and `<&-`: the first write to stdout (or read of stdin) was a traceback; the
+    descriptor of a closed stdout could also be reused by the next file opened."""
+    argv = [arg.replace("{out}", str(tmp_path / "out.wav")) for arg in argv]
+    done = subprocess.run(
+        [sys.executable, "-m", "onnx_tts.cli", "synth", *argv],
+        stdin=subprocess.DEVNULL if closed != 0 else None,
+        stdout=subprocess.DEVNULL if closed != 1 else None,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+        preexec_fn=_closed(closed),
+    )
+    assert done.returncode == 2
+    (line,) = done.stderr.splitlines()
+    assert line.startswith("onnx-tts: error: ") and message in line
+    assert list(tmp_path.iterdir()) == []  # nothing written anywhere

@@ -16,8 +16,8 @@ import pytest
 import yaml
 
 from onnx_tts.deploy.proxy import ATTEMPTS, ReplicaFailover
-from onnx_tts.server.errors import APIError
-from onnx_tts.server.voices import VoiceExists
+from onnx_tts.server.voice_names import resolve_voice
+from onnx_tts.server.voices import VoiceExists, VoiceStoreError
 from tests.redis_server import redis_server
 
 REPO = Path(__file__).resolve().parents[1]
@@ -251,7 +251,7 @@ def test_redis_voices_are_shared_between_stores(redis_url: str) -> None:
     voice, created = first.add("alice", _clip(1), 16000)
     assert created
     assert second.get(voice.id) == voice
-    assert second.find("alice") == voice
+    assert resolve_voice("alice", [], second.list()).stored == voice
     assert [v.id for v in second.list()] == [voice.id]
     np.testing.assert_array_equal(second.audio(voice, 16000), _clip(1))
     assert len(second.audio(voice, 24000)) == 24000  # resampled on request
@@ -280,7 +280,7 @@ def test_another_clip_under_a_taken_name_is_refused(
     with pytest.raises(VoiceNameTaken, match=f"'carol' is already the voice {first.id}"):
         store.add("carol", _clip(7), 16000)
     assert [v.id for v in store.list()] == [first.id]
-    assert store.find("carol") == first
+    assert resolve_voice("carol", [], store.list()).stored == first
 
 
 def test_damaged_redis_voices_are_never_used(redis_url: str) -> None:
@@ -292,17 +292,18 @@ def test_damaged_redis_voices_are_never_used(redis_url: str) -> None:
     voice, _ = store.add("bob", _clip(2), 16000)
     client = redis.Redis.from_url(redis_url)
     client.setrange(f"t2:voices:audio:{voice.id}", 8, b"\x00\x00\xc0\x7f")  # a NaN inside
-    with pytest.raises(APIError) as caught:
+    with pytest.raises(VoiceStoreError) as caught:
         RedisVoiceStore(redis_url, namespace="t2").audio(voice, 16000)
-    assert caught.value.status == 400 and "damaged" in caught.value.message
+    assert caught.value.status == 404 and caught.value.code == "voice_damaged"
     client.hset("t2:voices:meta", voice.id, b"{not json")
     assert store.get(voice.id) is None and store.list() == []
 
 
 def test_redis_voice_limit_holds(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     import onnx_tts.server.redis_voices as module
+    import onnx_tts.server.voices as records
 
-    monkeypatch.setattr(module, "MAX_VOICES", 2)
+    monkeypatch.setattr(records, "MAX_VOICES", 2)  # the rule both stores apply
     store = module.RedisVoiceStore(redis_url, namespace="t3")
     store.add("a", _clip(3), 16000)
     store.add("b", _clip(4), 16000)
@@ -316,6 +317,6 @@ def test_unreachable_redis_is_a_503_line() -> None:
     from onnx_tts.server.redis_voices import RedisVoiceStore
 
     store = RedisVoiceStore(f"redis://127.0.0.1:{free_port()}/0")
-    with pytest.raises(APIError) as caught:
+    with pytest.raises(VoiceStoreError) as caught:
         store.list()
     assert caught.value.status == 503 and caught.value.code == "voice_store_unavailable"

@@ -59,8 +59,8 @@ def test_duration_is_plausible_for_the_text(codec_lm_engine: onnx_tts.Engine) ->
         audio = codec_lm_engine.synthesize(text, seed=1)
         frames = audio.samples.shape[0] // model.hop_length
         pause_frames = (len(chunks) - 1) * 0.15 * 50
-        low = sum(model.frame_limits(len(c))[0] for c in chunks)
-        high = sum(model.frame_limits(len(c))[1] for c in chunks) + pause_frames + 1
+        low = sum(model.frame_limits(len(c.ids))[0] for c in chunks)
+        high = sum(model.frame_limits(len(c.ids))[1] for c in chunks) + pause_frames + 1
         assert low <= frames <= high, (text, frames, low, high)
     short = codec_lm_engine.synthesize("Hi.", seed=1).duration
     long = codec_lm_engine.synthesize(TEXT * 2, seed=1).duration
@@ -486,10 +486,10 @@ def test_one_long_word_is_split_to_fit_the_kv_capacity(codec_lm_engine: onnx_tts
     """A 2,000-letter word was refused ("needs N KV positions"): every chunk must fit."""
     backend = codec_lm_engine.model
     chunks = backend.text.chunks("a" * 2000, {})
-    assert sum(len(chunk) for chunk in chunks) == len(backend.text.tokenizer.encode("a" * 2000))
+    assert sum(len(chunk.ids) for chunk in chunks) == len(backend.text.tokenizer.encode("a" * 2000))
     capacity = backend.pool.capacity.fixed
-    assert all(backend._positions_needed(len(chunk)) <= capacity for chunk in chunks)
-    assert max(len(chunk) for chunk in chunks) == backend.max_chunk_tokens
+    assert all(backend._positions_needed(len(chunk.ids)) <= capacity for chunk in chunks)
+    assert max(len(chunk.ids) for chunk in chunks) == backend.max_chunk_tokens
     audio = codec_lm_engine.synthesize("a" * 300, seed=3)
     assert audio.duration > 0 and np.isfinite(audio.samples).all()
 
@@ -501,10 +501,10 @@ def test_long_sentence_is_split_at_spaces_not_inside_words(
     words = ["word"] * 60
     chunks = backend.text.chunks(" ".join(words), {})
     assert len(chunks) > 1
-    assert all(len(chunk) <= backend.max_chunk_tokens for chunk in chunks)
+    assert all(len(chunk.ids) <= backend.max_chunk_tokens for chunk in chunks)
     word = backend.text.tokenizer.encode("word")
     # Each chunk holds whole words: its tokens start with those of "word".
-    assert all(chunk[: len(word)] == word for chunk in chunks)
+    assert all(list(chunk.ids[: len(word)]) == word for chunk in chunks)
 
 
 def test_kv_capacity_too_small_for_one_token_is_refused_at_load(bundle_copy: Path) -> None:

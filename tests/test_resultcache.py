@@ -205,7 +205,7 @@ def test_a_full_disk_never_fails_a_request(tmp_path, monkeypatch, caplog):
     def disk_full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr("onnx_tts.cache.disk.tempfile.mkstemp", disk_full)
+    monkeypatch.setattr("onnx_tts.cache.disk._new_temp_file", disk_full)
     with caplog.at_level(logging.WARNING, logger="onnx_tts.cache"):
         audio = engine.synthesize(TEXT)
     assert audio.samples.size > 0

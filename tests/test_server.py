@@ -175,10 +175,25 @@ def test_sse_with_httpx(server: LiveServer, reference_pcm: np.ndarray) -> None:
 
 
 def test_speed_is_applied(server: LiveServer, reference_pcm: np.ndarray) -> None:
-    for speed in (0.5, 2.0):
-        response = speech(server, input=TEXT, response_format="pcm", speed=speed, sample_rate=RATE)
-        assert response.status_code == 200
-        assert len(pcm(response.content)) == round(len(reference_pcm) / speed)
+    """The engine applies the speed: each sentence time-stretched (pitch kept), the pause
+    between them as it is; the server sends exactly what the Python API makes."""
+    import onnx_tts
+    from onnx_tts.audio import pcm16
+
+    engine = onnx_tts.load(cache_dir=None)
+    try:
+        for speed in (0.5, 2.0):
+            response = speech(
+                server, input=TEXT, response_format="pcm", speed=speed, sample_rate=RATE
+            )
+            assert response.status_code == 200
+            # The same frames, stretched alike (streamed windows round apart from one-shot).
+            expected = pcm16(engine.synthesize(TEXT, speed=speed).samples)
+            assert len(pcm(response.content)) == len(expected)
+            pause = int(0.15 * RATE)
+            assert abs(len(expected) - pause - (len(reference_pcm) - pause) / speed) <= 2
+    finally:
+        engine.close()
 
 
 def test_seed_and_model_options_pass_through(server: LiveServer) -> None:

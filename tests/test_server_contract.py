@@ -96,7 +96,9 @@ def native(server: LiveServer) -> np.ndarray:
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_every_format_streams_without_asking(server: LiveServer, fmt: str) -> None:
-    """No stream_format: the body still comes chunked while the audio is being made."""
+    """No stream_format: the body still comes chunked while the audio is being made; FLAC
+    alone is sent whole once the audio is complete (so seeking readers, soundfile.read among
+    them, read it to the end)."""
     body = {"input": long_text(f"streaming {fmt}"), "response_format": fmt}
     with httpx.stream("POST", server.url + "/v1/audio/speech", json=body, timeout=60) as r:
         assert r.status_code == 200
@@ -104,8 +106,9 @@ def test_every_format_streams_without_asking(server: LiveServer, fmt: str) -> No
         assert "content-length" not in r.headers
         stream = r.iter_raw()  # kept: a dropped iterator closes the connection
         assert next(stream)
-        # The first bytes are here while the generation is still running.
-        assert metric(server, "onnx_tts_active_generations") >= 1
+        active = metric(server, "onnx_tts_active_generations")
+        # The first bytes are here while the generation is still running (FLAC: after it).
+        assert active >= 1 if fmt != "flac" else active == 0
     wait_until_idle(server)
 
 
@@ -497,3 +500,20 @@ def test_port_in_use_is_one_line_and_exit_2(tmp_path: Path) -> None:
         f"onnx-tts serve: cannot listen on 127.0.0.1:{port}"
     )
     assert "in use" in lines[0]
+
+
+def test_a_flac_response_reads_to_the_end_with_soundfile_read(server: LiveServer) -> None:
+    """FLAC goes out whole, its length in STREAMINFO: soundfile.read() and soundfile.blocks()
+    read all of it, the same samples as the pcm response at the model's rate."""
+    body = {"input": "A flac response, read by soundfile.", "seed": 1}
+    flac = httpx.post(server.url + "/v1/audio/speech", json={**body, "response_format": "flac"})
+    raw = httpx.post(
+        server.url + "/v1/audio/speech",
+        json={**body, "response_format": "pcm", "sample_rate": int(flac.headers["x-sample-rate"])},
+    )
+    assert flac.status_code == raw.status_code == 200
+    samples, rate = soundfile.read(io.BytesIO(flac.content), dtype="int16")
+    assert rate == int(flac.headers["x-sample-rate"])
+    np.testing.assert_array_equal(samples, np.frombuffer(raw.content, "<i2"))
+    blocks = list(soundfile.blocks(io.BytesIO(flac.content), blocksize=4096, dtype="int16"))
+    assert sum(len(b) for b in blocks) == len(samples)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -333,3 +334,152 @@ def test_sigterm_mid_synthesis_exits_0(tmp_path: Path) -> None:
     finally:
         live.stop()
     assert "Traceback" not in live.log()
+
+
+# -- issue 36: half-closed clients, bad stored voices, header and idle timeouts -----------------
+
+LONG = " ".join(f"Sentence {i} of a text that takes a while to speak." for i in range(12))
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LiveWyoming, dict]]:
+    """A server with one-second header and idle timeouts, and stored voices whose audio is
+    gone, garbage, or a FIFO (as a disk, a hand edit or an attacker leaves them)."""
+    workdir = tmp_path_factory.mktemp("wyoming-quick")
+    store = VoiceStore(workdir / "voices")
+    bad = {}
+    for seed, kind in enumerate(("missing", "garbage", "fifo", "other audio")):
+        voice, _ = store.add(f"broken {kind}", speechlike(2.0, RATE, seed=20 + seed), RATE)
+        audio = workdir / "voices" / f"{voice.id}.wav"
+        audio.unlink()
+        if kind == "garbage":
+            audio.write_bytes(b"not audio at all " * 100)
+        elif kind == "fifo":
+            os.mkfifo(audio)
+        elif kind == "other audio":
+            VoiceStore(workdir / "other").add("x", speechlike(2.0, RATE, seed=30), RATE)
+            (other,) = (workdir / "other").glob("*.wav")
+            other.rename(audio)
+        bad[kind] = voice.id
+    live = LiveWyoming(workdir, "--header-timeout", "1", "--idle-timeout", "1")
+    yield live, bad
+    assert live.stop() == 0
+    assert "Traceback" not in live.log()
+
+
+def test_a_client_that_half_closes_after_sending_still_gets_its_audio(
+    quick: tuple[LiveWyoming, dict],
+) -> None:
+    """`nc -N` sends, then shuts its write side: the server saw the end of the stream and
+    dropped what it was about to say. Now it speaks everything asked (here longer than the
+    one-second idle timeout, which does not run while it speaks), then closes."""
+    live, _ = quick
+
+    async def ask(events: list[Event]) -> list[Event]:
+        async with AsyncTcpClient("127.0.0.1", live.port) as client:
+            for event in events:
+                await client.write_event(event)
+            client._writer.write_eof()  # the library's own stream writer: a half-close
+            received = []
+            while (event := await client.read_event()) is not None:
+                received.append(event)
+            return received
+
+    whole = run(ask([Synthesize(text=LONG).event()]))
+    assert AudioStop.is_type(whole[-1].type), [e.type for e in whole][-3:]
+    samples, _ = _audio(whole)
+    assert len(samples) / RATE > 5.0 and np.abs(samples).max() > 0.05
+    streamed = run(
+        ask(
+            [
+                SynthesizeStart().event(),
+                SynthesizeChunk(text="First sentence here. Second one").event(),
+                SynthesizeChunk(text=" ends now.").event(),
+                SynthesizeStop().event(),
+            ]
+        )
+    )
+    types = [e.type for e in streamed]
+    assert types.count("audio-stop") == 2 and types[-1] == "synthesize-stopped"
+
+
+@pytest.mark.parametrize("kind", ["missing", "garbage", "fifo", "other audio"])
+def test_a_stored_voice_whose_audio_is_bad_is_an_error_event_at_once(
+    quick: tuple[LiveWyoming, dict], kind: str
+) -> None:
+    """Such a voice used to leave the client waiting with no answer (a dead speaker task);
+    now it gets an error event naming the problem, and the connection goes on."""
+    live, bad = quick
+
+    async def attempt() -> list[Event]:
+        async with AsyncTcpClient("127.0.0.1", live.port) as client:
+            voice = SynthesizeVoice(name=bad[kind])
+            await client.write_event(Synthesize(text="Hello.", voice=voice).event())
+            out = await _until(client, Error(text="").event().type)
+            await client.write_event(Synthesize(text="Still here.").event())
+            return out + await _until(client, AudioStop().event().type)
+
+    events = run(attempt())
+    (error,) = [Error.from_event(e) for e in events if Error.is_type(e.type)]
+    assert error.code == "voice_damaged" and bad[kind] in error.text and "\n" not in error.text
+    reason = {"missing": "missing", "garbage": "not audio", "fifo": "a FIFO"}
+    assert reason.get(kind, "does not match its id") in error.text
+    assert AudioStop.is_type(events[-1].type)
+
+
+@pytest.mark.parametrize(
+    "partial",
+    [b'{"type": "synthe', b'{"type": "synthesize", "data_length": 100}\n{"text": "'],
+    ids=["half-a-header", "half-the-data"],
+)
+def test_a_partial_event_is_answered_and_closed_after_the_header_timeout(
+    quick: tuple[LiveWyoming, dict], partial: bytes
+) -> None:
+    live, _ = quick
+    with socket.create_connection(("127.0.0.1", live.port), timeout=60) as sock:
+        sock.sendall(partial)
+        received = b""
+        while chunk := sock.recv(65536):  # the server closes; no wait on our side
+            received += chunk
+    header = json.loads(received.split(b"\n", 1)[0])
+    data = header.get("data") or json.loads(received.split(b"\n", 1)[1])
+    assert header["type"] == "error" and data["code"] == "bad_event"
+    assert "within 1 s" in data["text"]
+
+
+def test_a_silent_connection_is_closed_after_the_idle_timeout(
+    quick: tuple[LiveWyoming, dict],
+) -> None:
+    live, _ = quick
+    for opening in (b"", b'{"type": "describe"}\n'):
+        with socket.create_connection(("127.0.0.1", live.port), timeout=60) as sock:
+            sock.sendall(opening)
+            received = b""
+            while chunk := sock.recv(65536):
+                received += chunk
+        assert (json.loads(received.split(b"\n", 1)[0])["type"] if received else None) == (
+            "info" if opening else None
+        )
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "message"),
+    [
+        (["--idle-timeout", "0"], {}, "--idle-timeout must be in [0.1, 3600]"),
+        (["--header-timeout", "5000"], {}, "--header-timeout must be in [0.1, 3600]"),
+        ([], {"ONNX_TTS_IDLE_TIMEOUT": "soon"}, "$ONNX_TTS_IDLE_TIMEOUT must be a number"),
+    ],
+)
+def test_timeouts_are_bounded_flags_and_variables(
+    args: list[str], env: dict[str, str], message: str
+) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "onnx_tts.server.wyoming", "--cache-dir", "none", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **env},
+    )
+    assert done.returncode == 2
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith("onnx-tts wyoming: ") and message in line

@@ -10,6 +10,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import soundfile
 
 from onnx_tts.signals import TerminatedBySignal, termination_as_exception
 
@@ -49,3 +50,158 @@ def test_sigterm_removes_a_streamed_wav_temp_file(tmp_path: Path) -> None:
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=30) == 128 + signal.SIGTERM
     assert list(tmp_path.iterdir()) == []
+
+
+# -- issue 36: every signal that ends the CLI, through the real CLI -------------------------------
+
+LONG_TEXT = " ".join(
+    f"Sentence number {i} keeps the generator busy for a while." for i in range(400)
+)
+# What `man 7 signal` says ends a process by default and a handler can survive; the rest is
+# left alone on purpose (see onnx_tts.signals).
+ENDING = [
+    "SIGHUP", "SIGINT", "SIGQUIT", "SIGTRAP", "SIGABRT", "SIGUSR1", "SIGUSR2", "SIGALRM",
+    "SIGTERM", "SIGSTKFLT", "SIGXCPU", "SIGVTALRM", "SIGPROF", "SIGIO", "SIGPWR", "SIGSYS",
+]  # fmt: skip
+
+
+def test_every_catchable_terminating_signal_is_handled() -> None:
+    from onnx_tts.signals import terminating_signals
+
+    handled = set(terminating_signals())
+    expected = {getattr(signal, name) for name in ENDING if hasattr(signal, name)}
+    expected |= set(range(signal.SIGRTMIN, signal.SIGRTMAX + 1))
+    assert handled == expected
+    never = {signal.SIGKILL, signal.SIGSTOP, signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE,
+             signal.SIGILL, signal.SIGPIPE, signal.SIGXFSZ, signal.SIGCHLD}  # fmt: skip
+    assert not handled & never
+
+
+def _as_a_shell_starts_it(ignored: tuple[int, ...] = ()):
+    def start() -> None:
+        # A test runner started in the background inherits SIGINT and SIGQUIT ignored (under
+        # nohup SIGHUP too); an interactive shell starts commands with them at their defaults.
+        from onnx_tts.signals import terminating_signals
+
+        for sig in terminating_signals():
+            signal.signal(sig, signal.SIG_DFL)
+        for sig in ignored:  # e.g. nohup
+            signal.signal(sig, signal.SIG_IGN)
+
+    return start
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _synth(target: Path, stream: bool, ignored: tuple[int, ...] = ()) -> subprocess.Popen:
+    command = [sys.executable, "-m", "onnx_tts.cli", "synth", LONG_TEXT, "-o", str(target), "-q"]
+    return subprocess.Popen(
+        [*command, *(["--stream"] if stream else [])],
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=_as_a_shell_starts_it(ignored),
+    )
+
+
+def _wait_until_working(proc: subprocess.Popen, directory: Path, stream: bool) -> None:
+    """Streaming: until the temp file exists; one-shot: until the model has loaded and the
+    synthesis runs (a CPU-time condition, not a clock)."""
+    while proc.poll() is None:
+        if stream and any(p.name.endswith(".part") for p in directory.iterdir()):
+            return
+        if not stream and _cpu_seconds(proc.pid) > 1.5:
+            return
+        signal.sigtimedwait([], 0.02)
+    raise AssertionError(f"the CLI ended before the signal: {proc.stderr.read()}")
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "one-shot"])
+@pytest.mark.parametrize(
+    "name",
+    ["SIGINT", "SIGTERM", "SIGHUP", "SIGUSR1", "SIGUSR2", "SIGALRM", "SIGQUIT", "SIGPROF",
+     "SIGVTALRM", "SIGXCPU", "SIGRTMIN+1"],
+)  # fmt: skip
+def test_a_terminating_signal_leaves_no_part_file_and_keeps_the_target(
+    tmp_path: Path, name: str, stream: bool
+) -> None:
+    sig = signal.SIGRTMIN + 1 if name == "SIGRTMIN+1" else getattr(signal, name)
+    target = tmp_path / "out.wav"
+    target.write_bytes(b"RIFF the user's old file")
+    proc = _synth(target, stream)
+    _wait_until_working(proc, tmp_path, stream)
+    proc.send_signal(sig)
+    assert proc.wait(timeout=300) == 128 + sig
+    lines = proc.stderr.read().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("onnx-tts: terminated by SIG"), lines
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.wav"]
+    assert target.read_bytes() == b"RIFF the user's old file"
+
+
+def test_a_signal_the_cli_was_started_with_ignored_stays_ignored(tmp_path: Path) -> None:
+    """nohup starts a command with SIGHUP ignored so that it outlives its terminal."""
+    target = tmp_path / "out.wav"
+    proc = _synth(target, stream=True, ignored=(signal.SIGHUP,))
+    _wait_until_working(proc, tmp_path, stream=True)
+    proc.send_signal(signal.SIGHUP)
+    assert proc.wait(timeout=600) == 0, proc.stderr.read()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.wav"]
+    assert soundfile.info(str(target)).duration > 10
+
+
+@pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGALRM, signal.SIGQUIT])
+def test_a_signal_while_a_temp_file_is_open_removes_it(tmp_path: Path, sig: int) -> None:
+    """The temp files of an atomic write are registered from the moment they exist: the CLI's
+    way out removes whatever a signal left (the writer itself did not get to clean up)."""
+    script = textwrap.dedent(
+        f"""
+        import os, signal, sys
+        from onnx_tts.atomic_files import remove_temp_files, temp_beside
+        from pathlib import Path
+        from onnx_tts.signals import TerminatedBySignal, termination_as_exception
+        try:
+            with termination_as_exception():
+                try:
+                    fd, name = temp_beside(Path({str(tmp_path / "o.wav")!r}))
+                    os.write(fd, b"half a file")
+                    os.kill(os.getpid(), {int(sig)})
+                    signal.sigtimedwait([], 5)
+                except BaseException:
+                    remove_temp_files()
+                    raise
+        except TerminatedBySignal as stop:
+            sys.exit(stop.exit_code)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], preexec_fn=_as_a_shell_starts_it(), timeout=120
+    )
+    assert done.returncode == 128 + sig
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_signal_inside_deferred_is_raised_when_the_block_ends() -> None:
+    """Python runs signal handlers in the main thread whichever thread the signal reached, so
+    blocking it in one thread does not hold it back: the handler itself defers."""
+    import threading
+
+    from onnx_tts.signals import deferred
+
+    reached = []
+    done = threading.Event()
+    other = threading.Thread(target=done.wait)  # a thread the kernel may deliver the signal to
+    other.start()
+    try:
+        with pytest.raises(TerminatedBySignal) as caught, termination_as_exception():
+            with deferred():
+                os.kill(os.getpid(), signal.SIGUSR1)
+                signal.sigtimedwait([], 0.01)  # bytecode boundaries: the handler has run
+                sum(range(1000))
+                reached.append("end of the block")
+            reached.append("after the block")
+    finally:
+        done.set()
+        other.join()
+    assert reached == ["end of the block"] and caught.value.signum == signal.SIGUSR1

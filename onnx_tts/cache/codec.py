@@ -36,6 +36,8 @@ __all__ = [
     "decode_value",
     "encode_value",
     "resolve_cache_secret",
+    "sign",
+    "signature_matches",
 ]
 
 MAGIC = b"OTTSRC1\n"
@@ -85,6 +87,17 @@ def _mac(secret: bytes, key: str, body: bytes | memoryview) -> bytes:
     signer.update(struct.pack("<Q", len(key_bytes)) + key_bytes)
     signer.update(body)
     return signer.digest()
+
+
+def sign(secret: bytes, key: str, body: bytes) -> bytes:
+    """The HMAC-SHA256 that binds `body` to `key` under `secret`: what a signed entry carries,
+    and what the project's other shared records (uploaded voices) are signed with."""
+    return _mac(secret, key, body)
+
+
+def signature_matches(secret: bytes, key: str, body: bytes, mac: bytes) -> bool:
+    """Whether `mac` is :func:`sign` of `body` under `key` and `secret` (constant time)."""
+    return hmac.compare_digest(mac, _mac(secret, key, body))
 
 
 def _aligned(n: int) -> int:

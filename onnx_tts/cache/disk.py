@@ -6,6 +6,13 @@ rename), so a reader sees a whole entry or none. Optionally bounded in bytes: wh
 takes the directory over, the least recently used files (by mtime, refreshed on every hit) are
 removed down to 90 % of the bound. ``clear`` only empties a directory that carries the cache's
 marker file, so a mistyped path never loses someone's files.
+
+Whatever else lands in the directory is never trusted: an entry is read only when it is a
+regular file reached through real subdirectories (no symbolic link is followed below the
+cache directory) and no larger than any entry can be, judged by its size before a byte is
+read (:func:`onnx_tts.regular_files.read_regular_file`). A FIFO, a device, a link to
+``/dev/zero`` or a many-GiB sparse file is refused unread (never blocking) and dropped as a bad
+entry; nothing is written, pruned or removed through a link either.
 """
 
 from __future__ import annotations
@@ -13,13 +20,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import tempfile
+import secrets
 import threading
 from pathlib import Path
 from typing import Any
 
-from onnx_tts.cache.tier import Entry
+from onnx_tts.cache.tier import Entry, Unreadable
 from onnx_tts.errors import CacheError, InputError
+from onnx_tts.regular_files import RefusedFile, directory_fd, read_regular_file, unlink_below
 
 __all__ = ["DiskTier", "cache_root"]
 
@@ -27,6 +35,16 @@ log = logging.getLogger(__name__)
 
 SUFFIX = ".otc"
 _TMP_PREFIX = ".tmp-"
+# No entry is larger than this (nor than the tier's own bound): a file that is, is refused
+# unread. A result entry of an hour of audio at 48 kHz is ~0.7 GiB.
+MAX_ENTRY_BYTES = 2 << 30
+
+
+def _new_temp_file(parent: int) -> tuple[int, str]:
+    """(descriptor, name) of a new, uniquely named temp file in directory `parent` (fd)."""
+    name = f"{_TMP_PREFIX}{secrets.token_hex(8)}"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    return os.open(name, flags, 0o644, dir_fd=parent), name
 
 
 def cache_root() -> Path:
@@ -127,46 +145,58 @@ class DiskTier:
         with self._lock:
             self._errors += 1
 
-    def get(self, key: str) -> bytes | None:
+    @property
+    def max_entry_bytes(self) -> int:
+        """The largest entry this tier reads (and stores)."""
+        return min(self.max_bytes or MAX_ENTRY_BYTES, MAX_ENTRY_BYTES)
+
+    def get(self, key: str) -> bytes | Unreadable | None:
         path = self._path(key)
         try:
-            blob = path.read_bytes()
+            blob = read_regular_file(path, self.max_entry_bytes, root=self.directory)
         except FileNotFoundError:
             return None
+        except RefusedFile as refused:
+            return Unreadable(f"refused unread: {refused.what}")
         except OSError as exc:
             self._failed("cannot read %s: %s; recomputing", path, exc)
             return None
         with contextlib.suppress(OSError):
-            os.utime(path)  # recency for the size bound's LRU
+            os.utime(path, follow_symlinks=False)  # recency for the size bound's LRU
         return blob
 
     def put(self, key: str, entry: Entry) -> None:
         blob = entry.blob
-        if self.max_bytes is not None and len(blob) > self.max_bytes:
+        if len(blob) > self.max_entry_bytes:
             return  # larger than the whole tier
         path = self._path(key)
+        sub = path.parent.name
         tmp_name = None
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp_name = tempfile.mkstemp(prefix=_TMP_PREFIX, dir=path.parent)
-            # No fsync: after a crash a torn file fails its checksum and is recomputed, so
-            # durability is not worth a disk flush per new entry.
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(blob)
-            os.replace(tmp_name, path)
-            tmp_name = None
+            # Written and renamed inside the subdirectory's own descriptor: a subdirectory
+            # that is a symbolic link (to somewhere outside the cache) is refused, never used.
+            with directory_fd(self.directory, (sub,)) as parent:
+                fd, tmp_name = _new_temp_file(parent)
+                # No fsync: after a crash a torn file fails its checksum and is recomputed, so
+                # durability is not worth a disk flush per new entry.
+                with os.fdopen(fd, "wb") as handle:
+                    handle.write(blob)
+                os.replace(tmp_name, path.name, src_dir_fd=parent, dst_dir_fd=parent)
+                tmp_name = None
             self._account(len(blob))
+        except RefusedFile as refused:
+            self._failed("cannot write %s: %s; entry not stored on disk", path, refused)
         except OSError as exc:
             self._failed("cannot write %s: %s; entry not stored on disk", path, exc)
         finally:
             if tmp_name is not None:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp_name)
+                unlink_below(self.directory, path.parent / tmp_name)
 
     def delete(self, key: str) -> None:
-        # unlink removes a symlink itself (never its target) and refuses a directory.
-        with contextlib.suppress(OSError):
-            self._path(key).unlink()
+        # A file, FIFO or link itself (never a link's target, never a directory), and only
+        # in a real subdirectory of the cache.
+        unlink_below(self.directory, self._path(key))
 
     def stats(self) -> dict[str, Any]:
         with self._lock:
@@ -223,7 +253,7 @@ class DiskTier:
         for path in self._files():
             if path.name.endswith(SUFFIX):
                 try:
-                    info = path.stat()
+                    info = path.lstat()
                 except OSError:
                     continue  # removed concurrently
                 entries.append((info.st_mtime_ns, path.name, info.st_size, path))
@@ -240,13 +270,21 @@ class DiskTier:
         self._used = used
 
     def _files(self) -> list[Path]:
+        """Entries and temp files in the real two-letter subdirectories (a subdirectory that is
+        a link to elsewhere is not ours: nothing there is counted, pruned or cleared)."""
         files = []
-        for sub in self.directory.iterdir() if self.directory.is_dir() else ():
-            if sub.is_dir() and len(sub.name) == 2:
+        try:
+            subs = [e for e in os.scandir(self.directory) if e.is_dir(follow_symlinks=False)]
+        except OSError:
+            return files
+        for sub in subs:
+            if len(sub.name) != 2:
+                continue
+            with contextlib.suppress(OSError), os.scandir(sub.path) as entries:
                 files.extend(
-                    p
-                    for p in sub.iterdir()
-                    if p.name.endswith(SUFFIX) or p.name.startswith(_TMP_PREFIX)
+                    Path(e.path)
+                    for e in entries
+                    if e.name.endswith(SUFFIX) or e.name.startswith(_TMP_PREFIX)
                 )
         return files
 
@@ -256,7 +294,7 @@ class DiskTier:
         for path in self._files():
             if path.name.endswith(SUFFIX):
                 try:
-                    used += path.stat().st_size
+                    used += path.lstat().st_size
                     entries += 1
                 except OSError:
                     pass  # removed concurrently

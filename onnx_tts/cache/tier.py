@@ -14,7 +14,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-__all__ = ["Entry", "Tier", "Value"]
+__all__ = ["Entry", "Tier", "Unreadable", "Value"]
 
 Value = Mapping[str, np.ndarray]
 
@@ -29,6 +29,14 @@ class Entry:
     blob: bytes
 
 
+@dataclass(frozen=True)
+class Unreadable:
+    """What a shared tier's ``get`` returns for an entry it refuses to read (not a regular
+    file, larger than any entry): the composition drops it and counts it like a corrupt one."""
+
+    reason: str
+
+
 @runtime_checkable
 class Tier(Protocol):
     """One storage tier. Methods never raise for trouble in the storage itself (a full disk, a
@@ -40,8 +48,9 @@ class Tier(Protocol):
     #: composition verifies and decodes). False: holds this process's values (get returns them).
     shared: bool
 
-    def get(self, key: str) -> bytes | Value | None:
-        """The stored blob (shared) or value (not shared) of ``key``, or None."""
+    def get(self, key: str) -> bytes | Value | Unreadable | None:
+        """The stored blob (shared) or value (not shared) of ``key``, None when there is none,
+        or Unreadable when what is stored there is refused unread."""
         ...
 
     def put(self, key: str, entry: Entry) -> None:

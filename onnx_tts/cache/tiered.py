@@ -29,7 +29,7 @@ import numpy as np
 
 from onnx_tts.cache.codec import CorruptEntry, decode_entry, encode_value
 from onnx_tts.cache.schema import Schema
-from onnx_tts.cache.tier import Entry, Tier, Value
+from onnx_tts.cache.tier import Entry, Tier, Unreadable, Value
 from onnx_tts.errors import CacheError, InputError
 
 __all__ = ["TieredCache", "check_key"]
@@ -354,9 +354,14 @@ class TieredCache:
             return None
         return value, item if tier.shared else None
 
-    def _accept(self, index: int, key: str, item: bytes | Value, schema: Schema) -> Value | None:
+    def _accept(
+        self, index: int, key: str, item: bytes | Value | Unreadable, schema: Schema
+    ) -> Value | None:
         """The value of a tier's ``item`` if it is valid, else None (the entry is dropped)."""
         tier = self._tiers[index]
+        if isinstance(item, Unreadable):
+            self._drop(tier, key, item.reason, corrupt=True)
+            return None
         try:
             value = decode_entry(item, key, self._secret) if tier.shared else item
         except CorruptEntry as exc:

@@ -371,6 +371,7 @@ class ReadyChunks:
 
     def __init__(self, chunks: Iterator[np.ndarray]) -> None:
         self._chunks = chunks
+        self.words: list[WordTiming] = []  # a replayed result carries no word timings
 
     def __iter__(self) -> Iterator[np.ndarray]:
         return self

@@ -94,7 +94,12 @@ class Plan:
         return self.pauses[index] if self.pauses else None
 
     def key(self) -> dict[str, Any]:
-        """What of the plan besides its chunks, sampling and options changes the audio."""
+        """What of the plan besides its chunks, sampling and options changes the audio (none
+        for the model's own pace and pauses: such a text's key is its chunks', so a one-chunk
+        text and the same sentence stored from a longer text are one entry)."""
+        plain = all(r == 1.0 for r in self.rates) and all(p is None for p in self.pauses)
+        if plain and not self.lead:
+            return {}
         return {"rates": self.rates, "pauses": self.pauses, "lead": self.lead}
 
     @property

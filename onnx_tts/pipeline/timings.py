@@ -23,6 +23,7 @@ class WordTiming:
     start: float
     end: float
     estimated: bool
+    sentence_end: bool = False  # the last word of its chunk (captions end a cue there)
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -43,6 +44,21 @@ def time_words(
 ) -> list[WordTiming]:
     """The timings of one chunk's `words`: its `samples` as the model made them, played at
     `rate` (the output is samples / rate long) from `offset` seconds on."""
+    timings = _timed(words, marks, samples, sample_rate, rate, offset)
+    if timings:
+        last = timings[-1]
+        timings[-1] = WordTiming(last.word, last.start, last.end, last.estimated, True)
+    return timings
+
+
+def _timed(
+    words: Sequence[WordSpan],
+    marks: Sequence[int] | None,
+    samples: int,
+    sample_rate: int,
+    rate: float,
+    offset: float,
+) -> list[WordTiming]:
     if not words or samples <= 0:
         return []
     seconds = samples / sample_rate / rate
@@ -86,4 +102,48 @@ def _marked(
     return spans
 
 
-__all__ = ["WordTiming", "time_words"]
+# Captions: a cue holds at most this many words and seconds, and ends where speech pauses.
+CUE_WORDS = 8
+CUE_SECONDS = 4.0
+CUE_GAP_SECONDS = 0.25
+
+
+def cues(words: Sequence[WordTiming]) -> list[tuple[float, float, str]]:
+    """Subtitle cues (start, end, text) of timed words: a new cue after a sentence's end,
+    CUE_WORDS words, CUE_SECONDS, or a pause of CUE_GAP_SECONDS."""
+    found: list[tuple[float, float, str]] = []
+    group: list[WordTiming] = []
+    for word in words:
+        if group and (
+            len(group) >= CUE_WORDS
+            or group[-1].sentence_end
+            or word.end - group[0].start > CUE_SECONDS
+            or word.start - group[-1].end >= CUE_GAP_SECONDS
+        ):
+            found.append((group[0].start, group[-1].end, " ".join(w.word for w in group)))
+            group = []
+        group.append(word)
+    if group:
+        found.append((group[0].start, group[-1].end, " ".join(w.word for w in group)))
+    return found
+
+
+def _clock(seconds: float, separator: str) -> str:
+    milliseconds = max(0, round(seconds * 1000))
+    hours, rest = divmod(milliseconds, 3_600_000)
+    minutes, rest = divmod(rest, 60_000)
+    return f"{hours:02d}:{minutes:02d}:{rest // 1000:02d}{separator}{rest % 1000:03d}"
+
+
+def subtitles(words: Sequence[WordTiming], kind: str) -> str:
+    """The words as SubRip (`srt`) or WebVTT (`vtt`) subtitles."""
+    separator = "," if kind == "srt" else "."
+    blocks = []
+    for number, (start, end, text) in enumerate(cues(words), 1):
+        timing = f"{_clock(start, separator)} --> {_clock(end, separator)}"
+        blocks.append(f"{number}\n{timing}\n{text}\n" if kind == "srt" else f"{timing}\n{text}\n")
+    body = "\n".join(blocks)
+    return body if kind == "srt" else "WEBVTT\n\n" + body
+
+
+__all__ = ["WordTiming", "cues", "subtitles", "time_words"]

@@ -23,6 +23,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response
 
+from onnx_tts.cache.codec import resolve_cache_secret
 from onnx_tts.config import ServerConfig
 from onnx_tts.errors import OnnxTTSError, ReferenceTrimmedWarning
 from onnx_tts.server.bodies import decode_upload, read_json, read_voice_upload
@@ -44,9 +45,11 @@ from onnx_tts.server.speech import (
     next_event,
     plan_speech,
     respond,
+    store_error,
     unknown_model,
 )
-from onnx_tts.server.voices import VoiceExists
+from onnx_tts.server.voice_names import VoiceNameError, check_new_name, reserved_names
+from onnx_tts.server.voices import VoiceExists, VoiceStoreError
 from onnx_tts.server.web import add_routes
 
 log = logging.getLogger("onnx_tts.server")
@@ -66,15 +69,19 @@ class _State:
     def __init__(self, config: ServerConfig, registry: ModelRegistry) -> None:
         self.config = config
         self.registry = registry
-        # Redis when the server shares one, so every replica sees every upload.
+        # Redis when the server shares one, so every replica sees every upload; with a cache
+        # secret every voice is signed and an unsigned one is neither listed nor used.
         self.voices = open_voice_store(
-            config.voices_dir or default_voices_dir(), registry.caches.redis_url
+            config.voices_dir or default_voices_dir(),
+            registry.caches.redis_url,
+            resolve_cache_secret(registry.caches.cache_secret),
         )
         self.metrics = ServerMetrics(
             queue_depth=lambda: sum(m.admission.waiting for m in registry.models.values()),
             active=lambda: sum(m.admission.active for m in registry.models.values()),
             cache_stats=registry.cache_stats,
             stage_stats=registry.stage_stats,
+            voices_rejected=lambda: self.voices.rejected,
         )
         self.draining = False
 
@@ -155,7 +162,11 @@ def create_app(config: ServerConfig, registry: ModelRegistry | None = None) -> F
 
     @app.get("/v1/audio/voices")
     async def list_voices() -> dict[str, Any]:
-        stored = [{"id": v.id, "name": v.name} for v in state.voices.list()]
+        try:
+            listed = await run_in_threadpool(state.voices.list)
+        except VoiceStoreError as error:
+            raise store_error(error) from None
+        stored = [{"id": v.id, "name": v.name} for v in listed]
         builtin = [
             {"id": name, "name": name, "model": model.name}
             for model in state.registry.models.values()
@@ -169,16 +180,28 @@ def create_app(config: ServerConfig, registry: ModelRegistry | None = None) -> F
         name, audio_bytes = await read_voice_upload(request, config.max_upload_bytes)
         model = registry.default
         assert model is not None
+        # A name that already reaches a voice is refused before any work (voice_names).
+        reserved = reserved_names({m.name: m.builtin_voices for m in registry.models.values()})
+        try:
+            check_new_name(name, reserved)
+        except VoiceNameError as error:
+            raise APIError(error.status, str(error), param="name", code=error.code) from None
         trims: list[ReferenceTrimmedWarning] = []
         audio = await run_in_threadpool(decode_upload, model, audio_bytes, trims.append)
         try:
             # Encode once now: a clip the encoder rejects fails here, not on first use.
             await run_in_threadpool(model.encode_voice, audio)
-            voice, created = state.voices.add(name, audio, model.voice_rate)
+            voice, created = await run_in_threadpool(
+                state.voices.add, name, audio, model.voice_rate, reserved
+            )
         except OverflowError as error:
             raise APIError(400, str(error), code="too_many_voices") from None
+        except VoiceNameError as error:
+            raise APIError(error.status, str(error), param="name", code=error.code) from None
         except VoiceExists as error:
-            raise APIError(409, str(error), param="name", code="voice_exists") from None
+            raise APIError(409, str(error), param="name", code=error.code) from None
+        except VoiceStoreError as error:
+            raise store_error(error) from None
         headers = {}
         if trims:  # a long clip is cut to what the encoder takes: said, never silent
             trim = trims[0]
@@ -193,7 +216,11 @@ def create_app(config: ServerConfig, registry: ModelRegistry | None = None) -> F
 
     @app.delete("/v1/audio/voices/{voice_id}")
     async def delete_voice(voice_id: str) -> dict[str, Any]:
-        if not state.voices.delete(voice_id):
+        try:
+            deleted = await run_in_threadpool(state.voices.delete, voice_id)
+        except VoiceStoreError as error:
+            raise store_error(error) from None
+        if not deleted:
             raise APIError(
                 404, f"no voice with id {voice_id!r}", param="voice_id", code="voice_not_found"
             )
@@ -207,10 +234,14 @@ def create_app(config: ServerConfig, registry: ModelRegistry | None = None) -> F
             raise APIError(503, "the server is shutting down; retry on another replica")
         body = await read_json(request)
         speech_request = parse_speech_request(body)
-        job, styling = plan_speech(state, speech_request, received)
+        # Off the event loop: resolving a voice reads the voice store (files or Redis).
+        job, styling = await run_in_threadpool(plan_speech, state, speech_request, received)
         try:
             encoder = await run_in_threadpool(
-                StreamEncoder, speech_request.response_format, job.output_rate
+                StreamEncoder,
+                speech_request.response_format,
+                job.output_rate,
+                job.output_channels,
             )
         except FormatUnavailable as error:
             raise APIError(

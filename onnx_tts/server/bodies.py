@@ -1,21 +1,25 @@
 """Request bodies read within their limits: size (413), time (408: --body-timeout,
---body-idle-timeout) and JSON nesting; voice uploads as multipart."""
+--body-idle-timeout) and JSON nesting; voice uploads as multipart. A body cut off (the client
+closed the connection, or sent a malformed chunked body) is a 400 and one log line; a full
+temporary directory while a large upload spools is a 507 naming it."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
 import json
 import logging
 import tempfile
 import time
 import unicodedata
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 from fastapi import Request
 from starlette.formparsers import MultiPartException, MultiPartParser
+from starlette.requests import ClientDisconnect
 
 from onnx_tts.audio import Trimmed
 from onnx_tts.config import ServerConfig
@@ -52,6 +56,16 @@ async def _read_limited(request: Request, limit: int, what: str) -> AsyncIterato
             chunk = await asyncio.wait_for(chunks.__anext__(), timeout=max(wait, 0.001))
         except StopAsyncIteration:
             return
+        except ClientDisconnect:
+            # The client closed mid-body, or uvicorn dropped a malformed chunked body (and
+            # answered 400 itself): an expected end, not a server fault.
+            raise APIError(
+                400,
+                f"{what} did not arrive whole: the connection closed, or its chunked encoding "
+                "is malformed",
+                code="incomplete_body",
+                headers={"Connection": "close"},
+            ) from None
         except asyncio.TimeoutError:
             raise APIError(
                 408,
@@ -114,6 +128,8 @@ async def read_voice_upload(request: Request, limit: int) -> tuple[str, bytes]:
         raise APIError(
             400, f"bad multipart body: {error.message}", code="invalid_multipart"
         ) from None
+    except OSError as error:  # a large part spools to the temporary directory, which is full
+        raise _spool_failed(error) from None
     try:
         name = form.get("name")
         sample = form.get("audio_sample")
@@ -138,20 +154,33 @@ async def read_voice_upload(request: Request, limit: int) -> tuple[str, bytes]:
                 param="audio_sample",
                 code="missing_field",
             )
-        return name.strip(), await sample.read()
+        try:
+            return name, await sample.read()
+        except OSError as error:
+            raise _spool_failed(error) from None
     finally:
-        await form.close()
+        with contextlib.suppress(OSError):
+            await form.close()
+
+
+def _spool_failed(error: OSError) -> APIError:
+    """An upload that could not be spooled (starlette keeps a part over 1 MiB in a temporary
+    file): 507 when the temporary directory is full, else 500, one line naming it."""
+    where = f"the temporary directory ({tempfile.gettempdir()}; set TMPDIR)"
+    reason = error.strerror or str(error)
+    log.error("cannot spool an upload to %s: %s", tempfile.gettempdir(), reason)
+    if error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        return APIError(507, f"cannot receive the upload: {where} is full ({reason})",
+                        code="insufficient_storage")  # fmt: skip
+    return APIError(500, f"cannot receive the upload: {where}: {reason}", code="upload_failed")
 
 
 def decode_upload(model: SpeechModel, data: bytes, on_trim: Trimmed) -> np.ndarray:
+    """The uploaded clip decoded from memory (no temporary file: a full TMPDIR cannot fail
+    it), at the model's encoder rate."""
     if not data:
         raise APIError(400, "audio_sample is empty", param="audio_sample", code="invalid_audio")
-    with tempfile.TemporaryDirectory(prefix="onnx-tts-upload-") as tmp:
-        path = Path(tmp) / "sample"
-        path.write_bytes(data)
-        try:
-            return model.decode_voice(path, on_trim)
-        except AudioError as error:
-            # The engine names the temp file; the client knows it as audio_sample.
-            message = one_line(error).replace(str(path), "audio_sample")
-            raise APIError(400, message, param="audio_sample", code="invalid_audio") from None
+    try:
+        return model.decode_voice(data, on_trim)
+    except AudioError as error:
+        raise APIError(400, one_line(error), param="audio_sample", code="invalid_audio") from None

@@ -18,7 +18,7 @@ from onnx_tts.config import (
     WyomingConfig,
     add_flags,
 )
-from onnx_tts.errors import InputError
+from onnx_tts.errors import InputError, OnnxTTSError
 from onnx_tts.flags import add_engine_flags
 from onnx_tts.server.settings import ServeSettings, add_arguments, serve_settings
 
@@ -82,7 +82,12 @@ def run(args: argparse.Namespace, on_ray: Callable[[ServeSettings], int] | None 
         max_streams=config.max_streams,
         max_waiting=config.max_queue,
     )
-    app = create_app(config, registry)
+    try:
+        app = create_app(config, registry)  # opens the voice store: a bad --voices-dir is here
+    except OnnxTTSError as error:
+        sock.close()
+        print(f"onnx-tts serve: {error}", file=sys.stderr)
+        return 2
     state = app.state.server
 
     class DrainingServer(uvicorn.Server):
@@ -201,12 +206,15 @@ class _ExpectedFailures(logging.Filter):
 
 def configure_logging(level: str, as_json: bool) -> None:
     """Root handler for the server's and uvicorn's loggers: text lines or JSON lines."""
+    from onnx_tts.server.protocol import QuietInvalidRequests
+
     handler = logging.StreamHandler()
     if as_json:
         handler.setFormatter(JsonFormatter())
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     handler.addFilter(_ExpectedFailures())
+    handler.addFilter(QuietInvalidRequests())
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)

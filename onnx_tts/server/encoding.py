@@ -8,44 +8,34 @@ Every format is a stream that a player can start on before the end is known:
   reads the whole stream and its duration; libsndfile's own MP3 writer is VBR without a Xing
   header, which libsndfile itself then misreads (a fraction of the audio);
 - `opus`: Ogg Opus from libsndfile (pages go out as they fill; Ogg needs no total length);
-- `flac`: native FLAC from libsndfile; STREAMINFO's total-samples field stays 0 ("unknown",
-  allowed by the format): ffmpeg and libsndfile's read loop decode it to the end;
+- `flac`: native FLAC from libsndfile, sent whole once the audio is complete: a FLAC streamed
+  before its length is known says "length unknown" in STREAMINFO, which `soundfile.read()` (and
+  other seeking readers) cannot read to the end;
 - `aac`: AAC-LC in ADTS frames from ffmpeg's encoder through PyAV. PyAV is 107 MB installed,
   so it is the optional extra `onnx-tts[aac]`; without it `aac` is a clear 400.
+
+Names, content types and the rates each codec takes come from the one format table
+(`onnx_tts.formats`). Audio is mono or interleaved channels ([N, channels]): OpenAI's `pcm` is
+always mono (the job downmixes it), the other formats carry the model's channels.
 """
 
 from __future__ import annotations
 
 import io
-import struct
 from collections.abc import Callable
 from typing import Any, Protocol
 
 import numpy as np
 import soundfile
 
-from onnx_tts.audio import to_pcm16
+from onnx_tts.audio import to_pcm16, wav_header
+from onnx_tts.formats import CONTENT_TYPES, RESPONSE_FORMATS, encoded_rate
+from onnx_tts.formats import FORMATS as FORMAT_TABLE
 
-CONTENT_TYPES = {
-    "mp3": "audio/mpeg",
-    "opus": "audio/ogg",
-    "aac": "audio/aac",
-    "flac": "audio/flac",
-    "wav": "audio/wav",
-    "pcm": "audio/pcm",
-}
-FORMATS = tuple(CONTENT_TYPES)
-# OpenAI's pcm is 24 kHz s16le mono and clients assume it; other formats say their rate.
-PCM_DEFAULT_RATE = 24000
-# Rates a request may ask for with the `sample_rate` extension field.
+FORMATS = RESPONSE_FORMATS
+# Rates a request may ask for with the `sample_rate` extension field (a codec with rates of its
+# own takes only those).
 REQUESTABLE_RATES = (8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000)
-# Rates each codec takes; a model rate outside the set is resampled to the nearest above.
-_CODEC_RATES = {
-    "mp3": (8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000),
-    "opus": (8000, 12000, 16000, 24000, 48000),
-    "aac": (8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000),
-}
-_SNDFILE = {"flac": ("FLAC", "PCM_16"), "opus": ("OGG", "OPUS")}
 # libsndfile holds Ogg pages until they fill (seconds of Opus); ask for a page per 100 ms so
 # the stream moves as the audio is made. SFC_SET_OGG_PAGE_LATENCY_MS, from sndfile.h.
 _SFC_SET_OGG_PAGE_LATENCY_MS = 0x1302
@@ -57,34 +47,16 @@ class FormatUnavailable(Exception):
 
 
 def codec_rates(response_format: str) -> tuple[int, ...] | None:
-    """The sample rates `response_format` can carry (None: any)."""
-    return _CODEC_RATES.get(response_format)
-
-
-def encoded_rate(response_format: str, sample_rate: int, requested: int | None = None) -> int:
-    """The sample rate of the response: `requested` when given (the caller checked it against
-    codec_rates), 24 kHz for pcm, else the model's rate or the nearest one the codec takes."""
-    if requested is not None:
-        return requested
+    """The sample rates `response_format` can carry when its codec restricts them (None: any
+    of REQUESTABLE_RATES; `pcm` is 24 kHz unless asked otherwise)."""
     if response_format == "pcm":
-        return PCM_DEFAULT_RATE
-    rates = _CODEC_RATES.get(response_format)
-    if rates is None or sample_rate in rates:
-        return sample_rate
-    return next((r for r in rates if r >= sample_rate), rates[-1])
+        return None
+    return FORMAT_TABLE[response_format].rates
 
 
-def wav_stream_header(sample_rate: int, channels: int = 1, bits: int = 16) -> bytes:
-    """A RIFF/WAVE header for a PCM stream of unknown length (sizes 0xFFFFFFFF)."""
-    block = channels * bits // 8
-    return (
-        b"RIFF"
-        + struct.pack("<I", 0xFFFFFFFF)
-        + b"WAVEfmt "
-        + struct.pack("<IHHIIHH", 16, 1, channels, sample_rate, sample_rate * block, block, bits)
-        + b"data"
-        + struct.pack("<I", 0xFFFFFFFF)
-    )
+def wav_stream_header(sample_rate: int, channels: int = 1) -> bytes:
+    """A 16-bit PCM WAV header for a stream of unknown length (sizes 0xFFFFFFFF)."""
+    return wav_header(sample_rate, None, channels)
 
 
 class _Codec(Protocol):
@@ -93,7 +65,7 @@ class _Codec(Protocol):
 
 
 class _Pcm:
-    def __init__(self, sample_rate: int, header: bytes = b"") -> None:
+    def __init__(self, sample_rate: int, channels: int = 1, header: bytes = b"") -> None:
         self._head = header
 
     def feed(self, samples: np.ndarray) -> bytes:
@@ -105,14 +77,14 @@ class _Pcm:
 
 
 class _Mp3:
-    def __init__(self, sample_rate: int) -> None:
+    def __init__(self, sample_rate: int, channels: int = 1) -> None:
         import lameenc
 
         self._encoder = lameenc.Encoder()
         self._encoder.set_in_sample_rate(sample_rate)
-        self._encoder.set_channels(1)
+        self._encoder.set_channels(channels)
         # Constant bitrate: speech at <= 24 kHz (MPEG-2) needs less than music at 32-48 kHz.
-        self._encoder.set_bit_rate(64 if sample_rate <= 24000 else 96)
+        self._encoder.set_bit_rate((64 if sample_rate <= 24000 else 96) * channels)
         self._encoder.set_quality(2)
 
     def feed(self, samples: np.ndarray) -> bytes:
@@ -166,12 +138,12 @@ class _ForwardSink(io.RawIOBase):
 
 
 class _Sndfile:
-    """FLAC and Ogg Opus through libsndfile (inside the soundfile wheel)."""
+    """Ogg Opus through libsndfile (inside the soundfile wheel), pages as they fill."""
 
-    def __init__(self, sample_rate: int, fmt: str, subtype: str) -> None:
+    def __init__(self, sample_rate: int, channels: int, fmt: str, subtype: str) -> None:
         self._sink = _ForwardSink()
         self._file = soundfile.SoundFile(
-            self._sink, "w", sample_rate, 1, format=fmt, subtype=subtype
+            self._sink, "w", sample_rate, channels, format=fmt, subtype=subtype
         )
         if fmt == "OGG":
             from soundfile import _ffi, _snd
@@ -191,10 +163,30 @@ class _Sndfile:
         return self._sink.take()
 
 
+class _Whole:
+    """A format sent whole once the audio is complete (FLAC: a file written before its
+    length is known cannot be read to the end by seeking readers such as soundfile.read)."""
+
+    def __init__(self, sample_rate: int, channels: int, fmt: str) -> None:
+        self._rate, self._fmt = sample_rate, fmt
+        self._pieces: list[np.ndarray] = []
+
+    def feed(self, samples: np.ndarray) -> bytes:
+        if len(samples):
+            self._pieces.append(np.asarray(samples, np.float32))
+        return b""
+
+    def close(self) -> bytes:
+        from onnx_tts.audio import encode_audio
+
+        samples = np.concatenate(self._pieces) if self._pieces else np.zeros(0, np.float32)
+        return encode_audio(samples, self._rate, self._fmt)
+
+
 class _Aac:
     """AAC-LC in ADTS through PyAV (ffmpeg's native encoder), frames out as they are made."""
 
-    def __init__(self, sample_rate: int) -> None:
+    def __init__(self, sample_rate: int, channels: int = 1) -> None:
         try:
             import av
         except ImportError:
@@ -203,8 +195,9 @@ class _Aac:
             ) from None
         self._sink = _ForwardSink()
         self._container = av.open(self._sink, "w", format="adts")
-        self._stream = self._container.add_stream("aac", rate=sample_rate, layout="mono")
-        self._stream.bit_rate = 64000
+        self._layout = "mono" if channels == 1 else "stereo"
+        self._stream = self._container.add_stream("aac", rate=sample_rate, layout=self._layout)
+        self._stream.bit_rate = 64000 * channels
         self._rate = sample_rate
         self._pts = 0
         self._av = av
@@ -213,7 +206,7 @@ class _Aac:
         frame = self._av.AudioFrame.from_ndarray(
             np.clip(samples, -1.0, 1.0).astype(np.float32).reshape(1, -1),
             format="flt",
-            layout="mono",
+            layout=self._layout,
         )
         frame.sample_rate = self._rate
         frame.pts = self._pts
@@ -233,24 +226,26 @@ class _Aac:
         return self._sink.take()
 
 
-_CODECS: dict[str, Callable[[int], _Codec]] = {
+_CODECS: dict[str, Callable[[int, int], _Codec]] = {
     "pcm": _Pcm,
-    "wav": lambda rate: _Pcm(rate, wav_stream_header(rate)),
+    "wav": lambda rate, channels: _Pcm(rate, channels, wav_stream_header(rate, channels)),
     "mp3": _Mp3,
-    "flac": lambda rate: _Sndfile(rate, *_SNDFILE["flac"]),
-    "opus": lambda rate: _Sndfile(rate, *_SNDFILE["opus"]),
+    "flac": lambda rate, channels: _Whole(rate, channels, "flac"),
+    "opus": lambda rate, channels: _Sndfile(rate, channels, *FORMAT_TABLE["opus"].sndfile),  # type: ignore[misc]
     "aac": _Aac,
 }
 
 
 class StreamEncoder:
-    """Float32 chunks in, response bytes out, in order: feed() as audio comes, then close().
-    Opening it checks the format can be made here (FormatUnavailable otherwise)."""
+    """Float32 chunks ([n] or [n, channels]) in, response bytes out, in order: feed() as audio
+    comes, then close(). Opening it checks the format can be made here (FormatUnavailable
+    otherwise)."""
 
-    def __init__(self, response_format: str, sample_rate: int) -> None:
+    def __init__(self, response_format: str, sample_rate: int, channels: int = 1) -> None:
         self.response_format = response_format
         self.sample_rate = sample_rate
-        self._codec = _CODECS[response_format](sample_rate)
+        self.channels = channels
+        self._codec = _CODECS[response_format](sample_rate, channels)
         self._closed = False
 
     def feed(self, samples: np.ndarray) -> bytes:
@@ -265,5 +260,20 @@ class StreamEncoder:
 
 def encode_file(samples: np.ndarray, sample_rate: int, response_format: str) -> bytes:
     """The whole response at once: the same bytes a stream of one chunk gives."""
-    encoder = StreamEncoder(response_format, sample_rate)
+    samples = np.asarray(samples, np.float32)
+    channels = samples.shape[1] if samples.ndim == 2 else 1
+    encoder = StreamEncoder(response_format, sample_rate, channels)
     return encoder.feed(samples) + encoder.close()
+
+
+__all__ = [
+    "CONTENT_TYPES",
+    "FORMATS",
+    "REQUESTABLE_RATES",
+    "FormatUnavailable",
+    "StreamEncoder",
+    "codec_rates",
+    "encode_file",
+    "encoded_rate",
+    "wav_stream_header",
+]

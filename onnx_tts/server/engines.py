@@ -106,6 +106,11 @@ class SpeechModel:
         return max(1, int(self.engine.stats().get("active_rows", 1)))
 
     @property
+    def channels(self) -> int:
+        """Channels of the model's audio (2 for a stereo codec)."""
+        return self.engine.channels
+
+    @property
     def hop_length(self) -> int:
         return int(self.engine.model.hop_length)
 
@@ -122,11 +127,19 @@ class SpeechModel:
         encoder = self.engine.model.encoder
         return encoder.min_seconds, encoder.max_seconds
 
-    def decode_voice(self, path: str | Path, on_trim: Trimmed | None = None) -> np.ndarray:
-        """Reference audio file -> mono float32 at this model's encoder rate (AudioError if bad);
-        a clip longer than the encoder takes is cut, told to `on_trim` (else a warning)."""
+    def decode_voice(self, data: bytes, on_trim: Trimmed | None = None) -> np.ndarray:
+        """An uploaded clip's bytes -> mono float32 at this model's encoder rate (AudioError
+        naming it audio_sample if bad); a clip longer than the encoder takes is cut, told to
+        `on_trim` (else a warning)."""
         low, high = self.voice_limits()
-        return load_audio(path, self.voice_rate, min_seconds=low, max_seconds=high, on_trim=on_trim)
+        return load_audio(
+            data,
+            self.voice_rate,
+            min_seconds=low,
+            max_seconds=high,
+            on_trim=on_trim,
+            name="audio_sample",
+        )
 
     def encode_voice(self, audio: np.ndarray | str | None) -> dict[str, np.ndarray]:
         """Encoder outputs through the content-addressed reference cache (None = default, a

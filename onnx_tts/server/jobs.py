@@ -1,10 +1,11 @@
 """One speech request of the servers (HTTP and Wyoming): admitted by the model's capacity-aware
 `Admission`, then run as an asyncio task that submits the text to the engine (the decode
 scheduler and the vocoder stage do the work, most urgent stream first) and turns its audio into
-events for the response: START, AUDIO (float32 at the output rate, speed applied), END or
-ERROR. No thread waits per request: the engine's stream tells the event loop when audio is
-ready. The request's playback clock goes with it, so the engine knows when its listener would
-run dry; its cancel token stops the work at the next step when the client goes away.
+events for the response: START, AUDIO (float32 at the output rate and channels; the engine
+applies the speed), END or ERROR. No thread waits per request: the engine's stream tells the
+event loop when audio is ready. The request's playback clock goes with it, so the engine knows
+when its listener would run dry; its cancel token stops the work at the next step when the
+client goes away.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ import soxr
 from onnx_tts.audio import downmix
 from onnx_tts.decoding.request import CancelToken, PlaybackClock
 from onnx_tts.errors import SessionError
-from onnx_tts.pipeline.timestretch import TimeStretcher
 from onnx_tts.server.engines import SpeechModel
 
 # Events a Generation posts to its queue.
@@ -53,11 +53,12 @@ class Generation:
     options: dict[str, Any]
     speed: float
     output_rate: int
+    output_channels: int = 1  # OpenAI's pcm: mono; the other formats: the model's channels
     received_at: float = field(default_factory=time.perf_counter)
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancel_token: CancelToken = field(default_factory=CancelToken)
     clock: PlaybackClock = field(default_factory=PlaybackClock)
-    generated_samples: int = 0  # at the model's rate, before speed (for usage tokens)
+    generated_samples: int = 0  # at the model's rate, after speed (for usage tokens)
     started_at: float = 0.0
     cache_hit: bool | None = None  # the result cache replayed this audio (None: not started)
     task: asyncio.Task | None = None
@@ -115,7 +116,7 @@ class Generation:
                 self.text,
                 voice,
                 self.seed,
-                self.options,
+                {**self.options, "speed": self.speed},
                 deadline=deadline,
                 clock=self.clock,
                 cancel=self.cancel_token,
@@ -137,9 +138,9 @@ class Generation:
 
     async def _pump(self, stream: Any, ready: asyncio.Event) -> None:
         model = self.model
-        stretcher = TimeStretcher(self.speed, model.sample_rate) if self.speed != 1.0 else None
+        channels = self.output_channels
         resampler = (
-            soxr.ResampleStream(model.sample_rate, self.output_rate, 1, dtype="float32")
+            soxr.ResampleStream(model.sample_rate, self.output_rate, channels, dtype="float32")
             if self.output_rate != model.sample_rate
             else None
         )
@@ -161,16 +162,15 @@ class Generation:
                 await ready.wait()
                 ready.clear()
                 continue
-            # Every response format here is mono (OpenAI's pcm is 24 kHz s16le mono): a
-            # stereo model's audio is downmixed, then resampled to the response's rate.
-            chunk = downmix(chunk)
+            # OpenAI's pcm is 24 kHz s16le mono: a stereo model's audio is downmixed for it;
+            # the other formats keep the model's channels. Then the response's rate.
+            if channels == 1:
+                chunk = downmix(chunk)
             if not np.all(np.isfinite(chunk)):
                 raise SessionError("the model produced non-finite samples; output stopped")
             self.generated_samples += len(chunk)
-            if stretcher is not None:  # WSOLA costs real CPU: off the event loop
-                chunk = await asyncio.to_thread(stretcher.push, chunk)
             emit(chunk)
-        emit(stretcher.finish() if stretcher is not None else np.zeros(0, np.float32), last=True)
+        emit(np.zeros((0, channels) if channels > 1 else 0, np.float32), last=True)
         self.events.put_nowait((END, None))
 
     def stop(self, error: BaseException) -> None:

@@ -69,6 +69,22 @@ class _CacheCollector(Collector):
         yield rejected
 
 
+class _VoicesCollector(Collector):
+    """Stored voices refused on read (a record unsigned or mis-signed with --cache-secret,
+    audio that does not match its id, a file that is not a regular file)."""
+
+    def __init__(self, rejected: Callable[[], int]) -> None:
+        self._rejected = rejected
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        yield CounterMetricFamily(
+            "onnx_tts_voices_rejected",
+            "Stored voices refused on read: unsigned or mis-signed, audio that does not match "
+            "its id, or a file that is not a regular file",
+            value=self._rejected(),
+        )
+
+
 class _StageCollector(Collector):
     """Per model and stage (decode: the scheduler's worker, vocoder: the vocoder stage's):
     seconds busy, work done (row steps, windows) and runs; with the admission's view of
@@ -119,6 +135,7 @@ class ServerMetrics:
         active: Callable[[], float],
         cache_stats: Callable[[], dict[str, dict[str, dict[str, Any]]]],
         stage_stats: Callable[[], dict[str, dict[str, Any]]] | None = None,
+        voices_rejected: Callable[[], int] | None = None,
     ) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
@@ -180,6 +197,8 @@ class ServerMetrics:
         r.register(_CacheCollector(cache_stats))
         if stage_stats is not None:
             r.register(_StageCollector(stage_stats))
+        if voices_rejected is not None:
+            r.register(_VoicesCollector(voices_rejected))
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""uvicorn's HTTP/1.1 protocol (h11) with a header-read timeout.
+"""uvicorn's HTTP/1.1 protocol (h11) with a header-read timeout, and its 400 for a request
+h11 cannot parse (a malformed request line, header or chunked body) in OpenAI's envelope.
 
 uvicorn bounds the idle time between requests (keep-alive) but not the time a client takes to
 send a request's headers: one that sends half a request line holds its connection forever
@@ -10,6 +11,7 @@ and the connection closes. Body timeouts are the app's (see app._read_limited).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from typing import Any
@@ -35,6 +37,17 @@ def _timeout_response(seconds: float) -> bytes:
         f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
     )
     return head.encode("ascii") + body
+
+
+INVALID_REQUEST = "Invalid HTTP request received."  # what uvicorn logs and answers in text
+
+
+class QuietInvalidRequests(logging.Filter):
+    """uvicorn's own line for a request h11 cannot parse: the protocol below logs it (once,
+    with the client) or the app's request line does, so it is dropped here."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.name.startswith("uvicorn") and record.getMessage() == INVALID_REQUEST)
 
 
 class HeaderTimeoutProtocol(H11Protocol):
@@ -69,6 +82,38 @@ class HeaderTimeoutProtocol(H11Protocol):
         # Between requests the keep-alive timer rules; the header clock starts again with
         # the next request's first byte.
         self._disarm()
+
+    def send_400_response(self, msg: str) -> None:
+        """A request h11 cannot parse (its line, a header, a chunk size such as `+29` or `0x29`,
+        a chunk longer than its size): 400 in OpenAI's envelope, then close. A request whose
+        handler already runs logs its own line (its body read fails); otherwise this logs one."""
+        in_flight = self.cycle is not None and not self.cycle.response_complete
+        if not in_flight:
+            client = f"{self.client[0]}:{self.client[1]}" if self.client else "client"
+            log.info("closed %s: malformed HTTP request", client)
+        if self.conn.our_state is h11.SEND_RESPONSE and not self.transport.is_closing():
+            body = json.dumps(
+                error_body(
+                    400,
+                    "malformed HTTP request (request line, header or chunked body); "
+                    "check the client",
+                    code="invalid_request",
+                )
+            ).encode()
+            headers = [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"connection", b"close"),
+            ]
+            with contextlib.suppress(h11.LocalProtocolError):
+                self.transport.write(
+                    self.conn.send(
+                        h11.Response(status_code=400, headers=headers, reason=b"Bad Request")
+                    )
+                )
+                self.transport.write(self.conn.send(h11.Data(data=body)))
+                self.transport.write(self.conn.send(h11.EndOfMessage()))
+        self.transport.close()
 
     def _arm(self) -> None:
         self._disarm()

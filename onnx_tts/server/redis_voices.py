@@ -1,13 +1,17 @@
 """Uploaded voices in Redis, so that every replica behind a load balancer sees every upload.
 
-The same contract as `onnx_tts.server.voices.VoiceStore` (ids, names, limits, `Voice`), stored
-where all replicas reach it: one hash `<namespace>:voices:meta` (id -> JSON metadata with the
-audio's sha256) and one string `<namespace>:voices:audio:<id>` per voice (mono float32
-little-endian samples at the stored rate). An upload writes both in one MULTI/EXEC, so another
-replica sees a whole voice or none; a reader checks the sha256, length and finiteness before
-using the samples, and an entry that fails is treated as absent. Redis errors become one 503
-line for the client (the request can be retried); the client retries a dropped connection
-once, which covers a Redis restart between two requests.
+The same contract as `onnx_tts.server.voices.VoiceStore` (ids, names, limits, `Voice`, the
+checks on read), stored where all replicas reach it: one hash `<namespace>:voices:meta`
+(id -> JSON metadata with the audio's sha256, signed with a secret) and one string
+`<namespace>:voices:audio:<id>` per voice (mono float32 little-endian samples at the stored
+rate). An upload writes both in one MULTI/EXEC, so another replica sees a whole voice or none.
+Whoever else can write to the Redis is not trusted: a reader checks the metadata (and its
+signature with `--cache-secret`: a voice written straight into Redis without the secret is
+neither listed nor used), then the samples' length, finiteness, sha256 and content address
+(the id), so audio replaced in Redis, even with its metadata updated to match, never speaks
+under the old id. Redis errors become one 503 line for the client (the request can be
+retried); the client retries a dropped connection once, which covers a Redis restart between
+two requests.
 
 A Redis without persistence loses the voices when it restarts: run it with AOF or RDB
 snapshots (see the README's deployment section) when uploads must outlive it.
@@ -20,41 +24,42 @@ import json
 import os
 import threading
 import time
-from dataclasses import asdict
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from onnx_tts.audio import resample
-from onnx_tts.server.errors import APIError
+from onnx_tts.server.voice_names import ID_PATTERN, check_new_name, reserved_names
 from onnx_tts.server.voices import (
-    _ID_PATTERN,
-    MAX_NAME_CHARS,
-    MAX_VOICES,
+    MAX_STORED_SAMPLES,
+    Rejections,
     Voice,
-    VoiceExists,
-    VoiceNameTaken,
+    VoiceStoreError,
+    checked_samples,
+    damaged,
+    parse_meta,
+    stored_as,
     voice_id,
+    voice_meta,
 )
 
-# A stored clip is a reference voice (seconds), never more than this many samples.
-MAX_STORED_SAMPLES = 10 * 60 * 48_000
-_MAX_META_BYTES = 4096
 
-
-def _unavailable(error: Exception) -> APIError:
-    return APIError(
+def _unavailable(error: Exception) -> VoiceStoreError:
+    return VoiceStoreError(
         503,
         f"the shared voice store (Redis) is unavailable ({type(error).__name__}); retry shortly",
-        code="voice_store_unavailable",
+        "voice_store_unavailable",
         headers={"Retry-After": "1"},
     )
 
 
 class RedisVoiceStore:
-    """`VoiceStore`'s methods (add, get, find, list, audio, delete) over a shared Redis."""
+    """`VoiceStore`'s methods (add, get, list, audio, delete) over a shared Redis."""
 
-    def __init__(self, redis_url: str, namespace: str = "onnx-tts") -> None:
+    def __init__(
+        self, redis_url: str, namespace: str = "onnx-tts", secret: bytes | None = None
+    ) -> None:
         import redis
         from redis.backoff import ExponentialBackoff
         from redis.retry import Retry
@@ -69,8 +74,14 @@ class RedisVoiceStore:
         )
         self._meta_key = f"{namespace}:voices:meta"
         self._audio_prefix = f"{namespace}:voices:audio:"
+        self.secret = secret
+        self.rejections = Rejections(f"Redis {self._meta_key}")
         self._lock = threading.Lock()
         self._audio: dict[tuple[str, int], np.ndarray] = {}
+
+    @property
+    def rejected(self) -> int:
+        return self.rejections.count
 
     def _call(self, operation: Any, *args: Any) -> Any:
         try:
@@ -78,49 +89,55 @@ class RedisVoiceStore:
         except self._redis_errors as error:
             raise _unavailable(error) from None
 
+    def _parse(self, ident: str, raw: bytes | None) -> tuple[Voice, str] | None:
+        """(voice, audio sha256) of a stored record, or None (refused ones reported once)."""
+        if raw is None or not ID_PATTERN.match(ident):
+            return None
+        state = hashlib.sha256(raw).hexdigest()
+        if self.rejections.refused(ident, state):
+            return None
+        voice, why, extra = parse_meta(ident, raw, self.secret)
+        digest = extra.get("sha256")
+        if voice is not None and not (isinstance(digest, str) and len(digest) == 64):
+            voice, why = None, "its metadata has no audio sha256"
+        if voice is None:
+            self.rejections.refuse(ident, state, why)
+            return None
+        return voice, digest
+
     # -- reads -----------------------------------------------------------------------------
 
     def get(self, ident: str) -> Voice | None:
-        if not _ID_PATTERN.match(ident):
+        if not ID_PATTERN.match(ident):
             return None
-        raw = self._call(self._client.hget, self._meta_key, ident)
-        entry = _parse_meta(ident, raw)
+        entry = self._parse(ident, self._call(self._client.hget, self._meta_key, ident))
         return None if entry is None else entry[0]
-
-    def find(self, id_or_name: str) -> Voice | None:
-        """By id, or by name when exactly one voice has it."""
-        voice = self.get(id_or_name)
-        if voice is not None:
-            return voice
-        named = [v for v in self.list() if v.name == id_or_name]
-        return named[0] if len(named) == 1 else None
 
     def list(self) -> list[Voice]:
         entries = self._call(self._client.hgetall, self._meta_key)
         voices = []
         for key, raw in entries.items():
-            ident = key.decode("ascii", "replace")
-            entry = _parse_meta(ident, raw) if _ID_PATTERN.match(ident) else None
+            entry = self._parse(key.decode("ascii", "replace"), raw)
             if entry is not None:
                 voices.append(entry[0])
         return sorted(voices, key=lambda v: (v.created_at, v.id))
 
     def audio(self, voice: Voice, sample_rate: int) -> np.ndarray:
-        """The voice's samples at `sample_rate` (kept in memory after the first read)."""
+        """The voice's samples at `sample_rate`, checked against its record and its id when
+        first read (then kept in memory); VoiceStoreError (404, voice_damaged) when they
+        fail."""
         key = (voice.id, sample_rate)
         cached = self._audio.get(key)
         if cached is not None:
             return cached
         raw_meta, data = self._call(self._read_pair, voice.id)
-        entry = _parse_meta(voice.id, raw_meta)
-        samples = None if entry is None or data is None else _check_samples(data, entry[1])
+        entry = self._parse(voice.id, raw_meta)
+        if entry is None:
+            raise damaged(voice, "its record is missing or refused")
+        samples, why = _samples(entry[0], data, entry[1])
         if samples is None:
-            raise APIError(
-                400,
-                f"voice {voice.id!r} is missing or damaged in the shared store; upload it again",
-                param="voice",
-                code="voice_not_found",
-            )
+            self.rejections.refuse(voice.id, hashlib.sha256(raw_meta).hexdigest(), why)
+            raise damaged(voice, why)
         if voice.sample_rate != sample_rate:
             samples = resample(samples, voice.sample_rate, sample_rate)
         samples.setflags(write=False)
@@ -132,22 +149,32 @@ class RedisVoiceStore:
         pipe = self._client.pipeline(transaction=True)
         pipe.hget(self._meta_key, ident)
         pipe.get(self._audio_prefix + ident)
-        raw_meta, data = pipe.execute()
-        return raw_meta, data
+        # A key of the wrong type (someone else's write) is a damaged voice, not a Redis
+        # that is down: its error comes back in place of the value.
+        raw_meta, data = pipe.execute(raise_on_error=False)
+        if isinstance(raw_meta, Exception):
+            raise raw_meta
+        return raw_meta, None if isinstance(data, Exception) else data
 
     # -- writes ----------------------------------------------------------------------------
 
-    def add(self, name: str, audio: np.ndarray, sample_rate: int) -> tuple[Voice, bool]:
+    def add(
+        self,
+        name: str,
+        audio: np.ndarray,
+        sample_rate: int,
+        reserved: Mapping[str, str] | None = None,
+    ) -> tuple[Voice, bool]:
         """Store `audio` (already decoded and checked) under its content id; returns the voice
-        and whether it is new, with `VoiceStore.add`'s rule: the same clip under another name
-        is VoiceExists, another clip under a name already taken VoiceNameTaken."""
+        and whether it is new, with `VoiceStore.add`'s rules: the name normalised once and not
+        reserved, the same clip under another name VoiceExists, another clip under a name
+        already taken VoiceNameTaken."""
         samples = np.ascontiguousarray(audio, "<f4")
         if samples.ndim != 1 or not 0 < len(samples) <= MAX_STORED_SAMPLES:
             raise ValueError(f"a voice is 1 to {MAX_STORED_SAMPLES} mono samples")
         if not np.isfinite(samples).all():
             raise ValueError("a voice's samples must be finite")
-        if not 0 < len(name) <= MAX_NAME_CHARS:
-            raise ValueError(f"a voice name is 1 to {MAX_NAME_CHARS} characters")
+        shown, key = check_new_name(name, reserved_names({}) if reserved is None else reserved)
         ident = voice_id(samples, sample_rate)
         data = samples.tobytes()
         import redis
@@ -158,24 +185,22 @@ class RedisVoiceStore:
                     # WATCH makes the count check and the write one step: a concurrent upload
                     # on another replica restarts this one instead of passing the limit.
                     pipe.watch(self._meta_key)
-                    existing = _parse_meta(ident, pipe.hget(self._meta_key, ident))
+                    stored = self._voices(pipe.hgetall(self._meta_key))
+                    # The count of every record, refused ones too: the hash is bounded.
+                    existing = stored_as(stored, ident, key, pipe.hlen(self._meta_key))
                     if existing is not None:
-                        if existing[0].name != name:
-                            raise VoiceExists(existing[0])
-                        return existing[0], False
-                    taken = _named(pipe.hgetall(self._meta_key), name)
-                    if taken is not None:
-                        raise VoiceNameTaken(taken)
-                    if pipe.hlen(self._meta_key) >= MAX_VOICES:
-                        raise OverflowError(
-                            f"the server stores at most {MAX_VOICES} voices; delete some first"
-                        )
-                    voice = Voice(ident, name, int(time.time()), sample_rate)
-                    meta = {**asdict(voice), "sha256": hashlib.sha256(data).hexdigest()}
+                        return existing, False
+                    voice = Voice(ident, shown, int(time.time()), sample_rate)
+                    sha = hashlib.sha256(data).hexdigest()
                     pipe.multi()
                     pipe.set(self._audio_prefix + ident, data)
-                    pipe.hset(self._meta_key, ident, json.dumps(meta))
+                    pipe.hset(
+                        self._meta_key,
+                        ident,
+                        json.dumps(voice_meta(voice, self.secret, sha256=sha)),
+                    )
                     pipe.execute()
+                    self.rejections.forget(ident)
                     return voice, True
             except redis.WatchError:
                 continue
@@ -183,8 +208,12 @@ class RedisVoiceStore:
                 raise _unavailable(error) from None
         raise _unavailable(RuntimeError("too many concurrent voice uploads"))
 
+    def _voices(self, entries: dict[bytes, bytes]) -> list[Voice]:
+        found = (self._parse(k.decode("ascii", "replace"), raw) for k, raw in entries.items())
+        return [entry[0] for entry in found if entry is not None]
+
     def delete(self, ident: str) -> bool:
-        if not _ID_PATTERN.match(ident):
+        if not ID_PATTERN.match(ident):
             return False
         pipe = self._client.pipeline(transaction=True)
         pipe.hdel(self._meta_key, ident)
@@ -193,53 +222,29 @@ class RedisVoiceStore:
         with self._lock:
             for key in [k for k in self._audio if k[0] == ident]:
                 del self._audio[key]
+        self.rejections.forget(ident)
         return bool(removed)
 
 
-def _named(entries: dict[bytes, bytes], name: str) -> Voice | None:
-    """The stored voice called `name` among raw metadata entries, if any."""
-    for key, raw in entries.items():
-        ident = key.decode("ascii", "replace")
-        entry = _parse_meta(ident, raw) if _ID_PATTERN.match(ident) else None
-        if entry is not None and entry[0].name == name:
-            return entry[0]
-    return None
-
-
-def _parse_meta(ident: str, raw: bytes | None) -> tuple[Voice, str] | None:
-    """(voice, audio sha256) from a stored metadata entry, or None when absent or malformed."""
-    if raw is None or len(raw) > _MAX_META_BYTES:
-        return None
-    try:
-        data = json.loads(raw)
-        digest = data.pop("sha256")
-        voice = Voice(**data)
-    except (ValueError, TypeError, KeyError, AttributeError):
-        return None
-    checks = (
-        voice.id == ident,
-        isinstance(voice.name, str) and 0 < len(voice.name) <= MAX_NAME_CHARS,
-        isinstance(voice.created_at, int),
-        isinstance(voice.sample_rate, int) and 8000 <= voice.sample_rate <= 384_000,
-        isinstance(digest, str) and len(digest) == 64,
-    )
-    return (voice, digest) if all(checks) else None
-
-
-def _check_samples(data: bytes, digest: str) -> np.ndarray | None:
+def _samples(voice: Voice, data: bytes | None, digest: str) -> tuple[np.ndarray | None, str]:
+    if data is None:
+        return None, "its audio is missing"
     if len(data) % 4 or not 0 < len(data) // 4 <= MAX_STORED_SAMPLES:
-        return None
+        return None, "its audio is not a whole number of float32 samples within bounds"
     if hashlib.sha256(data).hexdigest() != digest:
-        return None
+        return None, "its audio does not match its record's sha256"
     samples = np.frombuffer(data, "<f4").astype(np.float32)
-    return samples if np.isfinite(samples).all() else None
+    why = checked_samples(voice, samples, voice.sample_rate)
+    return (None, why) if why else (samples, "")
 
 
-def open_voice_store(voices_dir: str | os.PathLike[str], redis_url: str | None) -> Any:
+def open_voice_store(
+    voices_dir: str | os.PathLike[str], redis_url: str | None, secret: bytes | None = None
+) -> Any:
     """The store uploads go to: Redis when the server shares one (every replica sees every
-    voice), else the directory."""
+    voice), else the directory; `secret` (the cache secret) signs and checks every voice."""
     if redis_url:
-        return RedisVoiceStore(redis_url)
+        return RedisVoiceStore(redis_url, secret=secret)
     from onnx_tts.server.voices import VoiceStore
 
-    return VoiceStore(voices_dir)
+    return VoiceStore(voices_dir, secret)

@@ -31,14 +31,11 @@ from onnx_tts.server.errors import APIError, one_line
 from onnx_tts.server.instructions import Styling, interpret
 from onnx_tts.server.jobs import AUDIO, END, ERROR, START, Generation, ServerStopping
 from onnx_tts.server.metrics import SynthesisRecord
-from onnx_tts.server.schemas import (
-    OPENAI_VOICES,
-    SpeechRequest,
-)
+from onnx_tts.server.schemas import SpeechRequest
+from onnx_tts.server.voice_names import VoiceNameError, voice_to_speak
+from onnx_tts.server.voices import VoiceStoreError
 
 log = logging.getLogger("onnx_tts.server")
-
-DEFAULT_VOICE_NAMES = ("default",)
 
 # -- speech -------------------------------------------------------------------------------------
 
@@ -63,20 +60,12 @@ def plan_speech(state: Any, request: SpeechRequest, received: float) -> tuple[Ge
     styling = interpret(request.instructions, model.options)
     for key, value in styling.options.items():
         options.setdefault(key, value)  # a field in the request wins over the instructions
-    voice_audio: np.ndarray | str | None = None
-    name = request.voice_id
-    if name in model.builtin_voices:
-        voice_audio = name  # resolved by the model itself
-    elif name not in DEFAULT_VOICE_NAMES and name not in OPENAI_VOICES:
-        voice = state.voices.find(name)
-        if voice is None:
-            raise APIError(
-                404,
-                f"unknown voice {name!r}; use 'default' or an id from GET /v1/audio/voices",
-                param="voice",
-                code="voice_not_found",
-            )
-        voice_audio = state.voices.audio(voice, model.voice_rate)
+    try:
+        voice_audio = voice_to_speak(state.voices, state.registry, model, request.voice_id)
+    except VoiceNameError as error:
+        raise APIError(error.status, str(error), param="voice", code=error.code) from None
+    except VoiceStoreError as error:
+        raise store_error(error, "voice") from None
     job = Generation(
         model=model,
         text=request.input,
@@ -85,6 +74,8 @@ def plan_speech(state: Any, request: SpeechRequest, received: float) -> tuple[Ge
         options=options,
         speed=styling.speed(request.speed),
         output_rate=encoded_rate(request.response_format, model.sample_rate, sample_rate),
+        # OpenAI's pcm is mono (its clients assume it); the other formats say their channels.
+        output_channels=1 if request.response_format == "pcm" else model.channels,
         received_at=received,
     )
     return job, styling
@@ -146,7 +137,7 @@ def respond(
     rate = job.output_rate
     headers = {
         "X-Sample-Rate": str(rate),
-        "X-Channels": "1",
+        "X-Channels": str(job.output_channels),
         "X-Bit-Depth": "16",
         **headers,
     }
@@ -324,6 +315,11 @@ def client_error(error: BaseException) -> APIError:
         return APIError(500, one_line(error), code="generation_failed")
     log.exception("unexpected error in generation", exc_info=error)
     return APIError(500, f"internal error ({type(error).__name__}); see the server log")
+
+
+def store_error(error: VoiceStoreError, param: str | None = None) -> APIError:
+    """A voice store's refusal as the client's envelope (logged once by the store)."""
+    return APIError(error.status, str(error), param=param, code=error.code, headers=error.headers)
 
 
 def unknown_model(name: str, registry: ModelRegistry) -> APIError:

@@ -7,9 +7,15 @@ reads `info` (a TTS program and its voices), then `synthesize` (one text) or a s
 `audio-stop`; a streamed text is spoken sentence by sentence as the sentences complete, and
 ends with `synthesize-stopped` (the order wyoming-piper uses, which Home Assistant expects).
 
-Voices: `default` and the voices uploaded to the HTTP server (the same --voices-dir), by id,
-with their names as descriptions. Generation runs through the HTTP server's worker pool and
-engine calls (one code path for both front ends).
+Voices: `default`, the model's builtin voices and the voices uploaded to the HTTP server (the
+same --voices-dir, or the same Redis), by id with their names as descriptions; a requested name
+reaches exactly one voice by the HTTP server's rules (`voice_names`), and a stored voice whose
+audio is missing or damaged is an error event at once. Generation runs through the HTTP
+server's worker pool and engine calls (one code path for both front ends).
+
+Connections: a client that half-closes its side after sending (`nc -N`) still gets everything
+it asked for; one that sends nothing is closed after --idle-timeout (while nothing is being
+spoken to it), and one that sends part of an event after --header-timeout.
 """
 
 from __future__ import annotations
@@ -17,7 +23,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import logging
 import signal
 import sys
@@ -34,82 +39,50 @@ from wyoming.server import AsyncEventHandler, AsyncServer, AsyncTcpServer
 from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop
 
 from onnx_tts.audio import to_pcm16
+from onnx_tts.config import WyomingConfig
+from onnx_tts.errors import OnnxTTSError
 from onnx_tts.frontend import split_sentences
-from onnx_tts.server.bodies import MAX_JSON_DEPTH
 from onnx_tts.server.engines import ModelRegistry, SpeechModel
 from onnx_tts.server.errors import one_line
 from onnx_tts.server.jobs import AUDIO, END, ERROR, Busy, Generation
 from onnx_tts.server.metrics import SynthesisRecord
-from onnx_tts.server.schemas import MAX_INPUT_CHARS, nests_deeper_than
-from onnx_tts.server.voices import VoiceStore
+from onnx_tts.server.schemas import MAX_INPUT_CHARS
+from onnx_tts.server.voice_names import VoiceNameError, voice_to_speak
+from onnx_tts.server.voices import VoiceStoreError
+from onnx_tts.server.wyoming_events import (
+    BadEvent,
+    IdleTimeout,
+    first_byte,
+    malformed,
+    read_event,
+)
 
 log = logging.getLogger("onnx_tts.server.wyoming")
 
-# Bounds on what a client sends: one event header line (asyncio's default stream limit),
-# its JSON data and payload, and the text of one streamed synthesis.
-MAX_DATA_BYTES = 64 << 10
-MAX_PAYLOAD_BYTES = 1 << 20
+# The text of one streamed synthesis is bounded.
 MAX_STREAM_CHARS = 64 * MAX_INPUT_CHARS
 # A text waits at most this long to start before the client is told the server is busy.
 QUEUE_TIMEOUT_SECONDS = 10.0
 ATTRIBUTION = Attribution(name="onnx-tts", url="")
 
 
-class BadEvent(Exception):
-    """A client sent an event this server refuses to read (message says why)."""
+class VoiceRefused(Exception):
+    """A requested voice that cannot be spoken: `code` and a one-line message for the client."""
 
-
-def _json(data: bytes, what: str) -> Any:
-    try:
-        value = json.loads(data)
-    except RecursionError:
-        raise BadEvent(f"{what} nests deeper than {MAX_JSON_DEPTH} levels") from None
-    except (ValueError, UnicodeDecodeError):
-        raise BadEvent(f"{what} is not JSON") from None
-    if nests_deeper_than(value, MAX_JSON_DEPTH):
-        raise BadEvent(f"{what} nests deeper than {MAX_JSON_DEPTH} levels")
-    return value
-
-
-def _length(header: dict[str, Any], key: str, limit: int) -> int:
-    value = header.get(key) or 0
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= limit:
-        raise BadEvent(f"{key} must be an integer from 0 to {limit}, got {value!r:.40}")
-    return value
-
-
-async def read_event(reader: asyncio.StreamReader) -> Event | None:
-    """The next event (None at the end of the stream): the library's framing, with every
-    length and nesting depth bounded (BadEvent otherwise)."""
-    try:
-        line = await reader.readline()
-    except (asyncio.LimitOverrunError, ValueError):
-        raise BadEvent("an event header line is longer than 64 KiB") from None
-    if not line:
-        return None
-    header = _json(line, "the event header")
-    if not isinstance(header, dict) or not isinstance(header.get("type"), str):
-        raise BadEvent('an event header must be a JSON object with a string "type"')
-    data = header.get("data") or {}
-    if not isinstance(data, dict):
-        raise BadEvent("event data must be a JSON object")
-    data_length = _length(header, "data_length", MAX_DATA_BYTES)
-    payload_length = _length(header, "payload_length", MAX_PAYLOAD_BYTES)
-    if data_length:
-        extra = _json(await reader.readexactly(data_length), "the event data")
-        if not isinstance(extra, dict):
-            raise BadEvent("event data must be a JSON object")
-        data = {**data, **extra}
-    payload = await reader.readexactly(payload_length) if payload_length else None
-    return Event(type=header["type"], data=data, payload=payload)
+    def __init__(self, message: str, code: str) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 class WyomingService:
     """What every connection shares: the model (with its admission control) and the voices."""
 
-    def __init__(self, registry: ModelRegistry, voices: VoiceStore) -> None:
+    def __init__(
+        self, registry: ModelRegistry, voices: Any, config: WyomingConfig | None = None
+    ) -> None:
         self.registry = registry
         self.voices = voices
+        self.config = config or WyomingConfig()
 
     def stop(self) -> None:
         for job in list(self.model.jobs.values()):
@@ -133,16 +106,21 @@ class WyomingService:
                 languages=[language],
             )
         ]
+        listed = [(name, f"{model.name} builtin voice {name}") for name in model.builtin_voices]
+        try:
+            listed += [(voice.id, voice.name) for voice in self.voices.list()]
+        except VoiceStoreError as error:  # a shared store that is down: the others still serve
+            log.warning("wyoming: stored voices not listed: %s", error)
         voices += [
             TtsVoice(
-                name=voice.id,
-                description=voice.name,
+                name=name,
+                description=description,
                 attribution=ATTRIBUTION,
                 installed=True,
                 version=None,
                 languages=[language],
             )
-            for voice in self.voices.list()
+            for name, description in listed
         ]
         return Info(
             tts=[
@@ -159,17 +137,19 @@ class WyomingService:
         )
 
     def plan(self, text: str, voice_name: str | None) -> Generation:
-        """A generation of `text` in `voice_name` (None or "default": the model's voice);
-        ValueError with a one-line reason for a voice or text it cannot speak."""
+        """A generation of `text` in `voice_name` (None: the model's default voice); reads the
+        voice store, so it runs in a worker thread. VoiceRefused with a one-line reason for a
+        voice that reaches nothing, several voices, or a stored voice that is refused."""
         model = self.model
         voice_audio = None
-        if voice_name and voice_name != "default":
-            voice = self.voices.find(voice_name)
-            if voice is None:
-                raise ValueError(
-                    f"unknown voice {voice_name!r}; use 'default' or a voice from describe"
-                )
-            voice_audio = self.voices.audio(voice, model.voice_rate)
+        if voice_name:
+            try:
+                voice_audio = voice_to_speak(self.voices, self.registry, model, voice_name)
+            except (VoiceNameError, VoiceStoreError) as error:
+                code = "voice_not_found" if error.code == "voice_not_found" else error.code
+                raise VoiceRefused(str(error), code) from None
+            except OnnxTTSError as error:
+                raise VoiceRefused(one_line(error), "voice_refused") from None
         return Generation(
             model=model,
             text=text,
@@ -179,28 +159,6 @@ class WyomingService:
             speed=1.0,
             output_rate=model.sample_rate,
         )
-
-
-# Fields of the events this server reads, and the JSON types they must have.
-_TEXT_EVENTS = ("synthesize", "synthesize-chunk")
-_VOICE_EVENTS = ("synthesize", "synthesize-start")
-
-
-def _malformed(event: Event) -> str:
-    """What is wrong with the fields of an event this server reads ('' when nothing): the
-    wyoming library's from_event trusts them, so a number as text or a missing text would
-    otherwise end the connection with no answer."""
-    data = event.data if isinstance(event.data, dict) else {}
-    if event.type in _TEXT_EVENTS and not isinstance(data.get("text"), str):
-        return '"text" must be a string'
-    if event.type in _VOICE_EVENTS and data.get("voice") is not None:
-        voice = data["voice"]
-        if not isinstance(voice, dict):
-            return '"voice" must be an object such as {"name": "default"}'
-        for key in ("name", "language", "speaker"):
-            if voice.get(key) is not None and not isinstance(voice[key], str):
-                return f'"voice.{key}" must be a string'
-    return ""
 
 
 class WyomingHandler(AsyncEventHandler):
@@ -217,20 +175,37 @@ class WyomingHandler(AsyncEventHandler):
         self._queue: asyncio.Queue[tuple[str, str, str | None]] = asyncio.Queue()
         self._speaker: asyncio.Task | None = None
         self._client_gone = False
+        self._pending = 0  # queued items not yet done: the idle clock waits for them
+        self._idle = asyncio.Event()
+        self._idle.set()
 
     def _enqueue(self, kind: str, text: str = "", voice: str | None = None) -> None:
         if self._speaker is None or self._speaker.done():
             self._speaker = asyncio.create_task(self._speak_queued())
+        self._pending += 1
+        self._idle.clear()
         self._queue.put_nowait((kind, text, voice))
 
     async def _speak_queued(self) -> None:
         while True:
             kind, text, voice = await self._queue.get()
-            if kind == "stopped":
-                await self._send(Event(type="synthesize-stopped"))
-            elif not await self._speak(text, voice):
+            try:
+                if kind == "stopped":
+                    await self._send(Event(type="synthesize-stopped"))
+                elif not await self._speak(text, voice):
+                    self._client_gone = True
+                    return
+            except (ConnectionError, BrokenPipeError):
                 self._client_gone = True
                 return
+            except Exception as error:  # one line and an error event, never a dead speaker
+                log.error("wyoming synthesis failed: %s: %s", type(error).__name__, one_line(error))
+                with contextlib.suppress(ConnectionError, BrokenPipeError):
+                    await self._error(f"synthesis failed: {one_line(error)}", "internal_error")
+            finally:
+                self._pending -= 1
+                if self._pending <= 0:
+                    self._idle.set()
 
     def _drop_queued(self) -> None:
         """Stop speaking and forget what was queued (the stream broke its bound, or the
@@ -239,22 +214,46 @@ class WyomingHandler(AsyncEventHandler):
             self._speaker.cancel()
             self._speaker = None
         self._queue = asyncio.Queue()
+        self._pending = 0
+        self._idle.set()
+
+    async def _finish_queued(self) -> None:
+        """Speak everything queued (a client that half-closed its side after sending still
+        reads the answer), unless the client is gone meanwhile."""
+        speaker = self._speaker
+        if speaker is None or speaker.done() or self._pending <= 0:
+            return
+        idle = asyncio.ensure_future(self._idle.wait())
+        try:
+            await asyncio.wait({speaker, idle}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            idle.cancel()
 
     async def run(self) -> None:
-        # The library's loop, reading through the bounded reader above; a client that sends
-        # something unreadable gets an error event and is disconnected (one log line).
+        # The library's loop, reading through bounded, timed reads (wyoming_events); a client
+        # that sends something unreadable, or part of an event, gets an error event and is
+        # disconnected, one that stays silent is disconnected (one log line each).
+        config = self.service.config
         try:
             while True:
                 try:
-                    event = await read_event(self.reader)
+                    first = await first_byte(
+                        self.reader, config.idle_timeout, lambda: self._pending > 0, self._idle
+                    )
+                    event = await read_event(self.reader, config.header_timeout, first)
+                except IdleTimeout as error:
+                    log.info("wyoming client closed: %s", error)
+                    break
                 except BadEvent as error:
                     log.info("wyoming client refused: %s", error)
+                    self._drop_queued()
                     await self._send(Error(text=str(error), code="bad_event").event())
                     await self._linger()
                     break
-                except asyncio.IncompleteReadError:
+                if event is None:  # the client's side is closed: answer what it asked
+                    await self._finish_queued()
                     break
-                if event is None or not await self.handle_event(event):
+                if not await self.handle_event(event):
                     break
         except (ConnectionError, BrokenPipeError):
             log.info("wyoming client went away")
@@ -282,7 +281,7 @@ class WyomingHandler(AsyncEventHandler):
         await async_write_event(event, self.writer)
 
     async def handle_event(self, event: Event) -> bool:
-        problem = _malformed(event)
+        problem = malformed(event)
         if problem:  # one error event; the connection stays open (the event was whole)
             log.info("wyoming client sent a malformed %s event: %s", event.type, problem)
             await self._error(f"malformed {event.type} event: {problem}", "bad_event")
@@ -349,9 +348,10 @@ class WyomingHandler(AsyncEventHandler):
             return True
         service = self.service
         try:
-            job = service.plan(text, voice_name)
-        except ValueError as error:
-            await self._error(str(error), "voice_not_found")
+            job = await asyncio.to_thread(service.plan, text, voice_name)
+        except VoiceRefused as error:
+            log.info("wyoming voice refused: %s", error)
+            await self._error(str(error), error.code)
             return True
         record = SynthesisRecord(
             request_id=uuid.uuid4().hex[:16],
@@ -423,17 +423,24 @@ def _check_uri(uri: str) -> None:
 def run(args: argparse.Namespace) -> int:
     """Serve until SIGINT/SIGTERM (exit 0); 2 with one line for bad arguments, a model that
     cannot load or an address in use."""
-    from onnx_tts.config import WyomingConfig, from_flags
-    from onnx_tts.errors import InputError
+    from onnx_tts.cache.codec import resolve_cache_secret
+    from onnx_tts.config import from_flags
     from onnx_tts.flags import engine_configs, family_options
     from onnx_tts.server.app import default_voices_dir
     from onnx_tts.server.cli import configure_logging
+    from onnx_tts.server.redis_voices import open_voice_store
 
     try:
         config = from_flags(WyomingConfig, args)
         engine, caches = engine_configs(args)
         _check_uri(config.uri)
-    except InputError as error:
+        # The HTTP server's voices: its directory, or its Redis (with its secret).
+        voices = open_voice_store(
+            config.voices_dir or default_voices_dir(),
+            caches.redis_url,
+            resolve_cache_secret(caches.cache_secret),
+        )
+    except OnnxTTSError as error:
         print(f"onnx-tts wyoming: {error}", file=sys.stderr)
         return 2
     configure_logging(config.log_level, config.log_json)
@@ -445,7 +452,7 @@ def run(args: argparse.Namespace) -> int:
     except Exception as error:
         print(f"onnx-tts wyoming: cannot load the model: {one_line(error)}", file=sys.stderr)
         return 2
-    service = WyomingService(registry, VoiceStore(config.voices_dir or default_voices_dir()))
+    service = WyomingService(registry, voices, config)
     try:
         return asyncio.run(_serve(service, config.uri))
     except OSError as error:
