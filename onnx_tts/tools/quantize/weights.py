@@ -133,9 +133,7 @@ def gemm_as_matmul(model: onnx.ModelProto) -> int:
         rebuilt.extend(_matmul_and_bias(node, weight_name, bias))
         count += 1
     if count:
-        del model.graph.node[:]
-        model.graph.node.extend(rebuilt)
-        _drop_unused_initializers(model)
+        _set_nodes(model, rebuilt)
     return count
 
 
@@ -179,6 +177,13 @@ def _matmul_and_bias(node: onnx.NodeProto, weight: str, bias: str) -> list[onnx.
             helper.make_node("Add", [product, bias], [node.output[0]], name=f"{node.name}/bias")
         )
     return nodes
+
+
+def _set_nodes(model: onnx.ModelProto, nodes: list[onnx.NodeProto]) -> None:
+    """The graph's nodes become `nodes`; initializers no node reads any more are dropped."""
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    _drop_unused_initializers(model)
 
 
 def _drop_unused_initializers(model: onnx.ModelProto) -> None:
@@ -313,9 +318,7 @@ def dequantize_matmul_nbits(model: onnx.ModelProto) -> int:
         rebuilt.extend(_matmul_and_bias(node, name, inputs[5] if len(inputs) > 5 else ""))
         count += 1
     if count:
-        del model.graph.node[:]
-        model.graph.node.extend(rebuilt)
-        _drop_unused_initializers(model)
+        _set_nodes(model, rebuilt)
     return count
 
 
