@@ -6,6 +6,7 @@ clear error."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import shutil
@@ -41,12 +42,16 @@ FRAMES = 24  # max_new_frames in most tests: enough for stops and codec windows,
 @pytest.fixture(scope="module")
 def models(moss_models):
     """One loaded stand-in per KV mode (module scope: loading takes a few seconds)."""
-    return {kv: open_model(moss_models, kv=kv, threads=1) for kv in ("copy", "chain")}
+    made = {kv: open_model(moss_models, kv=kv, threads=1) for kv in ("copy", "chain")}
+    yield made
+    for model in made.values():
+        model.close()
 
 
 @pytest.fixture(scope="module")
 def official(moss_official):
-    return open_model(moss_official, threads=1)
+    with contextlib.closing(open_model(moss_official, threads=1)) as model:
+        yield model
 
 
 @pytest.fixture(scope="module")
@@ -122,8 +127,8 @@ def test_default_dispatch_is_the_published_one(official, moss_official):
         )
 
 
-def test_graphs_a_request_never_needs_are_never_loaded(moss_official):
-    model = open_model(moss_official, threads=1)
+def test_graphs_a_request_never_needs_are_never_loaded(moss_official, closing):
+    model = closing(open_model(moss_official, threads=1))
     model.synthesize(TEXT, seed=0, max_new_frames=4)  # fixed: the frame graph, codec decode
     loaded = {role for role, s in model.sessions.items() if s.loaded}
     assert loaded == {"prefill", "decode_step", "local_fixed_sampled_frame"}
@@ -624,8 +629,8 @@ def test_converted_decode_step_keeps_the_published_files(moss_official, moss_inp
 
 
 @pytest.mark.parametrize("kv", ["inplace", "chain", "copy"])
-def test_in_place_kv_gives_the_published_frames(moss_inplace, moss_official, kv):
-    model = open_model(moss_inplace, kv=kv, threads=1)
+def test_in_place_kv_gives_the_published_frames(moss_inplace, moss_official, kv, closing):
+    model = closing(open_model(moss_inplace, kv=kv, threads=1))
     assert model.kv_mode == kv and model.kv.attention == "gqa"
     loop = PublishedLoop(moss_official)
     for mode in ("fixed", "full", "greedy"):
@@ -634,11 +639,11 @@ def test_in_place_kv_gives_the_published_frames(moss_inplace, moss_official, kv)
         assert ours == theirs["frames"], mode
 
 
-def test_in_place_slot_row_takes_the_prefill_and_never_moves(moss_inplace):
+def test_in_place_slot_row_takes_the_prefill_and_never_moves(moss_inplace, closing):
     from onnx_tts.decoding.kv_rows import SlotRows
     from onnx_tts.request import Request
 
-    model = open_model(moss_inplace, threads=1)
+    model = closing(open_model(moss_inplace, threads=1))
     request = model.request(
         TEXT, model.voice(), model.request_options({"max_new_frames": 3}), np.random.default_rng(0)
     )

@@ -46,12 +46,14 @@ def _wait_until(condition, seconds: float = 30.0) -> bool:
 
 @pytest.fixture(scope="module")
 def solo_voice():
-    return _load(max_batch=1)
+    with _load(max_batch=1) as engine:
+        yield engine
 
 
 @pytest.fixture(scope="module")
 def batched_voice():
-    return _load(max_batch=8)
+    with _load(max_batch=8) as engine:
+        yield engine
 
 
 @pytest.mark.parametrize("model", ["voice", "codec-lm"])

@@ -346,6 +346,9 @@ class VocoderStage:
                 leftover = bool(waiting)
                 self._stats["rounds"] += 1
                 self._stats["busy_seconds"] += time.perf_counter() - started
+            # Nothing of a finished round stays reachable while the worker waits for the next:
+            # its streams hold their voices, frames and engine.
+            del work, batches, waiting
 
     def _second_decoder_free(self, batches: list[list[tuple]]) -> bool:
         """Whether the two most urgent batches are windows of two streams with decoders of
