@@ -12,7 +12,6 @@ import json
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +24,7 @@ from onnx_tts.families import FAMILIES, detect
 from onnx_tts.families.moss_tts_nano import open_model
 from onnx_tts.families.moss_tts_nano.sampling import sample_rows
 from tests.moss_published_loop import PublishedLoop, host_sample
+from tests.waiting import wait_until
 
 TTS = "MOSS-TTS-Nano-100M-ONNX"
 CODEC = "MOSS-Audio-Tokenizer-Nano-ONNX"
@@ -330,12 +330,9 @@ def test_closing_generation_returns_the_kv_cache(models):
     _eventually(lambda: model.pool.idle_count() == max(idle, 1))  # freed at the next step
 
 
-def _eventually(condition, seconds=30.0):
-    """Wait for a worker thread to make `condition` true (fails after `seconds`)."""
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, "the condition never became true"
-        time.sleep(0.005)
+def _eventually(condition):
+    """Wait for a worker thread to make `condition` true."""
+    wait_until(condition, "the worker freed the row", poll_seconds=0.005)
 
 
 # -- host sampling is the published one ---------------------------------------------------------

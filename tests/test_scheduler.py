@@ -17,6 +17,7 @@ from onnx_tts.decoding.scheduler import DecodeScheduler, QueueFull
 from onnx_tts.errors import InputError
 from onnx_tts.request import CancelToken, PlaybackClock, Request
 from tests.conftest import codec_lm_dir
+from tests.waiting import wait_until
 
 TEXTS = [
     "Hi.",
@@ -32,16 +33,6 @@ TEXTS = [
 
 def _load(model=None, max_batch: int = 8, **kwargs):
     return onnx_tts.load(model, cache_dir=None, threads=1, max_batch=max_batch, **kwargs)
-
-
-def _wait_until(condition, seconds: float = 30.0) -> bool:
-    """Poll `condition` (the worker frees rows between steps); not a timing assertion."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.01)
-    return condition()
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +105,7 @@ def test_cancelled_stream_frees_its_row(batched_voice):
     next(stream)
     assert scheduler.stats()["active_rows"] >= 1
     stream.close()
-    assert _wait_until(lambda: scheduler.stats()["active_rows"] == 0)
+    wait_until(lambda: scheduler.stats()["active_rows"] == 0, "the cancelled row is free")
     # The freed row serves the next request, unchanged.
     again = batched_voice.synthesize("Short one.", seed=2).samples
     assert np.array_equal(again, _load(max_batch=1).synthesize("Short one.", seed=2).samples)
