@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import gc
 import weakref
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 
 import onnx_tts
+from onnx_tts.decoding import scheduler
 from onnx_tts.errors import OnnxTTSError
 from tests.conftest import codec_lm_dir, release_memory
+from tests.waiting import wait_until
 
 TEXT = "Two sentences here. The second one is a little longer."
 
@@ -29,7 +32,8 @@ def _used_engine() -> tuple[list[weakref.ref], np.ndarray]:
     return [weakref.ref(part) for part in parts], audio
 
 
-def test_a_dropped_engine_stops_its_workers_and_frees_its_model() -> None:
+def test_a_dropped_engine_stops_its_workers_and_frees_its_model(monkeypatch) -> None:
+    monkeypatch.setattr(scheduler, "IDLE_RELEASE_SECONDS", None)  # the slots stay till the end
     parts, _ = _used_engine()  # dropped on return, never closed
     release_memory()  # the collector finalizes it; its workers stop, then its parts go
     assert [part() for part in parts] == [None] * len(parts)
@@ -53,3 +57,25 @@ def test_a_stream_keeps_the_engine_nobody_else_holds(codec_lm_engine) -> None:
     samples = np.concatenate(list(stream))
     expected = np.concatenate(list(codec_lm_engine.stream(TEXT, seed=3)))
     np.testing.assert_array_equal(samples, expected)
+
+
+def test_an_idle_engine_lets_go_of_the_slot_rows_a_burst_grew(monkeypatch) -> None:
+    """A burst grows the slot buffers to its rows, and a server kept them until it exited;
+    once no work comes for IDLE_RELEASE_SECONDS they go, and the next requests allocate what
+    they need and say the same."""
+    monkeypatch.setattr(scheduler, "IDLE_RELEASE_SECONDS", None)
+    with onnx_tts.load(codec_lm_dir(), cache_dir=None, max_batch=4) as engine:
+
+        def burst() -> list[np.ndarray]:
+            with ThreadPoolExecutor(4) as pool:
+                return list(pool.map(lambda i: engine.synthesize(TEXT, seed=i).samples, range(4)))
+
+        before = burst()
+        grown = engine.stats()
+        assert grown["slot_rows"] == 4 and grown["slot_bytes"] > 0
+        monkeypatch.setattr(scheduler, "IDLE_RELEASE_SECONDS", 0.0)
+        engine.synthesize(TEXT, seed=9)  # the worker's next wait for work is bounded
+        wait_until(lambda: engine.stats()["slot_bytes"] == 0, "the idle slot buffers went")
+        assert engine.stats()["slot_releases"] >= 1 and engine.stats()["slot_rows"] == 0
+        after = burst()
+    assert all(map(np.array_equal, after, before))

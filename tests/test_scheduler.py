@@ -12,6 +12,7 @@ import psutil
 import pytest
 
 import onnx_tts
+from onnx_tts.decoding import scheduler as scheduler_module
 from onnx_tts.decoding.kv_rows import MIN_SLOT_CAPACITY
 from onnx_tts.decoding.scheduler import DecodeScheduler, QueueFull
 from onnx_tts.errors import InputError
@@ -111,9 +112,10 @@ def test_cancelled_stream_frees_its_row(batched_voice):
     assert np.array_equal(again, _load(max_batch=1).synthesize("Short one.", seed=2).samples)
 
 
-def test_rows_join_and_leave_without_moving_the_kv(batched_voice):
+def test_rows_join_and_leave_without_moving_the_kv(batched_voice, monkeypatch):
     """Once the slot buffers have grown to the load, requests come and go without any row
-    moving or the buffers growing again."""
+    moving or the buffers growing again (while work keeps coming: see IDLE_RELEASE_SECONDS)."""
+    monkeypatch.setattr(scheduler_module, "IDLE_RELEASE_SECONDS", None)
 
     def burst() -> None:
         with ThreadPoolExecutor(8) as pool:
@@ -139,9 +141,10 @@ def test_a_row_keeps_its_address_while_it_decodes(batched_voice):
     assert first and addresses <= {tuple(first), ()}  # () once the row has been freed
 
 
-def test_one_sentence_allocates_only_what_it_needs():
+def test_one_sentence_allocates_only_what_it_needs(monkeypatch):
     """Slot buffers grow on demand: one short request on a max_batch=8 engine holds one
     row of the smallest capacity, not 8 rows of the model's limit."""
+    monkeypatch.setattr(scheduler_module, "IDLE_RELEASE_SECONDS", None)  # read after the work
     engine = _load(codec_lm_dir(), max_batch=8)
     engine.synthesize("Hi.", seed=1)
     stats = engine.stats()
