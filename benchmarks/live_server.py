@@ -11,7 +11,11 @@ from pathlib import Path
 
 import httpx
 
-STARTUP_SECONDS = 120
+# A bound on the wait for a server to answer, not a speed claim: a Ray cluster with two
+# replicas took over 120 s to come up on 2 cores that other work kept busy.
+STARTUP_SECONDS = 600
+# The same for its exit after SIGTERM (a drain, or a Ray cluster shutting down); then SIGKILL.
+STOP_SECONDS = 600
 
 
 def free_port() -> int:
@@ -66,7 +70,7 @@ class LiveServer:
         if self.process.poll() is None:
             self.process.terminate()
             try:
-                self.process.wait(60)
+                self.process.wait(STOP_SECONDS)
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
@@ -109,7 +113,7 @@ class LiveWyoming:
         if self.process.poll() is None:
             self.process.terminate()
             try:
-                self.process.wait(60)
+                self.process.wait(STOP_SECONDS)
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()

@@ -53,11 +53,11 @@ KVSlots::KVSlots(std::shared_ptr<Session> session, int64_t rows, int64_t capacit
                        "different lengths; KVSlots needs a GroupQueryAttention LM"));
   }
   checked_kv_bytes(pairs_, rows_, capacity_);
-  allocator_ = std::make_unique<Ort::Allocator>(session_->ort(), session_->kv_memory());
+  OrtAllocator* allocator = session_->kv_allocator(allocator_);
   for (const auto& pair : pairs_) {
     std::vector<int64_t> shape{rows_, pair.heads, capacity_, pair.head_dim};
     auto buffer = std::make_shared<Ort::Value>(
-        Ort::Value::CreateTensor(*allocator_, shape.data(), shape.size(), pair.type));
+        Ort::Value::CreateTensor(allocator, shape.data(), shape.size(), pair.type));
     if (!session_->on_device()) {
       std::memset(buffer->GetTensorMutableRawData(), 0,
                   static_cast<size_t>(element_count(shape)) * pair.element_size);

@@ -23,10 +23,7 @@ void KVStrategy::check_grown(size_t i, const Ort::Value& present, int64_t total)
   }
 }
 
-Ort::Allocator& KVStrategy::kv_allocator() {
-  if (!allocator_) allocator_ = std::make_unique<Ort::Allocator>(session_.ort(), session_.kv_memory());
-  return *allocator_;
-}
+OrtAllocator* KVStrategy::kv_allocator() { return session_.kv_allocator(allocator_); }
 
 void KVStrategy::check_adopted(size_t i, const Ort::Value& present, int64_t total,
                                int source_axis) const {

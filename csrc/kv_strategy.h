@@ -55,7 +55,7 @@ class KVStrategy {
   // the first `total` tokens of each row of `dst`, whose sequence axis is the pair's.
   void write_transposed(size_t i, const Ort::Value& src, int64_t total, Ort::Value& dst) const;
   std::vector<int64_t> shape_with(size_t i, int64_t tokens) const;
-  Ort::Allocator& kv_allocator();
+  OrtAllocator* kv_allocator();
 
   Session& session_;
   const std::vector<KVPair>& pairs_;

@@ -83,6 +83,12 @@ const OrtMemoryInfo* Session::kv_memory() const {
   return device_memory_ ? static_cast<const OrtMemoryInfo*>(*device_memory_) : cpu_memory();
 }
 
+OrtAllocator* Session::kv_allocator(std::unique_ptr<Ort::Allocator>& holder) {
+  if (!on_device()) return Ort::AllocatorWithDefaultOptions{};
+  if (!holder) holder = std::make_unique<Ort::Allocator>(*session_, kv_memory());
+  return *holder;
+}
+
 const TensorSpec* Session::find_input(const std::string& name) const {
   for (const auto& spec : inputs_) {
     if (spec.name == name) return &spec;

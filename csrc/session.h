@@ -33,6 +33,11 @@ class Session {
   // Where KV and other device-resident values live: the CUDA device or host memory.
   const OrtMemoryInfo* kv_memory() const;
   bool on_device() const { return device_memory_ != nullptr; }
+  // What KV buffers are allocated with. On the CPU the default allocator: the session's arena
+  // keeps every byte it ever held, so a buffer let go (a grown slot buffer replaced, an idle
+  // one released, a cache dropped) would stay with the process; the default one gives it back.
+  // On a device the session's allocator, made into `holder`, which must outlive the buffers.
+  OrtAllocator* kv_allocator(std::unique_ptr<Ort::Allocator>& holder);
 
   const TensorSpec* find_input(const std::string& name) const;
   const TensorSpec* find_output(const std::string& name) const;

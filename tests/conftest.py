@@ -1,13 +1,25 @@
 """Shared fixtures. Every test run gets its own cache directory, never the user's; bundles
-built for tests (codec-lm) are kept in the content-addressed build cache across runs."""
+built for tests (codec-lm) are kept in the content-addressed build cache across runs.
+
+Memory (docs/TESTING.md, "Test suite resources"): fixtures close the engines they make; an
+engine a test drops is closed by its finalizer, and what it held is given back to the system
+once the process has grown by RELEASE_AFTER_BYTES since the last time (`_release_memory`)."""
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import ctypes.util
 import functools
+import gc
 import os
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import psutil
 import pytest
 import soundfile
 
@@ -16,6 +28,45 @@ from export.build_cache import build_cache_root
 # Pinned before the XDG cache is redirected per session (below), so built bundles outlive it;
 # subprocesses (CLI, servers, benchmarks) inherit it.
 os.environ["ONNX_TTS_BUILD_CACHE"] = str(build_cache_root())
+
+
+# A dropped engine's model (ONNX Runtime sessions, KV slot buffers) sits in reference cycles
+# until the cyclic collector runs, which in a process of this size is rare; freed heap pages
+# stay with the process until malloc_trim. Growth beyond this since the last release triggers
+# one (a full collection costs ~0.2 s, so not after every test).
+RELEASE_AFTER_BYTES = 256 << 20
+_PROCESS = psutil.Process()
+_LIBC = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+_released_at = [_PROCESS.memory_info().rss]
+
+
+def release_memory() -> None:
+    """Collect garbage (dropped engines stop their workers from a thread named
+    "onnx-tts-close": waited for, then what they held is collected too) and give freed heap
+    pages back to the system."""
+    gc.collect()
+    for thread in threading.enumerate():
+        if thread.name == "onnx-tts-close":
+            thread.join()
+    gc.collect()
+    if hasattr(_LIBC, "malloc_trim"):  # glibc
+        _LIBC.malloc_trim(0)
+    _released_at[0] = _PROCESS.memory_info().rss
+
+
+@pytest.fixture(autouse=True)
+def _release_memory():
+    yield
+    if _PROCESS.memory_info().rss - _released_at[0] > RELEASE_AFTER_BYTES:
+        release_memory()
+
+
+@pytest.fixture
+def closing() -> Iterator[Callable[[Any], Any]]:
+    """`closing(thing)` returns `thing` and closes it after the test (an engine, a scheduler,
+    a backend with a scheduler of its own): the test need not clean up on failure."""
+    with contextlib.ExitStack() as stack:
+        yield lambda thing: stack.enter_context(contextlib.closing(thing))
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -55,7 +106,8 @@ def codec_lm_dir() -> Path:
 def codec_lm_engine():
     import onnx_tts
 
-    return onnx_tts.load(codec_lm_dir(), kv="inplace", cache_dir=None)
+    with onnx_tts.load(codec_lm_dir(), kv="inplace", cache_dir=None) as engine:
+        yield engine
 
 
 @pytest.fixture(scope="session")

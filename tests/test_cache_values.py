@@ -13,7 +13,6 @@ import hashlib
 import json
 import logging
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -30,6 +29,7 @@ from onnx_tts.errors import CacheError, InputError
 from tests.cache_entries import REFERENCE_ATTACKS, RESULT_ATTACKS, forge_blob, plant
 from tests.conftest import codec_lm_dir, speechlike
 from tests.redis_server import redis_server
+from tests.waiting import wait_until
 
 TEXT = "Please hold the line."
 TIERS = ("memory", "disk", "redis")
@@ -328,9 +328,11 @@ def test_a_new_tier_plugs_into_the_composition(caplog):
 
     def slow_compute():
         calls.append(1)
-        deadline = time.monotonic() + 30
-        while cache.stats()["merged"] < threads_total - 1 and time.monotonic() < deadline:
-            time.sleep(0.005)
+        wait_until(
+            lambda: cache.stats()["merged"] >= threads_total - 1,
+            "every other thread joined the flight",
+            poll_seconds=0.005,
+        )
         return value
 
     barrier = threading.Barrier(threads_total)

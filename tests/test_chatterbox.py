@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import time
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +24,7 @@ from onnx_tts.families.chatterbox import (
     inspect_layout,
 )
 from onnx_tts.graph_io import read_graph_spec
+from tests.waiting import wait_until
 
 ALL = ("fp32", "fp16", "q8", "q4", "q4f16")
 FAMILY_OF = {
@@ -544,10 +544,7 @@ def test_abandoned_stream_returns_its_kv_cache(bundles, reference_wav):
     stream.close()
     # The cache goes back to the pool (reset) at the scheduler's next step.
     pool = engine.model.pool
-    deadline = time.monotonic() + 30  # a bound on a wait, not a timing assertion
-    while pool.idle_count() != 1 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert pool.idle_count() == 1
+    wait_until(lambda: pool.idle_count() == 1, "the abandoned stream's cache is idle")
     assert engine.stats()["active_rows"] == 0
 
 

@@ -25,6 +25,7 @@ from onnx_tts.config import (
     from_flags,
 )
 from onnx_tts.errors import InputError
+from tests.waiting import WAIT_BOUND_SECONDS
 
 
 def _parse(cls: type, argv: list[str], environ: dict[str, str] | None = None):
@@ -136,7 +137,7 @@ def test_server_environment_variables_reach_a_real_serve_process(tmp_path):
         [sys.executable, "-m", "onnx_tts.server"],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=WAIT_BOUND_SECONDS,
         env={"PATH": "/usr/bin:/bin", "ONNX_TTS_MAX_QUEUE": "-3", "HOME": str(tmp_path)},
     )
     assert done.returncode == 2

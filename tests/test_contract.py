@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -145,11 +146,14 @@ def test_cli_exits_0_with_finite_audio_or_2_with_one_line(tmp_path_factory) -> N
 
 
 @pytest.fixture(scope="module")
-def engines() -> dict[str, onnx_tts.Engine]:
-    return {
+def engines() -> Iterator[dict[str, onnx_tts.Engine]]:
+    made = {
         "voice": onnx_tts.load(VOICE_MODEL_DIR, cache_dir=None),
         "codec-lm": onnx_tts.load(codec_lm_dir(), kv="inplace", cache_dir=None),
     }
+    yield made
+    for engine in made.values():
+        engine.close()
 
 
 ANY_VALUE = st.one_of(

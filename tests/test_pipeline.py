@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -26,11 +27,14 @@ TEXT = "Hello there. The quick brown fox jumps over the lazy dog."
 
 
 @pytest.fixture(scope="module")
-def engines() -> dict[str, onnx_tts.Engine]:
-    return {
+def engines() -> Iterator[dict[str, onnx_tts.Engine]]:
+    made = {
         mode: onnx_tts.load(codec_lm_dir(), kv=mode, cache_dir=None)
         for mode in ("copy", "chain", "inplace")
     }
+    yield made
+    for engine in made.values():
+        engine.close()
 
 
 def test_every_kv_mode_gives_identical_samples(engines: dict[str, onnx_tts.Engine]) -> None:

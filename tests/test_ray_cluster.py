@@ -6,7 +6,6 @@ one replica per node; bounded in time, every process stopped by id at the end, e
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 import psutil
@@ -14,7 +13,8 @@ import pytest
 
 from benchmarks.live_server import LiveServer
 from benchmarks.ray_cluster import RayCluster
-from tests.test_ray_serve import TEXT, _on_two_replicas, _replica_processes
+from tests.test_ray_serve import TEXT, _on_two_replicas, _replica_processes, _wait_for_replicas
+from tests.waiting import wait_until
 
 NODES = ("127.0.0.2", "127.0.0.3")
 
@@ -34,14 +34,17 @@ def test_two_node_cluster_places_replicas_on_both_nodes(
             *("--ray", "--ray-address", cluster.address, "--replicas", "2"),
             *("--replica-cpus", "1"),
         )
-        deadline = time.monotonic() + 60  # /health answers once one replica is up
-        while time.monotonic() < deadline:
-            replicas = {p.pid: _node_of(p) for p in _replica_processes()}
-            replicas = {pid: node for pid, node in replicas.items() if node in NODES}
-            if len(replicas) == 2:
-                break
-            time.sleep(1)
+
+        def on_our_nodes() -> bool:  # /health answers once one replica is up
+            replicas.clear()
+            for process in _replica_processes():
+                if (node := _node_of(process)) in NODES:
+                    replicas[process.pid] = node
+            return len(replicas) == 2
+
+        wait_until(on_our_nodes, "two replicas run on the cluster's nodes", poll_seconds=1)
         assert sorted(replicas.values()) == sorted(NODES), server.log()[-2000:]
+        _wait_for_replicas(server, 2)  # both routed to, not only started
         answers = _on_two_replicas(server, input=TEXT, response_format="pcm", seed=21)
         first, second = (r.content for r in answers.values())
         assert first == second

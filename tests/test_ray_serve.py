@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import base64
 import json
+import queue
 import signal
 import subprocess
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,16 +23,21 @@ import redis
 
 from benchmarks.live_server import LiveServer, free_port
 from onnx_tts.cache.codec import decode_value
-from onnx_tts.deploy.ray import REPLICA_HEADER
+from onnx_tts.deploy.ray import APP_NAME, DEPLOYMENT_NAME, REPLICA_HEADER
 from tests.conftest import speechlike
 from tests.redis_server import find_redis_server
 from tests.test_server import _wav_bytes, decode, metric, upload
+from tests.waiting import WAIT_BOUND_SECONDS, wait_until
 
 RATE = 16000
 PCM_RATE = 24000  # response_format pcm, as OpenAI's
 TEXT = "The quick brown fox jumps over the lazy dog. Then it naps in the sun."
 LONG_TEXT = " ".join(["This sentence keeps the replica busy for a while."] * 10)
 MAX_TRIES = 40  # requests sent to reach a second replica (Serve picks at random)
+STREAMS = 8  # concurrent streams over both replicas when one is killed
+# Serve names each replica's log after the replica's tag (the REPLICA_HEADER value); the
+# replica's process keeps it open: how a test finds the process behind a tag.
+REPLICA_LOG_PREFIX = f"replica_{APP_NAME}_{DEPLOYMENT_NAME}_"
 
 
 class RestartableRedis:
@@ -54,13 +59,14 @@ class RestartableRedis:
             command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
         client = redis.Redis.from_url(self.url, socket_connect_timeout=0.2)
-        for _ in range(100):
+
+        def answers() -> bool:
             try:
-                if client.ping():
-                    return
+                return bool(client.ping())
             except redis.RedisError:
-                time.sleep(0.05)
-        raise RuntimeError("redis-server did not start")
+                return False
+
+        wait_until(answers, f"redis-server answers on port {self.port}")
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -83,14 +89,61 @@ def ray_server(
         tmp_path_factory.mktemp("ray-serve"),
         *("--ray", "--replicas", "2", "--redis", shared_redis.url),
         *("--result-cache-mb", "0", "--result-cache-dir", "none", "--max-upload-bytes", "400000"),
+        # A request waits for a stream slot however busy the machine is: a 429 after the
+        # default 5 s would make these tests depend on the machine's speed.
+        *("--queue-timeout", "600"),
     )
+    # /health answers once one replica is up; every test here wants both.
+    _wait_for_replicas(live, 2)
     yield live
+    replicas = list(_replicas(live).values())
     live.stop()
     assert live.process.returncode == 0, live.log()[-3000:]
-    assert _replica_processes() == []  # the cluster it started went with it
+    # The cluster it started went with it.
+    assert not [p.pid for p in replicas if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+def _replicas(server: LiveServer) -> dict[str, psutil.Process]:
+    """The live replica processes of `server`'s cluster by replica tag. Only its own: other
+    clusters may run on this machine at the same time."""
+    found: dict[str, psutil.Process] = {}
+    try:
+        processes = psutil.Process(server.process.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return found
+    for process in processes:
+        try:
+            command = process.cmdline()
+            if not command or not command[0].startswith("ray::ServeReplica:onnx-tts"):
+                continue
+            if process.status() == psutil.STATUS_ZOMBIE:  # a killed one not reaped yet
+                continue
+            for opened in process.open_files():
+                name = Path(opened.path).name
+                if name.startswith(REPLICA_LOG_PREFIX) and name.endswith(".log"):
+                    found[name[len(REPLICA_LOG_PREFIX) : -len(".log")]] = process
+        except psutil.Error:  # gone meanwhile
+            continue
+    return found
+
+
+def _wait_for_replicas(server: LiveServer, count: int, dead: str | None = None) -> set[str]:
+    """Wait until `count` replicas (other than `dead`) have answered through Serve's proxy,
+    i.e. it routes to each of them; their tags."""
+    answered: set[str] = set()
+
+    def routed() -> bool:
+        response = httpx.get(server.url + "/health", timeout=60)
+        if response.status_code == 200 and response.headers[REPLICA_HEADER] != dead:
+            answered.add(response.headers[REPLICA_HEADER])
+        return len(answered) >= count
+
+    wait_until(routed, f"{count} replicas answer through the proxy", poll_seconds=0.1)
+    return answered
 
 
 def _replica_processes() -> list[psutil.Process]:
+    """Every Serve replica process of onnx-tts on this machine (any cluster)."""
     found = []
     for process in psutil.process_iter(["cmdline"]):
         command = process.info["cmdline"] or []
@@ -203,67 +256,73 @@ def test_result_cache_hits_across_replicas(ray_server: LiveServer) -> None:
 def test_a_killed_replica_is_replaced_and_only_its_requests_fail(
     ray_server: LiveServer, shared_redis: RestartableRedis
 ) -> None:
-    outcomes: list[dict[str, Any]] = []
-    lock = threading.Lock()
-    started = threading.Barrier(9)
+    """Eight streams over both replicas; once each has its first audio, the replica of the
+    stream that started last (so it is still generating: nine sentences to go) is killed."""
+    first_audio: queue.Queue[int] = queue.Queue()  # stream indexes, in order of first audio
+    outcomes: dict[int, dict[str, Any]] = {}
 
     def stream(index: int) -> None:
         sse = index % 2 == 0
         body = {"input": LONG_TEXT, "response_format": "pcm", "seed": index}
         body["stream_format"] = "sse" if sse else "audio"
-        outcome: dict[str, Any] = {"sse": sse, "bytes": 0, "error": None, "replica": None}
+        outcome: dict[str, Any] = {"sse": sse, "bytes": 0, "error": None, "done": False}
+        outcomes[index] = outcome
+        told, tail = False, b""  # (an SSE event may arrive split over two chunks)
         try:
             with httpx.stream(
                 "POST", ray_server.url + "/v1/audio/speech", json=body, timeout=120
             ) as response:
                 outcome["status"] = response.status_code
                 outcome["replica"] = response.headers.get(REPLICA_HEADER)
-                chunks = response.iter_bytes()
-                outcome["bytes"] += len(next(chunks))
-                started.wait(60)
-                for chunk in chunks:
+                for chunk in response.iter_bytes():
                     outcome["bytes"] += len(chunk)
-                    if sse and b'"type":"error"' in chunk:
+                    if not told:
+                        first_audio.put(index)
+                        told = True
+                    seen = tail + chunk
+                    tail = seen[-64:]
+                    if sse and b'"type":"error"' in seen:
                         outcome["error"] = "sse error event"
+                    outcome["done"] |= sse and b'"type":"speech.audio.done"' in seen
         except httpx.HTTPError as error:
             outcome["error"] = type(error).__name__
-        outcome["ended"] = time.monotonic()
-        with lock:
-            outcomes.append(outcome)
+        finally:
+            if not told:  # failed before any audio: the main thread must not wait for it
+                first_audio.put(index)
 
-    threads = [threading.Thread(target=stream, args=(i,)) for i in range(8)]
+    threads = [threading.Thread(target=stream, args=(i,)) for i in range(STREAMS)]
     for thread in threads:
         thread.start()
-    started.wait(120)  # every stream has its first audio
-    victim = _replica_processes()[0]
-    killed_at = time.monotonic()
-    victim.send_signal(signal.SIGKILL)
+    order = [first_audio.get(timeout=WAIT_BOUND_SECONDS) for _ in range(STREAMS)]
+    assert all(outcomes[i].get("status") == 200 for i in order), outcomes
+    killed = outcomes[order[-1]]["replica"]
+    # Both replicas serve some of the streams (Serve routes to the less busy one).
+    assert len({outcomes[i]["replica"] for i in order}) == 2, outcomes
+    _replicas(ray_server)[killed].send_signal(signal.SIGKILL)
     # Requests sent while it dies: nothing was sent on them yet, so they are retried.
     during = [_speech(ray_server, input=TEXT, seed=1) for _ in range(4)]
     for thread in threads:
-        thread.join(180)
+        thread.join(WAIT_BOUND_SECONDS)
+    assert not any(thread.is_alive() for thread in threads)
     assert all(r.status_code == 200 for r in during), [r.text for r in during]
-    failed = [o for o in outcomes if o["error"]]
-    whole = [o for o in outcomes if not o["error"]]
-    assert len(outcomes) == 8 and failed and whole
-    # Only the killed replica's streams failed, each clearly: SSE with an error event,
-    # raw audio with a broken transfer; every stream on the other replica finished. (A stream
-    # of the killed replica may have been complete before the kill.)
-    assert len({o["replica"] for o in failed}) == 1
-    killed = next(iter({o["replica"] for o in failed}))
-    assert all(o["ended"] <= killed_at for o in whole if o["replica"] == killed)
-    assert any(o["replica"] != killed for o in whole)
-    for outcome in failed:
+    # Only the killed replica's streams failed, each clearly: SSE with an error event, raw
+    # audio with a broken transfer; every stream on the other replica finished. (A stream of
+    # the killed replica may have been complete before the kill.)
+    failed = {i: o for i, o in outcomes.items() if o["error"]}
+    whole = {i: o for i, o in outcomes.items() if not o["error"]}
+    assert order[-1] in failed  # the one certainly under way
+    assert {o["replica"] for o in failed.values()} == {killed}
+    assert any(o["replica"] != killed for o in whole.values())
+    for outcome in failed.values():
         assert outcome["error"] == ("sse error event" if outcome["sse"] else "RemoteProtocolError")
-    lengths = {o["bytes"] for o in whole if not o["sse"]}
+    assert all(o["done"] for o in whole.values() if o["sse"])
+    lengths = {o["bytes"] for o in whole.values() if not o["sse"]}
     assert len(lengths) <= 1  # the complete raw streams all carry the whole audio
     # Serve brings the deployment back to two replicas, and both answer.
-    deadline = time.monotonic() + 120  # a bound on the wait (loaded machines), not a timing test
-    while len(_replica_processes()) != 2 and time.monotonic() < deadline:
-        time.sleep(1)
-    assert len(_replica_processes()) == 2
-    replicas = _on_two_replicas(ray_server, input=TEXT, seed=1)
-    assert (dead := next(iter({o["replica"] for o in failed}))) not in replicas, dead
+    replicas = _wait_for_replicas(ray_server, 2, dead=killed)
+    assert killed not in replicas
+    answers = _on_two_replicas(ray_server, input=TEXT, seed=1)
+    assert set(answers) == replicas
     _assert_tiers_whole(shared_redis.url)
 
 

@@ -31,6 +31,7 @@ from onnx_tts.session import Session, SessionOptions
 from tests.cache_entries import GARBAGE, REFERENCE_ATTACKS, forge_blob
 from tests.conftest import codec_lm_dir
 from tests.redis_server import find_redis_server, redis_server
+from tests.waiting import WAIT_BOUND_SECONDS, wait_until
 
 SAMPLE_RATE = 16000
 HOP = 160
@@ -592,9 +593,11 @@ def test_single_flight_under_16_threads_runs_one_compute(tmp_path):
     def slow_compute() -> dict[str, np.ndarray]:
         calls.append(threading.get_ident())
         # Hold the compute open until every other thread has joined the flight.
-        deadline = time.monotonic() + 30
-        while cache.stats()["merged"] < threads_total - 1 and time.monotonic() < deadline:
-            time.sleep(0.005)
+        wait_until(
+            lambda: cache.stats()["merged"] >= threads_total - 1,
+            "every other thread joined the flight",
+            poll_seconds=0.005,
+        )
         return sample_value(1)
 
     barrier = threading.Barrier(threads_total)
@@ -625,7 +628,7 @@ def test_single_flight_shares_a_failure_and_caches_nothing(tmp_path):
 
     def failing_compute():
         started.set()
-        release.wait(30)
+        assert release.wait(WAIT_BOUND_SECONDS)
         raise AudioError("boom")
 
     errors = []
@@ -638,13 +641,15 @@ def test_single_flight_shares_a_failure_and_caches_nothing(tmp_path):
 
     leader = threading.Thread(target=request)
     leader.start()
-    started.wait(30)
+    assert started.wait(WAIT_BOUND_SECONDS)
     followers = [threading.Thread(target=request) for _ in range(3)]
     for thread in followers:
         thread.start()
-    deadline = time.monotonic() + 30
-    while cache.stats()["merged"] < 3 and time.monotonic() < deadline:
-        time.sleep(0.005)
+    wait_until(
+        lambda: cache.stats()["merged"] >= 3,
+        "the followers joined the failing flight",
+        poll_seconds=0.005,
+    )
     release.set()
     for thread in [leader, *followers]:
         thread.join()

@@ -35,7 +35,8 @@ def load(tmp_path, **kwargs):
 
 @pytest.fixture(scope="module")
 def plain_engine():
-    return onnx_tts.load(cache_dir=None)
+    with onnx_tts.load(cache_dir=None) as engine:
+        yield engine
 
 
 def test_hit_returns_the_missed_audio_without_synthesising_again(tmp_path, plain_engine):

@@ -12,11 +12,13 @@ import psutil
 import pytest
 
 import onnx_tts
+from onnx_tts.decoding import scheduler as scheduler_module
 from onnx_tts.decoding.kv_rows import MIN_SLOT_CAPACITY
 from onnx_tts.decoding.request import CancelToken, PlaybackClock, Request
 from onnx_tts.decoding.scheduler import DecodeScheduler, QueueFull
 from onnx_tts.errors import InputError
 from tests.conftest import codec_lm_dir
+from tests.waiting import wait_until
 
 TEXTS = [
     "Hi.",
@@ -34,24 +36,16 @@ def _load(model=None, max_batch: int = 8, **kwargs):
     return onnx_tts.load(model, cache_dir=None, threads=1, max_batch=max_batch, **kwargs)
 
 
-def _wait_until(condition, seconds: float = 30.0) -> bool:
-    """Poll `condition` (the worker frees rows between steps); not a timing assertion."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.01)
-    return condition()
-
-
 @pytest.fixture(scope="module")
 def solo_voice():
-    return _load(max_batch=1)
+    with _load(max_batch=1) as engine:
+        yield engine
 
 
 @pytest.fixture(scope="module")
 def batched_voice():
-    return _load(max_batch=8)
+    with _load(max_batch=8) as engine:
+        yield engine
 
 
 @pytest.mark.parametrize("model", ["voice", "codec-lm"])
@@ -112,15 +106,16 @@ def test_cancelled_stream_frees_its_row(batched_voice):
     next(stream)
     assert scheduler.stats()["active_rows"] >= 1
     stream.close()
-    assert _wait_until(lambda: scheduler.stats()["active_rows"] == 0)
+    wait_until(lambda: scheduler.stats()["active_rows"] == 0, "the cancelled row is free")
     # The freed row serves the next request, unchanged.
     again = batched_voice.synthesize("Short one.", seed=2).samples
     assert np.array_equal(again, _load(max_batch=1).synthesize("Short one.", seed=2).samples)
 
 
-def test_rows_join_and_leave_without_moving_the_kv(batched_voice):
+def test_rows_join_and_leave_without_moving_the_kv(batched_voice, monkeypatch):
     """Once the slot buffers have grown to the load, requests come and go without any row
-    moving or the buffers growing again."""
+    moving or the buffers growing again (while work keeps coming: see IDLE_RELEASE_SECONDS)."""
+    monkeypatch.setattr(scheduler_module, "IDLE_RELEASE_SECONDS", None)
 
     def burst() -> None:
         with ThreadPoolExecutor(8) as pool:
@@ -146,9 +141,10 @@ def test_a_row_keeps_its_address_while_it_decodes(batched_voice):
     assert first and addresses <= {tuple(first), ()}  # () once the row has been freed
 
 
-def test_one_sentence_allocates_only_what_it_needs():
+def test_one_sentence_allocates_only_what_it_needs(monkeypatch):
     """Slot buffers grow on demand: one short request on a max_batch=8 engine holds one
     row of the smallest capacity, not 8 rows of the model's limit."""
+    monkeypatch.setattr(scheduler_module, "IDLE_RELEASE_SECONDS", None)  # read after the work
     engine = _load(codec_lm_dir(), max_batch=8)
     engine.synthesize("Hi.", seed=1)
     stats = engine.stats()

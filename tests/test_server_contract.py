@@ -6,7 +6,9 @@ the per-synthesis log."""
 from __future__ import annotations
 
 import io
+import itertools
 import json
+import select
 import signal
 import socket
 import subprocess
@@ -24,6 +26,7 @@ from soundfile import _ffi, _snd
 
 from benchmarks.live_server import LiveServer, free_port
 from tests.conftest import speechlike
+from tests.waiting import WAIT_BOUND_SECONDS, wait_until
 
 RATE = 16000  # the default voice's own rate
 TEXT = "The quick brown fox jumps over the lazy dog. Then it naps in the sun."
@@ -73,10 +76,11 @@ def metric(server: LiveServer, name: str) -> float:
 
 
 def wait_until_idle(server: LiveServer) -> None:
-    deadline = time.monotonic() + 60
-    while metric(server, "onnx_tts_active_generations") and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert metric(server, "onnx_tts_active_generations") == 0
+    wait_until(
+        lambda: metric(server, "onnx_tts_active_generations") == 0,
+        "no generation is active",
+        poll_seconds=0.1,
+    )
 
 
 def log_records(server: LiveServer) -> list[dict]:
@@ -271,7 +275,7 @@ def test_non_ascii_authorization_is_401(keyed: LiveServer, value: bytes) -> None
 
 
 def _raw_request(port: int, body: bytes) -> socket.socket:
-    sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+    sock = socket.create_connection(("127.0.0.1", port), timeout=WAIT_BOUND_SECONDS)
     sock.sendall(
         b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
         + f"Content-Length: {len(body)}\r\n\r\n".encode()
@@ -373,8 +377,8 @@ def test_plain_request_stops_generating_when_its_client_leaves(
 
 
 def _read_until_closed(sock: socket.socket) -> bytes:
-    """Everything the server sends until it closes the connection (the socket's 30 s timeout
-    bounds the wait; the limits under test are 1-2 s)."""
+    """Everything the server sends until it closes the connection (the socket's timeout
+    bounds the wait, far above the limits under test: 1-2 s)."""
     received = b""
     while True:
         chunk = sock.recv(65536)
@@ -384,7 +388,7 @@ def _read_until_closed(sock: socket.socket) -> bytes:
 
 
 def test_half_a_request_line_is_timed_out(server: LiveServer) -> None:
-    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+    with socket.create_connection(("127.0.0.1", server.port), timeout=WAIT_BOUND_SECONDS) as sock:
         sock.sendall(b"GET /heal")
         answer = _read_until_closed(sock)
     assert answer.startswith(b"HTTP/1.1 408 ")
@@ -393,28 +397,32 @@ def test_half_a_request_line_is_timed_out(server: LiveServer) -> None:
 
 def test_headers_dripped_byte_by_byte_are_timed_out(server: LiveServer) -> None:
     """The header clock runs from the first byte: a client that keeps sending one byte at a
-    time does not reset it."""
-    request = b"GET /health HTTP/1.1\r\nHost: x\r\n" + b"X-Pad: " + b"a" * 200
-    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
-        closed = False
-        for byte in request:
+    time (20 a second) does not reset it. The client drips until the server answers or
+    closes, so the answer comes while the headers are still arriving."""
+    request = b"GET /health HTTP/1.1\r\nHost: x\r\n" + b"X-Pad: "
+    deadline = time.monotonic() + WAIT_BOUND_SECONDS  # a bound on the wait, nothing more
+    with socket.create_connection(("127.0.0.1", server.port), timeout=WAIT_BOUND_SECONDS) as sock:
+        closed, answer = False, b""
+        for byte in itertools.chain(request, itertools.repeat(ord("a"))):
+            if select.select([sock], [], [], 0.05)[0]:  # the server spoke (or closed)
+                answer = _read_until_closed(sock)
+                break
             try:
                 sock.sendall(bytes([byte]))
             except OSError:
                 closed = True
                 break
-            time.sleep(0.05)  # 200 bytes take 10 s; the limit is 1 s
-        answer = b"" if closed else _read_until_closed(sock)
+            assert time.monotonic() < deadline, "the server let the headers drip on"
     assert closed or answer.startswith(b"HTTP/1.1 408 ")
 
 
 def test_a_silent_connection_is_closed(server: LiveServer) -> None:
-    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+    with socket.create_connection(("127.0.0.1", server.port), timeout=WAIT_BOUND_SECONDS) as sock:
         assert _read_until_closed(sock) == b""
 
 
 def test_a_stalled_body_is_timed_out(server: LiveServer) -> None:
-    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+    with socket.create_connection(("127.0.0.1", server.port), timeout=WAIT_BOUND_SECONDS) as sock:
         sock.sendall(
             b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
             b'Content-Length: 100\r\n\r\n{"input": '
@@ -425,7 +433,7 @@ def test_a_stalled_body_is_timed_out(server: LiveServer) -> None:
 
 
 def test_an_idle_keep_alive_connection_is_closed(server: LiveServer) -> None:
-    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+    with socket.create_connection(("127.0.0.1", server.port), timeout=WAIT_BOUND_SECONDS) as sock:
         sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
         answer = _read_until_closed(sock)
     assert answer.startswith(b"HTTP/1.1 200 ")
@@ -468,13 +476,15 @@ def test_second_signal_during_the_drain_stops_at_once(tmp_path: Path) -> None:
             stream = r.iter_raw()
             received += len(next(stream))
             live.process.send_signal(signal.SIGTERM)
-            time.sleep(0.2)
+            # Two signals sent at once may arrive as one: the second only once the first
+            # began the drain.
+            wait_until(lambda: "Shutting down" in live.log(), "the drain began")
             live.process.send_signal(signal.SIGTERM)
             for chunk in stream:
                 received += len(chunk)
         full = 77 * 24000 * 2  # LONG_TEXT is ~77 s of speech
         assert received < full / 2
-        assert live.process.wait(60) == 1
+        assert live.process.wait(WAIT_BOUND_SECONDS) == 1
     finally:
         live.stop()
     log = live.log()

@@ -32,6 +32,7 @@ from wyoming.tts import (
 from benchmarks.live_server import LiveWyoming, free_port
 from onnx_tts.server.voices import VoiceStore
 from tests.conftest import speechlike
+from tests.waiting import WAIT_BOUND_SECONDS
 
 RATE = 16000
 
@@ -330,7 +331,7 @@ def test_sigterm_mid_synthesis_exits_0(tmp_path: Path) -> None:
 
     try:
         run(start())
-        assert live.process.wait(60) == 0
+        assert live.process.wait(WAIT_BOUND_SECONDS) == 0
     finally:
         live.stop()
     assert "Traceback" not in live.log()

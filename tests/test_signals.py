@@ -13,6 +13,7 @@ import pytest
 import soundfile
 
 from onnx_tts.signals import TerminatedBySignal, termination_as_exception
+from tests.waiting import WAIT_BOUND_SECONDS
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
@@ -48,7 +49,7 @@ def test_sigterm_removes_a_streamed_wav_temp_file(tmp_path: Path) -> None:
     assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
     assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".part")]
     proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=30) == 128 + signal.SIGTERM
+    assert proc.wait(timeout=WAIT_BOUND_SECONDS) == 128 + signal.SIGTERM
     assert list(tmp_path.iterdir()) == []
 
 

@@ -21,6 +21,7 @@ from onnx_tts.pipeline.admission import Admission, retry_after_seconds
 from onnx_tts.pipeline.stages import VocoderStage
 from onnx_tts.vocoder import StreamingOptions
 from tests.conftest import codec_lm_dir
+from tests.waiting import WAIT_BOUND_SECONDS, wait_until
 
 TEXTS = [
     "The sun rose slowly over the quiet hills.",
@@ -28,16 +29,6 @@ TEXTS = [
     "A small dog barked at the passing train.",
     "Rain is expected later this afternoon.",
 ]
-
-
-def _wait(condition, seconds: float = 30.0) -> bool:
-    """Poll `condition` (workers free rows between steps); a bound, not a timing assertion."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.01)
-    return condition()
 
 
 @pytest.fixture(scope="module")
@@ -76,11 +67,9 @@ class _RecordingVocoder(Vocoder):
 
     def __init__(self, hop: int) -> None:
         self.hop, self.order = hop, []
-        self.gate = threading.Event()
         self.capabilities = VocoderCapabilities(16000, hop)
 
     def vocode(self, frames: np.ndarray, voice: Any) -> np.ndarray:
-        self.gate.wait(10)  # hold the first round until every stream has its window due
         if voice.get("fail"):
             raise InputError("this voice breaks the vocoder")
         self.order.append(voice["name"])
@@ -93,7 +82,7 @@ def _one_shot_request(name: str, **timing: Any) -> Request:
 
 def test_stage_decodes_the_most_urgent_stream_first_and_a_failure_stays_alone():
     vocoder = _RecordingVocoder(hop=4)
-    stage = VocoderStage(vocoder, gather_seconds=0.05)
+    stage = VocoderStage(vocoder)
     now = time.monotonic()
     dry = PlaybackClock()
     dry.chunk(now - 2.0, 0.5)  # this listener ran dry 1.5 s ago
@@ -105,13 +94,13 @@ def test_stage_decodes_the_most_urgent_stream_first_and_a_failure_stays_alone():
         ("starving", {"deadline": now + 9, "clock": dry}),
     ]
     streams = {}
-    for name, timing in specs:
-        request = _one_shot_request(name, **timing)
-        streams[name] = stage.open(request, None, hop_length=4)
-    for stream in streams.values():  # one-shot streams: every frame, then the end
-        stream.put(np.zeros((1, 2)))
-        stream.end()
-    vocoder.gate.set()
+    with stage.lock:  # the worker takes its first round once every stream is due
+        for name, timing in specs:
+            request = _one_shot_request(name, **timing)
+            streams[name] = stage.open(request, None, hop_length=4)
+        for stream in streams.values():  # one-shot streams: every frame, then the end
+            stream.put(np.zeros((1, 2)))
+            stream.end()
     results = {}
     for name, stream in streams.items():
         try:
@@ -120,7 +109,7 @@ def test_stage_decodes_the_most_urgent_stream_first_and_a_failure_stays_alone():
             results[name] = str(error)
     assert results["broken"] == "this voice breaks the vocoder"
     assert all(results[name] == [4] for name in ("batch", "later", "soon", "starving"))
-    # The first round took them in urgency order (the gate held the worker until all were due).
+    # The first round took them in urgency order (the lock held the worker until all were due).
     assert vocoder.order == ["starving", "soon", "later", "batch"]
     stage.close()
 
@@ -131,7 +120,7 @@ class _Decoders(Vocoder):
     another push to run at the same time and fails if none does."""
 
     def __init__(self, meet: bool) -> None:
-        self.meeting = threading.Barrier(2, timeout=30) if meet else None
+        self.meeting = threading.Barrier(2, timeout=WAIT_BOUND_SECONDS) if meet else None
         self.lock = threading.Lock()
         self.running = self.most = self.pushes = 0
         self.capabilities = VocoderCapabilities(16000, 4, channels=2, stateful_streams=True)
@@ -164,14 +153,14 @@ def test_streams_with_decoders_of_their_own_decode_two_at_once_while_the_lm_idle
     decoders = _Decoders(meet=lm_idle)
     stage = VocoderStage(
         decoders,
-        gather_seconds=0.5,  # the four windows below are all due in the first round
         lm_idle=lambda: lm_idle,
     )
     window = StreamingOptions(2, 2, 0, 0, 0)
-    streams = [stage.open(_one_shot_request(f"s{i}"), window, hop_length=4) for i in range(4)]
-    for stream in streams:
-        stream.put(np.zeros((2, 3), np.int64))
-        stream.end()
+    with stage.lock:  # the four windows below are all due in the first round
+        streams = [stage.open(_one_shot_request(f"s{i}"), window, hop_length=4) for i in range(4)]
+        for stream in streams:
+            stream.put(np.zeros((2, 3), np.int64))
+            stream.end()
     assert [sum(len(chunk) for chunk in stream) for stream in streams] == [8] * 4
     assert decoders.pushes == 4 and decoders.most == (2 if lm_idle else 1)
     stage.close()
@@ -199,10 +188,10 @@ def test_many_clients_coming_and_going_leave_nothing_behind(codec_engine):
     with ThreadPoolExecutor(64) as pool:
         list(pool.map(client, plans))
     assert errors == []
-    assert _wait(lambda: codec_engine.stats()["active_rows"] == 0)
-    assert _wait(lambda: codec_engine.stats()["vocoder"]["open_streams"] == 0)
+    wait_until(lambda: codec_engine.stats()["active_rows"] == 0, "no row is active")
+    wait_until(lambda: codec_engine.stats()["vocoder"]["open_streams"] == 0, "no stream is open")
     assert codec_engine.stats()["queued"] == 0
-    assert _wait(lambda: threading.active_count() <= threads_before)
+    wait_until(lambda: threading.active_count() <= threads_before, "no thread is left")
 
 
 def test_a_cancelled_stream_stops_in_both_stages(codec_engine):
@@ -210,12 +199,12 @@ def test_a_cancelled_stream_stops_in_both_stages(codec_engine):
     stream = codec_engine.stream(" ".join(TEXTS * 3), seed=1, cancel=cancel)
     next(stream)
     cancel.cancel()  # e.g. a server whose client went away
-    assert _wait(lambda: codec_engine.stats()["active_rows"] == 0)
+    wait_until(lambda: codec_engine.stats()["active_rows"] == 0, "the cancelled row is free")
     with pytest.raises(StopIteration):
         while True:
             next(stream)
     stream.close()
-    assert _wait(lambda: codec_engine.stats()["vocoder"]["open_streams"] == 0)
+    wait_until(lambda: codec_engine.stats()["vocoder"]["open_streams"] == 0, "no stream is open")
 
 
 # -- admission ---------------------------------------------------------------------------------
@@ -447,7 +436,7 @@ def test_a_fault_in_the_decode_step_fails_its_requests_and_the_worker_lives_on(m
         outcomes = list(pool.map(listen, range(8)))
     assert any(isinstance(o, SessionError) for o in outcomes)
     assert len(engine.synthesize("After the fault.", seed=1).samples) > 0
-    assert _wait(lambda: engine.stats()["active_rows"] == 0)
+    wait_until(lambda: engine.stats()["active_rows"] == 0, "no row is active")
     engine.close()
 
 

@@ -9,7 +9,6 @@ Two vocoders are used:
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -24,6 +23,7 @@ from onnx_tts.vocoder import (
     decode_streams,
     stream_decode,
 )
+from tests.waiting import WAIT_BOUND_SECONDS, wait_until
 
 TEXT = "Hello there. How are you today? The weather is fine."
 ONE_SENTENCE = "Streaming starts long before the sentence is done."
@@ -514,7 +514,7 @@ def test_cancelled_stream_stops_generation_and_frees_its_row(monkeypatch, max_ba
         nonlocal steps
         steps += 1
         if steps == hold_at:
-            release.wait(30)  # a bound on the hold, not a timing assertion
+            assert release.wait(WAIT_BOUND_SECONDS)
         return original_consume(*args, **kwargs)
 
     monkeypatch.setattr(program, "consume", consume)
@@ -526,10 +526,7 @@ def test_cancelled_stream_stops_generation_and_frees_its_row(monkeypatch, max_ba
     next(stream)  # the first window needs fewer than hold_at steps
     stream.close()  # the worker cannot have passed step hold_at
     release.set()
-    deadline = time.monotonic() + 30
-    while engine.stats()["active_rows"] and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert engine.stats()["active_rows"] == 0
+    wait_until(lambda: engine.stats()["active_rows"] == 0, "the closed stream's row is free")
     assert steps <= hold_at  # the worker stopped at the step in flight (or before the hold)
     with pytest.raises(StopIteration):
         next(stream)
@@ -540,10 +537,7 @@ def test_cancelled_stream_stops_generation_and_frees_its_row(monkeypatch, max_ba
     for _ in stream:
         break
     stream.close()
-    deadline = time.monotonic() + 30
-    while engine.stats()["active_rows"] and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert engine.stats()["active_rows"] == 0
+    wait_until(lambda: engine.stats()["active_rows"] == 0, "the abandoned stream's row is free")
     engine.close()
 
 

@@ -123,6 +123,15 @@ class SlotRows:
             self._regrow(rows, capacity)
         return True
 
+    def release_idle(self) -> int:
+        """With no row live, let the buffers go (a burst grew them); the next request
+        allocates what it needs, as the first did. The bytes let go."""
+        if self.slots is None or self.live.any():
+            return 0
+        freed = self.allocated_bytes()
+        self.slots, self.rows, self.capacity = None, 0, 0
+        return freed
+
     def _regrow(self, rows: int, capacity: int) -> None:
         """New buffers of `rows` x `capacity`; the live rows' cached tokens are copied once."""
         old, old_lengths = self.slots, self.lengths.copy()

@@ -50,6 +50,9 @@ MAX_BATCH_LIMIT = 256
 MAX_PREFILL_WORKERS = 64
 # Requests waiting for a row beyond this many are refused (QueueFull) instead of queued.
 DEFAULT_MAX_WAITING = 1024
+# A scheduler without work for this long lets its slot buffers go: a burst grew them, and a
+# long-running server would otherwise hold them until it exits. (None: kept.)
+IDLE_RELEASE_SECONDS: float | None = 60.0
 MAX_WAITING_LIMIT = 1 << 20
 # Schedulers whose worker may be inside an ONNX Runtime run. At interpreter exit a daemon
 # worker still in a run aborts the process ("terminate called without an active exception",
@@ -156,6 +159,7 @@ class DecodeScheduler:
             "parallel_prefills": 0,  # prompts that ran beside others on the prefill workers
             "own_kv": 0,
             "paced_rows": 0,
+            "slot_releases": 0,  # times idle slot buffers were let go
             "busy_seconds": 0.0,
         }
 
@@ -238,7 +242,8 @@ class DecodeScheduler:
         while True:
             with self._cv:
                 while not self._closed and not self.waiting and not self._active_rows().size:
-                    self._cv.wait()
+                    if not self._cv.wait(self._idle_timeout()) and not self.waiting:
+                        self._release_idle()  # no work came for IDLE_RELEASE_SECONDS
                 if self._closed:
                     self._pending = None
                     closed = OnnxTTSError("the engine was closed")
@@ -268,6 +273,14 @@ class DecodeScheduler:
                         self._free(row, error)
             with self._cv:  # for admission control: how busy this worker is
                 self._stats["busy_seconds"] += time.perf_counter() - started
+
+    def _idle_timeout(self) -> float | None:
+        holding = self.slots is not None and self.slots.allocated_bytes() > 0
+        return IDLE_RELEASE_SECONDS if holding else None
+
+    def _release_idle(self) -> None:
+        if self.slots is not None and self.slots.release_idle():
+            self._stats["slot_releases"] += 1
 
     def _active_rows(self) -> np.ndarray:
         """Rows still decoding (not the ones whose last frames await hand-over)."""

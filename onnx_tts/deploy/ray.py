@@ -44,6 +44,13 @@ REPLICA_HEADER = "x-onnx-tts-replica"
 PROXY_CALLBACK_VARIABLE = "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"
 PROXY_CALLBACK = "onnx_tts.deploy.proxy:middlewares"
 LOCAL_OBJECT_STORE_BYTES = 128 << 20  # replicas pass only requests and audio chunks
+# Serve kills an HTTP proxy that is not ready within 5 s (or misses health checks of 10 s),
+# and `serve.start` then fails: on cores that other work keeps busy that happened at start.
+# Generous bounds for a cluster started here (a hung proxy is still found, later).
+PROXY_CHECK_SECONDS = {
+    "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "120",
+    "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S": "120",
+}
 
 
 class ReplicaHeader:
@@ -169,6 +176,8 @@ def serve_on_ray(settings: ServeSettings) -> int:
     os.environ.setdefault(PROXY_CALLBACK_VARIABLE, PROXY_CALLBACK)
     # One proxy spreads requests over all replicas instead of filling its own node's first.
     os.environ.setdefault("RAY_SERVE_PROXY_PREFER_LOCAL_NODE_ROUTING", "0")
+    for name, value in PROXY_CHECK_SECONDS.items():
+        os.environ.setdefault(name, value)
     ray.init(
         address=options.ray_address,
         _node_ip_address=_loopback_node(options.ray_address),
@@ -181,10 +190,17 @@ def serve_on_ray(settings: ServeSettings) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     try:
-        serve.start(
-            http_options={"host": server.host, "port": server.port},
-            proxy_location=options.proxy_location,
-        )
+        start = {
+            "http_options": {"host": server.host, "port": server.port},
+            "proxy_location": options.proxy_location,
+        }
+        try:
+            serve.start(**start)
+        except TimeoutError:
+            # Ray waits a fixed 60 s for its HTTP proxies; on busy cores they take longer,
+            # and go on starting: connect to the controller that was started, and go on.
+            log.warning("Ray Serve's HTTP proxy is still starting (a busy machine)")
+            serve.start(**start)
         try:
             serve.run(build(settings), name=APP_NAME, route_prefix="/")
         except RuntimeError as error:

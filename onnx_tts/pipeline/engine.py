@@ -9,10 +9,12 @@ vocoded one-shot or window by window).
 from __future__ import annotations
 
 import os
+import threading
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -101,6 +103,19 @@ class Engine:
         self.voices = VoiceResolver(model.voices, cache)
         self.caching = ResultCaching(model, results)
         self.executor = Executor(model, self.scheduler)
+        # The workers' threads hold the model (sessions, slot buffers) until they stop: an
+        # engine dropped without close() stops them once it is gone, or a process that loads
+        # engines over time keeps every one of them. (At exit the scheduler's hook does it.)
+        self._finalizer = weakref.finalize(
+            self, _stop_workers, self.scheduler, self.executor, model
+        )
+        self._finalizer.atexit = False
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
     @property
     def sample_rate(self) -> int:
@@ -138,7 +153,8 @@ class Engine:
 
     def close(self) -> None:
         """Stop the decode scheduler's and the vocoder stage's workers (requests still queued
-        fail)."""
+        fail) and let the model's memory go. `with onnx_tts.load(...) as engine:` closes it."""
+        self._finalizer.detach()
         self.scheduler.close()
         self.executor.close()
         self.model.close()
@@ -187,7 +203,7 @@ class Engine:
             self.model.request_options(options or {}),
             cancel=cancel,
         )
-        return self.executor.frames(request)
+        return _owned(self.executor.frames(request), self)
 
     def synthesize(
         self,
@@ -324,7 +340,29 @@ class Engine:
         stream = self.executor.stream(plan, prompt, window, timing)
         if stream_key is not None:
             stream.on_complete = lambda samples: self.caching.store_stream(stream_key, samples)
-        return stream
+        return _owned(stream, self)
+
+
+def _stop_workers(scheduler: DecodeScheduler, executor: Executor, model: Model) -> None:
+    """Close a dropped engine's workers. From a thread of its own: the garbage collector may
+    run this on one of those workers, maybe holding a stage lock the closing waits for."""
+
+    def close() -> None:
+        scheduler.close()
+        executor.close()
+        model.close()
+
+    threading.Thread(target=close, name="onnx-tts-close", daemon=True).start()
+
+
+_Stream = TypeVar("_Stream")
+
+
+def _owned(stream: _Stream, engine: Engine) -> _Stream:
+    """`stream`, holding its engine: `onnx_tts.load().stream(text)` is read to its end even
+    though nothing else keeps that engine."""
+    stream._engine = engine  # type: ignore[attr-defined]
+    return stream
 
 
 __all__ = ["Audio", "Engine"]

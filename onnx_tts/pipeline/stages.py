@@ -347,13 +347,21 @@ class VocoderStage:
                 # (their windows are taken again next round: a window depends only on the
                 # frames, so it is the same one)
                 waiting = [stream for batch in batches[taken:] for stream, _ in batch]
-                for stream in self._decoding - self.streams:  # closed or ended this round
-                    stream.release_state()
-                self._decoding = set()
+                self._release_finished()
                 self._due.update(stream for stream in waiting if stream in self.streams)
                 leftover = bool(waiting)
                 self._stats["rounds"] += 1
                 self._stats["busy_seconds"] += time.perf_counter() - started
+            # Nothing of a finished round stays reachable while the worker waits for the next:
+            # its streams hold their voices, frames and engine.
+            del work, batches, waiting
+
+    def _release_finished(self) -> None:
+        """(under the lock) free the decoder state of the streams that closed or ended while
+        their windows were being decoded."""
+        for stream in self._decoding - self.streams:
+            stream.release_state()
+        self._decoding = set()
 
     def _second_decoder_free(self, batches: list[list[tuple]]) -> bool:
         """Whether the two most urgent batches are windows of two streams with decoders of
