@@ -267,3 +267,39 @@ def test_captioned_speech_refuses_what_it_cannot_answer(server: LiveServer) -> N
         response = httpx.post(server.url + "/dev/captioned_speech", json=body, timeout=60)
         assert response.status_code == 400, response.text
         assert response.json()["error"]["param"] == param
+
+
+def _metric(server: LiveServer, name: str) -> float:
+    for line in httpx.get(server.url + "/metrics").text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_a_client_that_leaves_a_whole_captioned_answer_stops_its_generation(
+    server: LiveServer,
+) -> None:
+    """`stream: false` sends nothing until the audio is complete, so the server watches the
+    connection meanwhile: a client that leaves stops the generation (minutes of speech here)."""
+    import socket
+    import time
+
+    text = " ".join(f"Sentence {i} of a long text nobody will wait for." for i in range(80))
+    body = json.dumps({"input": text[:4000], "stream": False}).encode()
+    request = (
+        f"POST /dev/captioned_speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+    cancelled = _metric(server, "onnx_tts_cancelled_generations_total")
+    with socket.create_connection(("127.0.0.1", server.port), timeout=60) as sock:
+        sock.sendall(request)
+        deadline = time.monotonic() + 60
+        while _metric(server, "onnx_tts_active_generations") < 1:
+            assert time.monotonic() < deadline, "the generation never started"
+            time.sleep(0.05)
+    deadline = time.monotonic() + 60
+    while _metric(server, "onnx_tts_active_generations") > 0:
+        assert time.monotonic() < deadline, "the generation did not stop"
+        time.sleep(0.1)
+    assert _metric(server, "onnx_tts_cancelled_generations_total") == cancelled + 1
+    assert "outcome=cancelled" in server.log()

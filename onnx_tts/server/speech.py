@@ -52,6 +52,8 @@ log = logging.getLogger("onnx_tts.server")
 # The SSE event that carries word timings (with `return_timestamps`); OpenAI's clients skip
 # event types they do not know.
 TIMESTAMPS_EVENT = "speech.audio.timestamps"
+# How often a request whose answer is not being sent yet is checked for a disconnect.
+DISCONNECT_POLL_SECONDS = 0.25
 # (kind, payload, arrival time) as the handler saw it.
 _Event = tuple[str, Any, float]
 
@@ -298,7 +300,9 @@ async def next_event(job: Generation, request: Request) -> _Event | None:
     reads a body yet, so the request is polled for a disconnect)."""
     while True:
         try:
-            kind, payload = await asyncio.wait_for(job.events.get(), timeout=0.25)
+            kind, payload = await asyncio.wait_for(
+                job.events.get(), timeout=DISCONNECT_POLL_SECONDS
+            )
         except asyncio.TimeoutError:
             if await request.is_disconnected():
                 return None
@@ -320,12 +324,19 @@ async def audio_events(
     received = job.received_at
     pending: _Event | None = started.first
     finished = False
+    looked = time.perf_counter()  # when the connection was last looked at (watch)
     try:
         while True:
             if pending is not None:
                 kind, payload, now = pending
                 pending = None
             elif watch:
+                # Events may come faster than next_event's idle poll: look at the connection
+                # every DISCONNECT_POLL_SECONDS in any case.
+                if time.perf_counter() - looked > DISCONNECT_POLL_SECONDS:
+                    looked = time.perf_counter()
+                    if await request.is_disconnected():
+                        return
                 event = await next_event(job, request)
                 if event is None:
                     return
