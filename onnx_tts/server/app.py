@@ -220,23 +220,25 @@ def create_app(config: ServerConfig, registry: ModelRegistry | None = None) -> F
             )
         return {"id": voice_id, "object": "audio.voice", "deleted": True}
 
-    @app.post("/v1/audio/speech")
-    async def speech(request: Request) -> Response:
+    async def speak(request: Request, kind: type[SpeechRequest], answer: Any) -> Response:
+        """A speech request of `kind` checked, started and answered by `answer`."""
         received = time.perf_counter()
-        speech_request = await _speech_body(state, request, SpeechRequest)
+        _require_ready(state)
+        if state.draining:
+            raise APIError(503, "the server is shutting down; retry on another replica")
+        speech_request = parse_speech_request(await read_json(request), kind)
         started = await start_speech(state, request, speech_request, received)
         if isinstance(started, Response):
             return started
-        return respond(state, request, speech_request, started)
+        return await answer(state, request, speech_request, started)
+
+    @app.post("/v1/audio/speech")
+    async def speech(request: Request) -> Response:
+        return await speak(request, SpeechRequest, respond)
 
     @app.post("/dev/captioned_speech")
     async def captioned_speech(request: Request) -> Response:
-        received = time.perf_counter()
-        speech_request = await _speech_body(state, request, CaptionedSpeechRequest)
-        started = await start_speech(state, request, speech_request, received)
-        if isinstance(started, Response):
-            return started
-        return await respond_captioned(state, request, speech_request, started)
+        return await speak(request, CaptionedSpeechRequest, respond_captioned)
 
     return app
 
@@ -253,13 +255,6 @@ def _load_models(registry: ModelRegistry) -> None:
         log.info("models ready: %s", ", ".join(registry.names()))
     except Exception as error:
         log.error("cannot load models: %s", one_line(error))
-
-
-async def _speech_body(state: _State, request: Request, kind: type[SpeechRequest]) -> Any:
-    _require_ready(state)
-    if state.draining:
-        raise APIError(503, "the server is shutting down; retry on another replica")
-    return parse_speech_request(await read_json(request), kind)
 
 
 def _require_ready(state: _State) -> None:

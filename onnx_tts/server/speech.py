@@ -212,7 +212,9 @@ def _check_option(name: str, value: Any, kind: type) -> None:
         )
 
 
-def respond(state: Any, request: Request, speech: SpeechRequest, started: Started) -> Response:
+async def respond(
+    state: Any, request: Request, speech: SpeechRequest, started: Started
+) -> Response:
     """Every response streams as the audio is made (OpenAI does the same for every format):
     raw bytes of `response_format`, or SSE events with base64 audio (and, with
     `return_timestamps`, speech.audio.timestamps events with each sentence's words)."""
