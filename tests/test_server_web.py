@@ -84,3 +84,21 @@ def test_unknown_static_paths_are_404(client: TestClient, path: str) -> None:
     response = client.get(path)
     assert response.status_code == 404
     assert set(response.json()["error"]) == {"message", "type", "param", "code"}
+
+
+def test_page_offers_the_apis_speed_range_and_download_formats(client: TestClient) -> None:
+    """The slider spans what the API takes, and every download format is one the server
+    answers (tools/check_web_page.py downloads and reads them in headless Chromium)."""
+    from onnx_tts.pipeline.timestretch import MAX_SPEED, MIN_SPEED
+    from onnx_tts.server.encoding import FORMATS
+
+    page = client.get("/").text
+    slider = re.search(r'<input id="speed"[^>]*>', page)
+    assert slider is not None
+    assert f'min="{MIN_SPEED:g}"' in slider.group(0) and f'max="{MAX_SPEED:g}"' in slider.group(0)
+    choice = re.search(r'<select id="format"[^>]*>(.*?)</select>', page, re.S)
+    assert choice is not None
+    offered = re.findall(r'<option value="([^"]+)"', choice.group(1))
+    assert {"wav", "mp3", "flac", "opus", "pcm"} <= set(offered) <= set(FORMATS)
+    script = client.get("/static/app.js").text
+    assert "response_format: format" in script and "seed" in script

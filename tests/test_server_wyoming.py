@@ -484,3 +484,182 @@ def test_timeouts_are_bounded_flags_and_variables(
     assert done.returncode == 2
     (line,) = done.stderr.strip().splitlines()
     assert line.startswith("onnx-tts wyoming: ") and message in line
+
+
+# -- issue 38: markup, speed and pauses, languages, attribution -----------------------------------
+
+
+async def _speak(port: int, *events: Event) -> list[Event]:
+    """Send `events` on one connection; everything up to the end of the last answer."""
+    async with AsyncTcpClient("127.0.0.1", port) as client:
+        for event in events:
+            await client.write_event(event)
+        last = "synthesize-stopped" if SynthesizeStop.is_type(events[-1].type) else "audio-stop"
+        return await _until(client, last, "error")
+
+
+def _errors(events: list[Event]) -> list[Error]:
+    return [Error.from_event(e) for e in events if Error.is_type(e.type)]
+
+
+def test_ssml_is_read_never_spoken_whole_or_streamed(wyoming: LiveWyoming) -> None:
+    plain, _ = _audio(
+        run(_speak(wyoming.port, Synthesize(text="Hello world. How are you?").event()))
+    )
+    document = "<speak><p><s>Hello world.</s> <s>How are you?</s></p></speak>"
+    marked, _ = _audio(run(_speak(wyoming.port, Synthesize(text=document).event())))
+    assert np.array_equal(marked, plain)
+    # Streamed in pieces that cut the tags: kept until the stream ends, then spoken whole.
+    pieces = ["<spe", "ak><p><s>Hello world.</s> ", "<s>How are", " you?</s></p></speak>"]
+    streamed = run(
+        _speak(
+            wyoming.port,
+            SynthesizeStart().event(),
+            *(SynthesizeChunk(text=piece).event() for piece in pieces),
+            SynthesizeStop().event(),
+        )
+    )
+    assert not _errors(streamed)
+    assert [e.type for e in streamed if not AudioChunk.is_type(e.type)] == [
+        "audio-start",
+        "audio-stop",
+        "synthesize-stopped",
+    ]
+    assert np.array_equal(_audio(streamed)[0], plain)
+    # text_format "ssml" forces it (a text without <speak>), "text" reads markup as text.
+    forced = Synthesize(text='Hello <break time="1s"/> world.', text_format="ssml").event()
+    broken, _ = _audio(run(_speak(wyoming.port, forced)))
+    hello, _ = _audio(run(_speak(wyoming.port, Synthesize(text="Hello").event())))
+    world, _ = _audio(run(_speak(wyoming.port, Synthesize(text="world.").event())))
+    assert len(broken) == len(hello) + RATE + len(world)
+    as_text = Synthesize(text="<speak>Hello</speak>", text_format="text").event()
+    assert len(_audio(run(_speak(wyoming.port, as_text)))[0]) > len(hello)
+    stray, _ = _audio(run(_speak(wyoming.port, Synthesize(text="If a < b then say so.").event())))
+    assert len(stray) > RATE // 2
+
+
+def test_invalid_markup_is_an_error_event_naming_its_position(wyoming: LiveWyoming) -> None:
+    cases = [
+        (Synthesize(text="<speak>\n<s>unclosed</speak>").event(), "invalid_ssml", "line 2"),
+        (Synthesize(text="Say [[ h ə now.").event(), "invalid_markup", "line 1, column 5"),
+    ]
+    for event, code, where in cases:
+        (error,) = _errors(run(_speak(wyoming.port, event)))
+        assert error.code == code and where in error.text and "\n" not in error.text
+    streamed = run(
+        _speak(
+            wyoming.port,
+            SynthesizeStart().event(),
+            SynthesizeChunk(text="<speak>Hi <break ").event(),
+            SynthesizeChunk(text="time='soon'/></speak>").event(),
+            SynthesizeStop().event(),
+        )
+    )
+    (error,) = _errors(streamed)
+    assert error.code == "invalid_ssml" and "line 1, column 11" in error.text
+
+
+def test_streamed_phonemes_are_never_cut_at_a_period(wyoming: LiveWyoming) -> None:
+    """A ". " inside [[ ... ]] is not a sentence end: the span reaches the engine whole."""
+    first = "Say [[ h ə. l oʊ ]] now."
+    streamed = run(
+        _speak(
+            wyoming.port,
+            SynthesizeStart().event(),
+            SynthesizeChunk(text="Say [[ h ə. l").event(),
+            SynthesizeChunk(text=" oʊ ]] now. And then").event(),
+            SynthesizeChunk(text=" goodbye.").event(),
+            SynthesizeStop().event(),
+        )
+    )
+    assert not _errors(streamed)
+    stops = [i for i, e in enumerate(streamed) if AudioStop.is_type(e.type)]
+    assert len(stops) == 2  # the two sentences, each as it completed
+    alone, _ = _audio(run(_speak(wyoming.port, Synthesize(text=first).event())))
+    assert np.array_equal(_audio(streamed[: stops[0] + 1])[0], alone)
+
+
+def test_speed_and_sentence_silence_extension_fields(wyoming: LiveWyoming) -> None:
+    text = "The first sentence. The second one."
+    pause = round(0.15 * RATE)  # the default voice's pause between sentences
+
+    def speak(**fields: object) -> np.ndarray:
+        event = Event(type="synthesize", data={"text": text, **fields})
+        return _audio(run(_speak(wyoming.port, event)))[0]
+
+    normal = speak()
+    fast = speak(speed=2.0)
+    assert abs((len(fast) - pause) - (len(normal) - pause) / 2) <= 2
+    spaced = speak(sentence_silence=0.6)
+    assert len(spaced) - len(normal) == int(0.6 * RATE) - pause
+    streamed = run(
+        _speak(
+            wyoming.port,
+            Event(type="synthesize-start", data={"speed": 2.0}),
+            SynthesizeChunk(text=text).event(),
+            SynthesizeStop().event(),
+        )
+    )
+    assert len(_audio(streamed)[0]) < len(normal) * 0.7  # the stream's speed applies
+    for fields, code, says in (
+        ({"speed": "fast"}, "bad_event", '"speed" must be a number'),
+        ({"sentence_silence": True}, "bad_event", '"sentence_silence" must be a number'),
+        ({"text_format": "markdown"}, "bad_event", "text_format"),
+        ({"speed": 9}, "InputError", "speed must be between 0.25 and 4"),
+    ):
+        event = Event(type="synthesize", data={"text": "Hi.", **fields})
+        (error,) = _errors(run(_speak(wyoming.port, event)))
+        assert error.code == code and says in error.text
+
+
+def test_a_language_the_voice_does_not_speak_is_an_error_naming_its_languages(
+    wyoming: LiveWyoming,
+) -> None:
+    for voice in ({"language": "de"}, {"name": "default", "language": "de_DE"}):
+        event = Event(type="synthesize", data={"text": "Hallo.", "voice": voice})
+        (error,) = _errors(run(_speak(wyoming.port, event)))
+        assert error.code == "language_not_supported"
+        assert repr(voice["language"]) in error.text and "it speaks en" in error.text
+    english = Synthesize(text="Hello.", voice=SynthesizeVoice(language="en-US")).event()
+    samples, _ = _audio(run(_speak(wyoming.port, english)))
+    assert len(samples) > RATE // 4
+
+
+def test_info_attributes_the_project(wyoming: LiveWyoming) -> None:
+    """Every program and voice names the project's repository (pyproject's [project.urls])."""
+    import tomllib
+
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
+    url = pyproject["project"]["urls"]["Repository"]
+    assert url.startswith("https://")
+
+    async def describe() -> Info:
+        async with AsyncTcpClient("127.0.0.1", wyoming.port) as client:
+            await client.write_event(Describe().event())
+            (event,) = await _until(client, "info")
+            return Info.from_event(event)
+
+    (program,) = run(describe()).tts
+    assert program.attribution.url == url and program.attribution.name == "onnx-tts"
+    assert all(voice.attribution.url == url for voice in program.voices)
+
+
+def test_streamed_text_cuts_sentences_outside_markup() -> None:
+    from onnx_tts.server.text_stream import Piece, StreamedText
+
+    plain = StreamedText()
+    assert plain.add("Good mor") == []
+    assert plain.add("ning. The [[ h ə. l") == [Piece("Good morning.", False)]
+    assert plain.add(" oʊ ]] day. Bye") == [Piece("The [[ h ə. l oʊ ]] day.", False)]
+    assert plain.finish() == [Piece("Bye", False)]
+    ssml = StreamedText()
+    assert ssml.add("  <?xml version='1.0'?> <spe") == [] and not ssml.ssml
+    assert ssml.add("ak>One. Two. ") == [] and ssml.ssml
+    assert ssml.add("Three.</speak>") == []
+    assert ssml.finish() == [Piece("  <?xml version='1.0'?> <speak>One. Two. Three.</speak>", None)]
+    forced = StreamedText(ssml=True)
+    assert forced.add("Hi. <break/> there. More") == []
+    assert forced.finish() == [Piece("Hi. <break/> there. More", True)]
+    declared_plain = StreamedText(ssml=False)
+    assert declared_plain.add("<speak>Hi. There") == [Piece("<speak>Hi.", False)]
+    assert StreamedText().finish() == [] and StreamedText().add("   ") == []

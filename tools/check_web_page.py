@@ -1,9 +1,11 @@
 """Drive the server's web page in Debian's headless Chromium, as a person would use it.
 
 Starts a live server (or uses --url), opens `/` in `chromium --headless` over the DevTools
-protocol, waits for the models and voices to load, speaks the text (streamed PCM played
-through Web Audio), uploads a voice recording, speaks with it, checks that the download link
-is ready and that the page asked no other host for anything, and saves a screenshot.
+protocol, waits for the models and voices to load, checks the speed slider spans the API's
+0.25-4, speaks the text (streamed PCM played through Web Audio) with FLAC chosen for the
+download, reads the downloaded file, switches the download to Opus and reads that too,
+uploads a voice recording, speaks with it (WAV download), checks that the page asked no other
+host for anything, and saves a screenshot.
 
     apt-get install -y chromium      # for this check only; CI does not run it
     python tools/check_web_page.py [--url http://127.0.0.1:8880] [--screenshot docs/web_page.png]
@@ -131,6 +133,40 @@ def check(url: str, screenshot: Path, chromium: str) -> None:
             browser.wait(30)
 
 
+# What each downloadable format's file starts with.
+_MAGIC = {"wav": b"RIFF", "flac": b"fLaC", "opus": b"OggS", "mp3": b"\xff"}
+
+
+def _downloaded(page: DevTools, fmt: str) -> bytes:
+    """The file the download link offers once it is ready in `fmt`, checked: its name, its
+    first bytes, and (but raw PCM) that libsndfile reads more than half a second of sound."""
+    page.wait_for(
+        "document.getElementById('download').getAttribute('aria-disabled') === 'false' && "
+        f"document.getElementById('download').download === 'speech.{fmt}'",
+        f"the {fmt} download",
+    )
+    encoded = page.evaluate(
+        "fetch(document.getElementById('download').href).then(r => r.blob()).then(b => "
+        "new Promise(done => { const reader = new FileReader(); "
+        "reader.onload = () => done(reader.result.split(',')[1]); reader.readAsDataURL(b); }))"
+    )
+    data = base64.b64decode(encoded or "")
+    if fmt == "pcm":
+        seconds = len(data) / 2 / 24000
+    else:
+        magic = _MAGIC[fmt]
+        if not data.startswith(magic) and not (fmt == "mp3" and data.startswith(b"ID3")):
+            raise PageFailed(f"the {fmt} download starts with {data[:8]!r}, not {magic!r}")
+        samples, rate = soundfile.read(io.BytesIO(data))
+        if not np.abs(samples).max() > 0.01:
+            raise PageFailed(f"the {fmt} download is silent")
+        seconds = len(samples) / rate
+    if seconds < 0.5:
+        raise PageFailed(f"the {fmt} download holds {seconds:.2f} s of audio")
+    print(f"download ready: speech.{fmt}, {len(data)} bytes, {seconds:.1f} s")
+    return data
+
+
 def _drive(page: DevTools, url: str, tmp: Path, screenshot: Path) -> None:
     for domain in ("Page", "Runtime", "Network", "Log", "DOM"):
         page.call(f"{domain}.enable")
@@ -139,7 +175,15 @@ def _drive(page: DevTools, url: str, tmp: Path, screenshot: Path) -> None:
         "((document.getElementById('status') || {}).textContent || '') === 'Ready.'", "page ready"
     )
     print("page loaded: models and voices listed")
+    speed = page.evaluate("(s => [Number(s.min), Number(s.max)])(document.getElementById('speed'))")
+    if speed != [0.25, 4]:
+        raise PageFailed(f"the speed slider spans {speed}, not the API's 0.25-4")
+    formats = page.evaluate("[...document.getElementById('format').options].map(o => o.value)")
+    if not {"wav", "mp3", "flac", "opus", "pcm"} <= set(formats):
+        raise PageFailed(f"the download formats are {formats}")
+    print(f"speed 0.25-4; download formats {', '.join(formats)}")
 
+    page.evaluate("document.getElementById('format').value = 'flac'")
     page.evaluate("document.getElementById('speak').click()")
     done = page.wait_for(
         "(t => t.startsWith('Done') ? t : (t.startsWith('Error') ? t : ''))"
@@ -149,15 +193,16 @@ def _drive(page: DevTools, url: str, tmp: Path, screenshot: Path) -> None:
     if not done.startswith("Done"):
         raise PageFailed(f"speech: {done}")
     print(f"spoke with the default voice: {done}")
-    ready = page.evaluate("document.getElementById('download').getAttribute('aria-disabled')")
-    if ready != "false":
-        raise PageFailed("the download link was not enabled after the speech")
-    page_size = page.evaluate(
-        "fetch(document.getElementById('download').href).then(r => r.blob()).then(b => b.size)"
+    _downloaded(page, "flac")
+    page.evaluate(
+        "(s => { s.value = 'opus'; s.dispatchEvent(new Event('change')); })"
+        "(document.getElementById('format'))"
     )
-    if page_size <= 44:
-        raise PageFailed(f"the downloadable WAV is empty ({page_size} bytes)")
-    print(f"download link ready: a WAV of {page_size} bytes")
+    _downloaded(page, "opus")
+    page.evaluate(
+        "(s => { s.value = 'wav'; s.dispatchEvent(new Event('change')); })"
+        "(document.getElementById('format'))"
+    )
 
     clip = tmp / "my-voice.wav"
     _voice_clip(clip)
@@ -189,6 +234,7 @@ def _drive(page: DevTools, url: str, tmp: Path, screenshot: Path) -> None:
     if not done.startswith("Done"):
         raise PageFailed(f"speech with the uploaded voice: {done}")
     print(f"spoke with the uploaded voice: {done}")
+    _downloaded(page, "wav")
 
     shot = page.call("Page.captureScreenshot", format="png", captureBeyondViewport=True)
     screenshot.parent.mkdir(parents=True, exist_ok=True)

@@ -27,24 +27,18 @@ from onnx_tts.cache.codec import resolve_cache_secret
 from onnx_tts.config import ServerConfig
 from onnx_tts.errors import OnnxTTSError, ReferenceTrimmedWarning
 from onnx_tts.server.bodies import decode_upload, read_json, read_voice_upload
-from onnx_tts.server.encoding import (
-    FormatUnavailable,
-    StreamEncoder,
-)
+from onnx_tts.server.captions import respond_captioned
 from onnx_tts.server.engines import DEFAULT_MODEL_ALIASES, ModelRegistry, SpeechModel
 from onnx_tts.server.errors import APIError, error_body, one_line
-from onnx_tts.server.jobs import ERROR, Busy, ServerStopping
-from onnx_tts.server.metrics import ServerMetrics, SynthesisRecord
+from onnx_tts.server.jobs import ServerStopping
+from onnx_tts.server.metrics import ServerMetrics
 from onnx_tts.server.middleware import RequestLog
 from onnx_tts.server.redis_voices import open_voice_store
-from onnx_tts.server.schemas import (
-    parse_speech_request,
-)
+from onnx_tts.server.schemas import CaptionedSpeechRequest, SpeechRequest, parse_speech_request
 from onnx_tts.server.speech import (
     client_error,
-    next_event,
-    plan_speech,
     respond,
+    start_speech,
     store_error,
     unknown_model,
 )
@@ -226,63 +220,25 @@ def create_app(config: ServerConfig, registry: ModelRegistry | None = None) -> F
             )
         return {"id": voice_id, "object": "audio.voice", "deleted": True}
 
-    @app.post("/v1/audio/speech")
-    async def speech(request: Request) -> Response:
+    async def speak(request: Request, kind: type[SpeechRequest], answer: Any) -> Response:
+        """A speech request of `kind` checked, started and answered by `answer`."""
         received = time.perf_counter()
         _require_ready(state)
         if state.draining:
             raise APIError(503, "the server is shutting down; retry on another replica")
-        body = await read_json(request)
-        speech_request = parse_speech_request(body)
-        # Off the event loop: resolving a voice reads the voice store (files or Redis).
-        job, styling = await run_in_threadpool(plan_speech, state, speech_request, received)
-        try:
-            encoder = await run_in_threadpool(
-                StreamEncoder,
-                speech_request.response_format,
-                job.output_rate,
-                job.output_channels,
-            )
-        except FormatUnavailable as error:
-            raise APIError(
-                400, str(error), param="response_format", code="unsupported_format"
-            ) from None
-        record = SynthesisRecord(
-            request_id=request.state.request_id,
-            model=job.model.name,
-            voice=speech_request.voice_id,
-            characters=len(speech_request.input),
-            response_format=speech_request.response_format,
-        )
-        if styling.ignored:
-            log.warning(
-                "instructions ignored id=%s: %s",
-                record.request_id,
-                styling.headers()["X-Instructions-Ignored"],
-            )
-        try:
-            await job.admit(config.queue_timeout)
-        except Busy as error:
-            state.metrics.refused.inc()
-            raise APIError(
-                429, str(error), code="busy", headers={"Retry-After": str(error.retry_after)}
-            ) from None
-        job.start()
-        try:
-            first = await next_event(job, request)
-        except BaseException:
-            job.cancel()
-            raise
-        if first is None or first[0] == ERROR:
-            job.cancel()
-            if first is None:  # the client left before the first audio
-                state.metrics.cancelled.inc()
-                record.log(job.cache_hit)
-                return Response(status_code=499)
-            raise client_error(first[1])
-        return respond(
-            state, request, speech_request, job, encoder, first, record, styling.headers()
-        )
+        speech_request = parse_speech_request(await read_json(request), kind)
+        started = await start_speech(state, request, speech_request, received)
+        if isinstance(started, Response):
+            return started
+        return await answer(state, request, speech_request, started)
+
+    @app.post("/v1/audio/speech")
+    async def speech(request: Request) -> Response:
+        return await speak(request, SpeechRequest, respond)
+
+    @app.post("/dev/captioned_speech")
+    async def captioned_speech(request: Request) -> Response:
+        return await speak(request, CaptionedSpeechRequest, respond_captioned)
 
     return app
 

@@ -111,6 +111,13 @@ class SpeechModel:
         return self.engine.channels
 
     @property
+    def languages(self) -> list[str]:
+        """Languages the model speaks, as its info() declares them (English when it says
+        nothing)."""
+        info = self.engine.info()
+        return [str(code) for code in info.get("languages") or [info.get("language") or "en"]]
+
+    @property
     def hop_length(self) -> int:
         return int(self.engine.model.hop_length)
 

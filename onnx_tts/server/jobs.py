@@ -2,10 +2,11 @@
 `Admission`, then run as an asyncio task that submits the text to the engine (the decode
 scheduler and the vocoder stage do the work, most urgent stream first) and turns its audio into
 events for the response: START, AUDIO (float32 at the output rate and channels; the engine
-applies the speed), END or ERROR. No thread waits per request: the engine's stream tells the
-event loop when audio is ready. The request's playback clock goes with it, so the engine knows
-when its listener would run dry; its cancel token stops the work at the next step when the
-client goes away.
+applies the speed), WORDS (with word timings asked for: the words of each sentence once its
+last samples went out as AUDIO, as WordTimings in the output's seconds), END or ERROR. No
+thread waits per request: the engine's stream tells the event loop when audio is ready. The
+request's playback clock goes with it, so the engine knows when its listener would run dry;
+its cancel token stops the work at the next step when the client goes away.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from onnx_tts.errors import SessionError
 from onnx_tts.server.engines import SpeechModel
 
 # Events a Generation posts to its queue.
-START, AUDIO, END, ERROR = "start", "audio", "end", "error"
+START, AUDIO, WORDS, END, ERROR = "start", "audio", "words", "end", "error"
 # A request should hear its first audio within this long of arriving (its deadline).
 FIRST_AUDIO_BUDGET_SECONDS = 0.2
 
@@ -54,6 +55,9 @@ class Generation:
     speed: float
     output_rate: int
     output_channels: int = 1  # OpenAI's pcm: mono; the other formats: the model's channels
+    ssml: bool | None = None  # None: SSML when the text starts with <speak>
+    sentence_silence: float | None = None  # seconds between sentences (None: the model's)
+    timestamps: bool = False  # post WORDS events
     received_at: float = field(default_factory=time.perf_counter)
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancel_token: CancelToken = field(default_factory=CancelToken)
@@ -116,7 +120,13 @@ class Generation:
                 self.text,
                 voice,
                 self.seed,
-                {**self.options, "speed": self.speed},
+                {
+                    **self.options,
+                    "speed": self.speed,
+                    "ssml": self.ssml,
+                    "sentence_silence": self.sentence_silence,
+                    "timestamps": self.timestamps,
+                },
                 deadline=deadline,
                 clock=self.clock,
                 cancel=self.cancel_token,
@@ -151,6 +161,15 @@ class Generation:
             if len(samples):
                 self.events.put_nowait((AUDIO, np.asarray(samples, np.float32)))
 
+        told = 0  # words posted so far
+
+        def tell_words() -> None:
+            nonlocal told
+            words = stream.words
+            if self.timestamps and len(words) > told:
+                self.events.put_nowait((WORDS, list(words[told:])))
+                told = len(words)
+
         while True:
             if self.cancelled:
                 return
@@ -159,6 +178,7 @@ class Generation:
             except StopIteration:
                 break
             if chunk is None:
+                tell_words()
                 await ready.wait()
                 ready.clear()
                 continue
@@ -170,7 +190,11 @@ class Generation:
                 raise SessionError("the model produced non-finite samples; output stopped")
             self.generated_samples += len(chunk)
             emit(chunk)
+            # A sentence's words are complete once its last samples were handed out: the
+            # poll that returned `chunk` (a time-stretcher's tail) or the one before it.
+            tell_words()
         emit(np.zeros((0, channels) if channels > 1 else 0, np.float32), last=True)
+        tell_words()
         self.events.put_nowait((END, None))
 
     def stop(self, error: BaseException) -> None:
@@ -189,6 +213,7 @@ __all__ = [
     "ERROR",
     "FIRST_AUDIO_BUDGET_SECONDS",
     "START",
+    "WORDS",
     "Busy",
     "Generation",
     "ServerStopping",

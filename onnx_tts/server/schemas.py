@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from onnx_tts.pipeline.planner import MAX_SENTENCE_SILENCE
 from onnx_tts.pipeline.timestretch import MAX_SPEED, MIN_SPEED
 from onnx_tts.server.encoding import FORMATS
 from onnx_tts.server.errors import APIError
@@ -43,6 +44,19 @@ class SpeechRequest(BaseModel):
     stream_format: Literal["audio", "sse"] | None = None
     instructions: str | None = Field(default=None, max_length=MAX_INPUT_CHARS)
     seed: int | None = Field(default=None, ge=0, lt=2**63, strict=True)
+    # onnx-tts extensions (docs/SERVING.md): markup, pauses and word timings.
+    ssml: bool | None = Field(default=None, strict=True)  # None: SSML when it starts <speak>
+    sentence_silence: float | None = Field(
+        default=None, ge=0, le=MAX_SENTENCE_SILENCE, allow_inf_nan=False, strict=True
+    )
+    return_timestamps: bool = Field(default=False, strict=True)
+
+    @field_validator("input")
+    @classmethod
+    def _something_to_say(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("nothing to say (empty or only whitespace); send the text to speak")
+        return value
 
     @field_validator("voice", mode="before")
     @classmethod
@@ -66,6 +80,25 @@ class SpeechRequest(BaseModel):
 
     def extensions(self) -> dict[str, Any]:
         return dict(self.model_extra or {})
+
+
+class CaptionedSpeechRequest(SpeechRequest):
+    """POST /dev/captioned_speech (Kokoro-FastAPI's shape): the speech body, plus `stream`
+    (JSON lines as the audio is made, the default, or one JSON object) and `return_timestamps`
+    (on by default). Its answer is JSON, so OpenAI's `stream_format` has no meaning here."""
+
+    stream: bool = Field(default=True, strict=True)
+    return_timestamps: bool = Field(default=True, strict=True)
+
+    @field_validator("stream_format")
+    @classmethod
+    def _no_stream_format(cls, value: str | None) -> str | None:
+        if value is not None:
+            raise ValueError(
+                '/dev/captioned_speech answers JSON; stream it with "stream": true (the '
+                "default) instead of stream_format"
+            )
+        return value
 
 
 def validation_error(error: ValidationError) -> APIError:
@@ -97,10 +130,21 @@ def nests_deeper_than(value: Any, limit: int) -> bool:
     return False
 
 
-def parse_speech_request(body: Any) -> SpeechRequest:
+def parse_speech_request(body: Any, kind: type[SpeechRequest] = SpeechRequest) -> SpeechRequest:
+    """The body of /v1/audio/speech (or, with `kind`, of /dev/captioned_speech), checked."""
     if not isinstance(body, dict):
         raise APIError(400, "the request body must be a JSON object", code="invalid_json")
     try:
-        return SpeechRequest.model_validate(body)
+        request = kind.model_validate(body)
     except ValidationError as error:
         raise validation_error(error) from None
+    if request.return_timestamps and kind is SpeechRequest and request.stream_format != "sse":
+        raise APIError(
+            400,
+            'return_timestamps on /v1/audio/speech needs stream_format "sse" (the words come '
+            "as speech.audio.timestamps events); for audio and word timings in JSON use "
+            "POST /dev/captioned_speech",
+            param="return_timestamps",
+            code="invalid_value",
+        )
+    return request

@@ -10,6 +10,7 @@ import logging
 import math
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -18,10 +19,12 @@ from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from onnx_tts.errors import AudioError, InputError, OnnxTTSError
+from onnx_tts.errors import AudioError, InputError, MarkupError, OnnxTTSError, SsmlError
+from onnx_tts.pipeline.timings import WordTiming
 from onnx_tts.server.encoding import (
     CONTENT_TYPES,
     REQUESTABLE_RATES,
+    FormatUnavailable,
     StreamEncoder,
     codec_rates,
     encoded_rate,
@@ -29,13 +32,30 @@ from onnx_tts.server.encoding import (
 from onnx_tts.server.engines import DEFAULT_MODEL_ALIASES, ModelRegistry
 from onnx_tts.server.errors import APIError, one_line
 from onnx_tts.server.instructions import Styling, interpret
-from onnx_tts.server.jobs import AUDIO, END, ERROR, START, Generation, ServerStopping
+from onnx_tts.server.jobs import (
+    AUDIO,
+    END,
+    ERROR,
+    START,
+    WORDS,
+    Busy,
+    Generation,
+    ServerStopping,
+)
 from onnx_tts.server.metrics import SynthesisRecord
 from onnx_tts.server.schemas import SpeechRequest
 from onnx_tts.server.voice_names import VoiceNameError, voice_to_speak
 from onnx_tts.server.voices import VoiceStoreError
 
 log = logging.getLogger("onnx_tts.server")
+
+# The SSE event that carries word timings (with `return_timestamps`); OpenAI's clients skip
+# event types they do not know.
+TIMESTAMPS_EVENT = "speech.audio.timestamps"
+# How often a request whose answer is not being sent yet is checked for a disconnect.
+DISCONNECT_POLL_SECONDS = 0.25
+# (kind, payload, arrival time) as the handler saw it.
+_Event = tuple[str, Any, float]
 
 # -- speech -------------------------------------------------------------------------------------
 
@@ -76,9 +96,80 @@ def plan_speech(state: Any, request: SpeechRequest, received: float) -> tuple[Ge
         output_rate=encoded_rate(request.response_format, model.sample_rate, sample_rate),
         # OpenAI's pcm is mono (its clients assume it); the other formats say their channels.
         output_channels=1 if request.response_format == "pcm" else model.channels,
+        ssml=request.ssml,
+        sentence_silence=request.sentence_silence,
+        timestamps=request.return_timestamps,
         received_at=received,
     )
     return job, styling
+
+
+@dataclass
+class Started:
+    """A speech request admitted and running, its first event in hand."""
+
+    job: Generation
+    encoder: StreamEncoder
+    first: _Event
+    record: SynthesisRecord
+    headers: dict[str, str]  # what the response says about itself (rate, channels, styling)
+
+
+async def start_speech(
+    state: Any, request: Request, speech: SpeechRequest, received: float
+) -> Started | Response:
+    """Plan, admit and start `speech`, and wait for its first audio: a Started, or a 499
+    Response when the client left first. Refusals are APIErrors (400, 404, 429, ...)."""
+    # Off the event loop: resolving a voice reads the voice store (files or Redis).
+    job, styling = await run_in_threadpool(plan_speech, state, speech, received)
+    try:
+        encoder = await run_in_threadpool(
+            StreamEncoder, speech.response_format, job.output_rate, job.output_channels
+        )
+    except FormatUnavailable as error:
+        raise APIError(
+            400, str(error), param="response_format", code="unsupported_format"
+        ) from None
+    record = SynthesisRecord(
+        request_id=request.state.request_id,
+        model=job.model.name,
+        voice=speech.voice_id,
+        characters=len(speech.input),
+        response_format=speech.response_format,
+    )
+    if styling.ignored:
+        log.warning(
+            "instructions ignored id=%s: %s",
+            record.request_id,
+            styling.headers()["X-Instructions-Ignored"],
+        )
+    try:
+        await job.admit(state.config.queue_timeout)
+    except Busy as error:
+        state.metrics.refused.inc()
+        raise APIError(
+            429, str(error), code="busy", headers={"Retry-After": str(error.retry_after)}
+        ) from None
+    job.start()
+    try:
+        first = await next_event(job, request)
+    except BaseException:
+        job.cancel()
+        raise
+    if first is None or first[0] == ERROR:
+        job.cancel()
+        if first is None:  # the client left before the first audio
+            state.metrics.cancelled.inc()
+            record.log(job.cache_hit)
+            return Response(status_code=499)
+        raise client_error(first[1])
+    headers = {
+        "X-Sample-Rate": str(job.output_rate),
+        "X-Channels": str(job.output_channels),
+        "X-Bit-Depth": "16",
+        **styling.headers(),
+    }
+    return Started(job, encoder, first, record, headers)
 
 
 def _requested_rate(value: Any, response_format: str) -> int | None:
@@ -121,56 +212,62 @@ def _check_option(name: str, value: Any, kind: type) -> None:
         )
 
 
-def respond(
-    state: Any,
-    request: Request,
-    speech: SpeechRequest,
-    job: Generation,
-    encoder: StreamEncoder,
-    first: _Event,
-    record: SynthesisRecord,
-    headers: dict[str, str],
+async def respond(
+    state: Any, request: Request, speech: SpeechRequest, started: Started
 ) -> Response:
     """Every response streams as the audio is made (OpenAI does the same for every format):
-    raw bytes of `response_format`, or SSE events with base64 audio."""
+    raw bytes of `response_format`, or SSE events with base64 audio (and, with
+    `return_timestamps`, speech.audio.timestamps events with each sentence's words)."""
     fmt = speech.response_format
-    rate = job.output_rate
-    headers = {
-        "X-Sample-Rate": str(rate),
-        "X-Channels": str(job.output_channels),
-        "X-Bit-Depth": "16",
-        **headers,
-    }
+    job, encoder = started.job, started.encoder
 
     async def body() -> AsyncIterator[bytes]:
-        async for samples in _audio_events(state, request, job, first, record):
-            # Codecs cost real CPU: off the event loop; raw PCM is a copy.
-            if fmt in ("pcm", "wav"):
-                data = encoder.feed(samples)
-            else:
-                data = await run_in_threadpool(encoder.feed, samples)
+        async for kind, payload in audio_events(state, request, started):
+            if kind == WORDS:
+                if speech.stream_format == "sse":
+                    words = [word_json(word) for word in payload]
+                    yield _sse({"type": TIMESTAMPS_EVENT, "words": words})
+                continue
+            data = await encode(encoder, fmt, payload)
             if speech.stream_format == "sse":
                 if data:
-                    yield _sse({"type": "speech.audio.delta", "audio": _b64(data)})
+                    yield _sse({"type": "speech.audio.delta", "audio": b64(data)})
             elif data:
                 yield data
         tail = await run_in_threadpool(encoder.close)
         if speech.stream_format == "sse":
             if tail:
-                yield _sse({"type": "speech.audio.delta", "audio": _b64(tail)})
+                yield _sse({"type": "speech.audio.delta", "audio": b64(tail)})
             yield _sse({"type": "speech.audio.done", "usage": _usage(speech, job)})
         elif tail:
             yield tail
 
     if speech.stream_format == "sse":
-        return _JobStream(
-            state,
+        return JobStream(
             job,
             _sse_errors(body()),
             media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache", **headers},
+            headers={"Cache-Control": "no-cache", **started.headers},
         )
-    return _JobStream(state, job, body(), media_type=CONTENT_TYPES[fmt], headers=headers)
+    return JobStream(job, body(), media_type=CONTENT_TYPES[fmt], headers=started.headers)
+
+
+async def encode(encoder: StreamEncoder, fmt: str, samples: np.ndarray) -> bytes:
+    """`samples` through the response's encoder: codecs cost real CPU, so off the event loop;
+    raw PCM is a copy."""
+    if fmt in ("pcm", "wav"):
+        return encoder.feed(samples)
+    return await run_in_threadpool(encoder.feed, samples)
+
+
+def word_json(word: WordTiming) -> dict[str, Any]:
+    """A timed word as the server sends it (Kokoro-FastAPI's fields, plus `estimated`)."""
+    return {
+        "word": word.word,
+        "start_time": round(word.start, 3),
+        "end_time": round(word.end, 3),
+        "estimated": word.estimated,
+    }
 
 
 class StreamAborted(Exception):
@@ -178,13 +275,12 @@ class StreamAborted(Exception):
     without the final chunk, so the client sees a truncated transfer, not a short file."""
 
 
-class _JobStream(StreamingResponse):
+class JobStream(StreamingResponse):
     """A streamed body whose generation stops however the response ends, even when the
     client leaves before the first byte (the body generator then never starts)."""
 
-    def __init__(self, state: Any, job: Generation, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, job: Generation, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._state = state
         self._job = job
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -201,16 +297,14 @@ class _JobStream(StreamingResponse):
             self._job.cancel()  # a no-op once the job has finished
 
 
-# (kind, payload, arrival time) as the handler saw it.
-_Event = tuple[str, Any, float]
-
-
 async def next_event(job: Generation, request: Request) -> _Event | None:
     """The job's next event other than START; None when the client left meanwhile (nobody
     reads a body yet, so the request is polled for a disconnect)."""
     while True:
         try:
-            kind, payload = await asyncio.wait_for(job.events.get(), timeout=0.25)
+            kind, payload = await asyncio.wait_for(
+                job.events.get(), timeout=DISCONNECT_POLL_SECONDS
+            )
         except asyncio.TimeoutError:
             if await request.is_disconnected():
                 return None
@@ -219,29 +313,42 @@ async def next_event(job: Generation, request: Request) -> _Event | None:
             return kind, payload, time.perf_counter()
 
 
-async def _audio_events(
-    state: Any,
-    request: Request,
-    job: Generation,
-    first: _Event,
-    record: SynthesisRecord,
-) -> AsyncIterator[np.ndarray]:
-    """The job's audio as it comes, starting with `first`; metrics, the synthesis log line
-    and cancellation in one place."""
+async def audio_events(
+    state: Any, request: Request, started: Started, watch: bool = False
+) -> AsyncIterator[tuple[str, Any]]:
+    """The job's (AUDIO, samples) and (WORDS, timed words) as they come, starting with its
+    first event; metrics, the synthesis log line and cancellation in one place. `watch`: no
+    body is being sent meanwhile, so poll the client for a disconnect (the events just end
+    when it left)."""
+    job, record = started.job, started.record
     metrics = state.metrics
     clock = job.clock  # the same clock tells the engine when this listener runs dry
     received = job.received_at
-    pending: _Event | None = first
+    pending: _Event | None = started.first
     finished = False
+    looked = time.perf_counter()  # when the connection was last looked at (watch)
     try:
         while True:
             if pending is not None:
                 kind, payload, now = pending
                 pending = None
+            elif watch:
+                # Events may come faster than next_event's idle poll: look at the connection
+                # every DISCONNECT_POLL_SECONDS in any case.
+                if time.perf_counter() - looked > DISCONNECT_POLL_SECONDS:
+                    looked = time.perf_counter()
+                    if await request.is_disconnected():
+                        return
+                event = await next_event(job, request)
+                if event is None:
+                    return
+                kind, payload, now = event
             else:
                 kind, payload = await job.events.get()
                 now = time.perf_counter()
-            if kind == AUDIO:
+            if kind == WORDS:
+                yield kind, payload
+            elif kind == AUDIO:
                 seconds = len(payload) / job.output_rate
                 if record.first_audio is None:
                     record.first_audio = now - received
@@ -253,7 +360,7 @@ async def _audio_events(
                     metrics.underrun_seconds.inc(stall)
                 record.audio_seconds += seconds
                 request.state.audio_seconds = record.audio_seconds
-                yield payload
+                yield kind, payload
             elif kind == END:
                 finished = True
                 record.outcome = "done"
@@ -290,7 +397,7 @@ def _sse(event: dict[str, Any]) -> bytes:
     return f"data: {json.dumps(event, separators=(',', ':'))}\n\n".encode()
 
 
-def _b64(data: bytes) -> str:
+def b64(data: bytes) -> str:
     return base64.b64encode(data).decode("ascii")
 
 
@@ -308,6 +415,10 @@ def client_error(error: BaseException) -> APIError:
         return error
     if isinstance(error, ServerStopping):
         return APIError(503, "the server is stopping; retry on another replica", code="stopping")
+    if isinstance(error, SsmlError):  # its message names the line and column
+        return APIError(400, one_line(error), param="input", code="invalid_ssml")
+    if isinstance(error, MarkupError):
+        return APIError(400, one_line(error), param="input", code="invalid_markup")
     if isinstance(error, (InputError, AudioError)):
         return APIError(400, one_line(error), code="invalid_value")
     if isinstance(error, OnnxTTSError):

@@ -7,6 +7,12 @@ reads `info` (a TTS program and its voices), then `synthesize` (one text) or a s
 `audio-stop`; a streamed text is spoken sentence by sentence as the sentences complete, and
 ends with `synthesize-stopped` (the order wyoming-piper uses, which Home Assistant expects).
 
+Markup: a text that starts with <speak> is SSML (`text_format` "ssml" forces it, "text" reads
+it as plain text), else plain text with Piper's ``[[ phonemes ]]``; a streamed SSML text is
+kept until `synthesize-stop` and spoken whole (text_stream.py). Invalid markup is an `error`
+event naming its line and column. `speed` and `sentence_silence` in `synthesize` /
+`synthesize-start` are onnx-tts extensions; `voice.language` must be one the model speaks.
+
 Voices: `default`, the model's builtin voices and the voices uploaded to the HTTP server (the
 same --voices-dir, or the same Redis), by id with their names as descriptions; a requested name
 reaches exactly one voice by the HTTP server's rules (`voice_names`), and a stored voice whose
@@ -34,19 +40,19 @@ import numpy as np
 from wyoming.audio import AudioChunk, AudioStart, AudioStop
 from wyoming.error import Error
 from wyoming.event import Event, async_write_event
-from wyoming.info import Attribution, Describe, Info, TtsProgram, TtsVoice
+from wyoming.info import Describe, Info, TtsProgram, TtsVoice
 from wyoming.server import AsyncEventHandler, AsyncServer, AsyncTcpServer
 from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop
 
 from onnx_tts.audio import to_pcm16
 from onnx_tts.config import WyomingConfig
 from onnx_tts.errors import OnnxTTSError
-from onnx_tts.frontend import split_sentences
 from onnx_tts.server.engines import ModelRegistry, SpeechModel
 from onnx_tts.server.errors import one_line
 from onnx_tts.server.jobs import AUDIO, END, ERROR, Busy, Generation
 from onnx_tts.server.metrics import SynthesisRecord
 from onnx_tts.server.schemas import MAX_INPUT_CHARS
+from onnx_tts.server.text_stream import Piece, StreamedText
 from onnx_tts.server.voice_names import VoiceNameError, voice_to_speak
 from onnx_tts.server.voices import VoiceStoreError
 from onnx_tts.server.wyoming_events import (
@@ -56,6 +62,7 @@ from onnx_tts.server.wyoming_events import (
     malformed,
     read_event,
 )
+from onnx_tts.server.wyoming_requests import ATTRIBUTION, Speech, error_code, event_options
 
 log = logging.getLogger("onnx_tts.server.wyoming")
 
@@ -63,7 +70,6 @@ log = logging.getLogger("onnx_tts.server.wyoming")
 MAX_STREAM_CHARS = 64 * MAX_INPUT_CHARS
 # A text waits at most this long to start before the client is told the server is busy.
 QUEUE_TIMEOUT_SECONDS = 10.0
-ATTRIBUTION = Attribution(name="onnx-tts", url="")
 
 
 class VoiceRefused(Exception):
@@ -95,7 +101,7 @@ class WyomingService:
 
     def info(self) -> Info:
         model = self.model
-        language = str(model.engine.info().get("language") or "en")
+        languages = model.languages
         voices = [
             TtsVoice(
                 name="default",
@@ -103,7 +109,7 @@ class WyomingService:
                 attribution=ATTRIBUTION,
                 installed=True,
                 version=None,
-                languages=[language],
+                languages=list(languages),
             )
         ]
         listed = [(name, f"{model.name} builtin voice {name}") for name in model.builtin_voices]
@@ -118,7 +124,7 @@ class WyomingService:
                 attribution=ATTRIBUTION,
                 installed=True,
                 version=None,
-                languages=[language],
+                languages=list(languages),
             )
             for name, description in listed
         ]
@@ -136,15 +142,17 @@ class WyomingService:
             ]
         )
 
-    def plan(self, text: str, voice_name: str | None) -> Generation:
-        """A generation of `text` in `voice_name` (None: the model's default voice); reads the
-        voice store, so it runs in a worker thread. VoiceRefused with a one-line reason for a
-        voice that reaches nothing, several voices, or a stored voice that is refused."""
+    def plan(self, speech: Speech) -> Generation:
+        """A generation of `speech` (voice None: the model's default voice); reads the voice
+        store, so it runs in a worker thread. VoiceRefused with a one-line reason for a voice
+        that reaches nothing, several voices, or a stored voice that is refused, and for a
+        language the model does not speak."""
         model = self.model
+        options = self._language_options(speech.language)
         voice_audio = None
-        if voice_name:
+        if speech.voice:
             try:
-                voice_audio = voice_to_speak(self.voices, self.registry, model, voice_name)
+                voice_audio = voice_to_speak(self.voices, self.registry, model, speech.voice)
             except (VoiceNameError, VoiceStoreError) as error:
                 code = "voice_not_found" if error.code == "voice_not_found" else error.code
                 raise VoiceRefused(str(error), code) from None
@@ -152,13 +160,33 @@ class WyomingService:
                 raise VoiceRefused(one_line(error), "voice_refused") from None
         return Generation(
             model=model,
-            text=text,
+            text=speech.text,
             voice_audio=voice_audio,
             seed=None,
-            options={},
-            speed=1.0,
+            options=options,
+            speed=speech.speed,
             output_rate=model.sample_rate,
+            ssml=speech.ssml,
+            sentence_silence=speech.sentence_silence,
         )
+
+    def _language_options(self, language: str | None) -> dict[str, Any]:
+        """The model options for a requested language: a multilingual model takes it as its
+        `language` option (the engine checks it); any other must speak it already."""
+        if not language:
+            return {}
+        model = self.model
+        if "language" in model.options:
+            return {"language": language}
+        wanted = language.lower().replace("_", "-").split("-")[0]
+        spoken = model.languages
+        if wanted not in {code.lower().replace("_", "-").split("-")[0] for code in spoken}:
+            raise VoiceRefused(
+                f"language {language!r} is not spoken by {model.name}; it speaks "
+                f"{', '.join(spoken)}: ask for one of those, or leave the language out",
+                "language_not_supported",
+            )
+        return {}
 
 
 class WyomingHandler(AsyncEventHandler):
@@ -167,32 +195,38 @@ class WyomingHandler(AsyncEventHandler):
     def __init__(self, service: WyomingService, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.service = service
-        self._stream_voice: str | None = None
-        self._stream_text: str | None = None  # not None while a streamed text is open
+        self._stream_options: dict[str, Any] = {}  # voice, markup, speed of the open stream
+        self._stream_text: StreamedText | None = None  # not None while a streamed text is open
         self._stream_chars = 0  # characters received in the open streamed text
         # What to say goes through one queue to one speaker task, in order, so that this
         # connection keeps reading events (a streamed text's bound, describe) while it speaks.
-        self._queue: asyncio.Queue[tuple[str, str, str | None]] = asyncio.Queue()
+        self._queue: asyncio.Queue[Speech | None] = asyncio.Queue()
         self._speaker: asyncio.Task | None = None
         self._client_gone = False
         self._pending = 0  # queued items not yet done: the idle clock waits for them
         self._idle = asyncio.Event()
         self._idle.set()
 
-    def _enqueue(self, kind: str, text: str = "", voice: str | None = None) -> None:
+    def _enqueue(self, speech: Speech | None) -> None:
+        """Queue `speech`, or (None) the synthesize-stopped that ends a streamed text."""
         if self._speaker is None or self._speaker.done():
             self._speaker = asyncio.create_task(self._speak_queued())
         self._pending += 1
         self._idle.clear()
-        self._queue.put_nowait((kind, text, voice))
+        self._queue.put_nowait(speech)
+
+    def _enqueue_pieces(self, pieces: list[Piece]) -> None:
+        for piece in pieces:
+            options = {**self._stream_options, "ssml": piece.ssml}
+            self._enqueue(Speech(piece.text, **options))
 
     async def _speak_queued(self) -> None:
         while True:
-            kind, text, voice = await self._queue.get()
+            speech = await self._queue.get()
             try:
-                if kind == "stopped":
+                if speech is None:
                     await self._send(Event(type="synthesize-stopped"))
-                elif not await self._speak(text, voice):
+                elif not await self._speak(speech):
                     self._client_gone = True
                     return
             except (ConnectionError, BrokenPipeError):
@@ -293,9 +327,8 @@ class WyomingHandler(AsyncEventHandler):
             if self._stream_text is not None:
                 await self._error("synthesize-start while a streamed text is open", "bad_order")
                 return True
-            start = SynthesizeStart.from_event(event)
-            self._stream_voice = start.voice.name if start.voice else None
-            self._stream_text = ""
+            self._stream_options = event_options(event.data or {})
+            self._stream_text = StreamedText(self._stream_options["ssml"])
             self._stream_chars = 0
             return True
         if SynthesizeChunk.is_type(event.type):
@@ -303,44 +336,47 @@ class WyomingHandler(AsyncEventHandler):
                 await self._error("synthesize-chunk before synthesize-start", "bad_order")
                 return True
             chunk = SynthesizeChunk.from_event(event).text
-            self._stream_text += chunk
             self._stream_chars += len(chunk)  # the whole stream is bounded, spoken or not
             if self._stream_chars > MAX_STREAM_CHARS:
                 self._drop_queued()
                 await self._error(f"a streamed text holds at most {MAX_STREAM_CHARS} characters")
                 self._stream_text = None
                 return True
-            sentences = split_sentences(self._stream_text)
-            if len(sentences) > 1:  # all but the last are complete
-                for sentence in sentences[:-1]:
-                    self._enqueue("speak", sentence, self._stream_voice)
-                self._stream_text = sentences[-1]
+            self._enqueue_pieces(self._stream_text.add(chunk))
+            if self._stream_text.ssml and self._stream_text.pending > MAX_INPUT_CHARS:
+                # An SSML document is spoken whole, so it is bounded like one text.
+                self._drop_queued()
+                await self._error(
+                    f"a streamed SSML document holds at most {MAX_INPUT_CHARS} characters (it "
+                    "is spoken whole when the stream ends); stream plain text, or send shorter "
+                    "documents",
+                    "too_long",
+                )
+                self._stream_text = None
             return not self._client_gone
         if SynthesizeStop.is_type(event.type):
             if self._stream_text is None:
                 await self._error("synthesize-stop before synthesize-start", "bad_order")
                 return True
-            rest, self._stream_text = self._stream_text.strip(), None
-            if rest:
-                self._enqueue("speak", rest, self._stream_voice)
-            self._enqueue("stopped")
+            text, self._stream_text = self._stream_text, None
+            self._enqueue_pieces(text.finish())
+            self._enqueue(None)
             return not self._client_gone
         if Synthesize.is_type(event.type):
             if self._stream_text is not None:
                 return True  # sent beside a stream for older servers; the stream speaks
             synthesize = Synthesize.from_event(event)
-            voice = synthesize.voice.name if synthesize.voice else None
-            self._enqueue("speak", synthesize.text, voice)
+            self._enqueue(Speech(synthesize.text, **event_options(event.data or {})))
             return not self._client_gone
         return True  # events for other services are not ours
 
     async def _error(self, text: str, code: str = "invalid_request") -> None:
         await self._send(Error(text=text, code=code).event())
 
-    async def _speak(self, text: str, voice_name: str | None) -> bool:
-        """Generate `text` and send its audio as it comes; False when the client left."""
-        text = " ".join(text.split())
-        if not text:
+    async def _speak(self, speech: Speech) -> bool:
+        """Generate `speech` and send its audio as it comes; False when the client left."""
+        text = speech.text
+        if not text.strip():
             await self._error("nothing to say: the text is empty", "empty_text")
             return True
         if len(text) > MAX_INPUT_CHARS:
@@ -348,11 +384,12 @@ class WyomingHandler(AsyncEventHandler):
             return True
         service = self.service
         try:
-            job = await asyncio.to_thread(service.plan, text, voice_name)
+            job = await asyncio.to_thread(service.plan, speech)
         except VoiceRefused as error:
             log.info("wyoming voice refused: %s", error)
             await self._error(str(error), error.code)
             return True
+        voice_name = speech.voice
         record = SynthesisRecord(
             request_id=uuid.uuid4().hex[:16],
             model=job.model.name,
@@ -388,7 +425,7 @@ class WyomingHandler(AsyncEventHandler):
                     return True
                 elif kind == ERROR:
                     record.outcome = "error"
-                    await self._error(one_line(payload), type(payload).__name__)
+                    await self._error(one_line(payload), error_code(payload))
                     return True
         except (ConnectionError, BrokenPipeError):
             log.info("wyoming client went away; generation %s stopped", record.request_id)

@@ -117,6 +117,7 @@ async def first_byte(
 
 
 # Fields of the events this server reads, and the JSON types they must have.
+SHAPING_FIELDS = ("speed", "sentence_silence")  # numbers, in synthesize and synthesize-start
 _TEXT_EVENTS = ("synthesize", "synthesize-chunk")
 _VOICE_EVENTS = ("synthesize", "synthesize-start")
 
@@ -135,4 +136,13 @@ def malformed(event: Event) -> str:
         for key in ("name", "language", "speaker"):
             if voice.get(key) is not None and not isinstance(voice[key], str):
                 return f'"voice.{key}" must be a string'
+    if event.type in _VOICE_EVENTS:
+        if data.get("text_format") not in (None, "text", "ssml"):
+            return '"text_format" must be "text" or "ssml"'
+        for key in SHAPING_FIELDS:  # onnx-tts extensions; the engine checks their ranges
+            value = data.get(key)
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int | float)
+            ):
+                return f'"{key}" must be a number'
     return ""

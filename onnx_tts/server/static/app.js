@@ -1,10 +1,14 @@
 // onnx-tts web page: plain JS, no libraries. Speech is requested as raw 16-bit PCM
 // (stream_format "audio"), played through Web Audio as the chunks arrive, and kept so that
-// it can be downloaded as a WAV file when it ends.
+// it can be downloaded when it ends: as WAV or raw PCM from what was kept, in the other
+// formats (mp3, flac, opus) asked of the server again with the same seed, so the file holds
+// the speech that was heard (the server's result cache answers the repeat).
 "use strict";
 
 const $ = (id) => document.getElementById(id);
 let current = null; // {controller, context} of the speech in progress
+let spoken = null; // {body, kept, rate} of the last finished speech, for its download
+const EXTENSIONS = { wav: "wav", mp3: "mp3", flac: "flac", opus: "opus", pcm: "pcm" };
 
 function headers(extra = {}) {
   const key = $("api-key").value.trim();
@@ -52,6 +56,45 @@ function wavFile(chunks, rate) {
   return new Blob([header, ...chunks], { type: "audio/wav" });
 }
 
+function disableDownload() {
+  const download = $("download");
+  download.classList.add("disabled");
+  download.setAttribute("aria-disabled", "true");
+}
+
+// The last speech as a file in the chosen format: made here for wav and pcm, asked of the
+// server for the others.
+async function prepareDownload() {
+  if (!spoken) return;
+  const format = $("format").value;
+  const download = $("download");
+  const label = $("format").selectedOptions[0].textContent.split(" ")[0];
+  disableDownload();
+  download.textContent = `Download ${label}`;
+  let blob;
+  if (format === "wav") {
+    blob = wavFile(spoken.kept, spoken.rate);
+  } else if (format === "pcm") {
+    blob = new Blob(spoken.kept, { type: "audio/pcm" });
+  } else {
+    download.textContent = `Preparing ${label}...`;
+    const response = await fetch("/v1/audio/speech", {
+      method: "POST",
+      headers: headers({ "Content-Type": "application/json" }),
+      body: JSON.stringify({ ...spoken.body, response_format: format }),
+    });
+    if (!response.ok) throw new Error(await errorText(response));
+    blob = await response.blob();
+    if (format !== $("format").value) return; // the choice changed meanwhile
+  }
+  if (download.href) URL.revokeObjectURL(download.href);
+  download.href = URL.createObjectURL(blob);
+  download.download = `speech.${EXTENSIONS[format]}`;
+  download.textContent = `Download ${label}`;
+  download.classList.remove("disabled");
+  download.setAttribute("aria-disabled", "false");
+}
+
 function stopSpeaking() {
   if (!current) return;
   current.controller.abort();
@@ -61,9 +104,8 @@ function stopSpeaking() {
 
 async function speak() {
   stopSpeaking();
-  const download = $("download");
-  download.classList.add("disabled");
-  download.setAttribute("aria-disabled", "true");
+  disableDownload();
+  spoken = null;
   const status = $("status");
   const text = $("text").value.trim();
   if (!text) return say(status, "Type some text first.", true);
@@ -74,18 +116,19 @@ async function speak() {
   $("stop").disabled = false;
   say(status, "Generating...");
   const started = performance.now();
+  // One seed for the speech and its download: a sampling model says the same thing twice.
+  const body = {
+    model: $("model").value,
+    voice: $("voice").value,
+    input: text,
+    speed: Number($("speed").value),
+    seed: Math.floor(Math.random() * 2 ** 31),
+  };
   try {
     const response = await fetch("/v1/audio/speech", {
       method: "POST",
       headers: headers({ "Content-Type": "application/json" }),
-      body: JSON.stringify({
-        model: $("model").value,
-        voice: $("voice").value,
-        input: text,
-        speed: Number($("speed").value),
-        response_format: "pcm",
-        stream_format: "audio",
-      }),
+      body: JSON.stringify({ ...body, response_format: "pcm", stream_format: "audio" }),
       signal: controller.signal,
     });
     if (!response.ok) throw new Error(await errorText(response));
@@ -120,12 +163,9 @@ async function speak() {
       if (firstAudio === null) firstAudio = performance.now() - started;
       say(status, `Playing... ${seconds.toFixed(1)} s received (first audio after ${Math.round(firstAudio)} ms)`);
     }
-    const blob = wavFile(kept, rate);
-    if (download.href) URL.revokeObjectURL(download.href);
-    download.href = URL.createObjectURL(blob);
-    download.classList.remove("disabled");
-    download.setAttribute("aria-disabled", "false");
     say(status, `Done: ${seconds.toFixed(1)} s of audio at ${rate} Hz, first audio after ${Math.round(firstAudio)} ms.`);
+    spoken = { body, kept, rate };
+    await prepareDownload();
   } catch (error) {
     if (error.name === "AbortError") say(status, "Stopped.");
     else say(status, `Error: ${error.message}`, true);
@@ -154,6 +194,7 @@ async function upload(event) {
 function start() {
   $("speed").addEventListener("input", () => { $("speed-value").textContent = Number($("speed").value).toFixed(2); });
   $("speak").addEventListener("click", speak);
+  $("format").addEventListener("change", () => prepareDownload().catch((error) => say($("status"), `Error: ${error.message}`, true)));
   $("stop").addEventListener("click", stopSpeaking);
   $("upload").addEventListener("submit", upload);
   $("api-key").addEventListener("change", refresh);
