@@ -2,7 +2,7 @@
 
 ``onnx-tts bench kv`` wraps :func:`main`; it also runs as ``python benchmarks/bench_kv.py``.
 
-Modes, all in this process, on two graphs with the same weights (see README.md, "KV handling"):
+Modes, all in this process, on two graphs with the same weights (see docs/BENCHMARKS.md, "KV handling"):
 
 - ``ort-run`` (concat graph): published-script baseline, ``InferenceSession.run`` with numpy
   feeds, presents fed back as numpy arrays.
@@ -960,7 +960,7 @@ def summary_table(records: list[dict[str, Any]]) -> str:
 
 
 def markdown_table(records: list[dict[str, Any]], targets: list[dict[str, Any]]) -> str:
-    """README-ready tables: ms/step and speedup per shape x mode x context, then the targets."""
+    """docs-ready tables: ms/step and speedup per shape x mode x context, then the targets."""
     lines = []
     for shape in dict.fromkeys(r["shape"] for r in records):
         rows = [r for r in records if r["shape"] == shape]
@@ -1015,7 +1015,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--json", type=Path, help="write one record per shape x mode x context")
     parser.add_argument("--plot", type=Path, help="write a PNG of ms/step vs context")
-    parser.add_argument("--markdown", type=Path, help="write README-ready result tables")
+    parser.add_argument("--markdown", type=Path, help="write docs-ready result tables")
     parser.add_argument(
         "--shapes",
         nargs="+",

@@ -11,7 +11,7 @@ first audio p50/p95, underruns, errors; per setup: the proxy's cost on first aud
 one client minus `single`'s) and the cross-replica result-cache hit rate (a seeded text through
 one replica, then the same request until another replica answers it: hits counted by the
 replicas' own /metrics). On this 2-core machine every setup shares the same two cores, so
-throughput cannot grow with replicas here; the JSON says what was measured, the README turns
+throughput cannot grow with replicas here; the JSON says what was measured, docs/DEPLOYMENT.md turns
 streams per core into a capacity model.
 """
 

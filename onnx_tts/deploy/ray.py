@@ -172,7 +172,7 @@ def serve_on_ray(settings: ServeSettings) -> int:
         )
     local = options.ray_address is None
     # Every proxy of a cluster started here wraps requests in the failover middleware; a
-    # cluster started elsewhere sets the variable on its own nodes (README, deployment).
+    # cluster started elsewhere sets the variable on its own nodes (docs/DEPLOYMENT.md).
     os.environ.setdefault(PROXY_CALLBACK_VARIABLE, PROXY_CALLBACK)
     # One proxy spreads requests over all replicas instead of filling its own node's first.
     os.environ.setdefault("RAY_SERVE_PROXY_PREFER_LOCAL_NODE_ROUTING", "0")

@@ -14,7 +14,7 @@ retried); the client retries a dropped connection once, which covers a Redis res
 two requests.
 
 A Redis without persistence loses the voices when it restarts: run it with AOF or RDB
-snapshots (see the README's deployment section) when uploads must outlive it.
+snapshots (see docs/DEPLOYMENT.md) when uploads must outlive it.
 """
 
 from __future__ import annotations
