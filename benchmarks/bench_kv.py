@@ -2,7 +2,7 @@
 
 ``onnx-tts bench kv`` wraps :func:`main`; it also runs as ``python benchmarks/bench_kv.py``.
 
-Modes, all in this process, on two graphs with the same weights (see docs/BENCHMARKS.md, "KV handling"):
+Modes, all in this process, on two graphs with the same weights (docs/BENCHMARKS.md, "KV"):
 
 - ``ort-run`` (concat graph): published-script baseline, ``InferenceSession.run`` with numpy
   feeds, presents fed back as numpy arrays.
