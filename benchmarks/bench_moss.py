@@ -99,13 +99,13 @@ def stand_in_dir(quick: bool) -> Path:
 def model_dirs(source: Path) -> dict[str, tuple[Path, dict[str, Any]]]:
     """Engine contender -> (model directory, load options): the source as published, converted
     for the in-place cache, and the converted model quantized (each made once, cached)."""
-    from onnx_tts.tools.convert.inplace_kv import convert_moss_inplace_kv
+    from onnx_tts.tools.convert import convert_bundle_inplace_kv
     from onnx_tts.tools.quantize import Thresholds, WeightsSpec, quantize_model
 
     converted = source.parent / (source.name + "-inplace")
     if not converted.is_dir():
         _log(f"converting decode_step into {converted} ...")
-        convert_moss_inplace_kv(source, converted)
+        convert_bundle_inplace_kv(source, converted)
     dirs = {"float chain": (source, {"kv": "chain"}), "float in place": (converted, {})}
     # Random weights give flat distributions: the local frame graph's codes then agree at ~0.83
     # for int8 (argmax per channel ~0.98, over 16 chained channels), and int4's global hidden

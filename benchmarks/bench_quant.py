@@ -204,7 +204,7 @@ def lm_variants(float_path: Path, cache: Path) -> dict[str, Path]:
     writes them), cached beside the float graph."""
     import onnx
 
-    from onnx_tts.tools.bundle_files import save_sharing_data
+    from onnx_tts.tools.external_data import save_sharing_data
     from onnx_tts.tools.quantize.weights import WeightsSpec, quantize_weights
 
     paths = {"float": float_path}
@@ -298,8 +298,7 @@ def voice_bundles(work: Path) -> dict[str, Path]:
     """The shipped voice, its float twin and `onnx-tts quantize --weights int4` of the twin."""
     import onnx
 
-    from onnx_tts.bundle import VOICE_MODEL_DIR, Bundle
-    from onnx_tts.tools.bundle_files import manifest_files, write_bundle
+    from onnx_tts.bundle import VOICE_MODEL_DIR, Bundle, manifest_files, write_bundle
     from onnx_tts.tools.quantize import WeightsSpec, dequantize_matmul_nbits, quantize_model
 
     shipped = Bundle.read(VOICE_MODEL_DIR)

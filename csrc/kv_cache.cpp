@@ -96,8 +96,8 @@ std::vector<NamedValue> KVCache::prefill(Session& source, std::vector<Feed> feed
     throw RunError(cat("ONNX Runtime returned ", values.size(), " outputs, expected ",
                        pairs_.size() + outputs.size()));
   }
-  // The prefill graph may lay its KV out differently from the step graph (MOSS-TTS-Nano's
-  // prefill is [B, S, H, D], a converted in-place decode_step [B, H, S, D]): read its layout
+  // The prefill graph may lay its KV out differently from the step graph (a published prefill
+  // may be [B, S, H, D] and its converted in-place step graph [B, H, S, D]): read its layout
   // from its declared output, as the step graph's is read from its inputs.
   const TensorSpec* declared = source.find_output(pairs_[0].present);
   int source_axis = declared->shape.size() == 4 && declared->shape[1] < 0 && declared->shape[2] >= 0

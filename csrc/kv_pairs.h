@@ -21,7 +21,7 @@ struct KVPair {
   int64_t head_dim;
   size_t element_size;
   // Axis of the sequence: 2 for [batch, heads, sequence, head_dim] (Hugging Face, GQA), 1 for
-  // [batch, sequence, heads, head_dim] (e.g. MOSS-TTS-Nano's Concat graphs).
+  // [batch, sequence, heads, head_dim] (some published exports' Concat graphs).
   int seq_axis = 2;
 
   // The shape of `tokens` cached tokens of `batch` rows in this pair's layout.

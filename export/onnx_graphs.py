@@ -18,13 +18,10 @@ from typing import Any, Literal
 import numpy as np
 import onnx
 
+# The one bundle writer (onnx_tts.bundle, beside the reader), re-exported for the recipes.
+from onnx_tts.bundle import save_model as save_model
+from onnx_tts.bundle import write_bundle as write_bundle
 from onnx_tts.errors import ModelError
-
-# The one bundle writer, re-exported for the recipes (it lives with the offline tools, since the
-# quantizer and the converter rewrite bundles too).
-from onnx_tts.tools.bundle_files import atomic_write_bytes as atomic_write_bytes
-from onnx_tts.tools.bundle_files import save_model as save_model
-from onnx_tts.tools.bundle_files import write_bundle as write_bundle
 from onnx_tts.tools.graph_builder import (
     BOOL,
     FLOAT,

@@ -1,6 +1,8 @@
 """Bundle manifests (`bundle.json`): parsing, and the checks every bundle passes before any of
 its files is opened: known format, the family's sections, typed and bounded values, and
-files that lie inside the bundle directory and match their listed sha256."""
+files that lie inside the bundle directory and match their listed sha256; and the one bundle
+writer (`write_bundle`, `write_manifest`), through which export recipes and the offline tools
+write every bundle.json, so its hashes always come from the bytes on disk."""
 
 from __future__ import annotations
 
@@ -9,12 +11,16 @@ import json
 import math
 import numbers
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from onnx_tts.atomic_files import write_atomically
 from onnx_tts.errors import ModelError
+
+if TYPE_CHECKING:
+    import onnx
 
 FORMAT_VERSION = 1
 MANIFEST = "bundle.json"
@@ -294,3 +300,92 @@ class Bundle:
             for past, present in zip(past_names, present_names, strict=True)
         ]
         return {past: spec for past, _ in names}, {present: spec for _, present in names}
+
+
+# -- writing ------------------------------------------------------------------------------------
+# Files a manifest can name; each one is hashed into its "sha256" section.
+_BUNDLE_FILE_SUFFIXES = (".onnx", ".onnx_data", ".json", ".txt", ".wav")
+
+
+def manifest_files(value: object) -> set[str]:
+    """Every string in a manifest that names a bundle file."""
+    if isinstance(value, str):
+        return {value} if value.endswith(_BUNDLE_FILE_SUFFIXES) else set()
+    if isinstance(value, Mapping):
+        return set().union(*(manifest_files(v) for v in value.values()))
+    if isinstance(value, list | tuple):
+        return set().union(*(manifest_files(v) for v in value))
+    return set()
+
+
+def write_file(path: str | os.PathLike[str], data: bytes) -> None:
+    """`data` written atomically to `path`, its directories made first."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    write_atomically(target, data)
+
+
+def save_model(model: onnx.ModelProto, path: str | os.PathLike[str]) -> bytes:
+    """Serialises a graph deterministically, writes it atomically, returns the bytes written."""
+    data = model.SerializeToString(deterministic=True)
+    write_file(path, data)
+    return data
+
+
+def _checked_manifest(manifest: Mapping[str, object], present: Iterable[str]) -> None:
+    unlisted = sorted(manifest_files(manifest) - set(present))
+    if unlisted:
+        raise ModelError(
+            f"the manifest names {', '.join(unlisted)} but no such file is written: pass it in "
+            "`files` so it is hashed"
+        )
+    if "sha256" in manifest:
+        raise ModelError("the manifest must not carry 'sha256': the bundle writer computes it")
+
+
+def _write_manifest_text(out: Path, manifest: Mapping[str, object], sha256: dict[str, str]) -> int:
+    text = (json.dumps({**manifest, "sha256": sha256}, indent=2) + "\n").encode("utf-8")
+    write_atomically(out / MANIFEST, text)
+    return len(text)
+
+
+def write_bundle(
+    out_dir: str | os.PathLike[str],
+    manifest: Mapping[str, object],
+    files: Mapping[str, onnx.ModelProto | bytes],
+) -> tuple[dict[str, str], dict[str, int]]:
+    """The one bundle writer: every file (graphs serialised deterministically), then
+    bundle.json = `manifest` + "sha256" of every file, each written atomically (bundle.json
+    last, so a reader never sees a manifest whose files are not there yet).
+
+    Raises ModelError when the manifest names a file that is not in `files` (it would carry no
+    hash). Returns ({file: sha256 hex}, {file: size} including bundle.json)."""
+    _checked_manifest(manifest, files)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    sha256: dict[str, str] = {}
+    sizes: dict[str, int] = {}
+    for filename, content in files.items():
+        if isinstance(content, bytes):
+            write_file(out / filename, content)
+            data = content
+        else:
+            data = save_model(content, out / filename)
+        sha256[filename] = hashlib.sha256(data).hexdigest()
+        sizes[filename] = len(data)
+    sizes[MANIFEST] = _write_manifest_text(out, manifest, sha256)
+    return sha256, sizes
+
+
+def write_manifest(
+    out_dir: str | os.PathLike[str], manifest: Mapping[str, object]
+) -> dict[str, str]:
+    """bundle.json for files already in `out_dir` (a bundle whose files a tool rewrote): the
+    `manifest` + the sha256 of every file it names, read from disk, in name order. Raises
+    ModelError when a named file is not there. Returns {file: sha256 hex}."""
+    out = Path(out_dir)
+    names = sorted(manifest_files(manifest))
+    _checked_manifest(manifest, [name for name in names if (out / name).is_file()])
+    sha256 = {name: file_sha256(inside(out, name, "a listed file")) for name in names}
+    _write_manifest_text(out, manifest, sha256)
+    return sha256

@@ -17,14 +17,9 @@ from onnx import helper, numpy_helper
 
 import onnx_tts
 from export import synthetic_chatterbox as synth
-from onnx_tts.bundle import Bundle
+from onnx_tts.bundle import Bundle, write_bundle
 from onnx_tts.errors import InputError, ModelError
-from onnx_tts.tools.bundle_files import write_bundle
 from onnx_tts.tools.convert import convert_bundle_inplace_kv
-from onnx_tts.tools.convert.inplace_kv import (
-    convert_manifest_bundle_inplace_kv,
-    convert_moss_inplace_kv,
-)
 from onnx_tts.tools.quantize import (
     REPORT,
     Thresholds,
@@ -227,13 +222,13 @@ def test_a_graph_that_disagrees_stays_float(tmp_path):
 def test_codec_lm_composes_with_convert_in_either_order(tmp_path):
     """quantize -> convert and convert -> quantize give the same in-place, batched model."""
     converted = tmp_path / "converted"
-    convert_manifest_bundle_inplace_kv(codec_lm_dir(), converted, check_steps=20)
+    convert_bundle_inplace_kv(codec_lm_dir(), converted, check_steps=20)
     first = tmp_path / "convert-then-quantize"
     quantize_model(converted, first, WeightsSpec("int8"), thresholds=ANY_SPEED)
     quantized = tmp_path / "quantized"
     quantize_model(codec_lm_dir(), quantized, WeightsSpec("int8"), thresholds=ANY_SPEED)
     second = tmp_path / "quantize-then-convert"
-    convert_manifest_bundle_inplace_kv(quantized, second, check_steps=20)
+    convert_bundle_inplace_kv(quantized, second, check_steps=20)
     audio = []
     for directory in (first, second):
         Bundle.read(directory).validate(("graphs",))
@@ -282,13 +277,13 @@ def test_moss_keeps_its_layout_and_shared_weights(moss_models, tmp_path):
 
 def test_moss_composes_with_convert_in_either_order(moss_models, tmp_path):
     converted = tmp_path / "converted"
-    convert_moss_inplace_kv(moss_models, converted)
+    convert_bundle_inplace_kv(moss_models, converted)
     first = tmp_path / "convert-then-quantize"
     quantize_model(converted, first, WeightsSpec("int8"), thresholds=ANY_SPEED)
     quantized = tmp_path / "quantized"
     quantize_model(moss_models, quantized, WeightsSpec("int8"), thresholds=ANY_SPEED)
     second = tmp_path / "quantize-then-convert"
-    convert_moss_inplace_kv(quantized, second)
+    convert_bundle_inplace_kv(quantized, second)
     audio = []
     for directory in (first, second):
         engine = onnx_tts.load(directory, cache_dir=None, threads=1, max_batch=4)

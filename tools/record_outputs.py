@@ -62,9 +62,9 @@ def _models(work: Path) -> dict[str, tuple[Path | None, dict]]:
         build(moss, replace(small(), greedy_frame=True))
     moss_inplace = work / "moss-inplace"
     if not moss_inplace.is_dir():
-        from onnx_tts.tools.convert.inplace_kv import convert_moss_inplace_kv
+        from onnx_tts.tools.convert import convert_bundle_inplace_kv
 
-        convert_moss_inplace_kv(moss, moss_inplace, check=False)
+        convert_bundle_inplace_kv(moss, moss_inplace, check=False)
     for kv in ("chain", "copy"):
         models[f"moss-{kv}"] = (moss, {"kv": kv, "max_new_frames": 24})
         models[f"moss-full-{kv}"] = (moss, {"kv": kv, "max_new_frames": 24, "sample_mode": "full"})

@@ -444,7 +444,7 @@ def share_external_data(graphs: Sequence[Path], data_name: str) -> None:
     each distinct tensor (by sha256 of its bytes) stored once."""
     import onnx
 
-    from onnx_tts.tools.bundle_files import save_sharing_data
+    from onnx_tts.tools.external_data import save_sharing_data
 
     models = [(path, onnx.load(str(path), load_external_data=True)) for path in graphs]
     directory = graphs[0].parent

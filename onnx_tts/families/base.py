@@ -14,6 +14,9 @@ returns a `Model` built from typed parts, each with one job:
       graphs   LoadedGraphs  sessions, the KV mode and the KV pool, built once by the shared
                              loader (`families/loader.py`) for every family
 
+and whose `files` declare, for the offline tools, what a detected model's files are
+(`ModelFiles`, families/files.py: data only).
+
 The engine, the CLI, the server and Wyoming use only these parts: nothing is probed, no family
 is named outside `families/`.
 """
@@ -36,6 +39,7 @@ from onnx_tts.cache.result import directory_hashes
 from onnx_tts.decoding import SAMPLING_KEYS, DecodeProgram, KVPool, SamplingOptions
 from onnx_tts.encoder import VoiceEncoder
 from onnx_tts.errors import AudioError, InputError
+from onnx_tts.families.files import ModelFiles
 from onnx_tts.families.loader import LoadedGraphs, LoadSettings, Stage
 
 Scope = Literal["load", "request", "both"]
@@ -356,11 +360,14 @@ class Model:
 
 
 Loader = Callable[[Detection, LoadSettings, Mapping[str, Any]], Model]
+# A detected model's files, declared for the offline tools (families/files.py).
+FilesOf = Callable[[Detection], ModelFiles]
 
 
 @dataclass(frozen=True)
 class Family:
-    """A registry entry: everything the engine and the CLI need to know about a family."""
+    """A registry entry: everything the engine, the CLI and the offline tools need to know
+    about a family."""
 
     name: str
     summary: str
@@ -368,6 +375,8 @@ class Family:
     options: tuple[Option, ...] = ()
     # Sections its bundle.json must have; None for third-party layouts without a manifest.
     manifest_sections: tuple[str, ...] | None = None
+    # Its model files for `convert` and `quantize`; None: the tools cannot rewrite it.
+    files: FilesOf | None = None
 
     def option(self, name: str) -> Option | None:
         return next((option for option in self.options if option.name == name), None)
@@ -399,9 +408,11 @@ __all__ = [
     "ChunkOrder",
     "Detection",
     "Family",
+    "FilesOf",
     "LoadSettings",
     "Loader",
     "Model",
+    "ModelFiles",
     "Option",
     "Stage",
     "StreamDecoder",

@@ -35,6 +35,7 @@ from onnx_tts.families.base import (
     VocoderCapabilities,
     Voices,
 )
+from onnx_tts.families.bundled import bundle_files
 from onnx_tts.families.loader import Graph, GraphSet, load_graphs
 from onnx_tts.frontend import TextTokenizer, normalize_text, split_sentences
 from onnx_tts.graph_io import check_graph_io
@@ -515,4 +516,5 @@ REGISTRY_ENTRY = Family(
         ),
     ),
     manifest_sections=SECTIONS,
+    files=bundle_files,
 )

@@ -41,6 +41,7 @@ from onnx_tts.families.base import (
     WordSpan,
     spoken_words,
 )
+from onnx_tts.families.bundled import bundle_files
 from onnx_tts.families.loader import Graph, GraphSet, LoadedGraphs, load_graphs
 from onnx_tts.frontend import PhonemeTable, Phonemizer, normalize_text, split_sentences
 from onnx_tts.graph_io import check_graph_io
@@ -438,4 +439,5 @@ REGISTRY_ENTRY = Family(
     summary="phoneme-pointer mel LM with a speaker embedding (the project's trained voice)",
     loader=load,
     manifest_sections=SECTIONS,
+    files=bundle_files,
 )

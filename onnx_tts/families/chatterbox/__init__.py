@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from onnx_tts.families.base import Detection, Family, LoadSettings, Option
+from onnx_tts.families.chatterbox.files import model_files
 from onnx_tts.families.chatterbox.layout import (
     FAMILY_MULTILINGUAL,
     FAMILY_ORIGINAL,
@@ -99,18 +100,21 @@ REGISTRY_ENTRIES = (
         "Chatterbox Turbo ONNX (GPT-2 LM, audio-feature prefix)",
         load,
         _options(llama=False),
+        files=model_files,
     ),
     Family(
         FAMILY_ORIGINAL,
         "Chatterbox original English ONNX (Llama LM)",
         load,
         _options(llama=True),
+        files=model_files,
     ),
     Family(
         FAMILY_MULTILINGUAL,
         "Chatterbox multilingual ONNX (Llama LM, [lang] text)",
         load,
         _options(llama=True),
+        files=model_files,
     ),
 )
 

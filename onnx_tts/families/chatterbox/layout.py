@@ -91,7 +91,7 @@ def looks_like_chatterbox(model_dir: Path) -> bool:
     )
 
 
-def _graph_file(graph_dir: Path, role: str, precision: str) -> Path:
+def graph_file(graph_dir: Path, role: str, precision: str) -> Path:
     """The file of `role` at `precision`: the current name, or the early multilingual one."""
     names = [f"{prefix}{role}{PRECISION_SUFFIX[precision]}.onnx" for prefix in LEGACY_PREFIXES]
     return next((graph_dir / n for n in names if (graph_dir / n).is_file()), graph_dir / names[0])
@@ -102,7 +102,7 @@ def available_precisions(model_dir: Path) -> list[str]:
     in the order they would be chosen by default."""
     graph_dir = graph_directory(Path(model_dir))
     return [
-        p for p in DEFAULT_PRECISION_ORDER if _graph_file(graph_dir, "language_model", p).is_file()
+        p for p in DEFAULT_PRECISION_ORDER if graph_file(graph_dir, "language_model", p).is_file()
     ]
 
 
@@ -113,8 +113,8 @@ def resolve_graph_files(model_dir: Path, precision: str) -> tuple[dict[str, Path
     files: dict[str, Path] = {}
     problems: list[str] = []
     for role in ROLES:
-        wanted = _graph_file(graph_dir, role, precision)
-        fallback = _graph_file(graph_dir, role, "fp32")
+        wanted = graph_file(graph_dir, role, precision)
+        fallback = graph_file(graph_dir, role, "fp32")
         if wanted.is_file():
             files[role] = wanted
         elif role != "language_model" and fallback.is_file():
@@ -265,7 +265,7 @@ def inspect_layout(model_dir: Path, precision: str | None = None) -> ChatterboxL
         have = f"; available: {', '.join(choices)}" if choices else ""
         raise ModelError(
             f"{model_dir}: precision {precision!r} is not available "
-            f"({_relative(model_dir, _graph_file(graph_dir, 'language_model', precision))} "
+            f"({_relative(model_dir, graph_file(graph_dir, 'language_model', precision))} "
             f"is missing){have}"
         )
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from onnx_tts.families.base import Detection, Family, LoadSettings, Option
+from onnx_tts.families.moss_tts_nano.files import model_files
 from onnx_tts.families.moss_tts_nano.layout import FAMILY, MAX_NEW_FRAMES, SAMPLE_MODES
 from onnx_tts.families.moss_tts_nano.local import PATH_CHOICES
 from onnx_tts.families.moss_tts_nano.reader import inspect_layout, looks_like_moss
@@ -100,6 +101,7 @@ REGISTRY_ENTRY = Family(
     "MOSS-TTS-Nano ONNX (global + local depth transformer, 48 kHz stereo codec)",
     load,
     _OPTIONS,
+    files=model_files,
 )
 
 __all__ = ["FAMILY", "REGISTRY_ENTRY", "detect", "inspect_layout"]

@@ -1,9 +1,9 @@
 """Rewrite a Concat-KV decoder LM into one whose attention is com.microsoft GroupQueryAttention.
 
     onnx-tts convert --inplace-kv IN.onnx OUT.onnx [--no-check] [--check-steps N]
-    onnx-tts convert --inplace-kv MODEL_DIR NEW_DIR     (every language_model*.onnx + copies)
+    onnx-tts convert --inplace-kv MODEL_DIR NEW_DIR     (every step LM it declares + copies)
 
-Third-party LM exports (Chatterbox, Hugging Face / optimum) grow the KV cache with
+Third-party LM exports (published TTS models, Hugging Face / optimum) grow the KV cache with
 ``present = Concat(past, new)`` and compute attention with explicit MatMul/Softmax nodes, so
 their cache can only be chained, never written in place. This module finds, for every layer,
 
@@ -18,8 +18,9 @@ and replaces that subgraph with one GroupQueryAttention node (``do_rotary=0``, t
 scale) that reads ``past_key_values.N.*`` and writes ``present.N.*``. Nodes that only fed the
 old attention (causal masks, repeat-kv shapes) are removed. The converted graph keeps every
 input of the source (``attention_mask`` may become unused: GroupQueryAttention is causal and
-assumes no padding, which is how Chatterbox runs) and adds ``seqlens_k`` (int32 [B], total
-length - 1) and ``total_sequence_length`` (int32 scalar), which `KVCache` fills in.
+assumes no padding, which is how the published generation loops run) and adds ``seqlens_k``
+(int32 [B], total length - 1) and ``total_sequence_length`` (int32 scalar), which `KVCache`
+fills in.
 
 Nothing is trusted from names alone: before rewriting, the source is run once on random inputs
 with the matched tensors as extra outputs, which gives the head counts and the scale and checks
@@ -30,7 +31,8 @@ logits must agree; the output files are only moved into place after that.
 
 Modules: `match` (find each layer's attention block), `verify` (probe run and logits check,
 on the project's own session core), `rewrite` (the graph surgery), `inplace_kv` (files,
-staging, model directories), `cli` (`onnx-tts convert`).
+staging, model directories from their declared files: onnx_tts/tools/model_dir.py), `cli`
+(`onnx-tts convert`).
 """
 
 from onnx_tts.tools.convert.cli import add_convert_arguments, main, run_convert

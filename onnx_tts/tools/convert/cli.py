@@ -8,12 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from onnx_tts.errors import InputError, OnnxTTSError
-from onnx_tts.tools.convert.inplace_kv import (
-    convert_bundle_inplace_kv,
-    convert_inplace_kv,
-    convert_manifest_bundle_inplace_kv,
-    convert_moss_inplace_kv,
-)
+from onnx_tts.tools.convert.inplace_kv import convert_bundle_inplace_kv, convert_inplace_kv
 
 
 def add_convert_arguments(parser: argparse.ArgumentParser) -> None:
@@ -26,9 +21,8 @@ def add_convert_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "source",
         type=Path,
-        help="LM graph with a Concat KV cache (.onnx), a Chatterbox model directory, an "
-        "onnx-tts bundle (bundle.json) or a MOSS-TTS-Nano layout (the parent of its two "
-        "directories)",
+        help="LM graph with a Concat KV cache (.onnx), or a model directory onnx-tts runs "
+        "(its step LMs are converted, every other file copied)",
     )
     parser.add_argument(
         "output",
@@ -63,25 +57,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def run_convert(args: argparse.Namespace) -> int:
     if args.check_steps < 1:
         raise InputError(f"--check-steps must be at least 1, got {args.check_steps}")
-    from onnx_tts.families.moss_tts_nano.reader import looks_like_moss
-
-    if Path(args.source).is_dir() and looks_like_moss(Path(args.source)):
-        report = convert_moss_inplace_kv(
-            args.source, args.output, check=not args.no_check, check_steps=args.check_steps
-        )
-        print(report.summary())
-        print(f"wrote {args.output}: the MOSS-TTS-Nano directories with decode_step in place")
-        return 0
     if Path(args.source).is_dir():
-        bundle = (Path(args.source) / "bundle.json").is_file()
-        convert = convert_manifest_bundle_inplace_kv if bundle else convert_bundle_inplace_kv
-        reports = convert(
+        reports = convert_bundle_inplace_kv(
             args.source, args.output, check=not args.no_check, check_steps=args.check_steps
         )
         for report in reports:
             print(report.summary())
-        what = "bundle with its Concat-KV graphs" if bundle else "model directory with its LMs"
-        print(f"wrote {args.output}: the {what} converted")
+        print(f"wrote {args.output}: the model with its step LMs converted")
         return 0
     report = convert_inplace_kv(
         args.source,

@@ -138,7 +138,7 @@ class AttentionMatch:
     factors: list[ScaleFactor]
     context_node: onnx.NodeProto
     # 2: KV laid out [batch, heads, sequence, head_dim]; 1: [batch, sequence, heads, head_dim]
-    # (MOSS-TTS-Nano). The rewrite writes [batch, heads, capacity, head_dim] either way.
+    # (some published exports). The rewrite writes [batch, heads, capacity, head_dim] either way.
     sequence_axis: int = 2
 
 

@@ -3,7 +3,7 @@
 The node (``do_rotary=0``, the source's scale) reads ``past_key_values.N.*`` and writes
 ``present.N.*``. Nodes that only fed the old attention (causal masks, repeat-kv shapes) are
 removed. Every input of the source is kept (``attention_mask`` may become unused:
-GroupQueryAttention is causal and assumes no padding, which is how Chatterbox runs) and
+GroupQueryAttention is causal and assumes no padding, as the published loops run) and
 ``seqlens_k`` (int32 [B], total length - 1) and ``total_sequence_length`` (int32 scalar) are
 added, which `KVCache` fills in.
 

@@ -92,7 +92,8 @@ def _vocab_size(model: onnx.ModelProto, input_name: str) -> int:
     return 2
 
 
-# A step graph whose queries all sit at `past_valid_lengths` (MOSS-TTS-Nano's decode_step) runs
+# A step graph whose queries all sit at `past_valid_lengths` (a decode step that places tokens by
+# the cached positions rather than a mask) runs
 # one token per step: its prefill is a sequence of single steps.
 PAST_VALID_LENGTHS = "past_valid_lengths"
 
@@ -131,7 +132,8 @@ class FeedSpec:
                     value_dtype(value)
                 )
             elif value.name == "input_ids":
-                # [batch, tokens], or [batch, tokens, width] rows of ids (MOSS-TTS-Nano).
+                # [batch, tokens], or [batch, tokens, width] rows of ids (a text
+                # column beside codebook columns).
                 dims = _value_dims(value)
                 shape = (batch, new) if len(dims) < 3 else (batch, new, dims[2] or 1)
                 feeds[value.name] = rng.integers(0, max(self.vocab, 1), shape).astype(
@@ -142,8 +144,8 @@ class FeedSpec:
         return feeds
 
     def step_inputs(self, batch: int, past: int, new: int) -> dict[str, np.ndarray]:
-        """attention_mask / position_ids as the Chatterbox loop feeds them (no padding), and
-        past_valid_lengths (the cached positions) as MOSS-TTS-Nano's loop does."""
+        """attention_mask / position_ids as a published loop feeds them (no padding), or
+        past_valid_lengths (the cached positions) for a graph that takes those."""
         feeds: dict[str, np.ndarray] = {}
         for value in self.inputs:
             if value.name == PAST_VALID_LENGTHS:

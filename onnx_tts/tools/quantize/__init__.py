@@ -1,18 +1,18 @@
 """Quantize a model's weights: `onnx-tts quantize IN OUT [--weights int8|int4] [--block-size N]`.
 
-Every MatMul with a constant weight in the graphs that run on the decode path (LMs, MOSS's
-global and local transformers, and any other graph where it measurably pays) becomes ONNX
-Runtime's `MatMulNBits` (8- or 4-bit blocks, int8 compute). The output keeps the family's
-layout and loads as the same family: a bundle's graphs keep their names and bundle.json gets
-new hashes; Chatterbox graphs take the published `_quantized` (int8) / `_q4` (int4) names;
-MOSS-TTS-Nano graphs keep their names and shared `.data` files. Each quantized graph runs beside
-its float original over a prefill and >= 20 decode steps (or as many calls) and is kept only
-when its outputs agree and it is not slower; `quantize_report.json` in the output says, per
-graph, what was measured and decided.
+Every MatMul with a constant weight in the graphs that run on the decode path (the step LMs,
+and any other graph where it measurably pays) becomes ONNX Runtime's `MatMulNBits` (8- or 4-bit
+blocks, int8 compute). The output keeps the family's layout and loads as the same family,
+written from the files the family declares (`ModelFiles`, onnx_tts/families/files.py): graphs
+keep their names and their shared external-data files, a manifest gets new hashes, and a family
+with published variant names gets its quantized graphs under those (`X_quantized` / `X_q4`).
+Each quantized graph runs beside its float original over a prefill and >= 20 decode steps (or
+as many calls) and is kept only when its outputs agree and it is not slower;
+`quantize_report.json` in the output says, per graph, what was measured and decided.
 
 Modules: `weights` (the MatMulNBits rewrite and its inverse), `feeds` (check inputs),
-`agreement` (float vs quantized runs), `plan` (jobs, thresholds, the keep rule), one module
-per layout (`bundles`, `chatterbox`, `moss`), `run` (staging, report), `cli`.
+`agreement` (float vs quantized runs), `plan` (jobs from the declared files, thresholds, the
+keep rule), `output` (the quantized model in its layout), `run` (staging, report), `cli`.
 """
 
 from onnx_tts.tools.quantize.cli import main, parse_args, run_quantize

@@ -10,33 +10,18 @@ Float inputs are standard normal (or a hint's scale, a uniform draw, a constant)
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import onnx
 
+from onnx_tts.families.files import Hint
 from onnx_tts.graph_io import LENGTH_INPUTS, POSITION_INPUTS, TensorSpec, parse_kv_name
 
 DEFAULT_LENGTH = 16  # a symbolic dimension without a hint
 PAST_VALID_LENGTHS = "past_valid_lengths"
 # Inputs the sequence runner fills from the cache length, never drawn at random.
 LENGTH_FEEDS = (*LENGTH_INPUTS, *POSITION_INPUTS, PAST_VALID_LENGTHS)
-
-
-@dataclass(frozen=True)
-class Hint:
-    """How to draw one input. `high`: integers in [low, high); `scale`: float normal times
-    it; `uniform`: floats in [0, 1); `value`: every element this number; `shape`: fixed shape
-    (overrides the declared dims); `length_of`: (input, axis) whose size this input holds."""
-
-    high: int | None = None
-    low: int = 0
-    scale: float = 1.0
-    uniform: bool = False
-    value: float | None = None
-    shape: tuple[int, ...] | None = None
-    length_of: tuple[str, int] | None = None
 
 
 def gather_sizes(model: onnx.ModelProto) -> dict[str, int]:

@@ -1,41 +1,22 @@
-"""What the quantizer does to one model: the graphs it tries (`GraphJob`, from the family's
-layout), how each is checked, and the rule that keeps a quantized graph (`Thresholds`,
-`decide`): its outputs must agree with the float graph's and it must not be slower.
+"""What the quantizer does to one model: the graphs it tries (`GraphJob`, from the files the
+family declares: `plan_jobs`), how each is checked, and the rule that keeps a quantized graph
+(`Thresholds`, `decide`, `settle`): its outputs must agree with the float graph's and it must
+not be slower.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import posixpath
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from onnx_tts.errors import InputError
+from onnx_tts.errors import InputError, ModelError
+from onnx_tts.families.files import CHECK_KINDS, Check, GraphFile, ModelFiles
 from onnx_tts.tools.quantize.agreement import Agreement
-from onnx_tts.tools.quantize.feeds import Hint
 
-CHECK_KINDS = ("cache", "calls")
-
-
-@dataclass(frozen=True)
-class Check:
-    """How one graph is compared with its quantized twin: "cache" (a prefill + decode steps
-    with a KV cache; with two `roles`, the first graph prefills the second's cache) or "calls"
-    (independent runs)."""
-
-    kind: str
-    roles: tuple[str, ...]
-    hints: Mapping[str, Hint] = field(default_factory=dict)
-    dims: Mapping[str, int] = field(default_factory=dict)
-    outputs: tuple[str, ...] = ()  # outputs compared (default: all; a state is not a result)
-
-    def __post_init__(self) -> None:
-        if self.kind not in CHECK_KINDS or not 1 <= len(self.roles) <= 2:
-            raise ValueError(f"bad check {self}")
-
-    @property
-    def name(self) -> str:
-        return "+".join(self.roles)
+VOICE_NOTE = "runs once per reference voice (its result is cached), not on the decode path"
 
 
 @dataclass(frozen=True)
@@ -43,9 +24,9 @@ class GraphJob:
     """One decision of the quantizer: the graphs `roles` (files `sources`) are quantized
     together and kept or left float together (graphs that share their weights in one file stay
     sharing them), after every one of `checks`. No checks: left float, `note` says why.
-    `per_step`: the graphs run for every row at every decode step (LMs, MOSS's local depth
-    graphs), where reading the weights is the cost: they are kept whenever they agree; any
-    other graph must also measure not slower."""
+    `per_step`: some graph runs for every row at every decode step (`GraphFile.runs`), where
+    reading the weights is the cost: they are kept whenever they agree; any other graph must
+    also measure not slower."""
 
     name: str
     roles: tuple[str, ...]
@@ -155,4 +136,71 @@ def decide(
     return True, f"quantized: outputs agree, {timing}"
 
 
-__all__ = ["CHECK_KINDS", "Check", "GraphJob", "GraphResult", "Thresholds", "decide"]
+def _job(files: ModelFiles, graphs: Sequence[GraphFile]) -> GraphJob:
+    first = graphs[0]
+    # Graphs sharing an external-data file are one job, named after the file.
+    name = posixpath.splitext(posixpath.basename(first.data[0]))[0] if first.data else first.role
+    roles = tuple(g.role for g in graphs)
+    sources = tuple(files.source(g.path) for g in graphs)
+    if any(g.runs == "voice" for g in graphs):
+        return GraphJob(name, roles, sources, note=VOICE_NOTE)
+    checks = tuple(g.check for g in graphs if g.check is not None)
+    per_step = any(g.runs == "step" for g in graphs)
+    return GraphJob(name, roles, sources, checks, per_step=per_step)
+
+
+def plan_jobs(files: ModelFiles) -> list[GraphJob]:
+    """The jobs of a model: its float graphs (variants are not sources), those that share an
+    external-data file together, in the order the family lists them."""
+    graphs = [g for g in files.graphs if not g.variant]
+    missing = sorted({g.role for g in files.graphs} - {g.role for g in graphs})
+    if missing:
+        raise ModelError(
+            f"{files.root} has no float {', '.join(missing)} graph to quantize (only variants "
+            "of it); quantize the float model"
+        )
+    groups: dict[str, list[GraphFile]] = {}
+    for graph in graphs:
+        name = posixpath.basename(graph.path)
+        if files.manifest and (graph.data or graph.sidecars):
+            raise ModelError(
+                f"{name} keeps its weights in an external-data file; bundles with external "
+                "data cannot be quantized (re-export it with inline weights)"
+            )
+        if len(graph.data) > 1:
+            raise ModelError(f"{name} ({graph.role}) keeps its weights in several data files")
+        key = graph.data_files()[0] if graph.data else graph.path
+        groups.setdefault(key, []).append(graph)
+    return [_job(files, group) for group in groups.values()]
+
+
+def settle(files: ModelFiles, results: Sequence[GraphResult]) -> None:
+    """The model's last say on which results are kept: when its variant is chosen by one
+    graph's file and that graph stays float, a quantized variant of another graph would never
+    be chosen, so it stays float too."""
+    role = files.variant_chosen_by
+    if role is None:
+        return
+    chooser = next((r for r in results if role in r.job.roles), None)
+    if chooser is None or chooser.kept:
+        return
+    for result in results:
+        if result.kept:
+            result.kept = False
+            result.reason = (
+                f"kept float: the {role.replace('_', ' ')} stays float, and the layout picks a "
+                f"precision by it (alone: {result.reason})"
+            )
+
+
+__all__ = [
+    "CHECK_KINDS",
+    "VOICE_NOTE",
+    "Check",
+    "GraphJob",
+    "GraphResult",
+    "Thresholds",
+    "decide",
+    "plan_jobs",
+    "settle",
+]

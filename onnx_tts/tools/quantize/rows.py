@@ -1,5 +1,5 @@
 """Quantized graphs whose rows do not depend on each other, so requests can share a batched
-step: what `convert --inplace-kv` does to the published q8 / q4 Chatterbox variants.
+step: what `convert --inplace-kv` does to published q8 / q4 variants of an LM.
 
 * q8 files (`quantize_dynamic`): `DynamicQuantizeLinear` picks ONE activation scale and zero
   point for the whole [batch, tokens, hidden] tensor, so a row's int8 values (and its logits)

@@ -1,5 +1,6 @@
 """`quantize_model(IN, OUT, spec)`: every graph of a model that pays to quantize, checked
-against its float original and written in the family's own layout, with a report.
+against its float original and written in the family's own layout (from the files the family
+declares: onnx_tts/families/files.py), with a report.
 
 The output directory is built in a private staging directory beside OUT and appears with one
 rename after it loads as the same family, so a failure leaves nothing behind.
@@ -8,20 +9,31 @@ rename after it loads as the same family, so a failure leaves nothing behind.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import onnx
 
+from onnx_tts.bundle import write_file
 from onnx_tts.errors import InputError, ModelError, SessionError
-from onnx_tts.tools.bundle_files import atomic_write_bytes, save_sharing_data
+from onnx_tts.families.files import ModelFiles
+from onnx_tts.tools.external_data import save_sharing_data
+from onnx_tts.tools.model_dir import model_files, place_output
 from onnx_tts.tools.quantize.agreement import Agreement, compare_stateless, compare_with_cache
-from onnx_tts.tools.quantize.plan import Check, GraphJob, GraphResult, Thresholds, decide
+from onnx_tts.tools.quantize.output import write_output
+from onnx_tts.tools.quantize.plan import (
+    Check,
+    GraphJob,
+    GraphResult,
+    Thresholds,
+    decide,
+    plan_jobs,
+    settle,
+)
 from onnx_tts.tools.quantize.weights import (
     WeightsSpec,
     dequantize_matmul_nbits,
@@ -31,20 +43,6 @@ from onnx_tts.tools.quantize.weights import (
 REPORT = "quantize_report.json"
 MIN_STEPS = 20  # decode steps (or calls) the agreement is measured over, at least
 PREFILL_TOKENS = 8
-
-
-class Target(Protocol):
-    """A family's layout, as the quantizer sees it (bundles.py, chatterbox.py, moss.py)."""
-
-    family: str
-    root: Path
-
-    def jobs(self) -> list[GraphJob]: ...
-
-    def settle(self, results: Sequence[GraphResult]) -> None:
-        """Last say on which results are kept (a layout's own constraints)."""
-
-    def write(self, out: Path, results: Sequence[GraphResult], spec: WeightsSpec) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -95,33 +93,21 @@ class QuantizeReport:
         return "\n".join(lines)
 
 
-def _target(source: Path) -> Target:
-    """The family layout of `source`; a ModelError when it is no model onnx-tts runs."""
-    from onnx_tts.families import detect
-
+def _model(source: Path) -> tuple[str, ModelFiles]:
+    """The family of `source` and its files; a ModelError when it is no model onnx-tts runs."""
     try:
-        detection = detect(source, {"precision": "fp32"})
+        detection, files = model_files(source)
     except ModelError as error:
         raise ModelError(f"{source} is not a model onnx-tts can quantize: {error}") from None
-    if detection.family == "moss-tts-nano":
-        from onnx_tts.tools.quantize.moss import MossTarget
-
-        return MossTarget(source)
-    if detection.family.startswith("chatterbox"):
-        from onnx_tts.tools.quantize.chatterbox import ChatterboxTarget
-
-        return ChatterboxTarget(source)
-    from onnx_tts.tools.quantize.bundles import BundleTarget
-
-    return BundleTarget(detection.inspected)
+    return detection.family, files
 
 
 def _check_paths(source: Path, destination: Path) -> tuple[Path, Path]:
     source, destination = Path(source), Path(destination)
     if not source.is_dir():
         raise InputError(
-            f"{source} is not a model directory: pass a directory holding bundle.json, a "
-            "Chatterbox ONNX download or MOSS-TTS-Nano's two directories"
+            f"{source} is not a model directory: pass a model directory that onnx_tts.load "
+            "takes (a bundle.json bundle or a published layout onnx-tts recognises)"
         )
     inside = source.resolve()
     if destination.resolve() == inside or inside in destination.resolve().parents:
@@ -234,15 +220,14 @@ def quantize_model(
         raise InputError(f"--check-steps must be at least {MIN_STEPS}, got {steps}")
     thresholds = thresholds or Thresholds()
     source, destination = _check_paths(source, destination)
-    target = _target(source)
-    jobs = target.jobs()
+    family, files = _model(source)
+    jobs = plan_jobs(files)
     if graphs:
         names = {job.name for job in jobs}
         unknown = sorted(set(graphs) - names)
         if unknown:
             raise InputError(
-                f"--graphs {', '.join(unknown)}: this {target.family} model has "
-                f"{', '.join(sorted(names))}"
+                f"--graphs {', '.join(unknown)}: this {family} model has {', '.join(sorted(names))}"
             )
         jobs = [
             job
@@ -259,13 +244,13 @@ def quantize_model(
             if log and job.checks:
                 log(f"{job.name}: quantizing and checking ...")
             results.append(_quantize_job(job, spec, work, steps, thresholds))
-        target.settle(results)
+        settle(files, results)
         out.mkdir()
-        target.write(out, results, spec)
+        write_output(files, out, results, spec)
         report = QuantizeReport(
             source,
             destination,
-            target.family,
+            family,
             spec,
             thresholds,
             tuple(results),
@@ -273,10 +258,9 @@ def quantize_model(
             _directory_bytes(out),
         )
         text = json.dumps(report.as_dict(), indent=2) + "\n"
-        atomic_write_bytes(out / REPORT, text.encode("utf-8"))
-        _check_loads_as(out, target.family)
-        out.chmod(0o755)
-        os.replace(out, destination)
+        write_file(out / REPORT, text.encode("utf-8"))
+        _check_loads_as(out, family)
+        place_output(out, destination)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return report

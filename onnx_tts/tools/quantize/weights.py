@@ -140,7 +140,7 @@ def gemm_as_matmul(model: onnx.ModelProto) -> int:
 def read_weights_directly(model: onnx.ModelProto) -> int:
     """Nodes that read a weight through `Identity(initializer)` read the initializer itself;
     returns how many inputs changed. In place. (torch's exporter shares a weight used in an
-    unrolled loop that way: MOSS's local frame graph runs its layer 17 times, and only the
+    unrolled loop that way: a local frame graph that runs its layer 17 times, where only the
     first MatMul would see a constant weight.)"""
     inits = {t.name for t in model.graph.initializer}
     aliases = {
