@@ -311,7 +311,7 @@ def sentence_reuse(
     engine: Any, texts: list[str], requests: list[tuple[int, int]], cost: dict
 ) -> dict[str, Any]:
     """On result misses (first sight of an item), the sentences already synthesised for that
-    voice, and their share of the miss synthesis time (time split by phoneme count)."""
+    voice, and their share of the miss synthesis time (time split by sentence length)."""
     seen_items: set[tuple[int, int]] = set()
     seen_sentences: set[tuple[str, int]] = set()
     sentences_total = sentences_reused = 0
@@ -320,10 +320,11 @@ def sentence_reuse(
         if (text, voice) in seen_items:
             continue
         seen_items.add((text, voice))
-        chunks = engine.model.text.chunks(texts[text], {})
-        lengths = [len(chunk) for chunk in chunks]
-        for chunk, length in zip(chunks, lengths, strict=True):
-            key = (json.dumps(chunk), voice)
+        frontend = engine.model.text
+        sentences = [frontend.describe(chunk) for chunk in frontend.chunks(texts[text], {})]
+        lengths = [max(1, len(sentence)) for sentence in sentences]
+        for sentence, length in zip(sentences, lengths, strict=True):
+            key = (sentence, voice)
             share = cost[(text, voice)] * length / sum(lengths)
             sentences_total += 1
             time_total += share

@@ -320,3 +320,21 @@ def test_unreachable_redis_is_a_503_line() -> None:
     with pytest.raises(VoiceStoreError) as caught:
         store.list()
     assert caught.value.status == 503 and caught.value.code == "voice_store_unavailable"
+
+
+def test_unreachable_redis_fails_only_requests_for_stored_voices() -> None:
+    from types import SimpleNamespace
+
+    from benchmarks.live_server import free_port
+    from onnx_tts.server.redis_voices import RedisVoiceStore
+    from onnx_tts.server.voice_names import voice_to_speak
+
+    store = RedisVoiceStore(f"redis://127.0.0.1:{free_port()}/0")
+    model = SimpleNamespace(name="m", builtin_voices=("Narrator",), voice_rate=16000)
+    registry = SimpleNamespace(models={"m": model})
+    assert voice_to_speak(store, registry, model, "default") is None
+    assert voice_to_speak(store, registry, model, "Alloy") is None  # OpenAI's name
+    assert voice_to_speak(store, registry, model, "narrator") == "Narrator"
+    with pytest.raises(VoiceStoreError) as caught:
+        voice_to_speak(store, registry, model, "my uploaded voice")
+    assert caught.value.status == 503

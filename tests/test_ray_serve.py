@@ -350,7 +350,8 @@ def test_a_redis_restart_is_survived(
     shared_redis.stop()
     # Redis down: speech still works (a failing cache tier never fails a request), and the
     # voice store answers one clear 503.
-    assert _speech(ray_server, input="Redis is down.", seed=4).status_code == 200
+    spoken = _speech(ray_server, input="Redis is down.", seed=4)
+    assert spoken.status_code == 200, spoken.text
     listed = httpx.get(ray_server.url + "/v1/audio/voices", timeout=60)
     assert listed.status_code == 503
     assert listed.json()["error"]["code"] == "voice_store_unavailable"
