@@ -40,7 +40,8 @@ WAITING = (
 def test_deadline_admits_by_priority_then_due_time_into_the_lowest_free_rows():
     plan = DeadlinePolicy().schedule(DecodeView(WAITING, (1, 3), (), NOW))
     assert plan.admit == ((2, 1), (1, 3))  # priority -1 first, then the one due soonest
-    assert plan.step == (1, 3) and plan.sit_out == ()
+    # Their prefills start (in admission order); a row being prefilled never steps.
+    assert plan.prefill == (1, 3) and plan.step == () and plan.sit_out == ()
 
 
 def test_fifo_admits_in_arrival_order():
@@ -52,7 +53,7 @@ def test_no_free_row_admits_nothing_and_every_quiet_row_steps():
     active = ((0, _u(due=NOW + 5)), (1, _u(due=NOW + 8)))
     for policy in (DeadlinePolicy(), FifoPolicy()):
         plan = policy.schedule(DecodeView(WAITING, (), active, NOW))
-        assert plan == DecodePlan((), (0, 1), ())
+        assert plan == DecodePlan((), (0, 1), (), ())
 
 
 def test_deadline_paces_rows_with_audio_ahead_while_one_is_urgent():
@@ -71,10 +72,33 @@ def test_deadline_paces_rows_with_audio_ahead_while_one_is_urgent():
 
 
 def test_admitted_rows_are_paced_with_the_rows_already_decoding():
+    """A new stream's prompt wants the cores as much as its first audio: a row with plenty
+    of audio buffered sits out while it prefills (admitted now, or still prefilling)."""
     active = ((0, _u(due=NOW + 4.0)),)  # a listener with 4 s buffered
     waiting = (_u(due=NOW + 0.1, order=7),)  # a new stream whose first audio is due now
     plan = DeadlinePolicy().schedule(DecodeView(waiting, (1,), active, NOW))
-    assert plan.admit == ((0, 1),) and plan.step == (1,) and plan.sit_out == (0,)
+    assert plan.admit == ((0, 1),) and plan.prefill == (1,)
+    assert plan.step == () and plan.sit_out == (0,)
+    later = DeadlinePolicy().schedule(DecodeView((), (), active, NOW, ((1, waiting[0], False),)))
+    assert later.prefill == () and later.step == () and later.sit_out == (0,)
+    # FIFO lets it step anyway.
+    assert FifoPolicy().schedule(DecodeView(waiting, (1,), active, NOW)).step == (0,)
+
+
+def test_chunked_prefills_get_turns_most_urgent_first():
+    """Prefills waiting for a chunk turn: `prefill_turns` of them per round, by urgency (FIFO:
+    by arrival), after the prefills that start this round; one that does not wait gets none."""
+    prefilling = (
+        (4, _u(due=NOW + 3, order=0), True),
+        (5, _u(due=NOW + 1, order=1), True),
+        (6, _u(due=NOW + 0.5, order=2), False),  # its prompt runs something else now
+    )
+    view = DecodeView((_u(due=NOW + 2, order=3),), (7,), (), NOW, prefilling)
+    assert DeadlinePolicy().schedule(view).prefill == (7, 5)
+    assert FifoPolicy().schedule(view).prefill == (7, 4)
+    both = DeadlinePolicy()
+    both.prefill_turns = 2
+    assert both.schedule(view).prefill == (7, 5, 4)
 
 
 def test_window_order():

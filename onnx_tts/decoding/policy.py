@@ -2,10 +2,11 @@
 
 The decode scheduler, the vocoder stage and stream admission each describe what waits (plain
 `Urgency` records: priority, when the work is due, arrival order) and ask the policy; the
-policy returns a plan (`DecodePlan`: requests to admit into which rows, rows that step, rows
-that sit a step out; an order of vocoder windows; whether a stream may start), and the caller
-applies it. Deciding and running stay apart, as vLLM v1's `schedule()` and
-`update_from_output()` are, so a policy is one replaceable part, tested without a model:
+policy returns a plan (`DecodePlan`: requests to admit into which rows, prefills that start or
+get a chunk turn, rows that step, rows that sit a step out; an order of vocoder windows;
+whether a stream may start), and the caller applies it. Deciding and running stay apart, as
+vLLM v1's `schedule()` and `update_from_output()` are, so a policy is one replaceable part,
+tested without a model:
 
 - `DeadlinePolicy` (the default): most urgent first (priority, then the earliest due time: a
   listener about to run dry, a first-audio deadline, a batch request's arrival plus slack);
@@ -44,22 +45,27 @@ class Urgency:
 @dataclass(frozen=True)
 class DecodeView:
     """The decode scheduler at one round: waiting requests, free rows, the rows decoding
-    (row, urgency), and the time."""
+    (row, urgency), the time, and the rows whose prompt is being prefilled apart from the
+    step (row, urgency, whether it waits for a chunk turn)."""
 
     waiting: tuple[Urgency, ...]
     free_rows: tuple[int, ...]
     active: tuple[tuple[int, Urgency], ...]
     now: float
+    prefilling: tuple[tuple[int, Urgency, bool], ...] = ()
 
 
 @dataclass(frozen=True)
 class DecodePlan:
-    """One round: `admit` (index into the view's waiting, row) in admission order; `step`,
-    the rows that run this step (admitted ones included); `sit_out`, rows that wait."""
+    """One round: `admit` (index into the view's waiting, row) in admission order; `prefill`,
+    the rows whose prefill works this round: the admitted ones start (in admission order),
+    then the prefills granted a chunk turn; `step`, the decoding rows that run this step;
+    `sit_out`, decoding rows that wait. A row being prefilled never steps."""
 
     admit: tuple[tuple[int, int], ...] = ()
     step: tuple[int, ...] = ()
     sit_out: tuple[int, ...] = ()
+    prefill: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -78,6 +84,8 @@ class SchedulingPolicy(ABC):
     """Decides; never runs anything (module docstring)."""
 
     name: str
+    # Chunked prefill: prefills that run one chunk per round (the most urgent first).
+    prefill_turns: int = 1
 
     @abstractmethod
     def order(self, items: Sequence[Urgency]) -> list[int]:
@@ -93,12 +101,23 @@ class SchedulingPolicy(ABC):
 
     def schedule(self, view: DecodeView) -> DecodePlan:
         """Admit the first waiting requests (in `order`) into the free rows, lowest row
-        first, then pace every row that will be decoding."""
+        first, and start their prefills; give `prefill_turns` chunk turns to the prefills
+        waiting for one (in `order`); pace the decoding rows beside every request that wants
+        the cores (a prompt being prefilled is as urgent as its first audio)."""
         chosen = self.order(view.waiting)[: len(view.free_rows)]
         admit = tuple(zip(chosen, view.free_rows, strict=False))
-        active = [*view.active, *((row, view.waiting[i]) for i, row in admit)]
-        step, sit_out = self.pace(active, view.now)
-        return DecodePlan(admit, tuple(sorted(step)), tuple(sorted(sit_out)))
+        wanting = [(row, urgency) for row, urgency, wants in view.prefilling if wants]
+        turns = [wanting[i][0] for i in self.order([u for _, u in wanting])[: self.prefill_turns]]
+        prefilling = [(row, urgency) for row, urgency, _ in view.prefilling]
+        starting = [(row, view.waiting[i]) for i, row in admit]
+        step, sit_out = self.pace([*view.active, *prefilling, *starting], view.now)
+        decoding = {row for row, _ in view.active}
+        return DecodePlan(
+            admit,
+            tuple(sorted(row for row in step if row in decoding)),
+            tuple(sorted(row for row in sit_out if row in decoding)),
+            (*(row for _, row in admit), *turns),
+        )
 
 
 class DeadlinePolicy(SchedulingPolicy):

@@ -15,7 +15,7 @@ import math
 import queue
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -168,4 +168,44 @@ class Request:
         return Urgency(self.priority, self.due(), self.order)
 
 
-__all__ = ["NO_DEADLINE_SLACK_SECONDS", "CancelToken", "Handoff", "PlaybackClock", "Request"]
+class FrameStream:
+    """The frames of one scheduled request, as the decode scheduler's worker produces them
+    (its default sink). Closing it (or dropping it) cancels the request: its row is freed at
+    the next round (`scheduler.wake()` has the worker look)."""
+
+    def __init__(self, request: Request, scheduler: Any) -> None:
+        self._request, self._scheduler = request, scheduler
+        self._items = Handoff()
+
+    # -- producer side (the worker) ------------------------------------------------------------
+    def put(self, frame: np.ndarray) -> None:
+        self._items.put(frame)
+
+    def end(self, error: BaseException | None = None) -> None:
+        self._items.end(error)
+
+    # -- consumer side -------------------------------------------------------------------------
+    def __iter__(self) -> Iterator[np.ndarray]:
+        return self
+
+    def __next__(self) -> np.ndarray:
+        return self._items.take()
+
+    def close(self) -> None:
+        if not self._items.finished:
+            self._items.finished = True
+            self._request.cancel.cancel()
+            self._scheduler.wake()
+
+    def __del__(self) -> None:
+        self.close()
+
+
+__all__ = [
+    "NO_DEADLINE_SLACK_SECONDS",
+    "CancelToken",
+    "FrameStream",
+    "Handoff",
+    "PlaybackClock",
+    "Request",
+]
