@@ -112,6 +112,14 @@ class EngineConfig:
         "those with audio buffered) or fifo (first come first served)",
         choices=("deadline", "fifo"),
     )
+    prefill: str = setting(
+        "apart",
+        "how a new request's prompt runs: apart (on a prefill worker, beside the decode step: "
+        "rows already streaming keep their cadence), chunked (a chunk per round, between "
+        "steps) or inline (the whole prompt in the round, before the step)",
+        choices=("apart", "chunked", "inline"),
+        env=False,  # (ONNX_TTS_PREFILL once README's variable table lists it)
+    )
 
 
 @dataclass(frozen=True)

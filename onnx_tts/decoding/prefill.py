@@ -1,8 +1,8 @@
 """Prefills beside the decode step: a new request's prompt never holds up the rows decoding.
 
-A prompt can be many step-times of work (a Chatterbox voice prefix of hundreds of positions, a
-MOSS-TTS-Nano prompt through its prefill graph). Run inside the decode worker's round, it made
-every row already streaming wait for it. Here a prompt runs apart from the rows (`kv_rows.py`:
+A prompt can be many step-times of work (a voice prefix of hundreds of positions, a prompt of
+a hundred rows through a prefill graph of its own). Run inside the decode worker's round, it
+made every row already streaming wait for it. Here a prompt runs apart from the rows (`kv_rows.py`:
 `prefill_apart` on a scratch cache, then `join` on the decode worker between steps), in one of
 three ways (`PREFILL_MODES`):
 

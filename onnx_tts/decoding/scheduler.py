@@ -255,8 +255,14 @@ class DecodeScheduler:
         return bool(joined or admitted or turns or rows.size)
 
     def _has_work(self) -> bool:
-        """(under the lock) requests wait, rows decode, or a prefill is done or wants a turn."""
-        return bool(self.waiting) or bool(self._active_rows().size) or self.prefilling.has_news()
+        """(under the lock) requests wait, rows decode, or a prefill is done, wants a turn or
+        lost its request (its row is freed at once)."""
+        return (
+            bool(self.waiting)
+            or bool(self._active_rows().size)
+            or self.prefilling.has_news()
+            or any(job.request.cancel.cancelled for job in self.prefilling.jobs.values())
+        )
 
     def _close_requests(self) -> None:
         """(under the lock, the engine closing) every request gets the error."""
