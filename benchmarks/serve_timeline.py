@@ -196,7 +196,21 @@ def install_hooks(trace_path: str) -> None:
 
     AudioStream.poll = poll  # type: ignore[method-assign]
 
+    from onnx_tts.decoding.request import PlaybackClock
     from onnx_tts.pipeline.admission import Admission
+
+    stalls: list[tuple[float, int]] = []  # the server's own (strict) clocks: (stall, chunk)
+    original_chunk = PlaybackClock.chunk
+
+    def chunk(self: PlaybackClock, now: float, seconds: float) -> float:
+        count = getattr(self, "_timeline_chunks", 0)
+        self._timeline_chunks = count + 1
+        stall = original_chunk(self, now, seconds)
+        if stall > 0:
+            stalls.append((stall, count))
+        return stall
+
+    PlaybackClock.chunk = chunk  # type: ignore[method-assign]
 
     refusals: dict[str, int] = {}
     original_room = Admission._room
@@ -227,6 +241,7 @@ def install_hooks(trace_path: str) -> None:
                 "loop_lag_s": lag,
                 "admission_refusals": refusals,
                 "admission_samples": samples,
+                "server_stalls": stalls,
             }
         Path(trace_path).write_text(json.dumps(data))
 
@@ -343,6 +358,15 @@ def summarize(client: list[dict[str, Any]], server: dict[str, Any]) -> dict[str,
         }
     out["underruns"] = sum(r["underruns"] for r in merged)
     out["admission refusals (polls)"] = server.get("admission_refusals", {})
+    strict = server.get("server_stalls", [])
+    if strict:
+        out["server-side strict stalls"] = {
+            "count": len(strict),
+            "ms p50/max": [1000 * statistics.median(s for s, _ in strict), 1000 * max(strict)[0]],
+            "at chunk (count)": {
+                str(i): sum(1 for _, c in strict if c == i) for i in sorted({c for _, c in strict})
+            },
+        }
     samples = server.get("admission_samples", [])
     if samples:
         estimates = [s[2] for s in samples if s[2] is not None]
@@ -366,6 +390,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--server-args", default="")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--py-spy", action="store_true", help="profile the server (py-spy)")
+    parser.add_argument(
+        "--python", default=sys.executable, help="the server's interpreter (another checkout's)"
+    )
     args = parser.parse_args(argv)
 
     from benchmarks.bench_serve import settle, warm_up
@@ -376,7 +403,8 @@ def main(argv: list[str] | None = None) -> int:
 
     class HookedServer(LiveServer):
         def _command(self) -> tuple[list[str], dict[str, str] | None, Path | None]:
-            return [sys.executable, str(Path(__file__).resolve()), "--serve", str(trace)], None, None
+            script = str(Path(__file__).resolve())
+            return [args.python, script, "--serve", str(trace)], None, None
 
     common = ["--log-level", "warning", "--result-cache-dir", "none", *args.server_args.split()]
     server = HookedServer(workdir, *common)
@@ -409,6 +437,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = summarize(client, json.loads(trace.read_text()))
     summary["clients"] = args.clients
     summary["server_args"] = args.server_args
+    summary["python"] = args.python
     summary["loadavg_1m"] = os.getloadavg()[0]
     if spy is not None:
         summary["py_spy_profile"] = str(workdir / "profile.txt")

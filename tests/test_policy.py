@@ -71,18 +71,19 @@ def test_deadline_paces_rows_with_audio_ahead_while_one_is_urgent():
     assert DeadlinePolicy().schedule(DecodeView((), (), calm, NOW)).sit_out == ()
 
 
-def test_admitted_rows_are_paced_with_the_rows_already_decoding():
-    """A new stream's prompt wants the cores as much as its first audio: a row with plenty
-    of audio buffered sits out while it prefills (admitted now, or still prefilling)."""
+def test_a_prompt_being_prefilled_never_makes_decoding_rows_sit_out():
+    """A new stream's prompt runs apart from the step (or a chunk per round): rows with plenty
+    of audio buffered go on stepping meanwhile (sitting out would idle the decode worker, or
+    make a chunked prefill run whole); once it decodes, it paces them like any row."""
     active = ((0, _u(due=NOW + 4.0)),)  # a listener with 4 s buffered
     waiting = (_u(due=NOW + 0.1, order=7),)  # a new stream whose first audio is due now
     plan = DeadlinePolicy().schedule(DecodeView(waiting, (1,), active, NOW))
     assert plan.admit == ((0, 1),) and plan.prefill == (1,)
-    assert plan.step == () and plan.sit_out == (0,)
-    later = DeadlinePolicy().schedule(DecodeView((), (), active, NOW, ((1, waiting[0], False),)))
-    assert later.prefill == () and later.step == () and later.sit_out == (0,)
-    # FIFO lets it step anyway.
-    assert FifoPolicy().schedule(DecodeView(waiting, (1,), active, NOW)).step == (0,)
+    assert plan.step == (0,) and plan.sit_out == ()
+    later = DeadlinePolicy().schedule(DecodeView((), (), active, NOW, ((1, waiting[0], True),)))
+    assert later.prefill == (1,) and later.step == (0,) and later.sit_out == ()
+    joined = DeadlinePolicy().schedule(DecodeView((), (), (*active, (1, waiting[0])), NOW))
+    assert joined.step == (1,) and joined.sit_out == (0,)
 
 
 def test_chunked_prefills_get_turns_most_urgent_first():

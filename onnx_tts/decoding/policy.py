@@ -102,21 +102,17 @@ class SchedulingPolicy(ABC):
     def schedule(self, view: DecodeView) -> DecodePlan:
         """Admit the first waiting requests (in `order`) into the free rows, lowest row
         first, and start their prefills; give `prefill_turns` chunk turns to the prefills
-        waiting for one (in `order`); pace the decoding rows beside every request that wants
-        the cores (a prompt being prefilled is as urgent as its first audio)."""
+        waiting for one (in `order`); pace the decoding rows. A prompt being prefilled does
+        not make decoding rows sit out: it runs apart from the step (sitting out would only
+        idle the decode worker) or a chunk per round (sitting out would make the round the
+        chunk alone: the whole prompt before the next step, as if it ran inline)."""
         chosen = self.order(view.waiting)[: len(view.free_rows)]
         admit = tuple(zip(chosen, view.free_rows, strict=False))
         wanting = [(row, urgency) for row, urgency, wants in view.prefilling if wants]
         turns = [wanting[i][0] for i in self.order([u for _, u in wanting])[: self.prefill_turns]]
-        prefilling = [(row, urgency) for row, urgency, _ in view.prefilling]
-        starting = [(row, view.waiting[i]) for i, row in admit]
-        step, sit_out = self.pace([*view.active, *prefilling, *starting], view.now)
-        decoding = {row for row, _ in view.active}
+        step, sit_out = self.pace(view.active, view.now)
         return DecodePlan(
-            admit,
-            tuple(sorted(row for row in step if row in decoding)),
-            tuple(sorted(row for row in sit_out if row in decoding)),
-            (*(row for _, row in admit), *turns),
+            admit, tuple(sorted(step)), tuple(sorted(sit_out)), (*(row for _, row in admit), *turns)
         )
 
 

@@ -62,14 +62,18 @@ class PlaybackClock:
     """A player that starts `buffer_seconds` after the first chunk arrives and stalls when its
     buffer runs dry. An underrun is a chunk that arrives after the audio before it has
     finished playing; its length is the time the player sat silent. `runs_dry_at()` is the
-    moment the player needs more audio: the request's deadline once audio flows."""
+    moment the player needs more audio: the request's deadline once audio flows.
+    `long_underruns` counts the underruns longer than `long_stall_seconds` (those a player
+    that buffers that much before it starts would hear too)."""
 
-    def __init__(self, buffer_seconds: float = 0.0) -> None:
+    def __init__(self, buffer_seconds: float = 0.0, long_stall_seconds: float = 0.1) -> None:
         self.buffer_seconds = float(buffer_seconds)
+        self.long_stall_seconds = float(long_stall_seconds)
         self.start: float | None = None
         self.received = 0.0  # seconds of audio received
         self.stalled = 0.0  # seconds spent waiting with an empty buffer
         self.underruns = 0
+        self.long_underruns = 0
 
     def chunk(self, now: float, seconds: float) -> float:
         """Record a chunk of `seconds` arriving at `now`; returns the stall it caused."""
@@ -82,6 +86,7 @@ class PlaybackClock:
                 stall = now - played_until
                 self.stalled += stall
                 self.underruns += 1
+                self.long_underruns += stall > self.long_stall_seconds
         self.received += seconds
         return stall
 
