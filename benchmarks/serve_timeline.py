@@ -268,6 +268,13 @@ def _start_lag_monitor(lag: list[float]) -> None:
 def serve_main(argv: list[str]) -> int:
     trace = argv[0]
     install_hooks(trace)
+    min_lead = os.environ.get("TIMELINE_MIN_LEAD")  # an experiment: the policy's lead rule
+    if min_lead is not None:
+        from onnx_tts.decoding.policy import DeadlinePolicy
+
+        defaults = DeadlinePolicy.__init__.__defaults__
+        assert defaults is not None
+        DeadlinePolicy.__init__.__defaults__ = (*defaults[:2], float(min_lead))
     from onnx_tts.cli import main
 
     return main(["serve", *argv[1:]])

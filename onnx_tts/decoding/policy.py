@@ -10,8 +10,9 @@ tested without a model:
 
 - `DeadlinePolicy` (the default): most urgent first (priority, then the earliest due time: a
   listener about to run dry, a first-audio deadline, a batch request's arrival plus slack);
-  while a row is urgent, rows whose listeners hold plenty of audio sit a step out; a stream
-  starts only while there is capacity and no playing listener is about to run dry.
+  while a row is urgent, rows whose listeners hold plenty of audio sit a step out; an urgent
+  small vocoder window does not wait for the call in progress (`express`); a stream starts
+  only while there is capacity and no playing listener is about to run dry.
 - `FifoPolicy`: first come first served everywhere; every row steps; a stream starts while
   there is capacity.
 """
@@ -28,8 +29,12 @@ from onnx_tts.errors import InputError
 # within URGENT_SECONDS; rows with more than AHEAD_SECONDS of audio buffered then wait.
 URGENT_SECONDS = 0.5
 AHEAD_SECONDS = 1.0
-# A new stream waits while a playing listener has less than this much audio left.
-MIN_LEAD_SECONDS = 0.3
+# A new stream waits while a playing listener has less than this much audio left (it is about
+# to stall now). It was 0.3 s, which every stream that had just started (one first chunk of
+# ~0.12 s) tripped: new streams waited ~0.1 s behind every start, 25 ms on the p95 time to
+# first audio at 8 clients (`bench serve`), while a listener about to run dry is served first
+# by the due times anyway (a new stream's first audio is due 0.2 s after it arrives).
+MIN_LEAD_SECONDS = 0.05
 
 
 @dataclass(frozen=True)
@@ -99,6 +104,11 @@ class SchedulingPolicy(ABC):
     def stream_may_start(self, load: StreamLoad) -> bool:
         """Whether one more stream may start now."""
 
+    def express(self, window: Urgency, now: float) -> bool:
+        """Whether a small due window is too urgent to wait for the vocoder call in progress
+        (it then runs on a second thread at once). None is, by default."""
+        return False
+
     def schedule(self, view: DecodeView) -> DecodePlan:
         """Admit the first waiting requests (in `order`) into the free rows, lowest row
         first, and start their prefills; give `prefill_turns` chunk turns to the prefills
@@ -141,6 +151,11 @@ class DeadlinePolicy(SchedulingPolicy):
             return rows, []
         step = [row for row, u in active if u.due - now <= self.ahead]
         return step, [row for row in rows if row not in step]
+
+    def express(self, window: Urgency, now: float) -> bool:
+        """A stream due within `urgent_seconds`: a new stream's first audio, a listener
+        about to run dry."""
+        return window.due - now < self.urgent
 
     def stream_may_start(self, load: StreamLoad) -> bool:
         if load.active >= load.capacity:
