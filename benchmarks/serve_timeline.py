@@ -298,6 +298,7 @@ def drive(url: str, clients: int, seconds: float) -> list[dict[str, Any]]:
         player = PlaybackClock(PLAYER_BUFFER_S)
         start = time.perf_counter()
         first = None
+        received = 0
         with client.stream("POST", url + "/v1/audio/speech", json=body) as response:
             status = response.status_code
             if status == 200:
@@ -305,6 +306,7 @@ def drive(url: str, clients: int, seconds: float) -> list[dict[str, Any]]:
                 for chunk in response.iter_bytes():
                     now = time.perf_counter()
                     first = first or now
+                    received += len(chunk) / 2 / rate
                     player.chunk(now, len(chunk) / 2 / rate)
             else:
                 response.read()
@@ -314,6 +316,7 @@ def drive(url: str, clients: int, seconds: float) -> list[dict[str, Any]]:
             "client_start": start,
             "client_first": first,
             "underruns": player.underruns,
+            "audio_s": received,
         }
 
     def client_thread(index: int) -> None:
@@ -442,6 +445,7 @@ def main(argv: list[str] | None = None) -> int:
         if spy is not None:
             spy.wait()
     summary = summarize(client, json.loads(trace.read_text()))
+    summary["audio_s_per_s"] = sum(r.get("audio_s", 0.0) for r in client) / args.seconds
     summary["clients"] = args.clients
     summary["server_args"] = args.server_args
     summary["python"] = args.python
