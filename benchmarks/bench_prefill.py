@@ -3,6 +3,7 @@ new requests' prompts run? The scheduler's prefill modes side by side in one run
 
 ``onnx-tts bench prefill [--quick] [--rounds 3] [--seconds 30] [--clients 4]``
 ``    [--modes inline,apart,chunked] [--chunk-tokens 16] [--json PATH] [--plot PATH]``
+``    [--markdown docs/BENCHMARKS.md]``
 
 Model: the synthetic Turbo-shape Chatterbox bundle with a 200-position voice prefix
 (`bench_prefix.prefix_bundle("turbo")`: 24 layers, hidden 1024, 16 heads, fp32, random
@@ -248,6 +249,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shape", default="turbo", choices=("turbo", "turbo-small"))
     parser.add_argument("--json", type=Path)
     parser.add_argument("--plot", type=Path)
+    parser.add_argument(
+        "--markdown", type=Path, help="write the Serving section of this file (serve_report.py)"
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.rounds, args.seconds = 1, 10.0
@@ -304,6 +308,10 @@ def main(argv: list[str] | None = None) -> int:
     }
     write_atomically(args.json, (json.dumps(output, indent=2) + "\n").encode("utf-8"))
     plot(output, args.plot)
+    if args.markdown:
+        from benchmarks.serve_report import write_serving_section
+
+        write_serving_section(args.markdown, args.json.parent)
     print(f"results: {args.json}, {args.plot}")
     return 0
 

@@ -37,7 +37,8 @@ seconds per audio second for one stream alone and for `max_batch` streams at onc
 one worker thread, so the pipeline sustains about 1 / (the busier stage's batched cost) audio
 seconds per second.
 
-`--markdown` writes the summary (`serve_report.py`) as the "Serving" section of that file.
+`--markdown` writes the summary (`serve_report.py`, with the latest `bench prefill` result
+beside this one's) as the "Serving" section of that file.
 """
 
 from __future__ import annotations
@@ -706,7 +707,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.markdown:
         from benchmarks.serve_report import write_serving_section
 
-        write_serving_section(args.markdown, results, args.json, args.plot)
+        write_serving_section(args.markdown, args.json.parent)
     print(json.dumps(results["goals"], indent=2))
     print(f"results: {args.json}, {args.plot}")
     return 0

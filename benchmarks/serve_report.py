@@ -1,4 +1,5 @@
-"""The "Serving" section of docs/BENCHMARKS.md, generated from a `bench serve` result.
+"""The "Serving" section of docs/BENCHMARKS.md, generated from the `bench serve` and
+`bench prefill` results (benchmarks/results/serve.json, prefill.json).
 
 The section is self-contained (its own heading, what was run, the tables, the goals) and is
 replaced as a whole on every run: other sections of the file are left as they are.
@@ -6,6 +7,7 @@ replaced as a whole on every run: other sections of the file are left as they ar
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -52,13 +54,26 @@ def _row(label: str, level: dict[str, Any]) -> str:
     )
 
 
-def serving_markdown(results: dict[str, Any], json_path: Path, plot_path: Path) -> str:
-    """The section for `results` (bench serve's JSON)."""
+def serving_markdown(
+    results: dict[str, Any] | None,
+    json_path: Path,
+    plot_path: Path,
+    prefill: dict[str, Any] | None = None,
+    prefill_paths: tuple[Path, Path] | None = None,
+) -> str:
+    """The section for `results` (bench serve's JSON) and `prefill` (bench prefill's)."""
+    lines = [HEADING, ""]
+    if results is not None:
+        lines += _serve_lines(results, json_path, plot_path)
+    if prefill is not None and prefill_paths is not None:
+        lines += _prefill_lines(prefill, *prefill_paths)
+    return "\n".join(lines) + "\n"
+
+
+def _serve_lines(results: dict[str, Any], json_path: Path, plot_path: Path) -> list[str]:
     machine = results["machine"]
     rounds = results.get("rounds", 1)
     lines = [
-        HEADING,
-        "",
         "`onnx-tts bench serve` (`benchmarks/bench_serve.py`): live `onnx-tts serve` processes, "
         "each client a real-time player streaming `pcm` requests back to back (playback starts "
         "100 ms after the first byte; an underrun is a chunk that arrives after the player ran "
@@ -108,7 +123,47 @@ def serving_markdown(results: dict[str, Any], json_path: Path, plot_path: Path) 
             for goal, value in mine.items():
                 parts.append(f"{goal.replace('_', ' ')}: {'met' if value['met'] else 'NOT met'}")
             lines.append(f"- {label}: " + "; ".join(parts))
-    return "\n".join(lines) + "\n"
+    return lines
+
+
+def _prefill_lines(prefill: dict[str, Any], json_path: Path, plot_path: Path) -> list[str]:
+    machine = prefill["machine"]
+    lines = [
+        "",
+        "### Prefill beside the decode step",
+        "",
+        f"`onnx-tts bench prefill` (`benchmarks/bench_prefill.py`): {prefill['model']}; "
+        f"{prefill['clients']} closed-loop clients submit streams (a first-audio deadline, then "
+        "a listener's clock) back to back, so new prompts keep arriving while other rows "
+        "decode; the LM stage's frames are timed. The scheduler's prefill modes run side by "
+        f"side over one loaded model, {prefill['seconds_per_mode']:.0f} s each, alternating, "
+        f"{prefill['rounds']} round(s): the median, (min-max) the spread. "
+        f"{machine.get('cpu_count')} shared cores, load average "
+        f"{machine['loadavg_start'][0]}-{machine['loadavg_end'][0]}. Results: "
+        f"`{_rel(json_path)}`, plot `{_rel(plot_path)}`.",
+        "",
+        "| prefill mode | frames/s (all rows) | decoding rows: frame gap p50 / p99 / max ms | "
+        "gaps over 3x the median | new requests: first frame p50 / p95 ms | LM batch |",
+        "|---|--:|--:|--:|--:|--:|",
+    ]
+    for mode, numbers in prefill["summary"].items():
+
+        def cell(key: str, digits: int = 0, numbers: dict[str, Any] = numbers) -> str:
+            value = numbers[key]
+            if prefill["rounds"] < 2:
+                return f"{value['median']:.{digits}f}"
+            return (
+                f"{value['median']:.{digits}f} ({value['min']:.{digits}f}-"
+                f"{value['max']:.{digits}f})"
+            )
+
+        lines.append(
+            f"| {mode} | {cell('frames_per_s', 1)} | {cell('gap_p50_ms')} / "
+            f"{cell('gap_p99_ms')} / {cell('gap_max_ms')} | {cell('stalls')} | "
+            f"{cell('first_frame_p50_ms')} / {cell('first_frame_p95_ms')} | "
+            f"{cell('mean_batch', 1)} |"
+        )
+    return lines
 
 
 def _rel(path: Path) -> str:
@@ -127,11 +182,19 @@ def replace_section(text: str, section: str) -> str:
     return text.rstrip("\n") + "\n\n" + section
 
 
-def write_serving_section(
-    path: Path, results: dict[str, Any], json_path: Path, plot_path: Path
-) -> None:
+def write_serving_section(path: Path, results_dir: Path) -> None:
+    """Write the section into `path` from the latest `serve.json` and `prefill.json` of
+    `results_dir` (either may be missing)."""
+    serve = results_dir / "serve.json"
+    prefill = results_dir / "prefill.json"
+    section = serving_markdown(
+        json.loads(serve.read_text()) if serve.exists() else None,
+        serve,
+        serve.with_suffix(".png"),
+        json.loads(prefill.read_text()) if prefill.exists() else None,
+        (prefill, prefill.with_suffix(".png")),
+    )
     text = path.read_text() if path.exists() else TITLE
-    section = serving_markdown(results, json_path, plot_path)
     write_atomically(path, replace_section(text, section).encode("utf-8"))
 
 

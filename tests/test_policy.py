@@ -102,6 +102,20 @@ def test_chunked_prefills_get_turns_most_urgent_first():
     assert both.schedule(view).prefill == (7, 5, 4)
 
 
+def test_rows_never_sit_out_while_requests_wait_for_a_row():
+    """Pacing holds back rows with audio ahead only while that frees the cores for someone;
+    with requests waiting for a row it would only keep the rows busy longer."""
+    active = ((0, _u(due=NOW + 0.2)), (1, _u(due=NOW + 3.0)))
+    paced = DeadlinePolicy().schedule(DecodeView((), (), active, NOW))
+    assert paced.step == (0,) and paced.sit_out == (1,)
+    waiting = (_u(due=NOW + 0.1, order=9),)
+    full = DeadlinePolicy().schedule(DecodeView(waiting, (), active, NOW))
+    assert full.admit == () and full.step == (0, 1) and full.sit_out == ()
+    # A free row for the waiting request: pacing as usual.
+    room = DeadlinePolicy().schedule(DecodeView(waiting, (2,), active, NOW))
+    assert room.admit == ((0, 2),) and room.sit_out == (1,)
+
+
 def test_window_order():
     windows = [_u(due=NOW + 3, order=0), _u(due=NOW - 1, order=1), _u(priority=1, order=2)]
     assert DeadlinePolicy().order(windows) == [1, 0, 2]

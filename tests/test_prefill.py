@@ -202,16 +202,16 @@ def test_a_failing_prefill_fails_only_its_request(monkeypatch, expected, voice_w
         engine.close()
 
 
-def test_the_slot_buffer_grows_only_on_the_decode_worker(monkeypatch, expected, voice_wav):
+def test_the_slot_buffer_is_written_only_by_the_decode_worker(monkeypatch, expected, voice_wav):
     """The slot buffer grows while a prompt is being prefilled (a second request needs a
-    second row), yet every write into the slot buffer (joining rows, growing, steps) comes
-    from the decode worker: a prefill never writes into it, so it never moves under one, and
-    the prefilled request still makes its solo frames."""
+    second row), yet every write into the buffer in use (joining rows, moving live rows into a
+    grown buffer, steps) comes from the decode worker: a prefill never writes into it, so it
+    never grows or moves under one, and the prefilled request still makes its solo frames."""
     blocked = BlockedPrefill(monkeypatch)
     engine = _load()
     slots = engine.scheduler.slots
     writers: list[tuple[str, str]] = []
-    for method in ("join", "_regrow", "run"):
+    for method in ("join", "_move_into", "run"):
         real = getattr(slots, method)
 
         def record(*args, _real=real, _name=method):
@@ -231,11 +231,46 @@ def test_the_slot_buffer_grows_only_on_the_decode_worker(monkeypatch, expected, 
             blocked.release.set()
             np.testing.assert_array_equal(held_samples.result(), expected[(TEXTS[0], 0)])
         np.testing.assert_array_equal(other, expected[(TEXTS[2], 2)])
-        names = {name for name, _ in writers}
-        assert {"join", "_regrow", "run"} <= names
+        assert {name for name, _ in writers} == {"join", "_move_into", "run"}
         assert {thread for _, thread in writers} == {"onnx-tts-decode"}
     finally:
         blocked.release.set()
+        engine.close()
+
+
+def test_rows_keep_stepping_while_the_slot_buffer_grows(monkeypatch, expected, voice_wav):
+    """A request that needs a bigger slot buffer waits for it (allocated beside the steps:
+    here held up) while the rows already decoding go on to their end; then it joins the grown
+    buffer and makes its solo frames."""
+    from onnx_tts.decoding.kv_rows import SlotRows
+
+    started, release = threading.Event(), threading.Event()
+    real = SlotRows._allocate
+
+    def allocate(self, rows, capacity):
+        if threading.current_thread().name.startswith("onnx-tts-grow"):
+            started.set()
+            assert release.wait(120), "the test never released the allocation"
+        return real(self, rows, capacity)
+
+    monkeypatch.setattr(SlotRows, "_allocate", allocate)
+    engine = _load()
+    try:
+        voice = engine.voice(voice_wav)
+        first = engine.scheduler.submit(_request(engine, TEXTS[2], voice, 2))
+        frames = [next(first)]  # decoding in the buffer's one row
+        with ThreadPoolExecutor(1) as pool:
+            waiting = pool.submit(_samples, engine, _request(engine, TEXTS[0], voice, 0))
+            assert started.wait(60)
+            frames += list(first)  # to its end, while the grown buffer is held up
+            assert engine.stats()["slot_rows"] == 1 and not release.is_set()
+            release.set()
+            np.testing.assert_array_equal(waiting.result(), expected[(TEXTS[0], 0)])
+        samples = engine.model.vocoder.vocode(np.stack(frames), voice)
+        np.testing.assert_array_equal(samples, expected[(TEXTS[2], 2)])
+        assert engine.stats()["slot_rows"] == 2 and engine.stats()["slot_grows"] == 1
+    finally:
+        release.set()
         engine.close()
 
 

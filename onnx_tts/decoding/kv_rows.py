@@ -35,6 +35,7 @@ run is never chunked.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 
@@ -204,6 +205,13 @@ class SlotRows:
         self.lengths = np.zeros(max_rows, np.int64)  # cached tokens per request row
         self.live = np.zeros(max_rows, bool)
         self.grown = 0  # reallocations so far (stats)
+        self.needed = np.zeros(max_rows, np.int64)  # KV positions each reserved row needs
+        # A buffer being grown beside the steps (reserve(wait=False)) and its size; `on_grown`
+        # is told when it is ready (the scheduler's wake).
+        self._grower: ThreadPoolExecutor | None = None
+        self._growth: Future[KVSlots] | None = None
+        self._growth_size: tuple[int, int] | None = None
+        self.on_grown: Callable[[], None] | None = None
         self._dtype = np.dtype(program.lm.spec.inputs[program.input_name].dtype)
 
     # -- sizing ----------------------------------------------------------------------------------
@@ -213,30 +221,75 @@ class SlotRows:
     def allocated_bytes(self) -> int:
         return self._bytes(self.rows, self.capacity) if self.slots is not None else 0
 
-    def reserve(self, row: int, needed: int) -> bool:
+    def reserve(self, row: int, needed: int, wait: bool = True) -> bool:
         """Make room for request row `row` needing `needed` KV positions; False when the
         budget (or the model's position limit) cannot hold it: the request then gets a cache
-        of its own."""
+        of its own. A buffer that must grow grows now (`wait`, or the first one), or beside
+        the decode steps: the new buffer is allocated on a helper thread (a few hundred MB
+        take a few hundred ms, every stream would stall meanwhile) and `swap_grown` puts it
+        in between steps; the row may join once `has_room(row)`."""
         ceiling = self.policy.fixed if self.policy.fixed is not None else self.policy.limit
         if needed > ceiling:
             return False
-        rows = max(self.rows, min(self.max_rows, _power_of_two_at_least(row + 1)))
-        capacity = self.capacity
+        held_rows, held_capacity = self._growth_size or (self.rows, self.capacity)
+        rows = max(held_rows, min(self.max_rows, _power_of_two_at_least(row + 1)))
+        capacity = held_capacity
         if needed > capacity:
             capacity = min(ceiling, max(MIN_SLOT_CAPACITY, _power_of_two_at_least(needed)))
         if self.policy.fixed is not None:
             capacity = self.policy.fixed
         if self._bytes(rows, capacity) > self.budget_bytes:
             return False
-        if rows != self.rows or capacity != self.capacity or self.slots is None:
-            self._regrow(rows, capacity)
+        self.needed[row] = needed
+        if self.slots is None or wait:
+            if rows != self.rows or capacity != self.capacity or self.slots is None:
+                self._growth = self._growth_size = None  # (a pending one is dropped)
+                self._regrow(rows, capacity)
+        elif rows != self.rows or capacity != self.capacity:
+            self._grow_beside(rows, capacity)
         return True
 
+    def has_room(self, row: int) -> bool:
+        """Whether the buffer holds request row `row` as it reserved it."""
+        return self.slots is not None and row < self.rows and self.needed[row] <= self.capacity
+
+    def _grow_beside(self, rows: int, capacity: int) -> None:
+        if self._growth_size == (rows, capacity):
+            return
+        if self._grower is None:
+            self._grower = ThreadPoolExecutor(1, thread_name_prefix="onnx-tts-grow")
+        self._growth_size = (rows, capacity)
+        growth = self._grower.submit(self._allocate, rows, capacity)
+        self._growth = growth
+        on_grown = self.on_grown
+        if on_grown is not None:
+            growth.add_done_callback(lambda _: on_grown())
+
+    def growth_done(self) -> bool:
+        """A buffer grown beside the steps is ready to be swapped in."""
+        return self._growth is not None and self._growth.done()
+
+    def swap_grown(self) -> bool:
+        """(the decode worker, between steps) put a buffer grown beside the steps in: the live
+        rows' cached tokens are copied into it. Raises what its allocation raised."""
+        if not self.growth_done():
+            return False
+        growth, size = self._growth, self._growth_size
+        self._growth = self._growth_size = None
+        assert growth is not None and size is not None
+        self._move_into(growth.result(), *size)
+        return True
+
+    def _allocate(self, rows: int, capacity: int) -> KVSlots:
+        return KVSlots(self.program.lm, rows * self.lm_rows, capacity, dict(self.layout.pairs))
+
     def _regrow(self, rows: int, capacity: int) -> None:
-        """New buffers of `rows` x `capacity`; the live rows' cached tokens are copied once."""
+        """New buffers of `rows` x `capacity`, now."""
+        self._move_into(self._allocate(rows, capacity), rows, capacity)
+
+    def _move_into(self, fresh: KVSlots, rows: int, capacity: int) -> None:
+        """`fresh` becomes the buffer; the live rows' cached tokens are copied once."""
         old, old_lengths = self.slots, self.lengths.copy()
-        self.slots = None  # the old buffers are freed before the new ones fill up, if unused
-        fresh = KVSlots(self.program.lm, rows * self.lm_rows, capacity, dict(self.layout.pairs))
         if old is not None:
             pairs = len(self.layout.pairs)
             for row in np.flatnonzero(self.live & (old_lengths > 0)):
@@ -245,6 +298,11 @@ class SlotRows:
                     fresh.load_prefix(lm_row, values)
             self.grown += 1
         self.slots, self.rows, self.capacity = fresh, rows, capacity
+
+    def close(self) -> None:
+        """Wait for a buffer being grown (the engine is closing)."""
+        if self._grower is not None:
+            self._grower.shutdown(wait=True)
 
     def _lm_rows(self, row: int) -> range:
         return range(row * self.lm_rows, (row + 1) * self.lm_rows)
@@ -364,6 +422,7 @@ class SlotRows:
     def release(self, row: int) -> None:
         self.lengths[row] = 0
         self.live[row] = False
+        self.needed[row] = 0
 
     def row_ptrs(self, row: int) -> list[int]:
         """Where row `row`'s KV lives (tests check rows do not move while they decode)."""

@@ -214,14 +214,18 @@ class Prefills:
         self.turns += granted
         return granted
 
-    def ready(self) -> list[tuple[int, PrefillJob]]:
-        """The jobs that are done, by row, no longer in flight."""
-        done = sorted(row for row, job in self.jobs.items() if job.done())
+    def ready(self, can_join: Callable[[int, PrefillJob], bool]) -> list[tuple[int, PrefillJob]]:
+        """The jobs that are done and whose row can take them now (`can_join`: a slot row
+        waits for a buffer grown beside the steps), by row, no longer in flight."""
+        done = sorted(row for row, job in self.jobs.items() if job.done() and can_join(row, job))
         return [(row, self.jobs.pop(row)) for row in done]
 
-    def has_news(self) -> bool:
-        """A job is done or waits for a turn."""
-        return any(job.done() or job.wants_turn() for job in self.jobs.values())
+    def has_news(self, can_join: Callable[[int, PrefillJob], bool]) -> bool:
+        """A job is done and can join, or waits for a turn."""
+        return any(
+            (job.done() and can_join(row, job)) or job.wants_turn()
+            for row, job in self.jobs.items()
+        )
 
     def view(self) -> tuple[tuple[int, Urgency, bool], ...]:
         """(row, urgency, waits for a turn) of each job, as the scheduling policy sees it."""

@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from onnx_tts.cache.prefix import PrefixCache
-from onnx_tts.decoding.batch_probe import batch_invariance_problem
+from onnx_tts.decoding.batch_probe import batch_invariance_problem, batching_support
 from onnx_tts.decoding.kv_pool import KVPool
 from onnx_tts.decoding.kv_rows import DEFAULT_SLOT_BYTES, OwnCaches, RowHome, SlotRows, SlotRun
 from onnx_tts.decoding.policy import DecodePlan, DecodeView, SchedulingPolicy, make_policy
@@ -104,6 +104,7 @@ class DecodeScheduler:
         self.slots: SlotRows | None = None
         if self.batching_unavailable is None:
             self.slots = SlotRows(program, self.layout, pool.capacity, max_batch, slot_bytes)
+            self.slots.on_grown = self.wake
         self.own = OwnCaches(program, pool, self.layout)
         self.state = program.new_state(max_batch)
         self.requests: list[Request | None] = [None] * max_batch
@@ -206,6 +207,8 @@ class DecodeScheduler:
         if self._helper is not None:
             self._helper.shutdown(wait=True)
         self.prefilling.close()
+        if self.slots is not None:
+            self.slots.close()
 
     # -- worker ------------------------------------------------------------------------------
     def _run(self) -> None:
@@ -234,9 +237,10 @@ class DecodeScheduler:
                 self._stats["busy_seconds"] += time.perf_counter() - started
 
     def _round(self) -> bool:
-        """Apply one plan: prompts done apart join their rows, admitted requests start their
-        prefills, chunked prefills get their turns, then the chosen rows step. Returns whether
-        anything ran."""
+        """Apply one plan: a slot buffer grown beside the steps comes in, prompts done apart
+        join their rows, admitted requests start their prefills, chunked prefills get their
+        turns, then the chosen rows step. Returns whether anything ran."""
+        grown = self._swap_grown()
         joined = self._join_ready()
         with self._cv:
             plan = self._plan()  # the policy decides, as plain data
@@ -252,7 +256,23 @@ class DecodeScheduler:
             self._step(rows)
         if not self._active_rows().size:
             self._hand_over_pending()  # nothing to overlap it with
-        return bool(joined or admitted or turns or rows.size)
+        return bool(grown or joined or admitted or turns or rows.size)
+
+    def _swap_grown(self) -> bool:
+        """A slot buffer grown beside the steps replaces the old one (between steps); if it
+        could not be made, the requests waiting for it fail."""
+        if self.slots is None:
+            return False
+        try:
+            return self.slots.swap_grown()
+        except Exception as error:
+            for row, home in enumerate(self.homes):
+                if home is self.slots and not self.slots.has_room(row):
+                    self._free(row, error)
+            return True
+
+    def _can_join(self, row: int, job: Any) -> bool:
+        return job.home is not self.slots or self.slots.has_room(row)  # type: ignore[union-attr]
 
     def _has_work(self) -> bool:
         """(under the lock) requests wait, rows decode, or a prefill is done, wants a turn or
@@ -260,7 +280,8 @@ class DecodeScheduler:
         return (
             bool(self.waiting)
             or bool(self._active_rows().size)
-            or self.prefilling.has_news()
+            or self.prefilling.has_news(self._can_join)
+            or (self.slots is not None and self.slots.growth_done())
             or any(job.request.cancel.cancelled for job in self.prefilling.jobs.values())
         )
 
@@ -350,10 +371,10 @@ class DecodeScheduler:
     def _start_prefills(self, rows: list[int]) -> list[int]:
         """Start the prefills of the rows admitted this round, in the plan's order: each
         request's program admission and KV home are set up here, on this thread (slot buffers
-        grow here, while no prompt writes into them: prompts run on scratch caches and join
-        between steps), then its prompt runs on a prefill worker (`inline`: now, and it joins
-        at once). A request whose prefill fails fails alone. Returns the rows that joined."""
-        joined, outputs = [], []
+        grow here, or beside the steps, never under a prompt: prompts run on scratch caches and
+        join between steps), then its prompt runs on a prefill worker (`inline`: now, and it
+        joins at once). A request whose prefill fails fails alone. Returns the rows joined."""
+        done = []
         for row in rows:
             admission = self._admit(row)
             home, request = self.homes[row], self.requests[row]
@@ -363,48 +384,41 @@ class DecodeScheduler:
                 self.prefilling.start(row, request, home, admission)
                 continue
             try:
-                prefilled = home.prefill_apart(admission, self.prefix_cache)
+                done.append((row, home, home.prefill_apart(admission, self.prefix_cache)))
             except Exception as error:
                 self._free(row, error)
-                continue
-            if self._join(row, home, prefilled):
-                joined.append(row)
-                outputs.append(prefilled.outputs)
-        self._joined(joined, outputs)
-        return joined
+        return self._join_all(done)
 
     def _join_ready(self) -> list[int]:
-        """Prompts done apart join their rows (between steps: nothing else writes the rows
-        then), and the program consumes their first outputs in one call; a failed prefill
-        fails its request alone. Returns the rows that joined."""
-        joined, outputs = [], []
-        for row, job in self.prefilling.ready():
+        """Prompts done apart whose rows can take them join (a failed one fails its request
+        alone). Returns the rows that joined."""
+        done = []
+        for row, job in self.prefilling.ready(self._can_join):
             assert job.future is not None
             try:
-                prefilled = job.future.result()
+                done.append((row, job.home, job.future.result()))
             except Exception as error:
                 self._free(row, error)
+        return self._join_all(done)
+
+    def _join_all(self, done: list[tuple[int, RowHome, Any]]) -> list[int]:
+        """Prompts join their rows (between steps: nothing else writes the rows then) and the
+        program consumes their first outputs in one call. Returns the rows that joined."""
+        rows, outputs = [], []
+        for row, home, prefilled in done:
+            try:
+                home.join(row, prefilled)
+            except Exception as error:
+                home.discard(prefilled)
+                self._free(row, error)
                 continue
-            if self._join(row, job.home, prefilled):
-                joined.append(row)
-                outputs.append(prefilled.outputs)
-        self._joined(joined, outputs)
-        return joined
-
-    def _join(self, row: int, home: RowHome, prefilled: Any) -> bool:
-        try:
-            home.join(row, prefilled)
-            return True
-        except Exception as error:
-            home.discard(prefilled)
-            self._free(row, error)
-            return False
-
-    def _joined(self, rows: list[int], outputs: list[np.ndarray]) -> None:
+            rows.append(row)
+            outputs.append(prefilled.outputs)
         if rows:
             with self._cv:
                 self._stats["prefills"] += len(rows)
             self._deliver(np.array(rows, np.int64), np.concatenate(outputs, axis=0))
+        return rows
 
     def _admit(self, row: int) -> Admission | None:
         """The program's admission of row `row`'s request, with its KV home reserved (slot
@@ -423,7 +437,8 @@ class DecodeScheduler:
                 )
             home: RowHome = self.own
             if self.slots is not None:
-                if self.slots.reserve(row, admission.max_tokens):
+                # (apart from the step, a buffer that must grow grows beside the steps too)
+                if self.slots.reserve(row, admission.max_tokens, wait=self.prefilling.inline):
                     home = self.slots
                 else:  # longer than the slot budget: an in-place cache sized to it
                     with self._cv:
@@ -572,16 +587,6 @@ def _tell(call: Any, argument: Any) -> None:
         call(argument)
     except Exception:
         log.warning("a request's consumer failed to take its frames", exc_info=True)
-
-
-def batching_support(pool: KVPool) -> str | None:
-    """None when this model's requests can share one batched LM run, else why not (they then
-    run in the same loop on KV caches of their own)."""
-    if pool.mode != "inplace":
-        return f"KV mode {pool.mode!r} (batched rows need the in-place cache: --kv inplace)"
-    if not pool.layout.in_place:
-        return "the LM grows its cache by Concat (convert it with `onnx-tts convert --inplace-kv`)"
-    return None
 
 
 __all__ = [

@@ -296,6 +296,10 @@ class VocoderStage:
                     target=self._run, name="onnx-tts-vocoder", daemon=True
                 )
                 self._thread.start()
+                # The express lane's thread starts with the worker's: a part of the stage,
+                # there from its first stream on, not a thread that appears under load.
+                self._express = ThreadPoolExecutor(1, thread_name_prefix="onnx-tts-vocoder-express")
+                self._express.submit(lambda: None)
                 _LIVE.add(self)
         return stream
 
@@ -415,8 +419,7 @@ class VocoderStage:
             return
         self._due.discard(stream)
         self._express_stream = stream
-        if self._express is None:
-            self._express = ThreadPoolExecutor(1, thread_name_prefix="onnx-tts-vocoder-express")
+        assert self._express is not None
         self._express.submit(self._decode_express, stream, window)
 
     def _decode_express(self, stream: VocoderStream, window: Window | np.ndarray) -> None:
