@@ -10,7 +10,8 @@ tested without a model:
 
 - `DeadlinePolicy` (the default): most urgent first (priority, then the earliest due time: a
   listener about to run dry, a first-audio deadline, a batch request's arrival plus slack);
-  while a row is urgent, rows whose listeners hold plenty of audio sit a step out; an urgent
+  while a row is urgent, rows whose listeners hold plenty of audio sit a step out (unless
+  requests wait for a row); an urgent
   small vocoder window does not wait for the call in progress (`express`); a stream starts
   only while there is capacity and no playing listener is about to run dry.
 - `FifoPolicy`: first come first served everywhere; every row steps; a stream starts while
