@@ -128,11 +128,9 @@ def test_window_order():
         (StreamLoad(active=2, capacity=4, lead=2.0, real_time=True), True, True),
         (StreamLoad(active=4, capacity=4, lead=2.0, real_time=True), False, False),
         # A playing listener about to run dry: the deadline policy serves it first.
-        (StreamLoad(active=2, capacity=4, lead=0.02, real_time=True), False, True),
-        # A listener that just started (one first chunk ahead) is no reason to wait.
-        (StreamLoad(active=2, capacity=4, lead=0.1, real_time=True), True, True),
+        (StreamLoad(active=2, capacity=4, lead=0.1, real_time=True), False, True),
         # No stream gets real time here: holding new ones back helps nobody.
-        (StreamLoad(active=2, capacity=4, lead=0.02, real_time=False), True, True),
+        (StreamLoad(active=2, capacity=4, lead=0.1, real_time=False), True, True),
         (StreamLoad(active=0, capacity=1, lead=None, real_time=True), True, True),
     ],
 )

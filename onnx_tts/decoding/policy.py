@@ -30,12 +30,12 @@ from onnx_tts.errors import InputError
 # within URGENT_SECONDS; rows with more than AHEAD_SECONDS of audio buffered then wait.
 URGENT_SECONDS = 0.5
 AHEAD_SECONDS = 1.0
-# A new stream waits while a playing listener has less than this much audio left (it is about
-# to stall now). It was 0.3 s, which every stream that had just started (one first chunk of
-# ~0.12 s) tripped: new streams waited ~0.1 s behind every start, 25 ms on the p95 time to
-# first audio at 8 clients (`bench serve`), while a listener about to run dry is served first
-# by the due times anyway (a new stream's first audio is due 0.2 s after it arrives).
-MIN_LEAD_SECONDS = 0.05
+# A new stream waits while a playing listener has less than this much audio left. Every stream
+# that just started trips it (one first chunk of ~0.12 s ahead), which costs new streams a
+# moment (measured: ~25 ms on the p95 time to first audio at 8 clients on a loaded machine,
+# none on a quiet one); at 0.05 s, 32 clients stalled when the machine slowed down under
+# other work, at 0.3 s they did not (`bench serve`).
+MIN_LEAD_SECONDS = 0.3
 
 
 @dataclass(frozen=True)

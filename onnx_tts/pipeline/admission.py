@@ -11,7 +11,7 @@ together carry `cores * target / (sum of costs)`; the capacity is the smaller. T
 real time, and the server's event loop and its clients share the cores (measured with `bench
 serve` on 2 cores: 16 concurrent streams of the default voice played without a stall, 22
 admitted at 0.85 stalled). The estimate is smoothed and, when some active
-stream is about to run dry (the scheduling policy's call: by default a lead below 0.05 s),
+stream is about to run dry (the scheduling policy's call: by default a lead below 0.3 s),
 nothing new starts: a
 stall for an admitted listener is worse than a wait before the first byte. Until the engine has
 been busy enough to measure, streams are admitted up to `max_streams`.
