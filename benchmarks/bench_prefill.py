@@ -246,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--modes", default="inline,apart,chunked")
     parser.add_argument("--chunk-tokens", default="16", help="chunked: positions per turn (list)")
-    parser.add_argument("--shape", default="turbo", choices=("turbo", "turbo-small"))
+    parser.add_argument("--shape", default="turbo", choices=("turbo", "medium", "turbo-small"))
     parser.add_argument("--json", type=Path)
     parser.add_argument("--plot", type=Path)
     parser.add_argument(

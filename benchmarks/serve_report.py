@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -58,15 +59,17 @@ def serving_markdown(
     results: dict[str, Any] | None,
     json_path: Path,
     plot_path: Path,
-    prefill: dict[str, Any] | None = None,
-    prefill_paths: tuple[Path, Path] | None = None,
+    prefills: Sequence[tuple[dict[str, Any], Path]] = (),
 ) -> str:
-    """The section for `results` (bench serve's JSON) and `prefill` (bench prefill's)."""
+    """The section for `results` (bench serve's JSON) and `prefills` (bench prefill's, with
+    their paths)."""
     lines = [HEADING, ""]
     if results is not None:
         lines += _serve_lines(results, json_path, plot_path)
-    if prefill is not None and prefill_paths is not None:
-        lines += _prefill_lines(prefill, *prefill_paths)
+    if prefills:
+        lines += ["", "### Prefill beside the decode step"]
+    for prefill, path in prefills:
+        lines += _prefill_lines(prefill, path, path.with_suffix(".png"))
     return "\n".join(lines) + "\n"
 
 
@@ -130,8 +133,6 @@ def _prefill_lines(prefill: dict[str, Any], json_path: Path, plot_path: Path) ->
     machine = prefill["machine"]
     lines = [
         "",
-        "### Prefill beside the decode step",
-        "",
         f"`onnx-tts bench prefill` (`benchmarks/bench_prefill.py`): {prefill['model']}; "
         f"{prefill['clients']} closed-loop clients submit streams (a first-audio deadline, then "
         "a listener's clock) back to back, so new prompts keep arriving while other rows "
@@ -183,16 +184,19 @@ def replace_section(text: str, section: str) -> str:
 
 
 def write_serving_section(path: Path, results_dir: Path) -> None:
-    """Write the section into `path` from the latest `serve.json` and `prefill.json` of
-    `results_dir` (either may be missing)."""
+    """Write the section into `path` from the latest `serve.json` and `prefill*.json` of
+    `results_dir` (any may be missing)."""
     serve = results_dir / "serve.json"
-    prefill = results_dir / "prefill.json"
+    prefills = [
+        (json.loads(path.read_text()), path)
+        for path in sorted(results_dir.glob("prefill*.json"))
+        if not path.stem.endswith("_quick")
+    ]
     section = serving_markdown(
         json.loads(serve.read_text()) if serve.exists() else None,
         serve,
         serve.with_suffix(".png"),
-        json.loads(prefill.read_text()) if prefill.exists() else None,
-        (prefill, prefill.with_suffix(".png")),
+        prefills,
     )
     text = path.read_text() if path.exists() else TITLE
     write_atomically(path, replace_section(text, section).encode("utf-8"))

@@ -336,3 +336,20 @@ def test_an_abandoned_turn_never_runs():
 def test_an_unknown_prefill_mode_is_refused(bad):
     with pytest.raises(InputError, match="prefill"):
         _load(prefill=bad)
+
+
+def test_a_prompt_of_a_few_positions_runs_in_the_round():
+    """The default voice's prompt is one position (about a step's work): it runs in the
+    decode worker's round, not on a prefill worker, and its audio is the same either way."""
+    apart = onnx_tts.load(None, cache_dir=None, threads=1)
+    inline = onnx_tts.load(None, cache_dir=None, threads=1, prefill="inline")
+    try:
+        text = "A prompt of one position."
+        np.testing.assert_array_equal(
+            apart.synthesize(text, seed=1).samples, inline.synthesize(text, seed=1).samples
+        )
+        stats = apart.stats()
+        assert stats["prefills"] == 1 and stats["parallel_prefills"] == 0
+    finally:
+        apart.close()
+        inline.close()

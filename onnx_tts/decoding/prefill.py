@@ -15,6 +15,9 @@ three ways (`PREFILL_MODES`):
 - `inline`: the whole prompt in the round, before the step (how the loop ran before; kept as
   the benchmarks' baseline and for machines with one core).
 
+In every mode a prompt of a few positions (`INLINE_PROMPT_POSITIONS`) runs in the round: it is
+about a step's work.
+
 A request's frames never depend on the mode, on its neighbours or on when its prompt ran: the
 prompt runs at batch 1 in every mode, and chunk boundaries depend only on the prompt
 (tests/test_prefill.py).
@@ -38,6 +41,10 @@ PREFILL_MODES = ("apart", "chunked", "inline")
 DEFAULT_PREFILL_MODE = "apart"
 # Chunked prefill: prompt positions per turn (about one decode step of a Turbo-size LM here).
 DEFAULT_CHUNK_TOKENS = 16
+# A prompt of at most this many positions runs in the round whatever the mode: it is about a
+# step's work, and handing it to a worker only adds a round and a thread hand-off to its first
+# audio (the default voice's prompt is one position).
+INLINE_PROMPT_POSITIONS = 4
 MAX_CHUNK_TOKENS = 1 << 16
 
 
@@ -181,6 +188,11 @@ class Prefills:
     def inline(self) -> bool:
         return self._pool is None
 
+    def runs_inline(self, admission: Admission) -> bool:
+        """Whether this prompt runs in the round (mode `inline`, or a prompt of a few
+        positions)."""
+        return self.inline or admission.inputs.shape[1] <= INLINE_PROMPT_POSITIONS
+
     def __contains__(self, row: int) -> bool:
         return row in self.jobs
 
@@ -252,6 +264,7 @@ class Prefills:
 __all__ = [
     "DEFAULT_CHUNK_TOKENS",
     "DEFAULT_PREFILL_MODE",
+    "INLINE_PROMPT_POSITIONS",
     "PREFILL_MODES",
     "PrefillAbandoned",
     "PrefillJob",

@@ -271,12 +271,14 @@ class DecodeScheduler:
                     self._free(row, error)
             return True
 
-    def _can_join(self, row: int, job: Any) -> bool:
-        return job.home is not self.slots or self.slots.has_room(row)  # type: ignore[union-attr]
+    def _has_room(self, row: int, home: RowHome) -> bool:
+        return home is not self.slots or self.slots.has_room(row)
+
+    def _can_join(self, row: int, job: Any) -> bool:  # (a slot row waits for a grown buffer)
+        return self._has_room(row, job.home)
 
     def _has_work(self) -> bool:
-        """(under the lock) requests wait, rows decode, or a prefill is done, wants a turn or
-        lost its request (its row is freed at once)."""
+        """(under the lock) requests wait, rows decode, a prefill is done/waits/lost its request."""
         return (
             bool(self.waiting)
             or bool(self._active_rows().size)
@@ -364,24 +366,23 @@ class DecodeScheduler:
         self.finishing[row] = False
 
     def _drop_cancelled(self) -> None:
-        for row, request in enumerate(self.requests):
-            if request is not None and request.cancel.cancelled:
-                self._free(row)
+        for row in [r for r, q in enumerate(self.requests) if q is not None and q.cancel.cancelled]:
+            self._free(row)
 
     def _start_prefills(self, rows: list[int]) -> list[int]:
-        """Start the prefills of the rows admitted this round, in the plan's order: each
-        request's program admission and KV home are set up here, on this thread (slot buffers
-        grow here, or beside the steps, never under a prompt: prompts run on scratch caches and
-        join between steps), then its prompt runs on a prefill worker (`inline`: now, and it
-        joins at once). A request whose prefill fails fails alone. Returns the rows joined."""
+        """Start the prefills of the rows admitted this round, in the plan's order: admission
+        and KV home here (slot buffers grow here or beside the steps, never under a prompt:
+        prompts run on scratch caches and join between steps), the prompt on a prefill worker
+        (`inline` or a few positions: now, joining at once if its row fits). A request whose
+        prefill fails fails alone. Returns the rows joined."""
         done = []
         for row in rows:
             admission = self._admit(row)
             home, request = self.homes[row], self.requests[row]
             if admission is None or home is None or request is None:
                 continue
-            if not self.prefilling.inline:
-                self.prefilling.start(row, request, home, admission)
+            if not self.prefilling.runs_inline(admission) or not self._has_room(row, home):
+                self.prefilling.start(row, request, home, admission)  # (joins once it fits)
                 continue
             try:
                 done.append((row, home, home.prefill_apart(admission, self.prefix_cache)))
