@@ -136,7 +136,8 @@ def _prefill_lines(prefill: dict[str, Any], json_path: Path, plot_path: Path) ->
         f"`onnx-tts bench prefill` (`benchmarks/bench_prefill.py`): {prefill['model']}; "
         f"{prefill['clients']} closed-loop clients submit streams (a first-audio deadline, then "
         "a listener's clock) back to back, so new prompts keep arriving while other rows "
-        "decode; the LM stage's frames are timed. The scheduler's prefill modes run side by "
+        "decode; the LM stage's frames are timed, each request's listener a player starting 100 ms "
+        "after its first frame. The scheduler's prefill modes run side by "
         f"side over one loaded model, {prefill['seconds_per_mode']:.0f} s each, alternating, "
         f"{prefill['rounds']} round(s): the median, (min-max) the spread. "
         f"{machine.get('cpu_count')} shared cores, load average "
@@ -144,7 +145,7 @@ def _prefill_lines(prefill: dict[str, Any], json_path: Path, plot_path: Path) ->
         f"`{_rel(json_path)}`, plot `{_rel(plot_path)}`.",
         "",
         "| prefill mode | frames/s (all rows) | decoding rows: frame gap p50 / p99 / max ms | "
-        "gaps over 3x the median | new requests: first frame p50 / p95 ms | LM batch |",
+        "listener underruns (stalled s) | new requests: first frame p50 / p95 ms | LM batch |",
         "|---|--:|--:|--:|--:|--:|",
     ]
     for mode, numbers in prefill["summary"].items():
@@ -158,9 +159,14 @@ def _prefill_lines(prefill: dict[str, Any], json_path: Path, plot_path: Path) ->
                 f"{value['max']:.{digits}f})"
             )
 
+        underruns = (
+            f"{cell('listener_underruns')} ({cell('listener_stall_s', 1)})"
+            if "listener_underruns" in numbers
+            else "-"
+        )
         lines.append(
             f"| {mode} | {cell('frames_per_s', 1)} | {cell('gap_p50_ms')} / "
-            f"{cell('gap_p99_ms')} / {cell('gap_max_ms')} | {cell('stalls')} | "
+            f"{cell('gap_p99_ms')} / {cell('gap_max_ms')} | {underruns} | "
             f"{cell('first_frame_p50_ms')} / {cell('first_frame_p95_ms')} | "
             f"{cell('mean_batch', 1)} |"
         )

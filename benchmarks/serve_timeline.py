@@ -18,8 +18,8 @@ records meet), and prints, per phase, the median / p95 of every request's time:
   decoded -> polled           the job's task wakes up (event loop)
   polled -> client byte       encode, send, client receive
 
-Experiments (environment of this script): TIMELINE_NO_EXPRESS=1 turns the vocoder stage's
-express lane off, TIMELINE_MIN_LEAD=S sets the deadline policy's lead rule.
+Experiment (environment of this script): TIMELINE_MIN_LEAD=S sets the deadline policy's lead
+rule.
 
 Both processes read CLOCK_MONOTONIC (`time.perf_counter` on Linux), so client and server
 times are on one clock. `--py-spy` records a profile of the server meanwhile (py-spy from
@@ -271,11 +271,6 @@ def _start_lag_monitor(lag: list[float]) -> None:
 def serve_main(argv: list[str]) -> int:
     trace = argv[0]
     install_hooks(trace)
-    if os.environ.get("TIMELINE_NO_EXPRESS"):  # an experiment: no express lane
-        from onnx_tts.decoding.policy import SchedulingPolicy
-
-        for policy in SchedulingPolicy.__subclasses__():
-            policy.express = SchedulingPolicy.express  # type: ignore[method-assign]
     min_lead = os.environ.get("TIMELINE_MIN_LEAD")  # an experiment: the policy's lead rule
     if min_lead is not None:
         from onnx_tts.decoding.policy import DeadlinePolicy

@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 
 import onnx_tts
-from onnx_tts.decoding.policy import make_policy
 from onnx_tts.decoding.request import CancelToken, PlaybackClock, Request
 from onnx_tts.errors import InputError
 from onnx_tts.families.base import Vocoder, VocoderCapabilities
@@ -176,63 +175,6 @@ def test_streams_with_decoders_of_their_own_decode_two_at_once_while_the_lm_idle
     assert [sum(len(chunk) for chunk in stream) for stream in streams] == [8] * 4
     assert decoders.pushes == 4 and decoders.most == (2 if lm_idle else 1)
     stage.close()
-
-
-class _LongCall(Vocoder):
-    """A stand-in vocoder whose call for the voice named "long" waits for `release`."""
-
-    def __init__(self) -> None:
-        self.inside, self.release = threading.Event(), threading.Event()
-        self.capabilities = VocoderCapabilities(16000, 4)
-
-    def vocode(self, frames: np.ndarray, voice: Any) -> np.ndarray:
-        if voice["name"] == "long":
-            self.inside.set()
-            assert self.release.wait(60), "the test never released the long call"
-        return np.ones(len(frames) * 4, np.float32)
-
-
-@pytest.mark.parametrize("policy", ["deadline", "fifo"])
-def test_an_urgent_small_window_does_not_wait_for_a_long_call(policy):
-    """While the worker is inside a long call (a batch job's 100 frames), a new stream's first
-    window (due now) is decoded on the express lane and its audio arrives; FIFO waits."""
-    vocoder = _LongCall()
-    stage = VocoderStage(vocoder, gather_seconds=0.0, policy=make_policy(policy))
-    try:
-        long = stage.open(_one_shot_request("long"), None, hop_length=4)
-        for frame in np.zeros((100, 2)):
-            long.put(frame)
-        long.end()
-        assert vocoder.inside.wait(60)
-        first = stage.open(
-            _one_shot_request("first", deadline=time.monotonic()),
-            StreamingOptions(4, 8, 0, 0, 0),
-            hop_length=4,
-        )
-        arrived = threading.Event()
-        chunks: list[np.ndarray] = []
-
-        def listen() -> None:
-            chunks.append(next(first))
-            arrived.set()
-
-        listener = threading.Thread(target=listen)
-        listener.start()
-        first.put(np.zeros((4, 2)))
-        if policy == "deadline":
-            assert arrived.wait(60) and not vocoder.release.is_set()
-            assert len(chunks[0]) == 16 and stage.stats()["express_windows"] == 1
-        else:
-            assert stage.stats()["express_windows"] == 0
-        vocoder.release.set()
-        assert arrived.wait(60)
-        first.end()
-        listener.join(60)
-        assert [len(c) for c in long] == [400]
-        assert sum(len(c) for c in first) == 0  # (its one window was all there was)
-    finally:
-        vocoder.release.set()
-        stage.close()
 
 
 def test_many_clients_coming_and_going_leave_nothing_behind(codec_engine):

@@ -11,9 +11,8 @@ tested without a model:
 - `DeadlinePolicy` (the default): most urgent first (priority, then the earliest due time: a
   listener about to run dry, a first-audio deadline, a batch request's arrival plus slack);
   while a row is urgent, rows whose listeners hold plenty of audio sit a step out (unless
-  requests wait for a row); an urgent
-  small vocoder window does not wait for the call in progress (`express`); a stream starts
-  only while there is capacity and no playing listener is about to run dry.
+  requests wait for a row); a stream starts only while there is capacity and no playing
+  listener is about to run dry.
 - `FifoPolicy`: first come first served everywhere; every row steps; a stream starts while
   there is capacity.
 """
@@ -105,11 +104,6 @@ class SchedulingPolicy(ABC):
     def stream_may_start(self, load: StreamLoad) -> bool:
         """Whether one more stream may start now."""
 
-    def express(self, window: Urgency, now: float) -> bool:
-        """Whether a small due window is too urgent to wait for the vocoder call in progress
-        (it then runs on a second thread at once). None is, by default."""
-        return False
-
     def schedule(self, view: DecodeView) -> DecodePlan:
         """Admit the first waiting requests (in `order`) into the free rows, lowest row
         first, and start their prefills; give `prefill_turns` chunk turns to the prefills
@@ -159,11 +153,6 @@ class DeadlinePolicy(SchedulingPolicy):
             return rows, []
         step = [row for row, u in active if u.due - now <= self.ahead]
         return step, [row for row in rows if row not in step]
-
-    def express(self, window: Urgency, now: float) -> bool:
-        """A stream due within `urgent_seconds`: a new stream's first audio, a listener
-        about to run dry."""
-        return window.due - now < self.urgent
 
     def stream_may_start(self, load: StreamLoad) -> bool:
         if load.active >= load.capacity:

@@ -11,12 +11,6 @@ the family's vocoder declares that it batches exactly (`VocoderCapabilities.batc
 beside the LM (its own thread, its own cores) instead of inside every caller's thread, and a
 slow consumer never holds either stage up: its samples wait in its own queue.
 
-A vocoder call cannot be interrupted, and a long window or a batch takes 30-80 ms under load:
-a small window of a stream the policy calls urgent (`SchedulingPolicy.express`: a new stream's
-first windows, a listener about to run dry) that becomes due while the worker is inside a call
-is decoded at once on a second thread instead of waiting for it (the express lane; measured
-with `bench serve`: it was the longest wait on the way to a new stream's first audio).
-
 A one-shot request (`synthesize`) is a stream with a single window: all its frames, decoded
 when its LM is done.
 
@@ -54,9 +48,6 @@ MAX_VOCODER_BATCH = 16
 # window that becomes urgent meanwhile (a new stream's first); batching saves 10-15% per frame
 # on short windows of the default voice and nothing on long ones (measured).
 MAX_VOCODER_BATCH_FRAMES = 160
-# Windows of at most this many frames may take the express lane (the default voice's first
-# three windows of a growing stream are 22, 46 and 54 frames).
-EXPRESS_MAX_FRAMES = 64
 _END = object()
 _LIVE: weakref.WeakSet[VocoderStage] = weakref.WeakSet()
 
@@ -265,20 +256,10 @@ class VocoderStage:
         self.streams: set[VocoderStream] = set()
         self._due: set[VocoderStream] = set()
         self._decoding: set[VocoderStream] = set()  # taken by the worker's current round
-        self._in_call = False  # the worker is inside a vocoder call
-        self._express: ThreadPoolExecutor | None = None
-        self._express_stream: VocoderStream | None = None  # on the express lane now
         self._closed = False
         self._thread: threading.Thread | None = None
         # samples: audio handed to consumers (admission's cost per second of audio).
-        self._stats = {
-            "rounds": 0,
-            "calls": 0,
-            "windows": 0,
-            "express_windows": 0,
-            "samples": 0,
-            "busy_seconds": 0.0,
-        }
+        self._stats = {"rounds": 0, "calls": 0, "windows": 0, "samples": 0, "busy_seconds": 0.0}
 
     def open(
         self, request: Request, window: StreamingOptions | None, hop_length: int
@@ -296,10 +277,6 @@ class VocoderStage:
                     target=self._run, name="onnx-tts-vocoder", daemon=True
                 )
                 self._thread.start()
-                # The express lane's thread starts with the worker's: a part of the stage,
-                # there from its first stream on, not a thread that appears under load.
-                self._express = ThreadPoolExecutor(1, thread_name_prefix="onnx-tts-vocoder-express")
-                self._express.submit(lambda: None)
                 _LIVE.add(self)
         return stream
 
@@ -309,7 +286,7 @@ class VocoderStage:
         with self._cv:
             self.streams.discard(stream)
             self._due.discard(stream)
-            if stream not in self._decoding and stream is not self._express_stream:
+            if stream not in self._decoding:
                 stream.release_state()
 
     def notify_if_due(self, stream: VocoderStream, force: bool = False) -> None:
@@ -317,7 +294,6 @@ class VocoderStage:
             if stream in self.streams and (force or stream.is_due()):
                 self._due.add(stream)
                 self._cv.notify()
-                self._maybe_express()
 
     def stats(self) -> dict[str, Any]:
         with self._cv:
@@ -336,8 +312,6 @@ class VocoderStage:
             self._thread.join()
         if self._beside is not None:
             self._beside.shutdown(wait=True)
-        if self._express is not None:
-            self._express.shutdown(wait=True)
 
     # -- worker ------------------------------------------------------------------------------
     def _run(self) -> None:
@@ -356,8 +330,6 @@ class VocoderStage:
             with self._cv:
                 work = self._take_due()
                 self._decoding = {stream for stream, _ in work}
-                self._in_call = bool(work)
-                self._maybe_express()  # (a window due now that this round left out)
             started = time.perf_counter()
             # Only the most urgent batch per round: a window that became due meanwhile (a new
             # stream's first, a listener about to run dry) goes before the rest of this round.
@@ -378,7 +350,6 @@ class VocoderStage:
                 for stream in self._decoding - self.streams:  # closed or ended this round
                     stream.release_state()
                 self._decoding = set()
-                self._in_call = False
                 self._due.update(stream for stream in waiting if stream in self.streams)
                 leftover = bool(waiting)
                 self._stats["rounds"] += 1
@@ -395,50 +366,11 @@ class VocoderStage:
             and self.lm_idle()
         )
 
-    def _maybe_express(self) -> None:
-        """(under the lock) while the worker is inside a call, the most urgent due window, if
-        the policy says it cannot wait and it is small, goes to the express lane (one at a
-        time; never a stream the worker has taken, nor a stream with a decoder state)."""
-        if not self._in_call or self._express_stream is not None or self._closed:
-            return
-        waiting = [
-            stream
-            for stream in self._due
-            if stream not in self._decoding and not stream.stateful and stream.failed is None
-        ]
-        if not waiting:
-            return
-        urgencies = [stream.request.urgency() for stream in waiting]
-        first = self.policy.order(urgencies)[0]
-        if not self.policy.express(urgencies[first], time.monotonic()):
-            return
-        stream = waiting[first]
-        window = stream.due_window()
-        codes = window.codes if isinstance(window, Window) else window
-        if window is None or len(codes) > EXPRESS_MAX_FRAMES:
-            return
-        self._due.discard(stream)
-        self._express_stream = stream
-        assert self._express is not None
-        self._express.submit(self._decode_express, stream, window)
-
-    def _decode_express(self, stream: VocoderStream, window: Window | np.ndarray) -> None:
-        started = time.perf_counter()
-        try:
-            self._decode([(stream, window)])
-        finally:
-            with self._cv:
-                self._express_stream = None
-                self._stats["express_windows"] += 1
-                self._stats["busy_seconds"] += time.perf_counter() - started
-                self._cv.notify()  # (its next window, if due, waits in _due for the worker)
-                self._maybe_express()
-
     def _take_due(self) -> list[tuple[VocoderStream, Any]]:
-        """(under the lock) every due (stream, window), most urgent first, but the stream on
-        the express lane (its next window waits); failed streams get their error now."""
+        """(under the lock) every due (stream, window), most urgent first; failed streams
+        get their error now."""
         work = []
-        due = [stream for stream in self._due if stream is not self._express_stream]
+        due = list(self._due)
         for stream in [due[i] for i in self.policy.order([s.request.urgency() for s in due])]:
             if stream.failed is not None and not stream.done:
                 stream.release_state()
@@ -448,7 +380,7 @@ class VocoderStage:
             window = stream.due_window()
             if window is not None:
                 work.append((stream, window))
-        self._due.difference_update(due)
+        self._due.clear()
         return work
 
     def _batches(self, work: list[tuple[VocoderStream, Any]]) -> list[list[tuple]]:
