@@ -30,6 +30,7 @@ PREFIX_TOKENS = 200
 SAMPLE_RATE = 24000  # the Chatterbox encoder's rate; 960 samples per prefix token
 SHAPES = {
     "turbo": {"layers": 24, "hidden": 1024, "heads": 16},
+    "medium": {"layers": 12, "hidden": 768, "heads": 12},  # (bench prefill)
     "turbo-small": {"layers": 4, "hidden": 256, "heads": 4},
 }
 TEXTS = (

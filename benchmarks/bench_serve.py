@@ -1,38 +1,44 @@
-"""Load benchmark of `onnx-tts serve` (issues 15, 28): real-time streaming players against a live
-server, before (an older checkout) and after, side by side in one run, with the machine's
-ceiling measured in the same run.
+"""Load benchmark of `onnx-tts serve` (issues 15, 28, 37): real-time streaming players against a
+live server, before (an older checkout) and after, and variants of this tree's server, side by
+side in one run, with the machine's ceiling measured in the same run.
 
-``onnx-tts bench serve [--quick] [--json PATH] [--plot PATH]``
-``    [--before-python PY --before-repo DIR] [--threads-variants 1] [--before-threads-variants 0]``
+``onnx-tts bench serve [--quick] [--rounds 3] [--clients 4,8,16,32] [--models voice,turbo]``
+``    [--before-python PY --before-repo DIR] [--variants 'NAME=SERVE ARGS;...']``
+``    [--json PATH] [--plot PATH] [--markdown docs/BENCHMARKS.md]``
 
 Models: the bundled default voice, and a Turbo-shape Chatterbox bundle (synthetic weights at
 Turbo's LM size, converted for the in-place KV cache: benchmarks/serve_models.py).
 
-Clients: for each count (1, 4, 8, 16, 32) every client thread sends streaming requests one after
-another (``response_format: pcm``, ``stream_format: audio``, the model's default voice) for a
-window of `--seconds` and plays them as a real-time player would: playback starts 100 ms after
-the first byte (``PlaybackClock(buffer_seconds=0.1)``); an underrun is a chunk that arrives after
-the player ran dry. The strict count (a player that starts at the first byte) is reported too.
-A refused request (429) is counted, and the client waits its ``Retry-After`` before its next
-request. At the window's end, streams still playing are cut (their bytes up to then count).
+Clients: for each count every client thread sends streaming requests one after another
+(``response_format: pcm``, ``stream_format: audio``, the model's default voice) for a window of
+`--seconds` and plays them as a real-time player would: playback starts 100 ms after the first
+byte (``PlaybackClock(buffer_seconds=0.1)``); an underrun is a chunk that arrives after the
+player ran dry, its stall the time the player sat silent. The strict count (a player that
+starts at the first byte) is reported too. A refused request (429) is counted, and the client
+waits its ``Retry-After`` before its next request. At the window's end, streams still playing
+are cut (their bytes up to then count).
 
-Per level: audio seconds received per wall second of the window, time to first audio (request
-sent -> first audio byte, including any wait for admission) p50/p95/p99, underruns (100 ms
-buffer, strict) counted over admitted streams, refused, errors; from /metrics deltas over the
-window: each stage's busy fraction and mean batch (decode: rows per LM step; vocoder: windows
-per call), the admission's capacity estimate.
+Per configuration and level: audio seconds received per wall second of the window, time to
+first audio (request sent -> first audio byte, including any wait for admission) p50/p95/p99,
+underruns and stall seconds (100 ms buffer; strict), refused, errors; from /metrics deltas
+over the window: each stage's busy fraction and mean batch, the admission's capacity estimate.
 
 Servers: "after" is this tree's server with its defaults; "before" (with --before-python and
---before-repo) the older checkout's server with its defaults; both stay up and the levels
-alternate between them (before/after, then after/before), so they see the same machine load.
-`--threads-variants` adds servers with other `--threads` settings at `--threads-levels`.
+--before-repo) the older checkout's server with its defaults; `--variants` adds servers of
+this tree with other `serve` arguments. All stay up for the whole run. Each round runs every
+level on every server, the servers' order reversed from level to level and from round to
+round, so they see the same machine; a level's numbers are the median over the rounds, with
+the spread (min-max) beside them (the machine is shared). Before the levels each server is
+warmed up with as many streams at once as the largest level (sessions, batch shapes, and the
+slot buffer grown to its rows: it grows once per process).
 
-Ceiling (this tree's engine, in this process, before the servers start): each stage's busy
-seconds per audio second for one stream alone (batch 1) and for `max_batch` streams at once
-(the batched per-row cost). A stage is one worker thread, so the pipeline sustains at most
-1 / (the busier stage's batched cost) audio seconds per second; `cores / (sum of both stages'
-batched costs)` is the bound if all the work could spread over every core. Levels report their
-throughput as a fraction of the pipeline ceiling.
+Ceiling (this tree's engine, in this process, before and after the servers): each stage's busy
+seconds per audio second for one stream alone and for `max_batch` streams at once. A stage is
+one worker thread, so the pipeline sustains about 1 / (the busier stage's batched cost) audio
+seconds per second.
+
+`--markdown` writes the summary (`serve_report.py`, with the latest `bench prefill` result
+beside this one's) as the "Serving" section of that file.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ import argparse
 import io
 import json
 import os
+import statistics
 import sys
 import tempfile
 import threading
@@ -66,12 +73,31 @@ TEXTS = (
     "When the sunlight strikes raindrops in the air, they act as a prism and form a rainbow.",
 )
 LEVELS = (1, 4, 8, 16, 32)
+ROUNDS = 3
+# Numbers of a level summarised over rounds (median, and the spread min-max).
+ROUND_METRICS = (
+    "audio_s_per_s",
+    "ttfa_p50_s",
+    "ttfa_p95_s",
+    "ttfa_p99_s",
+    "underruns",
+    "underrun_s",
+    "strict_underruns",
+    "refused",
+    "errors",
+    "admitted",
+    "decode_busy_fraction",
+    "vocoder_busy_fraction",
+    "decode_mean_batch",
+    "vocoder_mean_batch",
+    "admission_capacity",
+)
 PLAYER_BUFFER_S = 0.1
 # Seconds of each level's window (the quick run's in brackets): Turbo's requests take seconds.
 WINDOW_S = {"voice": 20.0, "turbo": 40.0}
 QUICK_WINDOW_S = {"voice": 6.0, "turbo": 15.0}
 SETTLE_LIMIT_S = 90.0
-# Goals (issue 28, default voice).
+# Goals (issues 28 and 37, default voice).
 GOAL_TTFA_P95_S = 0.150
 GOAL_SPEEDUP_16 = 1.5
 # Metrics read from /metrics (both trees have the first ones; the stage metrics are new).
@@ -257,13 +283,16 @@ def settle(url: str) -> None:
         time.sleep(0.25)
 
 
-def warm_up(url: str) -> None:
-    """A few requests, one and then several at once (sessions, voice, batch shapes)."""
+def warm_up(url: str, concurrency: int = 4) -> None:
+    """A few requests, one and then `concurrency` at once (sessions, voice, batch shapes, the
+    slot buffer's rows)."""
     with httpx.Client(timeout=600) as client:
         for text in TEXTS[:2]:
             stream_once(client, url, text, float("inf"))
-    with ThreadPoolExecutor(4) as pool:
-        list(pool.map(lambda i: warm_up_one(url, TEXTS[i % len(TEXTS)]), range(4)))
+    with ThreadPoolExecutor(concurrency) as pool:
+        list(
+            pool.map(lambda i: warm_up_one(url, TEXTS[i % len(TEXTS)]), range(max(4, concurrency)))
+        )
 
 
 def warm_up_one(url: str, text: str) -> None:
@@ -357,24 +386,39 @@ def start_servers(
                 args.before_python, Path(args.before_repo), workdir / "before", *common
             )
         servers["after"] = LiveServer(workdir / "after", *common, *args.server_args.split())
-        for threads in args.threads_variants:
-            servers[f"after --threads {threads}"] = LiveServer(
-                workdir / f"after-t{threads}", *common, "--threads", str(threads)
-            )
-        for threads in args.before_threads_variants if args.before_python else ():
-            servers[f"before --threads {threads}"] = OldTreeServer(
-                args.before_python,
-                Path(args.before_repo),
-                workdir / f"before-t{threads}",
-                *common,
-                "--threads",
-                str(threads),
-            )
+        for index, (label, extra) in enumerate(args.variants):
+            servers[label] = LiveServer(workdir / f"variant-{index}", *common, *extra.split())
     except ServerFailed:
         for server in servers.values():
             server.stop()
         raise
     return servers
+
+
+def parse_variants(text: str) -> list[tuple[str, str]]:
+    """'NAME=ARGS;NAME=ARGS' -> [(name, args)]."""
+    variants = []
+    for item in filter(None, (part.strip() for part in text.split(";"))):
+        name, sep, extra = item.partition("=")
+        if not sep or not name.strip() or name.strip() in ("before", "after"):
+            raise ValueError(f"a variant is NAME=SERVE ARGS (not before/after), got {item!r}")
+        variants.append((name.strip(), extra.strip()))
+    return variants
+
+
+def summarize_rounds(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """One level over its rounds: each number's median, its spread (min, max), the rounds."""
+    level: dict[str, Any] = {"clients": rounds[0]["clients"], "window_s": rounds[0]["window_s"]}
+    spread: dict[str, list[float]] = {}
+    for key in ROUND_METRICS:
+        values = [r[key] for r in rounds if r.get(key) is not None]
+        level[key] = statistics.median(values) if values else None
+        if values:
+            spread[key] = [min(values), max(values)]
+    level["spread"] = spread
+    level["rounds"] = rounds
+    level["loadavg_1m"] = [rounds[0]["loadavg_1m"][0], rounds[-1]["loadavg_1m"][1]]
+    return level
 
 
 def bench_model(args: argparse.Namespace, name: str, model: str | None) -> dict[str, Any]:
@@ -384,27 +428,23 @@ def bench_model(args: argparse.Namespace, name: str, model: str | None) -> dict[
     window = (QUICK_WINDOW_S if args.quick else WINDOW_S)[name]
     workdir = tempfile.TemporaryDirectory(prefix="onnx-tts-bench-serve-")
     servers = start_servers(args, model, Path(workdir.name))
-    results: dict[str, Any] = {
-        "model": model or "bundled default voice",
-        "window_s": window,
-        "servers": {label: {"levels": []} for label in servers},
-    }
+    raw: dict[str, dict[int, list[dict[str, Any]]]] = {label: {} for label in servers}
     try:
         for server in servers.values():
-            warm_up(server.url)
-        for index, clients in enumerate(args.levels):
-            labels = [
-                label
-                for label in servers
-                if label in ("before", "after") or clients in args.threads_levels
-            ]
-            if index % 2:
-                labels.reverse()
-            for label in labels:
-                settle(servers[label].url)
-                level = run_level(servers[label].url, clients, window)
-                results["servers"][label]["levels"].append(level)
-                print(_line(name, label, level), flush=True)
+            warm_up(server.url, max(args.levels))
+        turn = 0
+        for round_index in range(args.rounds):
+            for clients in args.levels:
+                labels = list(servers)
+                if turn % 2:
+                    labels.reverse()
+                turn += 1
+                for label in labels:
+                    settle(servers[label].url)
+                    level = run_level(servers[label].url, clients, window)
+                    level["round"] = round_index
+                    raw[label].setdefault(clients, []).append(level)
+                    print(_line(name, label, level, round_index), flush=True)
     finally:
         for server in servers.values():
             server.stop()
@@ -413,20 +453,39 @@ def bench_model(args: argparse.Namespace, name: str, model: str | None) -> dict[
     ceilings.append(measure_ceiling(model, args.max_batch, alone))
     print(_ceiling_line(name, "end", ceilings[1]), flush=True)
     key = "pipeline_ceiling_audio_s_per_s"
-    results["ceiling"] = {
-        "start": ceilings[0],
-        "end": ceilings[1],
-        key: (ceilings[0][key] + ceilings[1][key]) / 2,
-        "all_cores_ceiling_audio_s_per_s": (
-            ceilings[0]["all_cores_ceiling_audio_s_per_s"]
-            + ceilings[1]["all_cores_ceiling_audio_s_per_s"]
-        )
-        / 2,
+    results: dict[str, Any] = {
+        "model": model or "bundled default voice",
+        "window_s": window,
+        "rounds": args.rounds,
+        "server_args": {label: args_of(args, label) for label in servers},
+        "servers": {
+            label: {"levels": [summarize_rounds(raw[label][c]) for c in args.levels]}
+            for label in servers
+        },
+        "ceiling": {
+            "start": ceilings[0],
+            "end": ceilings[1],
+            key: (ceilings[0][key] + ceilings[1][key]) / 2,
+            "all_cores_ceiling_audio_s_per_s": (
+                ceilings[0]["all_cores_ceiling_audio_s_per_s"]
+                + ceilings[1]["all_cores_ceiling_audio_s_per_s"]
+            )
+            / 2,
+        },
     }
     for server in results["servers"].values():
         for level in server["levels"]:
             level["fraction_of_ceiling"] = level["audio_s_per_s"] / results["ceiling"][key]
     return results
+
+
+def args_of(args: argparse.Namespace, label: str) -> str:
+    """The `serve` arguments a server ran with, beside the common ones."""
+    if label == "before":
+        return f"(checkout {args.before_repo}, its defaults)"
+    if label == "after":
+        return args.server_args or "(defaults)"
+    return dict(args.variants)[label]
 
 
 def _ceiling_line(name: str, when: str, ceiling: dict[str, Any]) -> str:
@@ -443,13 +502,14 @@ def _ms(value: float | None) -> str:
     return "   -  " if value is None else f"{1000 * value:6.0f}"
 
 
-def _line(model: str, label: str, level: dict[str, Any]) -> str:
+def _line(model: str, label: str, level: dict[str, Any], round_index: int = 0) -> str:
     batch = level.get("decode_mean_batch")
     return (
-        f"[bench-serve] {model:5s} {label:18s} {level['clients']:3d} clients: "
+        f"[bench-serve] {model:5s} r{round_index} {label:16s} {level['clients']:3d} clients: "
         f"{level['audio_s_per_s']:6.1f} audio s/s  TTFA p50/p95/p99 "
         f"{_ms(level['ttfa_p50_s'])}{_ms(level['ttfa_p95_s'])}"
-        f"{_ms(level['ttfa_p99_s'])} ms  underruns {level['underruns']} (strict "
+        f"{_ms(level['ttfa_p99_s'])} ms  underruns {level['underruns']} "
+        f"({level['underrun_s']:.2f} s; strict "
         f"{level['strict_underruns']})  refused {level['refused']}  errors {level['errors']}  "
         f"batch {'-' if batch is None else f'{batch:.1f}'}  load {level['loadavg_1m'][1]}"
     )
@@ -464,34 +524,44 @@ def level_of(results: dict[str, Any], model: str, label: str, clients: int) -> d
 
 
 def goals(results: dict[str, Any]) -> dict[str, Any]:
-    """The issue's server goals on the default voice, from this run's numbers."""
+    """The issues' server goals on the default voice, for each configuration of this tree, from
+    this run's numbers: time to first audio p95 at 8 clients (median over rounds) within
+    150 ms, no underrun at 8 clients in any round, 16 clients at least the audio s/s of 8
+    (medians), and 16 clients at 1.5x the before server's audio s/s."""
     out: dict[str, Any] = {}
-    after8 = level_of(results, "voice", "after", 8)
-    after16 = level_of(results, "voice", "after", 16)
-    before16 = level_of(results, "voice", "before", 16)
-    if after16 and before16:
-        ratio = after16["audio_s_per_s"] / before16["audio_s_per_s"]
-        out["throughput_16_over_before"] = {"value": ratio, "met": ratio >= GOAL_SPEEDUP_16}
-    if after16 and after8:
-        out["throughput_16_not_below_8"] = {
-            "value": [after8["audio_s_per_s"], after16["audio_s_per_s"]],
-            "met": after16["audio_s_per_s"] >= after8["audio_s_per_s"],
-        }
-    if after8:
-        p95 = after8["ttfa_p95_s"]
-        met = p95 is not None and p95 <= GOAL_TTFA_P95_S
-        out["ttfa_p95_8_clients"] = {"value": p95, "met": met}
-        out["no_underruns_8_clients"] = {
-            "value": after8["underruns"],
-            "met": after8["underruns"] == 0,
-        }
-    for clients in (16, 32):
-        level = level_of(results, "voice", "after", clients)
-        if level:
-            out[f"no_underruns_admitted_{clients}_clients"] = {
-                "value": level["underruns"],
-                "met": level["underruns"] == 0,
+    servers = results["models"].get("voice", {}).get("servers", {})
+    for label in servers:
+        if label == "before":
+            continue
+        mine: dict[str, Any] = {}
+        at8, at16 = level_of(results, "voice", label, 8), level_of(results, "voice", label, 16)
+        before16 = level_of(results, "voice", "before", 16)
+        if at16 and before16:
+            ratio = at16["audio_s_per_s"] / before16["audio_s_per_s"]
+            mine["throughput_16_over_before"] = {"value": ratio, "met": ratio >= GOAL_SPEEDUP_16}
+        if at16 and at8:
+            mine["throughput_16_not_below_8"] = {
+                "value": [at8["audio_s_per_s"], at16["audio_s_per_s"]],
+                "met": at16["audio_s_per_s"] >= at8["audio_s_per_s"],
             }
+        if at8:
+            p95 = at8["ttfa_p95_s"]
+            mine["ttfa_p95_8_clients"] = {
+                "value": p95,
+                "spread": at8["spread"].get("ttfa_p95_s"),
+                "met": p95 is not None and p95 <= GOAL_TTFA_P95_S,
+            }
+            worst = at8["spread"].get("underruns", [0, 0])[1]
+            mine["no_underruns_8_clients"] = {"value": worst, "met": worst == 0}
+        for clients in (16, 32):
+            level = level_of(results, "voice", label, clients)
+            if level:
+                worst = level["spread"].get("underruns", [0, 0])[1]
+                mine[f"no_underruns_admitted_{clients}_clients"] = {
+                    "value": worst,
+                    "met": worst == 0,
+                }
+        out[label] = mine
     return out
 
 
@@ -511,10 +581,22 @@ def plot(results: dict[str, Any], path: Path) -> None:
             clients = [lv["clients"] for lv in levels]
             style = {"color": f"C{index}", "label": label}
             fmt = markers.get(label, "^:")
-            axes[row][0].plot(clients, [lv["audio_s_per_s"] for lv in levels], fmt, **style)
-            ttfa = [1000 * (lv["ttfa_p95_s"] or 0) for lv in levels]
-            axes[row][1].plot(clients, ttfa, fmt, **style)
-            axes[row][2].plot(clients, [lv["underruns"] for lv in levels], fmt, **style)
+            for column, key, scale in (
+                (0, "audio_s_per_s", 1),
+                (1, "ttfa_p95_s", 1000),
+                (2, "underruns", 1),
+            ):
+                values, below, above = [], [], []
+                for lv in levels:
+                    value = scale * (lv[key] or 0)
+                    low, high = lv.get("spread", {}).get(key) or (value / scale, value / scale)
+                    values.append(value)
+                    below.append(value - scale * low)
+                    above.append(scale * high - value)
+                errors = [below, above]
+                axes[row][column].errorbar(
+                    clients, values, yerr=errors, fmt=fmt, capsize=3, **style
+                )
             if any(lv["refused"] for lv in levels):
                 axes[row][2].plot(
                     clients,
@@ -533,14 +615,15 @@ def plot(results: dict[str, Any], path: Path) -> None:
             axes[row][1].axhline(1000 * GOAL_TTFA_P95_S, color="grey", ls=":", label="goal at 8")
         for column, axis in enumerate(axes[row]):
             axis.set_xscale("log", base=2)
-            axis.set_xticks(LEVELS, [str(c) for c in LEVELS])
+            axis.set_xticks(results["levels"], [str(c) for c in results["levels"]])
             axis.set_xlabel("concurrent real-time players")
             axis.set_ylim(bottom=0)
             axis.grid(alpha=0.3)
             axis.set_title(f"{name}: {('throughput', 'first audio', 'underruns')[column]}")
             axis.legend(fontsize=7)
     figure.suptitle(
-        f"onnx-tts serve, streaming pcm, {os.cpu_count()} cores shared "
+        f"onnx-tts serve, streaming pcm, median of {results.get('rounds', 1)} rounds "
+        f"(bars: spread), {os.cpu_count()} cores shared "
         f"(load {results['machine']['loadavg_start'][0]}-{results['machine']['loadavg_end'][0]})"
     )
     figure.tight_layout()
@@ -562,24 +645,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--before-python", help="interpreter of the 'before' checkout")
     parser.add_argument("--before-repo", help="the 'before' checkout (run from its directory)")
     parser.add_argument(
-        "--threads-variants", default="", help="extra 'after' servers with these --threads (1)"
+        "--variants",
+        default="",
+        help="more servers of this tree: 'NAME=SERVE ARGS;NAME=SERVE ARGS'",
     )
+    parser.add_argument("--rounds", type=int, default=ROUNDS, help="rounds of every level (3)")
     parser.add_argument(
-        "--before-threads-variants", default="", help="extra 'before' servers: --threads (0)"
+        "--markdown", type=Path, help="write the summary as the Serving section of this file"
     )
-    parser.add_argument("--threads-levels", default="8,16", help="levels of the extra servers")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--plot", type=Path)
     args = parser.parse_args(argv)
     try:
         args.levels = [int(c) for c in args.clients.split(",")]
-        args.threads_levels = [int(c) for c in args.threads_levels.split(",") if c]
-        args.threads_variants = [int(c) for c in args.threads_variants.split(",") if c]
-        args.before_threads_variants = [
-            int(c) for c in args.before_threads_variants.split(",") if c
-        ]
     except ValueError:
-        parser.error("--clients, --threads-* take comma-separated integers")
+        parser.error("--clients takes comma-separated integers")
+    try:
+        args.variants = parse_variants(args.variants)
+    except ValueError as error:
+        parser.error(str(error))
+    if not 1 <= args.rounds <= 20:
+        parser.error("--rounds must be 1-20")
     models = [m for m in args.models.split(",") if m]
     if not models or set(models) - {"voice", "turbo"}:
         parser.error("--models takes voice and/or turbo")
@@ -587,6 +673,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--before-python and --before-repo go together")
     if args.quick:
         args.levels = [c for c in args.levels if c <= 8]
+        args.rounds = 1
     if not args.levels or min(args.levels) < 1 or max(args.levels) > 256:
         parser.error("client counts must be 1-256")
     suffix = "_quick" if args.quick else ""
@@ -601,6 +688,9 @@ def main(argv: list[str] | None = None) -> int:
         "player_buffer_s": PLAYER_BUFFER_S,
         "before": {"python": args.before_python, "repo": args.before_repo},
         "after_server_args": args.server_args,
+        "variants": dict(args.variants),
+        "levels": args.levels,
+        "rounds": args.rounds,
         "models": {},
     }
     for name in models:
@@ -614,6 +704,10 @@ def main(argv: list[str] | None = None) -> int:
     results["goals"] = goals(results)
     write_atomically(args.json, (json.dumps(results, indent=2) + "\n").encode("utf-8"))
     plot(results, args.plot)
+    if args.markdown:
+        from benchmarks.serve_report import write_serving_section
+
+        write_serving_section(args.markdown, args.json.parent)
     print(json.dumps(results["goals"], indent=2))
     print(f"results: {args.json}, {args.plot}")
     return 0

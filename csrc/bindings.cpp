@@ -241,12 +241,15 @@ PYBIND11_MODULE(_core, m) {
       .def("reset_stats", [](PyKVCache& c) { c.cache->reset_stats(); });
 
   py::class_<PyKVSlots>(m, "KVSlots")
+      // Allocating and zeroing hundreds of MB takes hundreds of ms: without the GIL, so a
+      // buffer grown beside the decode steps (decoding/kv_rows.py) does not stall them.
       .def(py::init([](std::shared_ptr<Session> session, int64_t rows, int64_t capacity,
                        const KVNames& pairs) {
              auto slots = std::make_unique<KVSlots>(session, rows, capacity, pairs);
              return PyKVSlots{std::move(session), std::move(slots)};
            }),
-           py::arg("session"), py::arg("rows"), py::arg("capacity"), py::arg("pairs"))
+           py::arg("session"), py::arg("rows"), py::arg("capacity"), py::arg("pairs"),
+           py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("rows", [](const PyKVSlots& s) { return s.slots->rows(); })
       .def_property_readonly("capacity", [](const PyKVSlots& s) { return s.slots->capacity(); })
       .def_property_readonly("pairs",

@@ -40,7 +40,8 @@ WAITING = (
 def test_deadline_admits_by_priority_then_due_time_into_the_lowest_free_rows():
     plan = DeadlinePolicy().schedule(DecodeView(WAITING, (1, 3), (), NOW))
     assert plan.admit == ((2, 1), (1, 3))  # priority -1 first, then the one due soonest
-    assert plan.step == (1, 3) and plan.sit_out == ()
+    # Their prefills start (in admission order); a row being prefilled never steps.
+    assert plan.prefill == (1, 3) and plan.step == () and plan.sit_out == ()
 
 
 def test_fifo_admits_in_arrival_order():
@@ -52,7 +53,7 @@ def test_no_free_row_admits_nothing_and_every_quiet_row_steps():
     active = ((0, _u(due=NOW + 5)), (1, _u(due=NOW + 8)))
     for policy in (DeadlinePolicy(), FifoPolicy()):
         plan = policy.schedule(DecodeView(WAITING, (), active, NOW))
-        assert plan == DecodePlan((), (0, 1), ())
+        assert plan == DecodePlan((), (0, 1), (), ())
 
 
 def test_deadline_paces_rows_with_audio_ahead_while_one_is_urgent():
@@ -70,11 +71,49 @@ def test_deadline_paces_rows_with_audio_ahead_while_one_is_urgent():
     assert DeadlinePolicy().schedule(DecodeView((), (), calm, NOW)).sit_out == ()
 
 
-def test_admitted_rows_are_paced_with_the_rows_already_decoding():
+def test_a_prompt_being_prefilled_never_makes_decoding_rows_sit_out():
+    """A new stream's prompt runs apart from the step (or a chunk per round): rows with plenty
+    of audio buffered go on stepping meanwhile (sitting out would idle the decode worker, or
+    make a chunked prefill run whole); once it decodes, it paces them like any row."""
     active = ((0, _u(due=NOW + 4.0)),)  # a listener with 4 s buffered
     waiting = (_u(due=NOW + 0.1, order=7),)  # a new stream whose first audio is due now
     plan = DeadlinePolicy().schedule(DecodeView(waiting, (1,), active, NOW))
-    assert plan.admit == ((0, 1),) and plan.step == (1,) and plan.sit_out == (0,)
+    assert plan.admit == ((0, 1),) and plan.prefill == (1,)
+    assert plan.step == (0,) and plan.sit_out == ()
+    later = DeadlinePolicy().schedule(DecodeView((), (), active, NOW, ((1, waiting[0], True),)))
+    assert later.prefill == (1,) and later.step == (0,) and later.sit_out == ()
+    joined = DeadlinePolicy().schedule(DecodeView((), (), (*active, (1, waiting[0])), NOW))
+    assert joined.step == (1,) and joined.sit_out == (0,)
+
+
+def test_chunked_prefills_get_turns_most_urgent_first():
+    """Prefills waiting for a chunk turn: `prefill_turns` of them per round, by urgency (FIFO:
+    by arrival), after the prefills that start this round; one that does not wait gets none."""
+    prefilling = (
+        (4, _u(due=NOW + 3, order=0), True),
+        (5, _u(due=NOW + 1, order=1), True),
+        (6, _u(due=NOW + 0.5, order=2), False),  # its prompt runs something else now
+    )
+    view = DecodeView((_u(due=NOW + 2, order=3),), (7,), (), NOW, prefilling)
+    assert DeadlinePolicy().schedule(view).prefill == (7, 5)
+    assert FifoPolicy().schedule(view).prefill == (7, 4)
+    both = DeadlinePolicy()
+    both.prefill_turns = 2
+    assert both.schedule(view).prefill == (7, 5, 4)
+
+
+def test_rows_never_sit_out_while_requests_wait_for_a_row():
+    """Pacing holds back rows with audio ahead only while that frees the cores for someone;
+    with requests waiting for a row it would only keep the rows busy longer."""
+    active = ((0, _u(due=NOW + 0.2)), (1, _u(due=NOW + 3.0)))
+    paced = DeadlinePolicy().schedule(DecodeView((), (), active, NOW))
+    assert paced.step == (0,) and paced.sit_out == (1,)
+    waiting = (_u(due=NOW + 0.1, order=9),)
+    full = DeadlinePolicy().schedule(DecodeView(waiting, (), active, NOW))
+    assert full.admit == () and full.step == (0, 1) and full.sit_out == ()
+    # A free row for the waiting request: pacing as usual.
+    room = DeadlinePolicy().schedule(DecodeView(waiting, (2,), active, NOW))
+    assert room.admit == ((0, 2),) and room.sit_out == (1,)
 
 
 def test_window_order():

@@ -88,4 +88,14 @@ def batch_invariance_problem(program: DecodeProgram, pool: KVPool) -> str | None
     return None
 
 
-__all__ = ["NOT_INVARIANT", "batch_invariance_problem"]
+def batching_support(pool: KVPool) -> str | None:
+    """None when this model's requests can share one batched LM run, else why not (they then
+    run in the same loop on KV caches of their own)."""
+    if pool.mode != "inplace":
+        return f"KV mode {pool.mode!r} (batched rows need the in-place cache: --kv inplace)"
+    if not pool.layout.in_place:
+        return "the LM grows its cache by Concat (convert it with `onnx-tts convert --inplace-kv`)"
+    return None
+
+
+__all__ = ["NOT_INVARIANT", "batch_invariance_problem", "batching_support"]

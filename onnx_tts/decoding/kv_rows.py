@@ -1,6 +1,6 @@
 """Where each request row of the scheduler keeps its KV cache.
 
-Two homes, one interface (`prefill`, `step`, `release`):
+Two homes, one interface (`prefill_apart` + `join`, `step`, `release`):
 
 * `SlotRows`: rows of one shared in-place buffer per KV tensor ([rows, Hkv, capacity, D],
   `KVSlots`), so one LM run steps every slot row at once. The buffer starts at the size the
@@ -13,20 +13,35 @@ Two homes, one interface (`prefill`, `step`, `release`):
 A request of `lm_rows` LM rows (classifier-free guidance: 2) takes that many consecutive slot
 rows, or one cache of batch `lm_rows`.
 
+A prefill is split in two so that it can run beside the decode step (`scheduler.py`):
+`prefill_apart(admission, prefix_cache, runs)` computes a request's prompt away from every row
+(any thread: a slot row's prompt runs on a scratch in-place cache of its own, exactly its
+length; an own cache is the request's cache, not yet a row's), and `join(row, prefilled)`, on
+the decode worker between steps, makes the result the row's: a slot row gets the KV values
+copied in (the slot buffer is only ever written by the decode worker, so it never grows or
+moves while a prefill writes into it). `PrefillRuns` says how the prompt's LM runs go: whole,
+or in chunks of a fixed size, each when the decode worker grants it a turn (chunked prefill).
+Chunk boundaries depend only on the prompt, never on timing or neighbours, and no chunk is a
+single token (GroupQueryAttention's one-token kernel rounds differently): on GQA LMs a chunked
+prefill equals a one-run prefill bit for bit (tests/test_prefill.py).
+
 A program with a separate prefill graph (`DecodeProgram.prefill_lm`) prefills through it: its
 presents become the row's first tokens (in a slot row: copied in once, transposed when the
 prefill graph lays them out [B, S, H, D]). Its prefixes are not cached (the step graph cannot
-continue a cached prefix over several new tokens the way the prefill graph would).
+continue a cached prefix over several new tokens the way the prefill graph would), and its one
+run is never chunked.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from onnx_tts.cache.prefix import PrefixCache
+from onnx_tts.cache.prefix import PrefixCache, RunPart
 from onnx_tts.decoding.kv_pool import CapacityPolicy, KVPool
 from onnx_tts.decoding.program import Admission, DecodeProgram, length_feeds
 from onnx_tts.graph_io import KVLayout
@@ -36,6 +51,61 @@ from onnx_tts.session import KVCache, KVSlots, Session
 MIN_SLOT_CAPACITY = 256
 # The slot buffers of one scheduler hold at most this many bytes by default.
 DEFAULT_SLOT_BYTES = 2 << 30
+
+
+@dataclass(frozen=True)
+class PrefillRuns:
+    """How the LM runs of a prefill go: each whole (`chunk_tokens` None), or split into chunks
+    of `chunk_tokens` (the last takes a one-token remainder: never a one-token chunk), each run
+    inside `turn()` (chunked prefill: the decode worker's grant; a no-op otherwise)."""
+
+    chunk_tokens: int | None = None
+    turn: Callable[[], AbstractContextManager] = nullcontext
+
+    def wrap(self, run: RunPart, splittable: bool = True) -> RunPart:
+        """`run(part, cached)` as these runs: chunked when the LM allows (`splittable`)."""
+
+        def chunked(part: np.ndarray, cached: int) -> np.ndarray:
+            size = self.chunk_tokens if splittable else None
+            outputs = None
+            for start, end in chunk_bounds(part.shape[1], size):
+                with self.turn():
+                    outputs = run(part[:, start:end], cached + start)
+            assert outputs is not None
+            return outputs
+
+        return chunked
+
+
+WHOLE = PrefillRuns()
+
+
+def chunk_bounds(tokens: int, size: int | None) -> Iterator[tuple[int, int]]:
+    """[start, end) of each chunk of a `tokens`-long part: `size` each, the last one longer
+    rather than a single token; one chunk when `size` is None or the part fits."""
+    if size is None or tokens <= size:
+        yield 0, tokens
+        return
+    size = max(2, size)
+    start = 0
+    while start < tokens:
+        end = start + size
+        if tokens - end < 2:  # the rest would be one token (or none): this chunk takes it
+            end = tokens
+        yield start, end
+        start = end
+
+
+@dataclass
+class Prefilled:
+    """A request's prompt, computed apart from its row (see `prefill_apart`): the last outputs
+    [lm_rows, ...], the tokens each LM row holds, and where the KV is: `values` (a slot row's,
+    per LM row one array per KV pair) or `cache` (the request's own cache)."""
+
+    outputs: np.ndarray
+    length: int
+    values: list[list[np.ndarray]] = field(default_factory=list)
+    cache: KVCache | None = None
 
 
 def _power_of_two_at_least(value: int) -> int:
@@ -61,6 +131,46 @@ def _sequence_axis(session: Session, name: str) -> int:
     declared shape, as the core decides it."""
     spec = session.spec.outputs[name]
     return 1 if spec.dim(1) is None and spec.dim(2) is not None else 2
+
+
+def _run_cache(program: DecodeProgram, cache: KVCache, inputs: np.ndarray) -> np.ndarray:
+    """One LM run of `inputs` [rows, S, ...] after the tokens `cache` holds; the last outputs."""
+    dtype = np.dtype(program.lm.spec.inputs[program.input_name].dtype)
+    lengths = np.full(inputs.shape[0], cache.length, np.int64)
+    feeds = {program.input_name: inputs.astype(dtype, copy=False)}
+    feeds.update(length_feeds(program.lm, lengths, inputs.shape[1]))
+    return _last(cache.step(feeds, output_names=[program.output_name]), program.output_name)
+
+
+def prefill_cache(
+    program: DecodeProgram,
+    layout: KVLayout,
+    cache: KVCache,
+    inputs: np.ndarray,
+    prefix: int,
+    prefix_cache: PrefixCache | None,
+    runs: PrefillRuns = WHOLE,
+) -> np.ndarray:
+    """Run the prompt `inputs` [rows, S, ...] into the empty `cache` (its first `prefix`
+    positions through the prefix cache, when there is one); returns the last outputs."""
+
+    def run(part: np.ndarray, cached: int) -> np.ndarray:
+        return _run_cache(program, cache, part)
+
+    # GroupQueryAttention refuses several new tokens after a past at batch > 1, so a guided
+    # (two-row) request on such a graph prefills in one run, whatever the KV mode; chunks are
+    # bit-identical to one run only on GroupQueryAttention (a Concat graph runs each part whole).
+    one_run = inputs.shape[0] > 1 and layout.attention != "concat"
+    run = runs.wrap(run, splittable=not one_run and layout.attention != "concat")
+    if prefix_cache is None or one_run:
+        return run(inputs, 0)
+    return prefix_cache.prefill(
+        inputs,
+        prefix,
+        run,
+        lambda length: [cache.read(i) for i in range(len(cache.pairs))],
+        cache.load_prefix,
+    )
 
 
 @dataclass(frozen=True)
@@ -95,6 +205,13 @@ class SlotRows:
         self.lengths = np.zeros(max_rows, np.int64)  # cached tokens per request row
         self.live = np.zeros(max_rows, bool)
         self.grown = 0  # reallocations so far (stats)
+        self.needed = np.zeros(max_rows, np.int64)  # KV positions each reserved row needs
+        # A buffer being grown beside the steps (reserve(wait=False)) and its size; `on_grown`
+        # is told when it is ready (the scheduler's wake).
+        self._grower: ThreadPoolExecutor | None = None
+        self._growth: Future[KVSlots] | None = None
+        self._growth_size: tuple[int, int] | None = None
+        self.on_grown: Callable[[], None] | None = None
         self._dtype = np.dtype(program.lm.spec.inputs[program.input_name].dtype)
 
     # -- sizing ----------------------------------------------------------------------------------
@@ -104,39 +221,84 @@ class SlotRows:
     def allocated_bytes(self) -> int:
         return self._bytes(self.rows, self.capacity) if self.slots is not None else 0
 
-    def reserve(self, row: int, needed: int) -> bool:
+    def reserve(self, row: int, needed: int, wait: bool = True) -> bool:
         """Make room for request row `row` needing `needed` KV positions; False when the
         budget (or the model's position limit) cannot hold it: the request then gets a cache
-        of its own."""
+        of its own. A buffer that must grow grows now (`wait`, or the first one), or beside
+        the decode steps: the new buffer is allocated on a helper thread (a few hundred MB
+        take a few hundred ms, every stream would stall meanwhile) and `swap_grown` puts it
+        in between steps; the row may join once `has_room(row)`."""
         ceiling = self.policy.fixed if self.policy.fixed is not None else self.policy.limit
         if needed > ceiling:
             return False
-        rows = max(self.rows, min(self.max_rows, _power_of_two_at_least(row + 1)))
-        capacity = self.capacity
+        held_rows, held_capacity = self._growth_size or (self.rows, self.capacity)
+        rows = max(held_rows, min(self.max_rows, _power_of_two_at_least(row + 1)))
+        capacity = held_capacity
         if needed > capacity:
             capacity = min(ceiling, max(MIN_SLOT_CAPACITY, _power_of_two_at_least(needed)))
         if self.policy.fixed is not None:
             capacity = self.policy.fixed
         if self._bytes(rows, capacity) > self.budget_bytes:
             return False
-        if rows != self.rows or capacity != self.capacity or self.slots is None:
-            self._regrow(rows, capacity)
+        self.needed[row] = needed
+        if self.slots is None or wait:
+            if rows != self.rows or capacity != self.capacity or self.slots is None:
+                self._growth = self._growth_size = None  # (a pending one is dropped)
+                self._regrow(rows, capacity)
+        elif rows != self.rows or capacity != self.capacity:
+            self._grow_beside(rows, capacity)
         return True
 
     def release_idle(self) -> int:
         """With no row live, let the buffers go (a burst grew them); the next request
         allocates what it needs, as the first did. The bytes let go."""
-        if self.slots is None or self.live.any():
+        if self.slots is None or self.live.any() or self._growth is not None:
             return 0
         freed = self.allocated_bytes()
         self.slots, self.rows, self.capacity = None, 0, 0
         return freed
 
+    def has_room(self, row: int) -> bool:
+        """Whether the buffer holds request row `row` as it reserved it."""
+        return self.slots is not None and row < self.rows and self.needed[row] <= self.capacity
+
+    def _grow_beside(self, rows: int, capacity: int) -> None:
+        if self._growth_size == (rows, capacity):
+            return
+        if self._grower is None:
+            self._grower = ThreadPoolExecutor(1, thread_name_prefix="onnx-tts-grow")
+        self._growth_size = (rows, capacity)
+        growth = self._grower.submit(self._allocate, rows, capacity)
+        self._growth = growth
+        on_grown = self.on_grown
+        if on_grown is not None:
+            growth.add_done_callback(lambda _: on_grown())
+
+    def growth_done(self) -> bool:
+        """A buffer grown beside the steps is ready to be swapped in."""
+        return self._growth is not None and self._growth.done()
+
+    def swap_grown(self) -> bool:
+        """(the decode worker, between steps) put a buffer grown beside the steps in: the live
+        rows' cached tokens are copied into it. Raises what its allocation raised."""
+        if not self.growth_done():
+            return False
+        growth, size = self._growth, self._growth_size
+        self._growth = self._growth_size = None
+        assert growth is not None and size is not None
+        self._move_into(growth.result(), *size)
+        return True
+
+    def _allocate(self, rows: int, capacity: int) -> KVSlots:
+        return KVSlots(self.program.lm, rows * self.lm_rows, capacity, dict(self.layout.pairs))
+
     def _regrow(self, rows: int, capacity: int) -> None:
-        """New buffers of `rows` x `capacity`; the live rows' cached tokens are copied once."""
+        """New buffers of `rows` x `capacity`, now."""
+        self._move_into(self._allocate(rows, capacity), rows, capacity)
+
+    def _move_into(self, fresh: KVSlots, rows: int, capacity: int) -> None:
+        """`fresh` becomes the buffer; the live rows' cached tokens are copied once."""
         old, old_lengths = self.slots, self.lengths.copy()
-        self.slots = None  # the old buffers are freed before the new ones fill up, if unused
-        fresh = KVSlots(self.program.lm, rows * self.lm_rows, capacity, dict(self.layout.pairs))
         if old is not None:
             pairs = len(self.layout.pairs)
             for row in np.flatnonzero(self.live & (old_lengths > 0)):
@@ -146,53 +308,64 @@ class SlotRows:
             self.grown += 1
         self.slots, self.rows, self.capacity = fresh, rows, capacity
 
+    def close(self) -> None:
+        """Wait for a buffer being grown (the engine is closing)."""
+        if self._grower is not None:
+            self._grower.shutdown(wait=True)
+
     def _lm_rows(self, row: int) -> range:
         return range(row * self.lm_rows, (row + 1) * self.lm_rows)
 
-    # -- decoding --------------------------------------------------------------------------------
+    # -- prefilling ------------------------------------------------------------------------------
+    def prefill_apart(
+        self, admission: Admission, prefix_cache: PrefixCache | None, runs: PrefillRuns = WHOLE
+    ) -> Prefilled:
+        """The prompt of `admission`, each LM row at batch 1 (so the prefix cache serves guided
+        requests too), on a scratch in-place cache of exactly its length: never in the slot
+        buffer, so it may run on any thread while the decode worker steps the slot rows."""
+        inputs = admission.inputs.astype(self._dtype, copy=False)
+        outputs, values = [], []
+        for index in range(self.lm_rows):
+            row_inputs = inputs[index : index + 1]
+            if self.program.prefill_lm is not None:
+                with runs.turn():
+                    output, kv = self._prefill_graph(row_inputs)
+            else:
+                scratch = KVCache(
+                    self.program.lm, "inplace", 1, row_inputs.shape[1], dict(self.layout.pairs)
+                )
+                output = prefill_cache(
+                    self.program, self.layout, scratch, row_inputs, admission.prefix,
+                    prefix_cache, runs,
+                )  # fmt: skip
+                kv = [scratch.read(i) for i in range(len(self.layout.pairs))]
+            outputs.append(output)
+            values.append(kv)
+        return Prefilled(np.concatenate(outputs, axis=0), inputs.shape[1], values)
+
+    def join(self, row: int, prefilled: Prefilled) -> None:
+        """(the decode worker, between steps) request row `row` (reserved) holds the prompt:
+        its KV values are copied into the row's slots."""
+        assert self.slots is not None
+        for lm_row, kv in zip(self._lm_rows(row), prefilled.values, strict=True):
+            self.slots.load_prefix(lm_row, kv)
+        self.lengths[row] = prefilled.length
+        self.live[row] = True
+
+    def discard(self, prefilled: Prefilled) -> None:
+        """A prefill that never joined its row (cancelled, failed): nothing to give back."""
+
     def prefill(
         self, row: int, admission: Admission, prefix_cache: PrefixCache | None
     ) -> np.ndarray:
-        """Prefill each LM row of request row `row` at batch 1 in its slot row (so the prefix
-        cache serves guided requests too); returns the last outputs [lm_rows, ...]."""
-        assert self.slots is not None
-        slots, pairs = self.slots, len(self.layout.pairs)
-        inputs = admission.inputs.astype(self._dtype, copy=False)
-        outputs = []
-        for index, lm_row in enumerate(self._lm_rows(row)):
+        """`prefill_apart` and `join` in one go; returns the last outputs [lm_rows, ...]."""
+        prefilled = self.prefill_apart(admission, prefix_cache)
+        self.join(row, prefilled)
+        return prefilled.outputs
 
-            def run(part: np.ndarray, cached: int, lm_row: int = lm_row) -> np.ndarray:
-                lengths = np.array([cached], np.int64)
-                feeds = {self.program.input_name: part}
-                feeds.update(length_feeds(self.program.lm, lengths, part.shape[1]))
-                result = slots.step(feeds, lm_row, lengths, [self.program.output_name])
-                return _last(result, self.program.output_name)
-
-            row_inputs = inputs[index : index + 1]
-            if self.program.prefill_lm is not None:
-                outputs.append(self._prefill_graph(lm_row, row_inputs))
-            elif prefix_cache is None:
-                outputs.append(run(row_inputs, 0))
-            else:
-                outputs.append(
-                    prefix_cache.prefill(
-                        row_inputs,
-                        admission.prefix,
-                        run,
-                        lambda length, lm_row=lm_row: [
-                            slots.read(i, lm_row, length) for i in range(pairs)
-                        ],
-                        lambda values, lm_row=lm_row: slots.load_prefix(lm_row, values),
-                    )
-                )
-        self.lengths[row] = inputs.shape[1]
-        self.live[row] = True
-        return np.concatenate(outputs, axis=0)
-
-    def _prefill_graph(self, lm_row: int, inputs: np.ndarray) -> np.ndarray:
-        """Run the program's prefill graph at batch 1 and load its presents as slot row
-        `lm_row`'s first tokens; returns the last output [1, ...]."""
-        assert self.slots is not None
+    def _prefill_graph(self, inputs: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
+        """Run the program's prefill graph at batch 1: its last output [1, ...] and its presents
+        laid out as the slots hold them ([1, H, S, D])."""
         prefill = self.program.prefill_lm
         assert prefill is not None
         name = self.program.output_name
@@ -204,9 +377,9 @@ class SlotRows:
             if _sequence_axis(prefill, present) == 1:  # [1, S, H, D] -> the slots' [1, H, S, D]
                 value = value.transpose(0, 2, 1, 3)
             values.append(np.ascontiguousarray(value, self.layout.dtype))
-        self.slots.load_prefix(lm_row, values)
-        return _last(result, name)
+        return _last(result, name), values
 
+    # -- decoding --------------------------------------------------------------------------------
     def fits_next_step(self, rows: np.ndarray) -> np.ndarray:
         return self.lengths[rows] < self.capacity
 
@@ -258,6 +431,7 @@ class SlotRows:
     def release(self, row: int) -> None:
         self.lengths[row] = 0
         self.live[row] = False
+        self.needed[row] = 0
 
     def row_ptrs(self, row: int) -> list[int]:
         """Where row `row`'s KV lives (tests check rows do not move while they decode)."""
@@ -271,41 +445,46 @@ class OwnCaches:
     def __init__(self, program: DecodeProgram, pool: KVPool, layout: KVLayout) -> None:
         self.program, self.pool, self.layout = program, pool, layout
         self.caches: dict[int, KVCache] = {}
-        self._dtype = np.dtype(program.lm.spec.inputs[program.input_name].dtype)
 
-    def _run(self, cache: KVCache, inputs: np.ndarray) -> np.ndarray:
-        lengths = np.full(inputs.shape[0], cache.length, np.int64)
-        feeds = {self.program.input_name: inputs.astype(self._dtype, copy=False)}
-        feeds.update(length_feeds(self.program.lm, lengths, inputs.shape[1]))
-        outputs = cache.step(feeds, output_names=[self.program.output_name])
-        return _last(outputs, self.program.output_name)
+    def prefill_apart(
+        self, admission: Admission, prefix_cache: PrefixCache | None, runs: PrefillRuns = WHOLE
+    ) -> Prefilled:
+        """The prompt of `admission` in a cache of its own from the pool (any thread: the
+        cache becomes a row's only when it joins)."""
+        inputs = admission.inputs
+        cache = self.pool.acquire(admission.max_tokens, batch=inputs.shape[0])
+        try:
+            if self.program.prefill_lm is not None:
+                feeds = _prefill_feeds(self.program, inputs)
+                name = self.program.output_name
+                with runs.turn():
+                    outputs = _last(cache.prefill(self.program.prefill_lm, feeds, [name]), name)
+            else:
+                outputs = prefill_cache(
+                    self.program, self.layout, cache, inputs, admission.prefix, prefix_cache, runs
+                )
+        except BaseException:
+            self.pool.release(cache)
+            raise
+        return Prefilled(outputs, inputs.shape[1], cache=cache)
+
+    def join(self, row: int, prefilled: Prefilled) -> None:
+        """(the decode worker) request row `row` decodes on the prefilled cache."""
+        assert prefilled.cache is not None
+        self.caches[row] = prefilled.cache
+
+    def discard(self, prefilled: Prefilled) -> None:
+        """A prefill that never joined its row (cancelled, failed): its cache goes back."""
+        if prefilled.cache is not None:
+            self.pool.release(prefilled.cache)
 
     def prefill(
         self, row: int, admission: Admission, prefix_cache: PrefixCache | None
     ) -> np.ndarray:
-        inputs = admission.inputs
-        cache = self.pool.acquire(admission.max_tokens, batch=inputs.shape[0])
-        self.caches[row] = cache
-        if self.program.prefill_lm is not None:
-            feeds = _prefill_feeds(self.program, inputs)
-            name = self.program.output_name
-            return _last(cache.prefill(self.program.prefill_lm, feeds, [name]), name)
-        # GroupQueryAttention refuses several new tokens after a past at batch > 1, so a
-        # guided (two-row) request on such a graph prefills in one run, whatever the KV mode.
-        one_run = inputs.shape[0] > 1 and self.layout.attention != "concat"
-        if prefix_cache is None or one_run:
-            return self._run(cache, inputs)
-
-        def run(part: np.ndarray, cached: int) -> np.ndarray:
-            return self._run(cache, part)
-
-        return prefix_cache.prefill(
-            inputs,
-            admission.prefix,
-            run,
-            lambda length: [cache.read(i) for i in range(len(cache.pairs))],
-            cache.load_prefix,
-        )
+        """`prefill_apart` and `join` in one go; returns the last outputs [lm_rows, ...]."""
+        prefilled = self.prefill_apart(admission, prefix_cache)
+        self.join(row, prefilled)
+        return prefilled.outputs
 
     def fits_next_step(self, rows: np.ndarray) -> np.ndarray:
         return np.array(
@@ -320,7 +499,7 @@ class OwnCaches:
         """One LM run per request row (each on its own cache)."""
         lm = self.program.lm_rows
         outputs = [
-            self._run(self.caches[int(row)], inputs[index * lm : (index + 1) * lm])
+            _run_cache(self.program, self.caches[int(row)], inputs[index * lm : (index + 1) * lm])
             for index, row in enumerate(rows)
         ]
         return np.concatenate(outputs, axis=0)
@@ -337,4 +516,15 @@ class OwnCaches:
 RowHome = SlotRows | OwnCaches
 Reserve = Callable[[int, int], bool]
 
-__all__ = ["DEFAULT_SLOT_BYTES", "MIN_SLOT_CAPACITY", "OwnCaches", "RowHome", "SlotRows"]
+__all__ = [
+    "DEFAULT_SLOT_BYTES",
+    "MIN_SLOT_CAPACITY",
+    "WHOLE",
+    "OwnCaches",
+    "PrefillRuns",
+    "Prefilled",
+    "RowHome",
+    "SlotRows",
+    "chunk_bounds",
+    "prefill_cache",
+]

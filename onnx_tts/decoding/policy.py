@@ -2,15 +2,17 @@
 
 The decode scheduler, the vocoder stage and stream admission each describe what waits (plain
 `Urgency` records: priority, when the work is due, arrival order) and ask the policy; the
-policy returns a plan (`DecodePlan`: requests to admit into which rows, rows that step, rows
-that sit a step out; an order of vocoder windows; whether a stream may start), and the caller
-applies it. Deciding and running stay apart, as vLLM v1's `schedule()` and
-`update_from_output()` are, so a policy is one replaceable part, tested without a model:
+policy returns a plan (`DecodePlan`: requests to admit into which rows, prefills that start or
+get a chunk turn, rows that step, rows that sit a step out; an order of vocoder windows;
+whether a stream may start), and the caller applies it. Deciding and running stay apart, as
+vLLM v1's `schedule()` and `update_from_output()` are, so a policy is one replaceable part,
+tested without a model:
 
 - `DeadlinePolicy` (the default): most urgent first (priority, then the earliest due time: a
   listener about to run dry, a first-audio deadline, a batch request's arrival plus slack);
-  while a row is urgent, rows whose listeners hold plenty of audio sit a step out; a stream
-  starts only while there is capacity and no playing listener is about to run dry.
+  while a row is urgent, rows whose listeners hold plenty of audio sit a step out (unless
+  requests wait for a row); a stream starts only while there is capacity and no playing
+  listener is about to run dry.
 - `FifoPolicy`: first come first served everywhere; every row steps; a stream starts while
   there is capacity.
 """
@@ -27,7 +29,11 @@ from onnx_tts.errors import InputError
 # within URGENT_SECONDS; rows with more than AHEAD_SECONDS of audio buffered then wait.
 URGENT_SECONDS = 0.5
 AHEAD_SECONDS = 1.0
-# A new stream waits while a playing listener has less than this much audio left.
+# A new stream waits while a playing listener has less than this much audio left. Every stream
+# that just started trips it (one first chunk of ~0.12 s ahead), which costs new streams a
+# moment (measured: ~25 ms on the p95 time to first audio at 8 clients on a loaded machine,
+# none on a quiet one); at 0.05 s, 32 clients stalled when the machine slowed down under
+# other work, at 0.3 s they did not (`bench serve`).
 MIN_LEAD_SECONDS = 0.3
 
 
@@ -44,22 +50,27 @@ class Urgency:
 @dataclass(frozen=True)
 class DecodeView:
     """The decode scheduler at one round: waiting requests, free rows, the rows decoding
-    (row, urgency), and the time."""
+    (row, urgency), the time, and the rows whose prompt is being prefilled apart from the
+    step (row, urgency, whether it waits for a chunk turn)."""
 
     waiting: tuple[Urgency, ...]
     free_rows: tuple[int, ...]
     active: tuple[tuple[int, Urgency], ...]
     now: float
+    prefilling: tuple[tuple[int, Urgency, bool], ...] = ()
 
 
 @dataclass(frozen=True)
 class DecodePlan:
-    """One round: `admit` (index into the view's waiting, row) in admission order; `step`,
-    the rows that run this step (admitted ones included); `sit_out`, rows that wait."""
+    """One round: `admit` (index into the view's waiting, row) in admission order; `prefill`,
+    the rows whose prefill works this round: the admitted ones start (in admission order),
+    then the prefills granted a chunk turn; `step`, the decoding rows that run this step;
+    `sit_out`, decoding rows that wait. A row being prefilled never steps."""
 
     admit: tuple[tuple[int, int], ...] = ()
     step: tuple[int, ...] = ()
     sit_out: tuple[int, ...] = ()
+    prefill: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -78,6 +89,8 @@ class SchedulingPolicy(ABC):
     """Decides; never runs anything (module docstring)."""
 
     name: str
+    # Chunked prefill: prefills that run one chunk per round (the most urgent first).
+    prefill_turns: int = 1
 
     @abstractmethod
     def order(self, items: Sequence[Urgency]) -> list[int]:
@@ -93,12 +106,26 @@ class SchedulingPolicy(ABC):
 
     def schedule(self, view: DecodeView) -> DecodePlan:
         """Admit the first waiting requests (in `order`) into the free rows, lowest row
-        first, then pace every row that will be decoding."""
+        first, and start their prefills; give `prefill_turns` chunk turns to the prefills
+        waiting for one (in `order`); pace the decoding rows. A prompt being prefilled does
+        not make decoding rows sit out: it runs apart from the step (sitting out would only
+        idle the decode worker) or a chunk per round (sitting out would make the round the
+        chunk alone: the whole prompt before the next step, as if it ran inline)."""
         chosen = self.order(view.waiting)[: len(view.free_rows)]
         admit = tuple(zip(chosen, view.free_rows, strict=False))
-        active = [*view.active, *((row, view.waiting[i]) for i, row in admit)]
-        step, sit_out = self.pace(active, view.now)
-        return DecodePlan(admit, tuple(sorted(step)), tuple(sorted(sit_out)))
+        wanting = [(row, urgency) for row, urgency, wants in view.prefilling if wants]
+        turns = [wanting[i][0] for i in self.order([u for _, u in wanting])[: self.prefill_turns]]
+        # While requests wait for a row, every row steps: a row that sat out would only hold
+        # its row longer (with short streams arriving all the time some row is always urgent,
+        # and rows ahead sat out for good while new streams waited for them: `bench serve`,
+        # 16 clients on 8 rows).
+        if len(view.waiting) > len(admit):
+            step, sit_out = [row for row, _ in view.active], []
+        else:
+            step, sit_out = self.pace(view.active, view.now)
+        return DecodePlan(
+            admit, tuple(sorted(step)), tuple(sorted(sit_out)), (*(row for _, row in admit), *turns)
+        )
 
 
 class DeadlinePolicy(SchedulingPolicy):

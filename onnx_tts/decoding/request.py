@@ -15,7 +15,7 @@ import math
 import queue
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,14 +62,18 @@ class PlaybackClock:
     """A player that starts `buffer_seconds` after the first chunk arrives and stalls when its
     buffer runs dry. An underrun is a chunk that arrives after the audio before it has
     finished playing; its length is the time the player sat silent. `runs_dry_at()` is the
-    moment the player needs more audio: the request's deadline once audio flows."""
+    moment the player needs more audio: the request's deadline once audio flows.
+    `long_underruns` counts the underruns longer than `long_stall_seconds` (those a player
+    that buffers that much before it starts would hear too)."""
 
-    def __init__(self, buffer_seconds: float = 0.0) -> None:
+    def __init__(self, buffer_seconds: float = 0.0, long_stall_seconds: float = 0.1) -> None:
         self.buffer_seconds = float(buffer_seconds)
+        self.long_stall_seconds = float(long_stall_seconds)
         self.start: float | None = None
         self.received = 0.0  # seconds of audio received
         self.stalled = 0.0  # seconds spent waiting with an empty buffer
         self.underruns = 0
+        self.long_underruns = 0
 
     def chunk(self, now: float, seconds: float) -> float:
         """Record a chunk of `seconds` arriving at `now`; returns the stall it caused."""
@@ -82,6 +86,7 @@ class PlaybackClock:
                 stall = now - played_until
                 self.stalled += stall
                 self.underruns += 1
+                self.long_underruns += stall > self.long_stall_seconds
         self.received += seconds
         return stall
 
@@ -170,4 +175,44 @@ class Request:
         return Urgency(self.priority, self.due(), self.order)
 
 
-__all__ = ["NO_DEADLINE_SLACK_SECONDS", "CancelToken", "Handoff", "PlaybackClock", "Request"]
+class FrameStream:
+    """The frames of one scheduled request, as the decode scheduler's worker produces them
+    (its default sink). Closing it (or dropping it) cancels the request: its row is freed at
+    the next round (`scheduler.wake()` has the worker look)."""
+
+    def __init__(self, request: Request, scheduler: Any) -> None:
+        self._request, self._scheduler = request, scheduler
+        self._items = Handoff()
+
+    # -- producer side (the worker) ------------------------------------------------------------
+    def put(self, frame: np.ndarray) -> None:
+        self._items.put(frame)
+
+    def end(self, error: BaseException | None = None) -> None:
+        self._items.end(error)
+
+    # -- consumer side -------------------------------------------------------------------------
+    def __iter__(self) -> Iterator[np.ndarray]:
+        return self
+
+    def __next__(self) -> np.ndarray:
+        return self._items.take()
+
+    def close(self) -> None:
+        if not self._items.finished:
+            self._items.finished = True
+            self._request.cancel.cancel()
+            self._scheduler.wake()
+
+    def __del__(self) -> None:
+        self.close()
+
+
+__all__ = [
+    "NO_DEADLINE_SLACK_SECONDS",
+    "CancelToken",
+    "FrameStream",
+    "Handoff",
+    "PlaybackClock",
+    "Request",
+]

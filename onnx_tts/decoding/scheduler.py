@@ -2,22 +2,26 @@
 
 Requests (from any thread) wait in a bounded queue. Each round the scheduling policy
 (`policy.py`; by default most urgent first: priority, then the earliest due time) decides, as
-plain data, which waiting requests enter which free rows and which rows step (`DecodePlan`);
-the worker then applies the plan: it prefills the admitted requests (their prompts at once on
-the prefill workers when the program has a prefill graph of its own) and runs one decode step
-of the chosen rows: rows kept in the shared in-place slot buffer in one LM run, rows with a
-cache of their own one run each (`kv_rows.py`), then the family's program consumes all rows'
-outputs at once. `max_batch=1` is a solo engine; a graph that cannot batch gets caches of its
-own inside the same loop; classifier-free guidance is two LM rows of one request.
+plain data, which waiting requests enter which free rows, which prefills start or get a chunk
+turn, and which rows step (`DecodePlan`); the worker then applies the plan. An admitted
+request's prompt runs apart from the rows decoding (`prefill.py`: by default on a prefill
+worker thread, while this worker goes on stepping the others) and the request joins the batch
+at the first round after it is done: its KV goes into its row between steps, the program
+consumes its first output. A step runs the chosen rows: rows kept in the shared in-place slot
+buffer in one LM run, rows with a cache of their own one run each (`kv_rows.py`), then the
+family's program consumes all rows' outputs at once. `max_batch=1` is a solo engine; a graph
+that cannot batch gets caches of its own inside the same loop; classifier-free guidance is two
+LM rows of one request.
 
 A request leaves when its program says it is done, when it is cancelled (its consumer closed
 the stream, its cancel token fired, a server client went away: the row is freed at the next
-step), or on an error, which fails that request alone. Nothing is copied when rows join or
-leave.
+round, also during its prefill), or on an error, which fails that request alone (a failed
+prefill too). Nothing is copied when rows leave; a row joining copies in its own prompt's KV.
 
-Batch invariance: every row has its own sampler and RNG stream and its own KV row, and the
-LM's kernels compute rows independently, so a request's frames do not depend on which
-requests shared its steps (tests/test_scheduler.py checks this against max_batch=1).
+Batch invariance: every row has its own sampler and RNG stream and its own KV row, the LM's
+kernels compute rows independently, and every prompt runs at batch 1, so a request's frames do
+not depend on which requests shared its steps or on when its prompt ran
+(tests/test_scheduler.py and tests/test_prefill.py check this against max_batch=1).
 """
 
 from __future__ import annotations
@@ -27,27 +31,30 @@ import logging
 import threading
 import time
 import weakref
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
 from onnx_tts.cache.prefix import PrefixCache
-from onnx_tts.decoding.batch_probe import batch_invariance_problem
+from onnx_tts.decoding.batch_probe import batch_invariance_problem, batching_support
 from onnx_tts.decoding.kv_pool import KVPool
 from onnx_tts.decoding.kv_rows import DEFAULT_SLOT_BYTES, OwnCaches, RowHome, SlotRows, SlotRun
 from onnx_tts.decoding.policy import DecodePlan, DecodeView, SchedulingPolicy, make_policy
+from onnx_tts.decoding.prefill import DEFAULT_CHUNK_TOKENS, DEFAULT_PREFILL_MODE, Prefills
 from onnx_tts.decoding.program import Admission, DecodeProgram
-from onnx_tts.decoding.request import Handoff, Request
+from onnx_tts.decoding.request import FrameStream, Request
 from onnx_tts.errors import InputError, OnnxTTSError
 
 log = logging.getLogger("onnx_tts.decoding")
 
 MAX_BATCH_LIMIT = 256
-# Threads that run the prompts of requests admitted together (bound: far above the cores of
-# any machine this runs on).
+# Threads that run prompts apart from the decode step (bound: far above the cores of any
+# machine this runs on).
 MAX_PREFILL_WORKERS = 64
+# A round in which nothing could run (every row sits out while a prompt runs apart) waits this
+# long at most before the policy looks again (due times move on).
+IDLE_ROUND_SECONDS = 0.005
 # Requests waiting for a row beyond this many are refused (QueueFull) instead of queued.
 DEFAULT_MAX_WAITING = 1024
 # A scheduler without work for this long lets its slot buffers go: a burst grew them, and a
@@ -70,38 +77,6 @@ class QueueFull(OnnxTTSError):
     """More requests wait for a row than the scheduler's queue holds; retry later."""
 
 
-class FrameStream:
-    """The frames of one scheduled request, as the worker produces them (the default sink).
-    Closing it (or dropping it) cancels the request: its row is freed at the next step."""
-
-    def __init__(self, request: Request, scheduler: DecodeScheduler) -> None:
-        self._request, self._scheduler = request, scheduler
-        self._items = Handoff()
-
-    # -- producer side (the worker) ------------------------------------------------------------
-    def put(self, frame: np.ndarray) -> None:
-        self._items.put(frame)
-
-    def end(self, error: BaseException | None = None) -> None:
-        self._items.end(error)
-
-    # -- consumer side -------------------------------------------------------------------------
-    def __iter__(self) -> Iterator[np.ndarray]:
-        return self
-
-    def __next__(self) -> np.ndarray:
-        return self._items.take()
-
-    def close(self) -> None:
-        if not self._items.finished:
-            self._items.finished = True
-            self._request.cancel.cancel()
-            self._scheduler.wake()
-
-    def __del__(self) -> None:
-        self.close()
-
-
 class DecodeScheduler:
     """Runs a family's DecodeProgram for every request of one model (module docstring)."""
 
@@ -116,6 +91,8 @@ class DecodeScheduler:
         lookahead: bool = False,
         prefill_workers: int = 1,
         policy: SchedulingPolicy | str | None = None,
+        prefill: str = DEFAULT_PREFILL_MODE,
+        chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
     ) -> None:
         _check_count("max_batch", max_batch, MAX_BATCH_LIMIT)
         self.policy = make_policy(policy)
@@ -130,6 +107,7 @@ class DecodeScheduler:
         self.slots: SlotRows | None = None
         if self.batching_unavailable is None:
             self.slots = SlotRows(program, self.layout, pool.capacity, max_batch, slot_bytes)
+            self.slots.on_grown = self.wake
         self.own = OwnCaches(program, pool, self.layout)
         self.state = program.new_state(max_batch)
         self.requests: list[Request | None] = [None] * max_batch
@@ -142,12 +120,8 @@ class DecodeScheduler:
             ThreadPoolExecutor(1, thread_name_prefix="onnx-tts-lm") if lookahead else None
         )
         self._pending: tuple[np.ndarray, list[Request | None], Any] | None = None
-        # Prompts admitted together run on this many threads at once (see _prefill).
-        self._prefill_pool = (
-            ThreadPoolExecutor(prefill_workers, thread_name_prefix="onnx-tts-prefill")
-            if prefill_workers > 1
-            else None
-        )
+        # Prompts run apart from the step, on prefill workers (prefill.py).
+        self.prefilling = Prefills(prefill, chunk_tokens, prefill_workers, prefix_cache, self.wake)
         self._cv = threading.Condition()
         self._closed = False
         self._thread: threading.Thread | None = None
@@ -156,7 +130,6 @@ class DecodeScheduler:
             "steps": 0,
             "row_steps": 0,
             "prefills": 0,
-            "parallel_prefills": 0,  # prompts that ran beside others on the prefill workers
             "own_kv": 0,
             "paced_rows": 0,
             "slot_releases": 0,  # times idle slot buffers were let go
@@ -213,6 +186,9 @@ class DecodeScheduler:
                 "slot_grows": slots.grown if slots is not None else 0,
                 "queued": len(self.waiting),
                 "active_rows": sum(r is not None for r in self.requests),
+                "prefilling": len(self.prefilling),
+                "parallel_prefills": self.prefilling.started,  # on the prefill workers
+                "prefill_turns": self.prefilling.turns,  # chunked prefill
                 "mean_batch": self._stats["row_steps"] / steps if steps else 0.0,
                 **self._stats,
             }
@@ -234,35 +210,26 @@ class DecodeScheduler:
             self._thread.join()
         if self._helper is not None:
             self._helper.shutdown(wait=True)
-        if self._prefill_pool is not None:
-            self._prefill_pool.shutdown(wait=True)
+        self.prefilling.close()
+        if self.slots is not None:
+            self.slots.close()
 
     # -- worker ------------------------------------------------------------------------------
     def _run(self) -> None:
+        idle = False  # the last round could run nothing: wait a little before the next
         while True:
             with self._cv:
-                while not self._closed and not self.waiting and not self._active_rows().size:
-                    if not self._cv.wait(self._idle_timeout()) and not self.waiting:
+                while not self._closed and not self._has_work():
+                    if not self._cv.wait(self._idle_timeout()) and not self._has_work():
                         self._release_idle()  # no work came for IDLE_RELEASE_SECONDS
+                if idle and not self._closed:
+                    self._cv.wait(IDLE_ROUND_SECONDS)
                 if self._closed:
-                    self._pending = None
-                    closed = OnnxTTSError("the engine was closed")
-                    for request in [*self.waiting, *filter(None, self.requests)]:
-                        _tell(request.sink.end, closed)
-                    self.waiting.clear()
+                    self._close_requests()
                     return
-                plan = self._plan()  # the policy decides, as plain data
-                admitted = self._take(plan)
             started = time.perf_counter()
             try:
-                if admitted:
-                    self._prefill(admitted)
-                self._drop_cancelled()
-                rows = self._stepping(plan)
-                if rows.size:
-                    self._step(rows)
-                if not self._active_rows().size:
-                    self._hand_over_pending()  # nothing to overlap it with
+                idle = not self._round()
             except Exception as error:  # a fault outside any row's own work: the requests
                 # in the scheduler fail, the worker lives on (a dead worker would leave every
                 # stream waiting forever)
@@ -276,16 +243,82 @@ class DecodeScheduler:
 
     def _idle_timeout(self) -> float | None:
         holding = self.slots is not None and self.slots.allocated_bytes() > 0
+        holding = holding and not self.prefilling.jobs  # a prompt apart joins its slot row
         return IDLE_RELEASE_SECONDS if holding else None
 
     def _release_idle(self) -> None:
         if self.slots is not None and self.slots.release_idle():
             self._stats["slot_releases"] += 1
 
+    def _round(self) -> bool:
+        """Apply one plan: a slot buffer grown beside the steps comes in, prompts done apart
+        join their rows, admitted requests start their prefills, chunked prefills get their
+        turns, then the chosen rows step. Returns whether anything ran."""
+        grown = self._swap_grown()
+        joined = self._join_ready()
+        with self._cv:
+            plan = self._plan()  # the policy decides, as plain data
+            admitted = self._take(plan)
+        if admitted:
+            joined += self._start_prefills([row for row in plan.prefill if row in admitted])
+        turns = self.prefilling.grant([row for row in plan.prefill if row not in admitted])
+        if turns:
+            joined += self._join_ready()
+        self._drop_cancelled()
+        rows = self._stepping(plan, joined)
+        if rows.size:
+            self._step(rows)
+        if not self._active_rows().size:
+            self._hand_over_pending()  # nothing to overlap it with
+        return bool(grown or joined or admitted or turns or rows.size)
+
+    def _swap_grown(self) -> bool:
+        """A slot buffer grown beside the steps replaces the old one (between steps); if it
+        could not be made, the requests waiting for it fail."""
+        if self.slots is None:
+            return False
+        try:
+            return self.slots.swap_grown()
+        except Exception as error:
+            for row, home in enumerate(self.homes):
+                if home is self.slots and not self.slots.has_room(row):
+                    self._free(row, error)
+            return True
+
+    def _has_room(self, row: int, home: RowHome) -> bool:
+        return home is not self.slots or self.slots.has_room(row)
+
+    def _can_join(self, row: int, job: Any) -> bool:  # (a slot row waits for a grown buffer)
+        return self._has_room(row, job.home)
+
+    def _has_work(self) -> bool:
+        """(under the lock) requests wait, rows decode, a prefill is done/waits/lost its request."""
+        return (
+            bool(self.waiting)
+            or bool(self._active_rows().size)
+            or self.prefilling.has_news(self._can_join)
+            or (self.slots is not None and self.slots.growth_done())
+            or any(job.request.cancel.cancelled for job in self.prefilling.jobs.values())
+        )
+
+    def _close_requests(self) -> None:
+        """(under the lock, the engine closing) every request gets the error."""
+        self._pending = None
+        closed = OnnxTTSError("the engine was closed")
+        self.prefilling.abandon_all()
+        for request in [*self.waiting, *filter(None, self.requests)]:
+            _tell(request.sink.end, closed)
+        self.waiting.clear()
+
     def _active_rows(self) -> np.ndarray:
-        """Rows still decoding (not the ones whose last frames await hand-over)."""
+        """Rows decoding (not the ones whose prompt runs apart, nor the ones whose last frames
+        await hand-over)."""
         return np.array(
-            [i for i, r in enumerate(self.requests) if r is not None and not self.finishing[i]],
+            [
+                i
+                for i, r in enumerate(self.requests)
+                if r is not None and not self.finishing[i] and i not in self.prefilling
+            ],
             np.int64,
         )
 
@@ -298,7 +331,13 @@ class DecodeScheduler:
             (int(row), self.requests[row].urgency())  # type: ignore[union-attr]
             for row in self._active_rows()
         )
-        view = DecodeView(tuple(r.urgency() for r in self.waiting), free, active, time.monotonic())
+        view = DecodeView(
+            tuple(r.urgency() for r in self.waiting),
+            free,
+            active,
+            time.monotonic(),
+            self.prefilling.view(),
+        )
         return self.policy.schedule(view)
 
     def _take(self, plan: DecodePlan) -> list[int]:
@@ -310,11 +349,11 @@ class DecodeScheduler:
         self.waiting = [r for i, r in enumerate(self.waiting) if i not in chosen]
         return [row for _, row in plan.admit]
 
-    def _stepping(self, plan: DecodePlan) -> np.ndarray:
-        """The rows of this step: the plan's, still decoding after prefill (a request may
-        have failed, finished or been cancelled since)."""
+    def _stepping(self, plan: DecodePlan, joined: list[int]) -> np.ndarray:
+        """The rows of this step: the plan's and the ones that joined this round, still
+        decoding (a request may have failed, finished or been cancelled since)."""
         active = set(self._active_rows().tolist())
-        rows = np.array([row for row in plan.step if row in active], np.int64)
+        rows = np.array(sorted(active & {*plan.step, *joined}), np.int64)
         paced = sum(row in active for row in plan.sit_out)
         if paced:
             with self._cv:
@@ -329,6 +368,7 @@ class DecodeScheduler:
         return False
 
     def _free(self, row: int, error: BaseException | None = None) -> None:
+        self.prefilling.abandon(row)  # its prompt's KV, when done, goes back to its home
         request = self.requests[row]
         if request is not None:
             _tell(request.sink.end, error)
@@ -340,55 +380,64 @@ class DecodeScheduler:
         self.finishing[row] = False
 
     def _drop_cancelled(self) -> None:
-        for row, request in enumerate(self.requests):
-            if request is not None and request.cancel.cancelled:
-                self._free(row)
+        for row in [r for r, q in enumerate(self.requests) if q is not None and q.cancel.cancelled]:
+            self._free(row)
 
-    def _prefill(self, rows: list[int]) -> None:
-        """Prefill the rows admitted together, then let the program consume all their outputs
-        in one call (one batched run of its per-step work, as a step does). Prompts run on
-        the prefill workers at once when the program has a prefill graph of its own (each in
-        its own slot row; a burst of arrivals otherwise waits for one prompt after another on
-        one core while the others idle). A request whose prefill fails fails alone."""
-        started: list[tuple[int, Admission]] = []
+    def _start_prefills(self, rows: list[int]) -> list[int]:
+        """Start the prefills of the rows admitted this round, in the plan's order: admission
+        and KV home here (slot buffers grow here or beside the steps, never under a prompt:
+        prompts run on scratch caches and join between steps), the prompt on a prefill worker
+        (`inline` or a few positions: now, joining at once if its row fits). A request whose
+        prefill fails fails alone. Returns the rows joined."""
+        done = []
         for row in rows:
             admission = self._admit(row)
-            if admission is not None:
-                started.append((row, admission))
-
-        def run(item: tuple[int, Admission]) -> tuple[int, np.ndarray | None, Exception | None]:
-            row, admission = item
+            home, request = self.homes[row], self.requests[row]
+            if admission is None or home is None or request is None:
+                continue
+            if not self.prefilling.runs_inline(admission) or not self._has_room(row, home):
+                self.prefilling.start(row, request, home, admission)  # (joins once it fits)
+                continue
             try:
-                home = self.homes[row]
-                assert home is not None
-                return row, home.prefill(row, admission, self.prefix_cache), None
+                done.append((row, home, home.prefill_apart(admission, self.prefix_cache)))
             except Exception as error:
-                return row, None, error
-
-        parallel = [item for item in started if self._parallel_prefill(item[0])]
-        alone = [item for item in started if not self._parallel_prefill(item[0])]
-        results = [run(item) for item in alone]
-        if len(parallel) > 1 and self._prefill_pool is not None:
-            results += self._prefill_pool.map(run, parallel)
-            with self._cv:
-                self._stats["parallel_prefills"] += len(parallel)
-        else:
-            results += [run(item) for item in parallel]
-        done, outputs = [], []
-        for row, output, error in sorted(results, key=lambda result: result[0]):
-            if output is None:
                 self._free(row, error)
-            else:
-                done.append(row)
-                outputs.append(output)
-        if done:
+        return self._join_all(done)
+
+    def _join_ready(self) -> list[int]:
+        """Prompts done apart whose rows can take them join (a failed one fails its request
+        alone). Returns the rows that joined."""
+        done = []
+        for row, job in self.prefilling.ready(self._can_join):
+            assert job.future is not None
+            try:
+                done.append((row, job.home, job.future.result()))
+            except Exception as error:
+                self._free(row, error)
+        return self._join_all(done)
+
+    def _join_all(self, done: list[tuple[int, RowHome, Any]]) -> list[int]:
+        """Prompts join their rows (between steps: nothing else writes the rows then) and the
+        program consumes their first outputs in one call. Returns the rows that joined."""
+        rows, outputs = [], []
+        for row, home, prefilled in done:
+            try:
+                home.join(row, prefilled)
+            except Exception as error:
+                home.discard(prefilled)
+                self._free(row, error)
+                continue
+            rows.append(row)
+            outputs.append(prefilled.outputs)
+        if rows:
             with self._cv:
-                self._stats["prefills"] += len(done)
-            self._deliver(np.array(done, np.int64), np.concatenate(outputs, axis=0))
+                self._stats["prefills"] += len(rows)
+            self._deliver(np.array(rows, np.int64), np.concatenate(outputs, axis=0))
+        return rows
 
     def _admit(self, row: int) -> Admission | None:
         """The program's admission of row `row`'s request, with its KV home reserved (slot
-        buffers grow here, before any prefill runs); None when it was cancelled or failed."""
+        buffers grow here, on the decode worker); None when it was cancelled or failed."""
         request = self.requests[row]
         assert request is not None
         try:
@@ -403,7 +452,8 @@ class DecodeScheduler:
                 )
             home: RowHome = self.own
             if self.slots is not None:
-                if self.slots.reserve(row, admission.max_tokens):
+                # (apart from the step, a buffer that must grow grows beside the steps too)
+                if self.slots.reserve(row, admission.max_tokens, wait=self.prefilling.inline):
                     home = self.slots
                 else:  # longer than the slot budget: an in-place cache sized to it
                     with self._cv:
@@ -413,16 +463,6 @@ class DecodeScheduler:
         except Exception as error:  # that request fails alone
             self._free(row, error)
             return None
-
-    def _parallel_prefill(self, row: int) -> bool:
-        """Whether row `row` may prefill beside others: its prompt runs through the program's
-        own prefill graph (one session run, thread-safe) into its own slot row."""
-        return (
-            self._prefill_pool is not None
-            and self.program.prefill_lm is not None
-            and self.slots is not None
-            and self.homes[row] is self.slots
-        )
 
     def _lm_positions(self, selected: np.ndarray) -> np.ndarray:
         """LM-row indices (into a step's inputs/outputs) of the selected request indices."""
@@ -562,16 +602,6 @@ def _tell(call: Any, argument: Any) -> None:
         call(argument)
     except Exception:
         log.warning("a request's consumer failed to take its frames", exc_info=True)
-
-
-def batching_support(pool: KVPool) -> str | None:
-    """None when this model's requests can share one batched LM run, else why not (they then
-    run in the same loop on KV caches of their own)."""
-    if pool.mode != "inplace":
-        return f"KV mode {pool.mode!r} (batched rows need the in-place cache: --kv inplace)"
-    if not pool.layout.in_place:
-        return "the LM grows its cache by Concat (convert it with `onnx-tts convert --inplace-kv`)"
-    return None
 
 
 __all__ = [

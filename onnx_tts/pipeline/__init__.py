@@ -116,7 +116,8 @@ def build_engine(
             channels=model.channels,
         )
     prefixes = PrefixCache(caches.prefix_cache_bytes) if caches.prefix_cache_bytes else None
-    # Prompts that arrive together run side by side, each with the decode stage's threads.
+    # Prompts run on prefill workers beside the decode step, each with the decode stage's
+    # threads (decoding/prefill.py).
     decode_threads = stages["decode"] if stages is not None else config.threads
     prefill_workers = max(1, min(config.max_batch, available_cores() // max(1, decode_threads)))
     return Engine(
@@ -131,6 +132,7 @@ def build_engine(
         lookahead=config.lookahead,
         prefill_workers=prefill_workers,
         policy=config.policy,
+        prefill=config.prefill,
     )
 
 

@@ -18,10 +18,15 @@ been busy enough to measure, streams are admitted up to `max_streams`.
 
 The costs do not see everything that shares the cores (the server's event loop, output
 encoding, other processes), so the capacity is also capped by what the listeners say: each
-sample in which an admitted listener stalled (`stalls`, a running count) lowers a limit to one
-below the streams active then; each sample without a stall in which every listener held more
-than `comfortable_lead_seconds` raises it by one (additive increase, prompt decrease). A
-listener that just started has little audio ahead of it by nature, so a short lead alone is
+sample in which an admitted listener stalled (`stalls`, a running count; the server counts
+stalls a player buffering 0.1 s would hear: `PlaybackClock.long_underruns`) lowers a limit to
+one below the streams active then; each sample without a stall raises it by one again (prompt
+decrease, additive increase: the limit follows the load). It used to rise only while every
+listener held more than a second of audio, which short streams arriving all the time never
+allow (a new stream always has little audio ahead of it): one stall then held the server
+below its capacity for good (measured with `bench serve`, 8 clients: a limit of 4-6 streams
+against a capacity estimate of 22, 0.3-0.6 s of the time to first audio spent waiting here).
+A listener that just started has little audio ahead of it by nature, so a short lead alone is
 no reason to lower the limit (it only holds new streams back for a moment).
 
 A model that cannot make even one real-time stream here (capacity below 1, or no stream ever
@@ -63,7 +68,6 @@ class Admission:
         target_utilisation: float = 0.65,
         lead: Callable[[], float | None] = lambda: None,
         cores: int = 1,
-        comfortable_lead_seconds: float = 1.0,
         stalls: Callable[[], int] = lambda: 0,
         policy: SchedulingPolicy | None = None,
     ) -> None:
@@ -83,7 +87,6 @@ class Admission:
         self._sample: tuple[float, tuple[float, ...], float] | None = None
         self._utilisation = 0.0
         self._capacity: float | None = None
-        self.comfortable_lead = comfortable_lead_seconds
         self._limit: int | None = None  # from the listeners' leads (module docstring)
         self._limit_lowered = 0
         self._stream_rate: float | None = None  # best audio seconds per second of one stream
@@ -133,16 +136,15 @@ class Admission:
 
     def _follow_leads(self) -> None:
         """(under the lock, once per sample) lower the limit when a listener stalled, raise it
-        when every listener is comfortably ahead."""
+        when none did."""
         if not self._real_time():
             self._limit = None
             return
         stalls, self._stalls_seen = self.stalls() - self._stalls_seen, self.stalls()
-        lead = self.lead() if self.active else None
         if stalls > 0 and self.active:
             self._limit = max(1, min(self._limit or self.active, self.active) - 1)
             self._limit_lowered += 1
-        elif self._limit is not None and (lead is None or lead > self.comfortable_lead):
+        elif self._limit is not None:
             self._limit = min(self.max_streams, self._limit + 1)
 
     def capacity(self) -> int:

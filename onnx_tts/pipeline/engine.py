@@ -26,6 +26,7 @@ from onnx_tts.cache.tiered import TieredCache
 from onnx_tts.decoding import SamplingOptions
 from onnx_tts.decoding.kv_rows import DEFAULT_SLOT_BYTES
 from onnx_tts.decoding.policy import SchedulingPolicy
+from onnx_tts.decoding.prefill import DEFAULT_PREFILL_MODE
 from onnx_tts.decoding.request import CancelToken, PlaybackClock, Request
 from onnx_tts.decoding.scheduler import DEFAULT_MAX_WAITING, DecodeScheduler, FrameStream
 from onnx_tts.families import FAMILIES
@@ -79,6 +80,7 @@ class Engine:
         lookahead: bool = False,
         prefill_workers: int = 1,
         policy: str | SchedulingPolicy | None = None,
+        prefill: str = DEFAULT_PREFILL_MODE,
     ) -> None:
         self.model = model
         self.cache = cache
@@ -98,6 +100,7 @@ class Engine:
             lookahead,
             prefill_workers,
             policy,
+            prefill,
         )
         self.planner = Planner(model, self.family)
         self.voices = VoiceResolver(model.voices, cache)

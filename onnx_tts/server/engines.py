@@ -48,7 +48,7 @@ class SpeechModel:
     admission: Admission | None = None
     jobs: dict[int, Any] = field(default_factory=dict)  # active Generations by id
     _stream_seconds: float = 5.0  # running mean of a request's audio (for Retry-After)
-    _stalls_done: int = 0  # underruns of the listeners of finished requests
+    _stalls_done: int = 0  # long underruns of the listeners of finished requests
 
     def admit_streams(self, max_streams: int, max_waiting: int) -> None:
         """Admission control from the engine's stage utilisation and its listeners' lead."""
@@ -73,8 +73,12 @@ class SpeechModel:
         )
 
     def stalls(self) -> int:
-        """Underruns of this model's listeners so far (finished requests and active ones)."""
-        return self._stalls_done + sum(job.clock.underruns for job in list(self.jobs.values()))
+        """Underruns of this model's listeners so far that a player buffering 0.1 s would hear
+        too (finished requests and active ones): the server's clock is strict, and a short
+        gap at a stream's first seam, which any player's buffer absorbs, held admission back
+        for nothing (`bench serve`)."""
+        jobs = list(self.jobs.values())
+        return self._stalls_done + sum(job.clock.long_underruns for job in jobs)
 
     def lead(self) -> float | None:
         """Seconds until the first of this model's listeners runs dry (None: none plays)."""
@@ -88,7 +92,7 @@ class SpeechModel:
 
     def untrack(self, job: Any) -> None:
         if self.jobs.pop(id(job), None) is not None and self.admission is not None:
-            self._stalls_done += job.clock.underruns
+            self._stalls_done += job.clock.long_underruns
             self.admission.release()
             seconds = job.generated_samples / self.sample_rate
             self._stream_seconds += 0.2 * (seconds - self._stream_seconds)
