@@ -120,7 +120,6 @@ class EngineConfig:
         "rows already streaming keep their cadence), chunked (a chunk per round, between "
         "steps) or inline (the whole prompt in the round, before the step)",
         choices=("apart", "chunked", "inline"),
-        env=False,  # (ONNX_TTS_PREFILL once README's variable table lists it)
     )
 
 
@@ -526,6 +525,7 @@ def from_flags(
         env = env_of(item, spec)
         if spec.env and environ.get(env):
             text = environ[env]
+            labels[item.name] = f"${env}"  # a bad value names where it came from
             if spec.repeat:
                 values[item.name] = [p for p in text.split(os.pathsep) if p]
             else:

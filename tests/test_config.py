@@ -81,7 +81,7 @@ def test_flags_use_their_units_and_environment_fills_the_rest():
     ("environ", "message"),
     [
         ({"ONNX_TTS_MAX_BATCH": "many"}, "$ONNX_TTS_MAX_BATCH must be an integer, got 'many'"),
-        ({"ONNX_TTS_PORT": "70000"}, "--port must be in [1, 65535], got 70000"),
+        ({"ONNX_TTS_PORT": "70000"}, "$ONNX_TTS_PORT must be in [1, 65535], got 70000"),
     ],
 )
 def test_bad_environment_values_name_the_variable_or_flag(environ, message):
@@ -141,4 +141,4 @@ def test_server_environment_variables_reach_a_real_serve_process(tmp_path):
         env={"PATH": "/usr/bin:/bin", "ONNX_TTS_MAX_QUEUE": "-3", "HOME": str(tmp_path)},
     )
     assert done.returncode == 2
-    assert done.stderr.strip() == "onnx-tts serve: --max-queue must be in [0, 100000], got -3"
+    assert done.stderr.strip() == "onnx-tts serve: $ONNX_TTS_MAX_QUEUE must be in [0, 100000], got -3"
