@@ -1,7 +1,11 @@
 """Exception hierarchy: every failure a user can cause maps to one of these, with a message
-that says what was wrong and how to fix it."""
+that says what was wrong and how to fix it; and the checks of a user's numbers that raise them."""
 
 from __future__ import annotations
+
+import math
+import numbers
+from typing import Any
 
 
 class OnnxTTSError(Exception):
@@ -85,3 +89,27 @@ class ReferenceTrimmedWarning(OnnxTTSWarning):
     def __init__(self, message: str, seconds: float = 0.0, kept: float = 0.0) -> None:
         super().__init__(message)
         self.seconds, self.kept = seconds, kept
+
+
+def checked_number(
+    name: str, value: Any, low: float, high: float, *, open_low: bool = False
+) -> float:
+    """`value` as a float when it is a finite number in [low, high] ((low, high] with
+    `open_low`); InputError naming `name` and the range otherwise (a bool is no number)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise InputError(f"{name} must be a number, got {value!r}")
+    number = float(value)
+    below = number <= low if open_low else number < low
+    if not math.isfinite(number) or below or number > high:
+        bracket = "(" if open_low else "["
+        raise InputError(f"{name} must be in {bracket}{low:g}, {high:g}], got {value!r}")
+    return number
+
+
+def checked_integer(name: str, value: Any, low: int, high: int) -> int:
+    """`value` as an int when it is an integer in [low, high]; InputError otherwise."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise InputError(f"{name} must be an integer, got {value!r}")
+    if not low <= int(value) <= high:
+        raise InputError(f"{name} must be an integer in [{low}, {high}], got {value}")
+    return int(value)

@@ -141,4 +141,5 @@ def test_server_environment_variables_reach_a_real_serve_process(tmp_path):
         env={"PATH": "/usr/bin:/bin", "ONNX_TTS_MAX_QUEUE": "-3", "HOME": str(tmp_path)},
     )
     assert done.returncode == 2
-    assert done.stderr.strip() == "onnx-tts serve: $ONNX_TTS_MAX_QUEUE must be in [0, 100000], got -3"
+    expected = "onnx-tts serve: $ONNX_TTS_MAX_QUEUE must be in [0, 100000], got -3"
+    assert done.stderr.strip() == expected

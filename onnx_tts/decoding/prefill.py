@@ -35,7 +35,7 @@ from onnx_tts.decoding.kv_rows import Prefilled, PrefillRuns, RowHome
 from onnx_tts.decoding.policy import Urgency
 from onnx_tts.decoding.program import Admission
 from onnx_tts.decoding.request import Request
-from onnx_tts.errors import InputError, OnnxTTSError
+from onnx_tts.errors import InputError, OnnxTTSError, checked_integer
 
 PREFILL_MODES = ("apart", "chunked", "inline")
 DEFAULT_PREFILL_MODE = "apart"
@@ -55,10 +55,7 @@ class PrefillAbandoned(OnnxTTSError):
 def check_prefill_mode(mode: str, chunk_tokens: int) -> None:
     if mode not in PREFILL_MODES:
         raise InputError(f"unknown prefill mode {mode!r}; choose {', '.join(PREFILL_MODES)}")
-    if isinstance(chunk_tokens, bool) or not isinstance(chunk_tokens, int):
-        raise InputError(f"chunk_tokens must be an integer, got {chunk_tokens!r}")
-    if not 2 <= chunk_tokens <= MAX_CHUNK_TOKENS:
-        raise InputError(f"chunk_tokens must be in [2, {MAX_CHUNK_TOKENS}], got {chunk_tokens}")
+    checked_integer("chunk_tokens", chunk_tokens, 2, MAX_CHUNK_TOKENS)
 
 
 class TurnGate:

@@ -3,15 +3,13 @@ rows (each with its own options and random stream) in one vectorised pass."""
 
 from __future__ import annotations
 
-import math
-import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import numpy as np
 
-from onnx_tts.errors import InputError
+from onnx_tts.errors import InputError, checked_integer, checked_number
 
 MAX_SEED = 2**63 - 1
 # Bounds a user cannot sensibly exceed; each is far beyond any useful value.
@@ -22,28 +20,9 @@ MAX_REPETITION_PENALTY = 100.0
 SAMPLING_KEYS = ("temperature", "top_k", "top_p", "repetition_penalty")
 
 
-def _number(name: str, value: Any, low: float, high: float, *, open_low: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise InputError(f"{name} must be a number, got {value!r}")
-    number = float(value)
-    below = number <= low if open_low else number < low
-    if not math.isfinite(number) or below or number > high:
-        bracket = "(" if open_low else "["
-        raise InputError(f"{name} must be in {bracket}{low:g}, {high:g}], got {value!r}")
-    return number
-
-
-def _integer(name: str, value: Any, low: int, high: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise InputError(f"{name} must be an integer, got {value!r}")
-    if not low <= int(value) <= high:
-        raise InputError(f"{name} must be an integer in [{low}, {high}], got {value}")
-    return int(value)
-
-
 def check_seed(seed: Any) -> int | None:
     """A seed is None (random) or an integer in [0, 2**63 - 1]."""
-    return None if seed is None else _integer("seed", seed, 0, MAX_SEED)
+    return None if seed is None else checked_integer("seed", seed, 0, MAX_SEED)
 
 
 @dataclass(frozen=True)
@@ -60,10 +39,10 @@ class SamplingOptions:
 
     def checked(self) -> SamplingOptions:
         return SamplingOptions(
-            temperature=_number("temperature", self.temperature, 0.0, MAX_TEMPERATURE),
-            top_k=_integer("top_k", self.top_k, 0, MAX_TOP_K),
-            top_p=_number("top_p", self.top_p, 0.0, 1.0, open_low=True),
-            repetition_penalty=_number(
+            temperature=checked_number("temperature", self.temperature, 0.0, MAX_TEMPERATURE),
+            top_k=checked_integer("top_k", self.top_k, 0, MAX_TOP_K),
+            top_p=checked_number("top_p", self.top_p, 0.0, 1.0, open_low=True),
+            repetition_penalty=checked_number(
                 "repetition_penalty",
                 self.repetition_penalty,
                 0.0,

@@ -1,27 +1,23 @@
 """The one decode loop: every request, alone or among others, is a row of one scheduler.
 
 Requests (from any thread) wait in a bounded queue. Each round the scheduling policy
-(`policy.py`; by default most urgent first: priority, then the earliest due time) decides, as
-plain data, which waiting requests enter which free rows, which prefills start or get a chunk
-turn, and which rows step (`DecodePlan`); the worker then applies the plan. An admitted
-request's prompt runs apart from the rows decoding (`prefill.py`: by default on a prefill
-worker thread, while this worker goes on stepping the others) and the request joins the batch
-at the first round after it is done: its KV goes into its row between steps, the program
-consumes its first output. A step runs the chosen rows: rows kept in the shared in-place slot
-buffer in one LM run, rows with a cache of their own one run each (`kv_rows.py`), then the
-family's program consumes all rows' outputs at once. `max_batch=1` is a solo engine; a graph
-that cannot batch gets caches of its own inside the same loop; classifier-free guidance is two
-LM rows of one request.
+(`policy.py`: by default most urgent first) decides, as plain data, which waiting requests
+enter which free rows, which prefills start or get a chunk turn, and which rows step
+(`DecodePlan`); the worker applies the plan. An admitted request's prompt runs apart from the
+rows decoding (`prefill.py`: by default on a prefill worker) and the request joins at the first
+round after it is done: its KV goes into its row between steps. A step runs the chosen rows:
+rows in the shared in-place slot buffer in one LM run, rows with a cache of their own one run
+each (`kv_rows.py`), then the family's program consumes all rows' outputs at once.
+`max_batch=1` is a solo engine; classifier-free guidance is two LM rows of one request.
 
-A request leaves when its program says it is done, when it is cancelled (its consumer closed
-the stream, its cancel token fired, a server client went away: the row is freed at the next
-round, also during its prefill), or on an error, which fails that request alone (a failed
-prefill too). Nothing is copied when rows leave; a row joining copies in its own prompt's KV.
+A request leaves when its program says it is done, when it is cancelled (its stream closed,
+its cancel token fired, a server client gone: the row is freed at the next round, also during
+its prefill), or on an error, which fails that request alone. Nothing is copied when rows
+leave; a row joining copies in its own prompt's KV.
 
-Batch invariance: every row has its own sampler and RNG stream and its own KV row, the LM's
-kernels compute rows independently, and every prompt runs at batch 1, so a request's frames do
-not depend on which requests shared its steps or on when its prompt ran
-(tests/test_scheduler.py and tests/test_prefill.py check this against max_batch=1).
+Batch invariance: every row has its own sampler, RNG stream and KV row, the LM's kernels
+compute rows independently and every prompt runs at batch 1, so a request's frames do not
+depend on which requests shared its steps (tests/test_scheduler.py, tests/test_prefill.py).
 """
 
 from __future__ import annotations
@@ -44,23 +40,19 @@ from onnx_tts.decoding.policy import DecodePlan, DecodeView, SchedulingPolicy, m
 from onnx_tts.decoding.prefill import DEFAULT_CHUNK_TOKENS, DEFAULT_PREFILL_MODE, Prefills
 from onnx_tts.decoding.program import Admission, DecodeProgram
 from onnx_tts.decoding.request import FrameStream, Request
-from onnx_tts.errors import InputError, OnnxTTSError
+from onnx_tts.errors import InputError, OnnxTTSError, checked_integer
 
 log = logging.getLogger("onnx_tts.decoding")
 
 MAX_BATCH_LIMIT = 256
-# Threads that run prompts apart from the decode step (bound: far above the cores of any
-# machine this runs on).
-MAX_PREFILL_WORKERS = 64
-# A round in which nothing could run (every row sits out while a prompt runs apart) waits this
-# long at most before the policy looks again (due times move on).
+MAX_PREFILL_WORKERS = 64  # threads running prompts apart: far above any machine's cores
+# After a round in which nothing could run, the policy looks again this soon (due times move).
 IDLE_ROUND_SECONDS = 0.005
 # Requests waiting for a row beyond this many are refused (QueueFull) instead of queued.
 DEFAULT_MAX_WAITING = 1024
 # A scheduler without work for this long lets its slot buffers go: a burst grew them, and a
 # long-running server would otherwise hold them until it exits. (None: kept.)
 IDLE_RELEASE_SECONDS: float | None = 60.0
-MAX_WAITING_LIMIT = 1 << 20
 # Schedulers whose worker may be inside an ONNX Runtime run. At interpreter exit a daemon
 # worker still in a run aborts the process ("terminate called without an active exception",
 # exit 134) when the runtime's statics are destroyed under it: stop them first.
@@ -94,9 +86,9 @@ class DecodeScheduler:
         prefill: str = DEFAULT_PREFILL_MODE,
         chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
     ) -> None:
-        _check_count("max_batch", max_batch, MAX_BATCH_LIMIT)
+        checked_integer("max_batch", max_batch, 1, MAX_BATCH_LIMIT)
         self.policy = make_policy(policy)
-        _check_count("prefill_workers", prefill_workers, MAX_PREFILL_WORKERS)
+        checked_integer("prefill_workers", prefill_workers, 1, MAX_PREFILL_WORKERS)
         self.program, self.pool, self.max_batch = program, pool, max_batch
         self.layout = pool.layout
         self.prefix_cache = prefix_cache
@@ -586,13 +578,6 @@ class DecodeScheduler:
 
     def __repr__(self) -> str:
         return f"DecodeScheduler(max_batch={self.max_batch}, slots={self.slots is not None})"
-
-
-def _check_count(name: str, value: Any, limit: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InputError(f"{name} must be an integer, got {value!r}")
-    if not 1 <= value <= limit:
-        raise InputError(f"{name} must be in [1, {limit}], got {value}")
 
 
 def _tell(call: Any, argument: Any) -> None:

@@ -17,7 +17,7 @@ import numpy as np
 
 from onnx_tts.decoding import SAMPLING_KEYS, SamplingOptions, check_seed
 from onnx_tts.decoding.request import CancelToken, PlaybackClock, Request
-from onnx_tts.errors import InputError
+from onnx_tts.errors import InputError, checked_number
 from onnx_tts.families.base import ChunkOrder, Family, Model
 from onnx_tts.frontend import Break, Phonemes, check_text, parse_markup
 from onnx_tts.pipeline.timestretch import MAX_SPEED, MIN_SPEED
@@ -127,9 +127,9 @@ class Planner:
         """An unknown keyword is an InputError naming the valid ones; nothing runs before
         every value is checked (markup included: invalid SSML names its position)."""
         text = check_text(text)
-        speed = _checked_number("speed", speed, MIN_SPEED, MAX_SPEED)
+        speed = checked_number("speed", speed, MIN_SPEED, MAX_SPEED)
         if sentence_silence is not None:
-            sentence_silence = _checked_number(
+            sentence_silence = checked_number(
                 "sentence_silence", sentence_silence, 0.0, MAX_SENTENCE_SILENCE
             )
         if ssml not in (None, True, False):
@@ -209,15 +209,6 @@ class Planner:
         if not chunks:
             raise InputError("text has nothing speakable: its markup holds no words")
         return chunks, rates, pauses, lead
-
-
-def _checked_number(name: str, value: Any, low: float, high: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InputError(f"{name} must be a number, got {value!r}")
-    number = float(value)
-    if not np.isfinite(number) or not low <= number <= high:
-        raise InputError(f"{name} must be between {low:g} and {high:g}, got {value!r}")
-    return number
 
 
 __all__ = ["Plan", "Planner", "Timing"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from onnx_tts.errors import InputError
+from onnx_tts.errors import checked_number
 
 MIN_SPEED = 0.25
 MAX_SPEED = 4.0
@@ -26,9 +26,7 @@ class TimeStretcher:
     round(len(input) / speed) samples at the same rate and pitch."""
 
     def __init__(self, speed: float, sample_rate: int, channels: int = 1) -> None:
-        if not (np.isfinite(speed) and MIN_SPEED <= speed <= MAX_SPEED):
-            raise InputError(f"speed must be between {MIN_SPEED} and {MAX_SPEED}, got {speed}")
-        self.speed = float(speed)
+        self.speed = checked_number("speed", speed, MIN_SPEED, MAX_SPEED)
         self.hop = max(8, round(FRAME_SECONDS * sample_rate / 2))
         self.frame = 2 * self.hop
         self.tolerance = max(1, round(TOLERANCE_SECONDS * sample_rate))

@@ -18,14 +18,12 @@ the repetition penalty applied in float64, as published.
 
 from __future__ import annotations
 
-import math
-import numbers
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import numpy as np
 
-from onnx_tts.errors import InputError
+from onnx_tts.errors import InputError, checked_integer, checked_number
 from onnx_tts.families.moss_tts_nano.layout import SAMPLE_MODES, GenerationDefaults
 
 RANDOM_U_MAX = 0.99999994  # the published clamp of the frame graphs' uniforms
@@ -64,25 +62,12 @@ class MossSampling:
                 f"sample_mode must be one of {', '.join(SAMPLE_MODES)}, got {self.sample_mode!r}"
             )
         for name in ("text_temperature", "audio_temperature", "audio_repetition_penalty"):
-            _number(name, getattr(self, name), 0.0, MAX_TEMPERATURE, open_low=True)
+            checked_number(name, getattr(self, name), 0.0, MAX_TEMPERATURE, open_low=True)
         for name in ("text_top_p", "audio_top_p"):
-            _number(name, getattr(self, name), 0.0, 1.0)
+            checked_number(name, getattr(self, name), 0.0, 1.0)
         for name in ("text_top_k", "audio_top_k"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-                raise InputError(f"{name} must be an integer, got {value!r}")
-            if not 0 <= value <= MAX_TOP_K:
-                raise InputError(f"{name} must be in [0, {MAX_TOP_K}], got {value}")
+            checked_integer(name, getattr(self, name), 0, MAX_TOP_K)
         return self
-
-
-def _number(name: str, value: Any, low: float, high: float, open_low: bool = False) -> None:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise InputError(f"{name} must be a number, got {value!r}")
-    below = value <= low if open_low else value < low
-    if not math.isfinite(float(value)) or below or value > high:
-        bracket = "(" if open_low else "["
-        raise InputError(f"{name} must be in {bracket}{low:g}, {high:g}], got {value!r}")
 
 
 def frame_uniforms(rng: np.random.Generator, channels: int) -> tuple[np.float32, np.ndarray]:
