@@ -327,7 +327,7 @@ def test_unreachable_redis_fails_only_requests_for_stored_voices() -> None:
 
     from benchmarks.live_server import free_port
     from onnx_tts.server.redis_voices import RedisVoiceStore
-    from onnx_tts.server.voice_names import voice_to_speak
+    from onnx_tts.server.voices import voice_to_speak
 
     store = RedisVoiceStore(f"redis://127.0.0.1:{free_port()}/0")
     model = SimpleNamespace(name="m", builtin_voices=("Narrator",), voice_rate=16000)

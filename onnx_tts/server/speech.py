@@ -44,8 +44,8 @@ from onnx_tts.server.jobs import (
 )
 from onnx_tts.server.metrics import SynthesisRecord
 from onnx_tts.server.schemas import SpeechRequest
-from onnx_tts.server.voice_names import VoiceNameError, voice_to_speak
-from onnx_tts.server.voices import VoiceStoreError
+from onnx_tts.server.voice_names import VoiceNameError
+from onnx_tts.server.voices import VoiceStoreError, voice_to_speak
 
 log = logging.getLogger("onnx_tts.server")
 

@@ -151,33 +151,6 @@ def resolve_voice(
     )
 
 
-def voice_to_speak(store: Any, registry: Any, model: Any, requested: str) -> Any:
-    """What a generation of `model` (a SpeechModel of `registry`) speaks for `requested`: None
-    (the default voice), a builtin voice's name, or a stored voice's samples at the model's
-    voice rate (checked against the voice's id). VoiceNameError when the name reaches no
-    voice or several; the store's VoiceStoreError when the voice it reaches is refused."""
-    from onnx_tts.server.voices import VoiceStoreError  # voices imports this module
-
-    elsewhere = {m.name: m.builtin_voices for m in registry.models.values() if m is not model}
-    try:
-        stored = store.list()
-    except VoiceStoreError as error:
-        # The default and builtin voices need no store: an unreachable shared store (a Redis
-        # restart) fails only the requests that name a stored voice. Uploads may not take
-        # these names, so a reachable store could only add an ambiguity a foreign writer made.
-        reserved = {name_key(n) for n in (*DEFAULT_VOICE_NAMES, *OPENAI_VOICES)}
-        reserved.update(name_key(n) for n in model.builtin_voices)
-        if error.status != 503 or name_key(requested) not in reserved:
-            raise
-        stored = []
-    choice = resolve_voice(requested, model.builtin_voices, stored, elsewhere)
-    if choice.kind == "default":
-        return None
-    if choice.kind == "builtin":
-        return choice.name
-    return store.audio(choice.stored, model.voice_rate)
-
-
 __all__ = [
     "DEFAULT_VOICE_NAMES",
     "ID_PATTERN",
@@ -189,5 +162,4 @@ __all__ = [
     "name_key",
     "reserved_names",
     "resolve_voice",
-    "voice_to_speak",
 ]

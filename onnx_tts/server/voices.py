@@ -39,7 +39,15 @@ from onnx_tts.cache.codec import sign, signature_matches
 from onnx_tts.errors import InputError
 from onnx_tts.regular_files import RefusedFile, read_regular_file, unlink_below
 from onnx_tts.server.errors import one_line
-from onnx_tts.server.voice_names import ID_PATTERN, check_new_name, name_key, reserved_names
+from onnx_tts.server.schemas import OPENAI_VOICES
+from onnx_tts.server.voice_names import (
+    DEFAULT_VOICE_NAMES,
+    ID_PATTERN,
+    check_new_name,
+    name_key,
+    reserved_names,
+    resolve_voice,
+)
 
 log = logging.getLogger("onnx_tts.server")
 
@@ -435,3 +443,28 @@ class VoiceStore:
             self._metas.pop(ident, None)
             self.rejections.forget(ident)
             return True
+
+
+def voice_to_speak(store: Any, registry: Any, model: Any, requested: str) -> Any:
+    """What a generation of `model` (a SpeechModel of `registry`) speaks for `requested`: None
+    (the default voice), a builtin voice's name, or a stored voice's samples at the model's
+    voice rate (checked against the voice's id). VoiceNameError when the name reaches no
+    voice or several; the store's VoiceStoreError when the voice it reaches is refused."""
+    elsewhere = {m.name: m.builtin_voices for m in registry.models.values() if m is not model}
+    try:
+        stored = store.list()
+    except VoiceStoreError as error:
+        # The default and builtin voices need no store: an unreachable shared store (a Redis
+        # restart) fails only the requests that name a stored voice. Uploads may not take
+        # these names, so a reachable store could only add an ambiguity a foreign writer made.
+        reserved = {name_key(n) for n in (*DEFAULT_VOICE_NAMES, *OPENAI_VOICES)}
+        reserved.update(name_key(n) for n in model.builtin_voices)
+        if error.status != 503 or name_key(requested) not in reserved:
+            raise
+        stored = []
+    choice = resolve_voice(requested, model.builtin_voices, stored, elsewhere)
+    if choice.kind == "default":
+        return None
+    if choice.kind == "builtin":
+        return choice.name
+    return store.audio(choice.stored, model.voice_rate)

@@ -53,8 +53,8 @@ from onnx_tts.server.jobs import AUDIO, END, ERROR, Busy, Generation
 from onnx_tts.server.metrics import SynthesisRecord
 from onnx_tts.server.schemas import MAX_INPUT_CHARS
 from onnx_tts.server.text_stream import Piece, StreamedText
-from onnx_tts.server.voice_names import VoiceNameError, voice_to_speak
-from onnx_tts.server.voices import VoiceStoreError
+from onnx_tts.server.voice_names import VoiceNameError
+from onnx_tts.server.voices import VoiceStoreError, voice_to_speak
 from onnx_tts.server.wyoming_events import (
     BadEvent,
     IdleTimeout,
