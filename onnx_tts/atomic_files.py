@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
+import socket
 import stat
 import tempfile
 import threading
@@ -50,14 +52,58 @@ def output_target(path: str | os.PathLike[str]) -> Path:
     return path
 
 
+def _writer_tag() -> str:
+    return re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname())[:64] + f"-{os.getpid()}"
+
+
+def temp_prefix(name: str) -> str:
+    """The start of a temp file's name for a file `name`: hidden, and naming the host and
+    process writing it, so that a temp file whose writer was killed (SIGKILL, which no
+    handler sees) is recognised and removed by :func:`remove_orphaned_temps`. The name is
+    shortened so that a valid long target name gives a valid temp name."""
+    return f".{name[:128]}.{_writer_tag()}."
+
+
+_TEMP_NAME = re.compile(r"^\..+\.(?P<host>[A-Za-z0-9-]*)-(?P<pid>\d+)\.[A-Za-z0-9_]+\.part$")
+
+
+def remove_orphaned_temps(directory: Path) -> int:
+    """Remove the temp files in `directory` left by a process of this host that no longer
+    runs (those of other hosts sharing the directory are left alone); how many."""
+    host = _writer_tag().rsplit("-", 1)[0]
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return 0
+    removed = 0
+    for entry in entries:
+        found = _TEMP_NAME.match(entry.name)
+        if found is None or found["host"] != host or _running(int(found["pid"])):
+            continue
+        with contextlib.suppress(OSError):
+            if entry.is_file(follow_symlinks=False):
+                os.unlink(entry.path)
+                removed += 1
+    return removed
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, OverflowError):  # gone, or never a process id
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
 def temp_beside(path: Path) -> tuple[int, str]:
     """A new uniquely named temp file next to `path` (same file system, for the rename),
     registered until :func:`release_temp` (see the module docstring)."""
     parent = path.parent if str(path.parent) else Path(".")
     try:
         with deferred():
-            # The name is shortened so that a valid long target name gives a valid temp name.
-            fd, name = tempfile.mkstemp(prefix=f".{path.name[:128]}.", suffix=".part", dir=parent)
+            fd, name = tempfile.mkstemp(prefix=temp_prefix(path.name), suffix=".part", dir=parent)
             with _temps_lock:
                 _live_temps.add(name)
     except OSError as error:
@@ -154,8 +200,10 @@ __all__ = [
     "output_mode",
     "output_target",
     "release_temp",
+    "remove_orphaned_temps",
     "remove_temp_files",
     "temp_beside",
+    "temp_prefix",
     "write_atomically",
     "write_error",
 ]

@@ -407,12 +407,19 @@ def save_audio(
     """Write audio atomically (see :func:`write_atomically`) in format `fmt`, by default the
     one the extension names: encoded in memory first, so an encoder error leaves `path` as
     it was."""
+    return write_atomically(*encoded_output(path, samples, sample_rate, fmt))
+
+
+def encoded_output(
+    path: str | os.PathLike[str], samples: np.ndarray, sample_rate: int, fmt: str | None = None
+) -> tuple[Path, bytes]:
+    """The file `path` names (a link's target) and the audio encoded for it, in format `fmt`
+    or the one the extension names: what :func:`save_audio` writes."""
     fmt = output_format(path, fmt)  # from the name given, even when it is a link
     target = check_output_path(path, fmt)
     if not isinstance(sample_rate, int) or not MIN_SAMPLE_RATE // 8 <= sample_rate <= 10**6:
         raise OutputError(f"cannot write {target}: bad sample rate {sample_rate!r}")
-    data = encode_for(target, samples, sample_rate, fmt)
-    return write_atomically(target, data)
+    return target, encode_for(target, samples, sample_rate, fmt)
 
 
 def encode_for(target: object, samples: np.ndarray, sample_rate: int, fmt: str) -> bytes:

@@ -356,6 +356,9 @@ def main(argv: list[str] | None = None) -> int:
                 remove_temp_files()
                 raise
     except TerminatedBySignal as stop:
+        if stop.completed:  # the outputs were already in place: the work is done
+            print(f"onnx-tts: {stop} after the output was written", file=sys.stderr)
+            return 0
         print(f"onnx-tts: {stop}", file=sys.stderr)
         return stop.exit_code
     except OutputClosedError:

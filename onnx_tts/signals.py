@@ -49,8 +49,9 @@ class TerminatedBySignal(BaseException):
     swallow a request to stop.
     """
 
-    def __init__(self, signum: int) -> None:
+    def __init__(self, signum: int, completed: bool = False) -> None:
         self.signum = int(signum)
+        self.completed = completed  # it came once the outputs were in place (`committing`)
         try:
             self.name = signal.Signals(self.signum).name
         except ValueError:  # a real-time signal has no name of its own
@@ -70,6 +71,7 @@ class _Termination:
         self.raised = False
         self.deferring = 0
         self.pending: int | None = None
+        self.completed = False
 
     def __call__(self, signum: int, frame: FrameType | None) -> None:
         if self.raised:
@@ -78,7 +80,7 @@ class _Termination:
             self.pending = signum  # raised when the deferred block ends
             return
         self.raised = True
-        raise TerminatedBySignal(signum)
+        raise TerminatedBySignal(signum, self.completed)
 
 
 _active: _Termination | None = None  # the handler in force, if any
@@ -132,4 +134,18 @@ def deferred() -> Iterator[None]:
         if not handler.deferring and handler.pending is not None and not handler.raised:
             signum, handler.pending = handler.pending, None
             handler.raised = True
-            raise TerminatedBySignal(signum)
+            raise TerminatedBySignal(signum, handler.completed)
+
+
+@contextmanager
+def committing() -> Iterator[None]:
+    """The last step of a command: its finished outputs are renamed into place, as one step
+    no termination signal falls inside. If the block completes, the command has done its work:
+    a signal held meanwhile, or one that comes later, still ends the process, but as
+    TerminatedBySignal(completed=True), which the CLI reports with exit status 0 (a failed
+    exit status promises the outputs were left as they were)."""
+    handler = _active
+    with deferred():
+        yield
+        if handler is not None:
+            handler.completed = True

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +15,7 @@ import numpy as np
 from onnx_tts.audio import OUTPUT_FORMATS, ProgressiveWavWriter, RawPcmWriter
 from onnx_tts.errors import InputError
 from onnx_tts.flags import add_engine_flags, load_engine
+from onnx_tts.signals import committing
 
 SAMPLING_HELP = {
     "temperature": "randomness of each token: 0 = greedy (always the likeliest), higher = more "
@@ -176,27 +177,41 @@ def _output_format(args: argparse.Namespace) -> str:
     return fmt
 
 
+Commit = Callable[[], object]  # puts one finished output in place (a rename)
+
+
 def _synth_stream(
     args: argparse.Namespace, engine: Any, fmt: str, chunks: Any
-) -> tuple[int, float | None]:
-    """Write the chunks of engine.stream as they come; (samples, time to first audio)."""
-    from onnx_tts.audio import save_audio, wav_header
+) -> tuple[int, float | None, list[Commit]]:
+    """Write the chunks of engine.stream as they come; (samples, time to first audio, what
+    puts the file in place)."""
+    from onnx_tts.audio import encoded_output, wav_header
 
     channels = engine.channels  # stereo models write stereo
     if args.output == "-":
         sink = RawPcmWriter()
         if fmt == "wav":
             sink.write_bytes(wav_header(engine.sample_rate, None, channels))
-        return _write_stream(chunks, sink)
+        return (*_write_stream(chunks, sink), [])
     if fmt == "wav":
-        with ProgressiveWavWriter(args.output, engine.sample_rate, channels) as writer:
-            return _write_stream(chunks, writer)
+        writer = ProgressiveWavWriter(args.output, engine.sample_rate, channels)
+        try:
+            return (*_write_stream(chunks, writer), [writer.finish])
+        except BaseException:
+            writer.abort()
+            raise
     # Compressed formats are encoded whole at the end (the file appears only complete).
     kept: list[np.ndarray] = []
     samples, first = _write_stream(chunks, _Collector(kept))
     audio = np.concatenate(kept) if kept else np.zeros(0, np.float32)
-    save_audio(args.output, audio, engine.sample_rate, fmt)
-    return samples, first
+    encoded = encoded_output(args.output, audio, engine.sample_rate, fmt)
+    return samples, first, [_file_commit(*encoded)]
+
+
+def _file_commit(path: Path, data: bytes) -> Commit:
+    from onnx_tts.atomic_files import write_atomically
+
+    return lambda: write_atomically(path, data)
 
 
 class _Collector:
@@ -225,16 +240,16 @@ def _captions_kind(args: argparse.Namespace) -> str | None:
     return kind
 
 
-def _write_captions(args: argparse.Namespace, kind: str | None, words: Any) -> None:
-    if kind is not None:
-        from onnx_tts.atomic_files import write_atomically
-        from onnx_tts.pipeline.timings import subtitles
+def _captions(args: argparse.Namespace, kind: str | None, words: Any) -> list[Commit]:
+    if kind is None:
+        return []
+    from onnx_tts.pipeline.timings import subtitles
 
-        write_atomically(Path(args.captions), subtitles(words or [], kind).encode())
+    return [_file_commit(Path(args.captions), subtitles(words or [], kind).encode())]
 
 
 def cmd_synth(args: argparse.Namespace) -> int:
-    from onnx_tts.audio import encode_for, encoded_rate
+    from onnx_tts.audio import encode_for, encoded_output, encoded_rate
 
     text = _read_text(args.text)
     fmt = _output_format(args)
@@ -253,9 +268,9 @@ def cmd_synth(args: argparse.Namespace) -> int:
     }
     if args.stream:
         chunks = engine.stream(text, voice=args.voice, seed=args.seed, **window, **options)
-        samples, first = _synth_stream(args, engine, fmt, chunks)
+        samples, first, commits = _synth_stream(args, engine, fmt, chunks)
         duration = samples / engine.sample_rate
-        _write_captions(args, captions, chunks.words)
+        commits = _captions(args, captions, chunks.words) + commits
     else:
         audio = engine.synthesize(
             text,
@@ -264,15 +279,19 @@ def cmd_synth(args: argparse.Namespace) -> int:
             progress=_Progress(enabled=not args.quiet),
             **options,
         )
+        commits = _captions(args, captions, audio.words)
         if not to_stdout:
-            audio.save(args.output, fmt)
+            encoded = encoded_output(args.output, audio.samples, audio.sample_rate, fmt)
+            commits.append(_file_commit(*encoded))
         elif fmt == "pcm":
             RawPcmWriter().write(audio.samples)
         else:
             data = encode_for("stdout", audio.samples, audio.sample_rate, fmt)
             RawPcmWriter().write_bytes(data)
-        _write_captions(args, captions, audio.words)
         duration, first = audio.duration, None
+    with committing():  # the outputs go in place together; the run is then done
+        for commit in commits:
+            commit()
     elapsed = time.perf_counter() - loaded
     if args.verbose:
         parts = [

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -338,3 +339,23 @@ def test_unreachable_redis_fails_only_requests_for_stored_voices() -> None:
     with pytest.raises(VoiceStoreError) as caught:
         voice_to_speak(store, registry, model, "my uploaded voice")
     assert caught.value.status == 503
+
+
+def test_a_voice_store_removes_uploads_cut_short_by_a_killed_server(tmp_path: Path) -> None:
+    """SIGKILL leaves an upload's temp file (no handler runs); the store, opened again,
+    removes those of dead processes of this host, and keeps a running writer's and another
+    host's (a shared directory)."""
+    from onnx_tts.atomic_files import temp_prefix
+    from onnx_tts.server.voices import VoiceStore
+
+    killed = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    killed.kill()
+    killed.wait()
+    mine = temp_prefix("voice_0.json")
+    orphan = mine.replace(f"-{os.getpid()}.", f"-{killed.pid}.") + "k3x9q2ab.part"
+    running = mine + "r8t2m1zz.part"
+    elsewhere = ".voice_0.json.another-host-12.abc12345.part"
+    for name in (orphan, running, elsewhere):
+        (tmp_path / name).write_bytes(b"half an upload")
+    VoiceStore(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([running, elsewhere])

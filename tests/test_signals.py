@@ -206,3 +206,43 @@ def test_a_signal_inside_deferred_is_raised_when_the_block_ends() -> None:
         done.set()
         other.join()
     assert reached == ["end of the block"] and caught.value.signum == signal.SIGUSR1
+
+
+def test_a_signal_during_the_commit_ends_the_run_as_completed() -> None:
+    """A signal that comes while the outputs are renamed into place is held until they all
+    are, then ends the run as completed (the CLI exits 0: its outputs are whole)."""
+    from onnx_tts.signals import committing
+
+    committed = []
+    with pytest.raises(TerminatedBySignal) as caught, termination_as_exception():
+        with committing():
+            os.kill(os.getpid(), signal.SIGTERM)
+            signal.sigtimedwait([], 0.01)  # the handler has run (and held it)
+            committed += ["audio", "captions"]
+    assert committed == ["audio", "captions"] and caught.value.completed
+
+
+def test_a_signal_after_the_commit_is_completed_and_one_before_is_not() -> None:
+    from onnx_tts.signals import committing
+
+    with pytest.raises(TerminatedBySignal) as before, termination_as_exception():
+        os.kill(os.getpid(), signal.SIGTERM)
+        signal.sigtimedwait([], 0.01)
+    assert not before.value.completed
+    with pytest.raises(TerminatedBySignal) as after, termination_as_exception():
+        with committing():
+            pass
+        os.kill(os.getpid(), signal.SIGTERM)
+        signal.sigtimedwait([], 0.01)
+    assert after.value.completed
+
+
+def test_a_commit_that_fails_is_not_completed() -> None:
+    from onnx_tts.signals import committing
+
+    with pytest.raises(TerminatedBySignal) as caught, termination_as_exception():
+        with committing():
+            os.kill(os.getpid(), signal.SIGTERM)
+            signal.sigtimedwait([], 0.01)
+            raise OSError("disk full")
+    assert not caught.value.completed

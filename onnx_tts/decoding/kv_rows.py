@@ -262,11 +262,18 @@ class SlotRows:
         """Whether the buffer holds request row `row` as it reserved it."""
         return self.slots is not None and row < self.rows and self.needed[row] <= self.capacity
 
+    def start_grower(self) -> None:
+        """Start the thread that grows buffers beside the steps now, with the decode worker
+        (the engine's threads are all there from its first request)."""
+        if self._grower is None:
+            self._grower = ThreadPoolExecutor(1, thread_name_prefix="onnx-tts-grow")
+            self._grower.submit(lambda: None).result()
+
     def _grow_beside(self, rows: int, capacity: int) -> None:
         if self._growth_size == (rows, capacity):
             return
-        if self._grower is None:
-            self._grower = ThreadPoolExecutor(1, thread_name_prefix="onnx-tts-grow")
+        self.start_grower()
+        assert self._grower is not None
         self._growth_size = (rows, capacity)
         growth = self._grower.submit(self._allocate, rows, capacity)
         self._growth = growth

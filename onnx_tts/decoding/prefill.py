@@ -175,11 +175,21 @@ class Prefills:
         self.jobs: dict[int, PrefillJob] = {}
         self.started = 0  # prompts that ran on the prefill workers, beside the step
         self.turns = 0  # chunk turns granted
+        self.workers = workers
         self._pool = (
             ThreadPoolExecutor(workers, thread_name_prefix="onnx-tts-prefill")
             if mode != "inline"
             else None
         )
+
+    def start_workers(self) -> None:
+        """Start every prefill worker now, with the decode worker: the engine's threads are
+        all there from its first request, and a burst later starts none (each start waits
+        at a barrier of all of them, so the pool must make them all)."""
+        if self._pool is not None:
+            barrier = threading.Barrier(self.workers)
+            for started in [self._pool.submit(barrier.wait) for _ in range(self.workers)]:
+                started.result()
 
     @property
     def inline(self) -> bool:

@@ -10,10 +10,8 @@ rows in the shared in-place slot buffer in one LM run, rows with a cache of thei
 each (`kv_rows.py`), then the family's program consumes all rows' outputs at once.
 `max_batch=1` is a solo engine; classifier-free guidance is two LM rows of one request.
 
-A request leaves when its program says it is done, when it is cancelled (its stream closed,
-its cancel token fired, a server client gone: the row is freed at the next round, also during
-its prefill), or on an error, which fails that request alone. Nothing is copied when rows
-leave; a row joining copies in its own prompt's KV.
+A request leaves when its program says it is done, when it is cancelled (the row is freed at
+the next round, also during its prefill), or on an error, which fails that request alone.
 
 Batch invariance: every row has its own sampler, RNG stream and KV row, the LM's kernels
 compute rows independently and every prompt runs at batch 1, so a request's frames do not
@@ -148,6 +146,9 @@ class DecodeScheduler:
             self.waiting.append(request)
             self._stats["requests"] += 1
             if self._thread is None:
+                self.prefilling.start_workers()
+                if self.slots is not None:
+                    self.slots.start_grower()
                 self._thread = threading.Thread(
                     target=self._run, name="onnx-tts-decode", daemon=True
                 )

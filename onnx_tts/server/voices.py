@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 import soundfile
 
+from onnx_tts.atomic_files import remove_orphaned_temps, temp_prefix
 from onnx_tts.audio import resample
 from onnx_tts.cache.codec import sign, signature_matches
 from onnx_tts.errors import InputError
@@ -261,7 +262,7 @@ def damaged(voice: Voice, why: str) -> VoiceStoreError:
 
 
 def _atomic_write(path: Path, write: Callable[[Any], None]) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=temp_prefix(path.name), suffix=".part", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as handle:
             write(handle)
@@ -299,6 +300,7 @@ class VoiceStore:
                 f"--voices-dir {self.root} is not a directory; give a directory (it is created "
                 "if missing)"
             )
+        remove_orphaned_temps(self.root)  # uploads cut short by a killed server
         self.secret = secret
         self.rejections = Rejections(str(self.root))
         self._lock = threading.Lock()
