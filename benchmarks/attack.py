@@ -54,6 +54,7 @@ sys.path.insert(0, str(REPO))
 from benchmarks.attack_cases import CASES  # noqa: E402
 from benchmarks.attack_live import LIVE_CASES  # noqa: E402
 from benchmarks.attack_round4 import ROUND_FOUR  # noqa: E402, F401 (adds its categories)
+from benchmarks.results_io import write_json  # noqa: E402
 
 MODELS = REPO / "onnx_tts" / "models"
 GOOD_VOICE_SOURCE = REPO / "tests" / "data" / "heldout_voice_joe_x0.92.flac"
@@ -1043,13 +1044,12 @@ def main(argv: list[str] | None = None) -> int:
     order = {c["id"]: i for i, c in enumerate(every)}
     results.sort(key=lambda r: order[r["id"]])
     if not args.ids and not args.category:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.write_text(json.dumps({"cases": results}, indent=1) + "\n")
+        write_json(args.output, {"cases": results}, indent=1)
     elif args.output.exists():
         merged = {r["id"]: r for r in json.loads(args.output.read_text())["cases"]}
         merged.update({r["id"]: r for r in results})
         ordered = [merged[c["id"]] for c in every if c["id"] in merged]
-        args.output.write_text(json.dumps({"cases": ordered}, indent=1) + "\n")
+        write_json(args.output, {"cases": ordered}, indent=1)
     print_table(results)
     return 0
 

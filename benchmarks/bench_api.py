@@ -132,7 +132,7 @@ def measure(engine: Any, api: str, concurrency: int, texts: list[str]) -> dict[s
         "steps": delta["steps"],
         "ttfa_p50_ms": None if not firsts else 1000 * _percentile(firsts, 50),
         "ttfa_p95_ms": None if not firsts else 1000 * _percentile(firsts, 95),
-        "loadavg": [round(x, 2) for x in os.getloadavg()],
+        "loadavg": [round(x, 2) for x in os.getloadavg()],  # the worker: no benchmarks import
     }
 
 
@@ -310,14 +310,12 @@ def _median(rows: list[dict[str, Any]], lookahead_on: bool, key: str) -> float:
 
 
 def plot(results: dict[str, Any], path: Path) -> None:
-    import io
-
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from benchmarks.bench_streaming import write_atomically
+    from benchmarks.results_io import save_figure
 
     summary = results["throughput"]["summary"]
     looks = results.get("lookahead", {})
@@ -347,11 +345,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
         axis.set_title(f"decode lookahead: {name}")
         axis.legend()
     figure.suptitle(f"onnx-tts bench api, {os.cpu_count()} cores (shared)")
-    figure.tight_layout()
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=110)
-    plt.close(figure)
-    write_atomically(path, buffer.getvalue())
+    save_figure(figure, path)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -381,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     repo = Path(__file__).resolve().parents[1]
     if str(repo) not in sys.path:
         sys.path.insert(0, str(repo))
-    from benchmarks.bench_streaming import machine_info, write_atomically
+    from benchmarks.results_io import load_average, machine_info, write_json
     from export.voice.data import is_heldout
 
     if bool(args.before_python) != bool(args.before_repo):
@@ -410,8 +404,8 @@ def main(argv: list[str] | None = None) -> int:
     if models:
         args.lookahead_models = models
         results["lookahead"] = lookahead(args)
-    results["machine"]["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
-    write_atomically(args.json, (json.dumps(results, indent=2) + "\n").encode("utf-8"))
+    results["machine"]["loadavg_end"] = load_average()
+    write_json(args.json, results)
     plot(results, args.plot)
     print(json.dumps(results["throughput"]["summary"], indent=2))
     for name, data in results.get("lookahead", {}).items():

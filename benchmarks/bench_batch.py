@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.bench_streaming import write_atomically  # noqa: E402
+from benchmarks.results_io import save_figure, write_json  # noqa: E402
 
 RESULTS_DIR = ROOT / "benchmarks" / "results"
 CONCURRENCY = (1, 2, 4, 8, 16)
@@ -320,10 +320,7 @@ def plot(results: dict, path: Path) -> None:
             axis.set_xlabel("concurrent requests")
             axis.grid(alpha=0.3)
             axis.legend()
-    figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    save_figure(figure, path)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -358,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
         "rows": rows,
         "summary": summarize(rows),
     }
-    write_atomically(args.json, (json.dumps(results, indent=2) + "\n").encode("utf-8"))
+    write_json(args.json, results)
     plot(results, args.plot)
     print(json.dumps(results["summary"], indent=2))
     return 0

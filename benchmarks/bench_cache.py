@@ -30,8 +30,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
-import os
 import statistics
 import sys
 import tempfile
@@ -50,7 +48,7 @@ import onnx_tts
 from benchmarks import bench_prefix
 from benchmarks.bench_batch import percentile
 from benchmarks.bench_refcache import median_seconds
-from benchmarks.bench_streaming import machine_info, write_atomically
+from benchmarks.results_io import machine_info, save_figure, write_json
 from onnx_tts.cache.result import ResultCache
 from onnx_tts.errors import InputError
 from onnx_tts.session import ort_version
@@ -406,12 +404,7 @@ def plot(result: dict, path: Path) -> None:
         f"result hit {costs['memory_hit_ms']:.3f} ms vs synthesis {costs['synthesize_ms']:.1f} ms "
         f"(x{costs['synthesize_over_memory_hit']:.0f})"
     )
-    fig.tight_layout()
-    with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
-        staged = Path(tmp) / path.name
-        fig.savefig(staged, dpi=110)
-        os.replace(staged, path)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -576,7 +569,7 @@ def main(argv: list[str] | None = None) -> int:
         "sentence_reuse": reuse,
         "prefix": prefix,
     }
-    write_atomically(args.json, (json.dumps(result, indent=2) + "\n").encode("utf-8"))
+    write_json(args.json, result)
     plot(result, args.plot)
     print(f"wrote {args.json} and {args.plot}")
     return 0

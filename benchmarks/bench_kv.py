@@ -31,12 +31,9 @@ import argparse
 import contextlib
 import dataclasses
 import gc
-import json
 import os
-import platform
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -51,6 +48,13 @@ if __package__ in (None, ""):  # run as a script: make `benchmarks` and `onnx_tt
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import lm_graphs
+from benchmarks.results_io import (
+    load_average,
+    machine_info,
+    save_figure,
+    write_atomically,
+    write_json,
+)
 from onnx_tts.errors import InputError, ModelError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -748,29 +752,6 @@ def integrate_totals(
 # ---------------------------------------------------------------- reporting
 
 
-def machine_info() -> dict[str, Any]:
-    cpu = platform.processor() or ""
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    info: dict[str, Any] = {
-        "cpu": cpu,
-        "logical_cpus": os.cpu_count(),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "onnxruntime": ort.__version__,
-        "numpy": np.__version__,
-        "loadavg_start": os.getloadavg(),
-    }
-    with contextlib.suppress(Exception):
-        import psutil
-
-        info["memory_gb"] = round(psutil.virtual_memory().total / 2**30, 1)
-    return info
-
-
 def build_records(lm: LMUnderTest, results: list[ModeResult]) -> list[dict[str, Any]]:
     """One record per shape x mode x context, with ratios against the baseline mode."""
     baseline = next((r for r in results if r.mode == BASELINE_MODE), None)
@@ -885,20 +866,6 @@ def check_targets(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return targets
 
 
-def atomic_write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600; results are meant to be shared
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
 def write_plot(records: list[dict[str, Any]], path: Path) -> None:
     """ms/step vs context, one panel per shape, one line per mode."""
     import matplotlib
@@ -932,17 +899,7 @@ def write_plot(records: list[dict[str, Any]], path: Path) -> None:
         ax.set_ylim(bottom=0)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent or ".")
-    os.close(fd)
-    try:
-        fig.savefig(tmp, dpi=110)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    finally:
-        plt.close(fig)
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
+    save_figure(fig, path)
 
 
 def summary_table(records: list[dict[str, Any]]) -> str:
@@ -1122,7 +1079,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "benchmark": "kv",
         "command": "onnx-tts bench kv " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "machine": machine | {"loadavg_end": os.getloadavg()},
+        "machine": machine | {"loadavg_end": load_average()},
         "settings": {
             "prefill_tokens": PREFILL_TOKENS,
             "contexts": contexts,
@@ -1149,11 +1106,12 @@ def main(argv: list[str] | None = None) -> int:
         "targets": targets,
     }
     if args.json:
-        atomic_write(args.json, (json.dumps(report, indent=1) + "\n").encode())
+        write_json(args.json, report, indent=1)
     if args.plot:
         write_plot(all_records, args.plot)
     if args.markdown:
-        atomic_write(args.markdown, markdown_table(all_records, targets).encode())
+        args.markdown.parent.mkdir(parents=True, exist_ok=True)
+        write_atomically(args.markdown, markdown_table(all_records, targets).encode())
     log(f"[bench-kv] done in {time.time() - started:.0f} s")
     return 0
 

@@ -57,7 +57,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.bench_streaming import write_atomically  # noqa: E402
+from benchmarks.results_io import save_figure, write_json  # noqa: E402
 
 RESULTS_DIR = ROOT / "benchmarks" / "results"
 DOCS = ROOT / "docs" / "BENCHMARKS.md"
@@ -489,10 +489,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
         f"MOSS-TTS-Nano, {shape}; grey: published loop, blue: Engine float, "
         "orange: Engine quantized"
     )
-    figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    save_figure(figure, path)
 
 
 def goals(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -552,7 +549,7 @@ def main(argv: list[str] | None = None) -> int:
         "parts": parts(directory, frames, 6 if args.quick else 20),
         "samples": samples,
     }
-    write_atomically(args.json, (json.dumps(results, indent=2) + "\n").encode("utf-8"))
+    write_json(args.json, results)
     plot(results, args.plot)
     print(markdown_table(results))
     return 0

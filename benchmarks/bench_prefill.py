@@ -34,8 +34,6 @@ after a request's first frame, fed each frame's audio), time to first frame
 from __future__ import annotations
 
 import argparse
-import io
-import json
 import os
 import statistics
 import sys
@@ -49,17 +47,12 @@ import numpy as np
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.bench_streaming import machine_info, write_atomically
+from benchmarks.bench_prefix import PREFIX_TOKENS, SAMPLE_RATE, prefix_bundle, reference_voice
+from benchmarks.bench_prefix import TEXTS as PROMPTS
+from benchmarks.results_io import load_average, machine_info, save_figure, write_json
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
-TEXTS = (
-    "Please hold.",
-    "Your call is important to us.",
-    "Press one for billing.",
-    "The office opens at nine.",
-    "Thank you for waiting.",
-    "Your order has shipped.",
-)
+TEXTS = PROMPTS[:6]  # bench_prefix's short prompts; six, as the results so far were run with
 STALL_FACTOR = 3.0
 PLAYER_BUFFER_S = 0.1  # the listener: playback starts 100 ms after the first frame
 
@@ -72,8 +65,6 @@ def percentile(values: list[float], q: float) -> float | None:
 
 def voices(engine: Any, count: int, seconds: float) -> list[dict[str, np.ndarray]]:
     """`count` different voices (the reference clip with its own noise each), encoded."""
-    from benchmarks.bench_prefix import reference_voice
-
     base = reference_voice(seconds)
     out = []
     for index in range(count):
@@ -246,11 +237,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
         f"{results['rounds']} rounds (bars: median, whiskers: spread), "
         f"{os.cpu_count()} shared cores"
     )
-    figure.tight_layout()
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=100)
-    plt.close(figure)
-    write_atomically(path, buffer.getvalue())
+    save_figure(figure, path, dpi=100)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -281,7 +268,6 @@ def main(argv: list[str] | None = None) -> int:
     args.plot = args.plot or args.json.with_suffix(".png")
 
     import onnx_tts
-    from benchmarks.bench_prefix import PREFIX_TOKENS, SAMPLE_RATE, prefix_bundle
 
     bundle = prefix_bundle(args.shape)
     engine = onnx_tts.load(bundle, cache_dir=None, result_cache_dir=None)
@@ -311,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         rounds.append(results)
     engine.close()
-    machine["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
+    machine["loadavg_end"] = load_average()
     output = {
         "benchmark": "prefill",
         "machine": machine,
@@ -323,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
         "rounds_results": rounds,
         "summary": summarize(rounds),
     }
-    write_atomically(args.json, (json.dumps(output, indent=2) + "\n").encode("utf-8"))
+    write_json(args.json, output)
     plot(output, args.plot)
     if args.markdown:
         from benchmarks.serve_report import write_serving_section

@@ -41,7 +41,7 @@ import numpy as np
 if __package__ in (None, ""):  # run as a script: make `benchmarks` and `onnx_tts` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.bench_streaming import write_atomically
+from benchmarks.results_io import save_figure, write_json
 
 RESULTS = Path(__file__).resolve().parent / "results"
 HIDDEN = 1024
@@ -449,10 +449,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
         axis.grid(alpha=0.3)
         if part != "voice":
             axis.legend()
-    figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    save_figure(figure, path)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -494,7 +491,7 @@ def main(argv: list[str] | None = None) -> int:
         work = args.voice_work or Path(tempfile.mkdtemp(prefix="bench-quant-voice-"))
         results["voice"] = bench_voice(args.sentences, args.voice_threads, work)
     results["machine_after"] = _machine()
-    write_atomically(args.json, (json.dumps(results, indent=2) + "\n").encode("utf-8"))
+    write_json(args.json, results)
     plot(results, args.plot)
     print(markdown_tables(results))
     return 0

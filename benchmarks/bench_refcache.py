@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -37,6 +35,7 @@ import soundfile as sf
 if __package__ in (None, ""):  # run as a script: make `onnx_tts` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.results_io import machine_info, save_figure, write_json
 from onnx_tts.cache.reference import ReferenceCache
 from onnx_tts.encoder import VoiceEncoder
 from onnx_tts.errors import InputError, ModelError
@@ -275,21 +274,7 @@ def plot(result: dict, path: Path) -> None:
         )
     right.set_ylim(0, 1.25 * max(no_cache + cached))
     right.legend(loc="upper left")
-    fig.tight_layout()
-    _atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
-    plt.close(fig)
-
-
-def _atomic_write(path: Path, write: Callable[[str], object]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    save_figure(fig, path)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -357,11 +342,7 @@ def main(argv: list[str] | None = None) -> int:
         "bundle": encoder.bundle_identity,
         "encoder_sha256": encoder.graph_sha256,
         "onnxruntime": ort_version(),
-        "machine": {
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-            "cpu_count": os.cpu_count(),
-        },
+        "machine": machine_info(),
         "settings": {
             "requests": args.requests,
             "voices": args.voices,
@@ -374,8 +355,7 @@ def main(argv: list[str] | None = None) -> int:
         "per_call": per_call,
         "throughput": runs,
     }
-    text = json.dumps(result, indent=2) + "\n"
-    _atomic_write(args.out, lambda tmp: Path(tmp).write_text(text))
+    write_json(args.out, result)
     plot(result, args.out.with_suffix(".png"))
     print(f"wrote {args.out} and {args.out.with_suffix('.png')}")
     return 0

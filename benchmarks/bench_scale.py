@@ -18,8 +18,6 @@ streams per core into a capacity model.
 from __future__ import annotations
 
 import argparse
-import io
-import json
 import os
 import sys
 import tempfile
@@ -36,9 +34,9 @@ if __package__ in (None, ""):  # run as a script: make `benchmarks` and `onnx_tt
 from benchmarks import live_server
 from benchmarks.bench_cache import redis_for_benchmark
 from benchmarks.bench_serve import run_level, warm_up
-from benchmarks.bench_streaming import machine_info, write_atomically
 from benchmarks.live_server import LiveServer
 from benchmarks.ray_cluster import RayCluster
+from benchmarks.results_io import load_average, machine_info, save_figure, write_json
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 REPLICA_HEADER = "x-onnx-tts-replica"
@@ -155,11 +153,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
     for axis in (left, right):
         axis.legend(fontsize=8)
     figure.suptitle(f"onnx-tts on Ray Serve vs one process, {os.cpu_count()} shared cores")
-    figure.tight_layout()
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=110)
-    plt.close(figure)
-    write_atomically(path, buffer.getvalue())
+    save_figure(figure, path)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -228,8 +222,8 @@ def main(argv: list[str] | None = None) -> int:
             )
         best = max(lv["audio_s_per_s"] for lv in entry["levels"])
         entry["streams_per_core"] = best / (os.cpu_count() or 1)  # real-time streams per core
-    results["machine"]["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
-    write_atomically(args.json, (json.dumps(results, indent=2) + "\n").encode("utf-8"))
+    results["machine"]["loadavg_end"] = load_average()
+    write_json(args.json, results)
     plot(results, args.plot)
     print(f"results: {args.json}, {args.plot}")
     return 0

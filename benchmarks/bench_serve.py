@@ -44,7 +44,6 @@ beside this one's) as the "Serving" section of that file.
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import statistics
@@ -61,8 +60,8 @@ import httpx
 if __package__ in (None, ""):  # run as a script: make `benchmarks` and `onnx_tts` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.bench_streaming import machine_info, write_atomically
 from benchmarks.live_server import LiveServer, ServerFailed
+from benchmarks.results_io import load_average, machine_info, save_figure, write_json
 from onnx_tts.decoding.request import PlaybackClock
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -626,11 +625,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
         f"(bars: spread), {os.cpu_count()} cores shared "
         f"(load {results['machine']['loadavg_start'][0]}-{results['machine']['loadavg_end'][0]})"
     )
-    figure.tight_layout()
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=100)
-    plt.close(figure)
-    write_atomically(path, buffer.getvalue())
+    save_figure(figure, path, dpi=100)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -700,9 +695,9 @@ def main(argv: list[str] | None = None) -> int:
 
             model = str(turbo_bundle())
         results["models"][name] = bench_model(args, name, model)
-    results["machine"]["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
+    results["machine"]["loadavg_end"] = load_average()
     results["goals"] = goals(results)
-    write_atomically(args.json, (json.dumps(results, indent=2) + "\n").encode("utf-8"))
+    write_json(args.json, results)
     plot(results, args.plot)
     if args.markdown:
         from benchmarks.serve_report import write_serving_section

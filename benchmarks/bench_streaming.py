@@ -22,12 +22,8 @@ Results: ``benchmarks/results/streaming.json`` and ``benchmarks/results/streamin
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -38,6 +34,7 @@ if __package__ in (None, ""):  # run as a script: make `onnx_tts` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import onnx_tts
+from benchmarks.results_io import load_average, machine_info, save_figure, write_json
 from onnx_tts.errors import InputError
 from onnx_tts.pipeline import Engine
 
@@ -51,29 +48,6 @@ TEXT = (
 SEED = 11
 FIRST_CHUNK_SWEEP = (4, 8, 16, 32)
 OVERLAP_SWEEP = (0, 1, 2, 3, 4, 5, 6, 7, 8)
-
-
-def machine_info() -> dict[str, Any]:
-    info: dict[str, Any] = {
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "cpu_count": os.cpu_count(),
-        "loadavg_start": [round(x, 2) for x in os.getloadavg()],
-    }
-    try:
-        import onnxruntime
-
-        info["onnxruntime"] = onnxruntime.__version__
-    except ImportError:
-        pass
-    try:
-        import psutil
-
-        info["memory_gb"] = round(psutil.virtual_memory().total / 2**30, 1)
-        info["cpu_percent_start"] = psutil.cpu_percent(interval=0.5)
-    except ImportError:
-        pass
-    return info
 
 
 def time_one_shot(engine: Engine, text: str, **options: Any) -> tuple[float, float, np.ndarray]:
@@ -189,7 +163,7 @@ def run(model: str | None, repeats: int, threads: int) -> dict[str, Any]:
         },
         "ttfa_by_first_chunk_frames": first_chunk,
         "snr_by_overlap": quality,
-        "machine": machine | {"loadavg_end": [round(x, 2) for x in os.getloadavg()]},
+        "machine": machine | {"loadavg_end": load_average()},
     }
     return results
 
@@ -199,22 +173,7 @@ def vocoder_settings(engine: Engine) -> dict[str, Any]:
     return dict(bundle.manifest.get("vocoder", {})) if bundle is not None else {}
 
 
-def write_atomically(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "wb") as stream:
-            stream.write(data)
-        os.chmod(temporary, 0o644)  # mkstemp makes 0600; results are meant to be shared
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
-
-
 def plot(results: dict[str, Any], path: Path) -> None:
-    import io
-
     import matplotlib
 
     matplotlib.use("Agg")
@@ -268,11 +227,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
         f"load avg {load['loadavg_start'][0]} -> {load['loadavg_end'][0]} "
         f"on {load['cpu_count']} CPUs"
     )
-    figure.tight_layout()
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=110)
-    plt.close(figure)
-    write_atomically(path, buffer.getvalue())
+    save_figure(figure, path)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -285,9 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.repeats < 1:
         parser.error("--repeats must be >= 1")
     results = run(args.model, args.repeats, args.threads)
-    write_atomically(
-        args.out / "streaming.json", (json.dumps(results, indent=2) + "\n").encode("utf-8")
-    )
+    write_json(args.out / "streaming.json", results)
     plot(results, args.out / "streaming.png")
     for name in ("one_shot", "stream"):
         mode = results["modes"][name]

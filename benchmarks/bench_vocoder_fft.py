@@ -36,6 +36,8 @@ import numpy as np
 if __package__ in (None, ""):  # run as a script: make `export` and `onnx_tts` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.results_io import write_json
+
 RESULTS = Path(__file__).resolve().parent / "results" / "vocoder_fft.json"
 # sha256 of onnx_tts/models/voice/vocoder.onnx before issue 28 (Conv / ConvTranspose DFTs).
 CONV_VOCODER_SHA256 = "8c99b48174150286c154bdbcd78e569127ad68ac310eee003115c9dce02b6f30"
@@ -98,8 +100,7 @@ def main(argv: list[str] | None = None) -> None:
         rebundle_with_vocoder(before_dir, bundle, before_parts)
         results["engine"] = engines({"before": before_dir, "after": bundle}, sentences)
     results["load_average_end"] = os.getloadavg()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    write_json(args.out, results)
     summarise(results)
     print(f"-> {args.out}")
 

@@ -27,6 +27,8 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make `export` and `onnx_tts` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.results_io import save_figure, write_json
+
 RESULTS = Path(__file__).resolve().parent / "results" / "voice.json"
 
 
@@ -59,7 +61,6 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     os.environ["HF_HUB_OFFLINE"] = "1"
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     if args.plot_vocoders:
         griffin_lim, neural = (json.loads(p.read_text()) for p in args.plot_vocoders)
         plot_vocoders(griffin_lim, neural, args.out.with_name("voice_vocoders.png"))
@@ -70,9 +71,7 @@ def main(argv: list[str] | None = None) -> None:
         bundles = dict(item.split("=", 1) for item in args.speed_only)
         results = interleaved_speed(args.work, {k: Path(v) for k, v in bundles.items()})
         out = args.out.with_name("voice_speed.json")
-        tmp = out.with_name(out.name + ".tmp")
-        tmp.write_text(json.dumps(results, indent=1) + "\n")
-        os.replace(tmp, out)
+        write_json(out, results, indent=1)
         print(json.dumps(results, indent=1))
         return
     if args.sample_rate_check:
@@ -89,9 +88,7 @@ def main(argv: list[str] | None = None) -> None:
         quick=args.quick,
     )
     results["machine"] = {"cpus": os.cpu_count(), "python": platform.python_version()}
-    tmp = args.out.with_name(args.out.name + ".tmp")
-    tmp.write_text(json.dumps(results, indent=1) + "\n")
-    os.replace(tmp, args.out)
+    write_json(args.out, results, indent=1)
     plot(results, args.out.with_suffix(".png"))
     print(json.dumps(results["summary"], indent=1))
 
@@ -104,9 +101,7 @@ def sample_rate_main(args: argparse.Namespace) -> None:
     texts = [u.text for u in _eval_utterances(args.work, data.DEFAULT_VOICE, args.sentences)]
     results = sample_rate_check(texts, args.threads)
     out = args.out.with_name("voice_rate.json")
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(json.dumps(results, indent=1) + "\n")
-    os.replace(tmp, out)
+    write_json(out, results, indent=1)
     print(json.dumps(results, indent=1))
 
 
@@ -155,8 +150,7 @@ def plot_vocoders(griffin_lim: dict, neural: dict, path: Path) -> None:
     for ax in axes:
         ax.set_xticks(range(5), labels, fontsize=8)
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path)
 
 
 def plot(results: dict, path: Path) -> None:
@@ -204,8 +198,7 @@ def plot(results: dict, path: Path) -> None:
         axes[1].set_ylabel("resemblyzer cosine similarity")
         axes[1].set_ylim(0.4, 1.0)
         axes[1].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path)
 
 
 if __name__ == "__main__":

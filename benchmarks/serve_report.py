@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks.bench_streaming import write_atomically
+from benchmarks.results_io import write_atomically
 
 HEADING = "## Serving"
 TITLE = "# Benchmarks\n\nResults of `onnx-tts bench ...` runs on this project's machines.\n"

@@ -44,6 +44,8 @@ from typing import Any
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.results_io import write_json
+
 PHASES = (
     ("send->handler", "client_start", "received"),
     ("handler->admitted", "received", "admitted"),
@@ -457,7 +459,7 @@ def main(argv: list[str] | None = None) -> int:
         summary["py_spy_profile"] = str(workdir / "profile.txt")
     print(json.dumps(summary, indent=2))
     if args.json:
-        args.json.write_text(json.dumps(summary, indent=2) + "\n")
+        write_json(args.json, summary)
     return 0
 
 
