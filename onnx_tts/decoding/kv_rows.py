@@ -34,6 +34,7 @@ run is never chunked.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager, nullcontext
@@ -184,7 +185,27 @@ class SlotRun:
     positions: np.ndarray  # where the step's rows sit in the span
 
 
-class SlotRows:
+class _RowHomeBase(ABC):
+    """What both row homes do alike: a prompt prefilled and joined in one go."""
+
+    @abstractmethod
+    def prefill_apart(self, admission: Admission, prefix_cache: PrefixCache | None) -> Prefilled:
+        """The prompt's KV and last outputs, computed apart from any row."""
+
+    @abstractmethod
+    def join(self, row: int, prefilled: Prefilled) -> None:
+        """A prompt computed apart takes its row."""
+
+    def prefill(
+        self, row: int, admission: Admission, prefix_cache: PrefixCache | None
+    ) -> np.ndarray:
+        """`prefill_apart` and `join` in one go; returns the last outputs [lm_rows, ...]."""
+        prefilled = self.prefill_apart(admission, prefix_cache)
+        self.join(row, prefilled)
+        return prefilled.outputs
+
+
+class SlotRows(_RowHomeBase):
     """Request rows of a growable in-place slot buffer (see the module docstring)."""
 
     def __init__(
@@ -362,14 +383,6 @@ class SlotRows:
     def discard(self, prefilled: Prefilled) -> None:
         """A prefill that never joined its row (cancelled, failed): nothing to give back."""
 
-    def prefill(
-        self, row: int, admission: Admission, prefix_cache: PrefixCache | None
-    ) -> np.ndarray:
-        """`prefill_apart` and `join` in one go; returns the last outputs [lm_rows, ...]."""
-        prefilled = self.prefill_apart(admission, prefix_cache)
-        self.join(row, prefilled)
-        return prefilled.outputs
-
     def _prefill_graph(self, inputs: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
         """Run the program's prefill graph at batch 1: its last output [1, ...] and its presents
         laid out as the slots hold them ([1, H, S, D])."""
@@ -446,7 +459,7 @@ class SlotRows:
         return self.slots.past_data_ptrs(row * self.lm_rows, self.lm_rows)
 
 
-class OwnCaches:
+class OwnCaches(_RowHomeBase):
     """A KV cache of its own per request row, from the model's pool (see module docstring)."""
 
     def __init__(self, program: DecodeProgram, pool: KVPool, layout: KVLayout) -> None:
@@ -484,14 +497,6 @@ class OwnCaches:
         """A prefill that never joined its row (cancelled, failed): its cache goes back."""
         if prefilled.cache is not None:
             self.pool.release(prefilled.cache)
-
-    def prefill(
-        self, row: int, admission: Admission, prefix_cache: PrefixCache | None
-    ) -> np.ndarray:
-        """`prefill_apart` and `join` in one go; returns the last outputs [lm_rows, ...]."""
-        prefilled = self.prefill_apart(admission, prefix_cache)
-        self.join(row, prefilled)
-        return prefilled.outputs
 
     def fits_next_step(self, rows: np.ndarray) -> np.ndarray:
         return np.array(
