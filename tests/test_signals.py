@@ -214,11 +214,10 @@ def test_a_signal_during_the_commit_ends_the_run_as_completed() -> None:
     from onnx_tts.signals import committing
 
     committed = []
-    with pytest.raises(TerminatedBySignal) as caught, termination_as_exception():
-        with committing():
-            os.kill(os.getpid(), signal.SIGTERM)
-            signal.sigtimedwait([], 0.01)  # the handler has run (and held it)
-            committed += ["audio", "captions"]
+    with pytest.raises(TerminatedBySignal) as caught, termination_as_exception(), committing():
+        os.kill(os.getpid(), signal.SIGTERM)
+        signal.sigtimedwait([], 0.01)  # the handler has run (and held it)
+        committed += ["audio", "captions"]
     assert committed == ["audio", "captions"] and caught.value.completed
 
 
@@ -240,9 +239,8 @@ def test_a_signal_after_the_commit_is_completed_and_one_before_is_not() -> None:
 def test_a_commit_that_fails_is_not_completed() -> None:
     from onnx_tts.signals import committing
 
-    with pytest.raises(TerminatedBySignal) as caught, termination_as_exception():
-        with committing():
-            os.kill(os.getpid(), signal.SIGTERM)
-            signal.sigtimedwait([], 0.01)
-            raise OSError("disk full")
+    with pytest.raises(TerminatedBySignal) as caught, termination_as_exception(), committing():
+        os.kill(os.getpid(), signal.SIGTERM)
+        signal.sigtimedwait([], 0.01)
+        raise OSError("disk full")
     assert not caught.value.completed
