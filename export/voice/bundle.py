@@ -1,5 +1,5 @@
 """ONNX graphs and bundle of the trained voice (family "phoneme-mel", see
-onnx_tts/families/phoneme_mel.py).
+onnx_tts/families/phoneme_mel/).
 
 * encoder.onnx: audio -> STFT -> log-mel -> standardise -> speaker embedding = per-band mean
   and std (exactly :func:`export.voice.train.speaker_stats`).

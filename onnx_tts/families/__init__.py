@@ -1,6 +1,6 @@
 """The family registry: one place that maps a family name to its detection, options, manifest
-sections and loader. `onnx_tts.load()` and the CLI ask it; adding a family is adding one
-module with a `Family` entry and listing it in `FAMILIES` below.
+sections and loader. `onnx_tts.load()` and the CLI ask it; adding a family is adding its
+directory (a package whose `REGISTRY_ENTRY` is its `Family`) and listing it in `FAMILIES` below.
 
 Detection reads each thing once: a directory with `bundle.json` is parsed and checked as the
 family its manifest names; any other directory is offered to the layout detectors of
