@@ -526,7 +526,6 @@ class OwnCaches(_RowHomeBase):
 
 
 RowHome = SlotRows | OwnCaches
-Reserve = Callable[[int, int], bool]
 
 __all__ = [
     "DEFAULT_SLOT_BYTES",

@@ -31,7 +31,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 
 from onnx_tts.cache.prefix import PrefixCache
-from onnx_tts.decoding.kv_rows import Prefilled, PrefillRuns, RowHome
+from onnx_tts.decoding.kv_rows import WHOLE, Prefilled, PrefillRuns, RowHome
 from onnx_tts.decoding.policy import Urgency
 from onnx_tts.decoding.program import Admission
 from onnx_tts.decoding.request import Request
@@ -125,9 +125,7 @@ class PrefillJob:
     ) -> None:
         self.request, self.home, self.admission = request, home, admission
         self.gate = TurnGate(on_wait) if on_wait is not None else None
-        self.runs = (
-            PrefillRuns(chunk_tokens, self.gate.turn) if self.gate is not None else PrefillRuns()
-        )
+        self.runs = PrefillRuns(chunk_tokens, self.gate.turn) if self.gate is not None else WHOLE
         self.future: Future[Prefilled] | None = None
 
     def run(self, prefix_cache: PrefixCache | None) -> Prefilled:
