@@ -111,7 +111,8 @@ class SchedulingPolicy(ABC):
         not make decoding rows sit out: it runs apart from the step (sitting out would only
         idle the decode worker) or a chunk per round (sitting out would make the round the
         chunk alone: the whole prompt before the next step, as if it ran inline)."""
-        chosen = self.order(view.waiting)[: len(view.free_rows)]
+        # (no free row: nothing to order; the queue may be long and this runs every round)
+        chosen = self.order(view.waiting)[: len(view.free_rows)] if view.free_rows else []
         admit = tuple(zip(chosen, view.free_rows, strict=False))
         wanting = [(row, urgency) for row, urgency, wants in view.prefilling if wants]
         turns = [wanting[i][0] for i in self.order([u for _, u in wanting])[: self.prefill_turns]]
