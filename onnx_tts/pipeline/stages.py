@@ -463,8 +463,7 @@ class VocoderStage:
                     self.streams.discard(stream)
                     continue
                 if stream not in self.streams:
-                    stream.release_state()  # closed meanwhile
-                    continue
+                    continue  # closed meanwhile (its decoder goes back in _release_finished)
                 try:
                     self._stats["samples"] += stream.accept(window, result)
                 except Exception as error:
