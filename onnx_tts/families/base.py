@@ -41,6 +41,7 @@ from onnx_tts.encoder import VoiceEncoder
 from onnx_tts.errors import AudioError, InputError
 from onnx_tts.families.files import ModelFiles
 from onnx_tts.families.loader import LoadedGraphs, LoadSettings, Stage
+from onnx_tts.graph_io import KVLayout
 
 Scope = Literal["load", "request", "both"]
 # How the chunks of one text are generated: "parallel" gives chunk i the seed + i and decodes
@@ -320,6 +321,11 @@ class Model:
     @property
     def kv_mode(self) -> str:
         return self.graphs.kv_mode
+
+    @property
+    def kv(self) -> KVLayout:
+        """The step LM's KV layout."""
+        return self.graphs.kv
 
     @property
     def pool(self) -> KVPool:

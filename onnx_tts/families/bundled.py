@@ -1,14 +1,20 @@
-"""The files of a model in a `bundle.json` directory, for the offline tools: every graph the
-manifest lists, by its role, and bundle.json as the manifest that lists every file's sha256.
-Families whose models are bundles declare their files with `bundle_files`."""
+"""What the families whose models are `bundle.json` directories share: their files for the
+offline tools (`bundle_files`: every graph the manifest lists, by its role, and bundle.json as
+the manifest that lists every file's sha256), their reference encoder identified by the
+manifest (`bundle_encoder`), and a `BundledModel` whose file hashes are the manifest's (checked
+at load, so never read again)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from onnx_tts.bundle import MANIFEST, Bundle
+from onnx_tts.encoder import VoiceEncoder
 from onnx_tts.errors import ModelError
-from onnx_tts.families.base import Detection
+from onnx_tts.families.base import Detection, Model
 from onnx_tts.families.files import Check, GraphFile, Hint, ModelFiles
 from onnx_tts.graph_io import kv_pairs, read_graph_spec
+from onnx_tts.session import Session
 
 # Graph roles that run once per reference voice (their result is cached).
 VOICE_ROLES = ("encoder",)
@@ -49,4 +55,31 @@ def bundle_files(detection: Detection) -> ModelFiles:
     return ModelFiles(detection.root, {"": bundle.root}, tuple(graphs), manifest=MANIFEST)
 
 
-__all__ = ["CHECK_DIMS", "VOICE_ROLES", "bundle_files"]
+class BundledModel(Model):
+    """A model loaded from a bundle (`self.bundle`, set by the subclass before `__init__`)."""
+
+    bundle: Bundle
+
+    def file_hashes(self) -> dict[str, str]:
+        """The manifest's sha256 of every file: `Bundle.validate` checked them at load."""
+        return dict(self.bundle.manifest.get("sha256", {}) or {})
+
+
+def bundle_encoder(
+    bundle: Bundle, session: Session, hop_length: int, frame_outputs: Sequence[str] = ("codes",)
+) -> VoiceEncoder:
+    """The reference encoder of a bundle's "encoder" graph, identified by the bundle and the
+    graph's sha256 from the manifest (checked at load, so the graph is not hashed again)."""
+    return VoiceEncoder(
+        session,
+        bundle_identity=f"{bundle.name}@{bundle.identity}",
+        sample_rate=bundle.sample_rate,
+        settings=dict(bundle.manifest.get("encoder", {})),
+        graph_sha256=bundle.file_sha256(bundle.section("graphs")["encoder"]),
+        graph_path=bundle.graph_path("encoder"),
+        hop_length=hop_length,
+        frame_outputs=frame_outputs,
+    )
+
+
+__all__ = ["CHECK_DIMS", "VOICE_ROLES", "BundledModel", "bundle_encoder", "bundle_files"]

@@ -229,6 +229,11 @@ class ChatterboxVocoder(Vocoder):
     def __init__(self, model: ChatterboxModel, decoder: Session) -> None:
         self.model, self.decoder = model, decoder
         self.capabilities = VocoderCapabilities(SAMPLE_RATE, SAMPLES_PER_TOKEN)
+        # The voice inputs' dtypes, looked up once rather than for every window.
+        self.voice_dtypes = {
+            name: model.input_dtype("conditional_decoder", name)
+            for name in ("speaker_embeddings", "speaker_features")
+        }
 
     def vocode(self, frames: np.ndarray, voice: Mapping[str, np.ndarray]) -> np.ndarray:
         """The decoder sees prompt tokens + frames (+ 3 silence tokens for Turbo, as
@@ -243,15 +248,9 @@ class ChatterboxVocoder(Vocoder):
         padding = np.full(self.model.silence_padding, SILENCE_TOKEN, np.int64)
         speech = np.concatenate([prompt, tokens, padding])[None]
         decoder = self.decoder
-        feeds = {
-            "speech_tokens": speech,
-            "speaker_embeddings": arrays["speaker_embeddings"][None].astype(
-                self.model.input_dtype("conditional_decoder", "speaker_embeddings")
-            ),
-            "speaker_features": arrays["speaker_features"][None].astype(
-                self.model.input_dtype("conditional_decoder", "speaker_features")
-            ),
-        }
+        feeds = {"speech_tokens": speech}
+        for name, dtype in self.voice_dtypes.items():
+            feeds[name] = arrays[name][None].astype(dtype)
         output = decoder.run(feeds)[decoder.output_names[0]]
         samples = np.asarray(output, dtype=np.float32).reshape(-1)
         return samples[: tokens.size * SAMPLES_PER_TOKEN]
@@ -324,6 +323,8 @@ class ChatterboxModel(Model):
         except Exception as error:  # tokenizers raises a bare Exception on bad JSON
             raise ModelError(f"cannot read tokenizer {layout.tokenizer_path}: {error}") from None
         self.embeds_dtype = self.input_dtype("language_model", "inputs_embeds")
+        # Looked up once here: `embed` runs at every decode step.
+        self.exaggeration_dtype = self.input_dtype("embed_tokens", "exaggeration")
         encoder = VoiceEncoder(
             graphs["speech_encoder"],
             bundle_identity=f"{family}/{layout.graphs['speech_encoder'].path.name}",
@@ -458,7 +459,7 @@ class ChatterboxModel(Model):
             feeds["position_ids"] = positions.astype(np.int64)
         if self.layout.embed_has_exaggeration:
             feeds["exaggeration"] = np.full(
-                (ids.shape[0],), self.exaggeration, self.input_dtype("embed_tokens", "exaggeration")
+                (ids.shape[0],), self.exaggeration, self.exaggeration_dtype
             )
         return self.sessions["embed_tokens"].run(feeds, ["inputs_embeds"])["inputs_embeds"]
 

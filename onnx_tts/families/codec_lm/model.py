@@ -22,20 +22,18 @@ from onnx_tts.decoding import (
     StepOutput,
 )
 from onnx_tts.decoding.request import Request
-from onnx_tts.encoder import VoiceEncoder
 from onnx_tts.errors import AudioError, InputError, ModelError
 from onnx_tts.families.base import (
     Detection,
     Family,
     LoadSettings,
-    Model,
     Option,
     TextFrontend,
     Vocoder,
     VocoderCapabilities,
     Voices,
 )
-from onnx_tts.families.bundled import bundle_files
+from onnx_tts.families.bundled import BundledModel, bundle_encoder, bundle_files
 from onnx_tts.families.loader import Graph, GraphSet, load_graphs
 from onnx_tts.frontend import TextTokenizer, normalize_text, split_sentences
 from onnx_tts.graph_io import check_graph_io
@@ -311,7 +309,7 @@ class CodecLMText(TextFrontend):
         ]
 
 
-class CodecLMModel(Model):
+class CodecLMModel(BundledModel):
     """A "codec-lm" bundle (see docs/ARCHITECTURE.md) as the family contract's parts."""
 
     def __init__(self, bundle: Bundle, settings: LoadSettings, lm_graph: str = "lm") -> None:
@@ -345,15 +343,7 @@ class CodecLMModel(Model):
         )
         self._validate(graphs, lm_graph)
         self.speaker_dim = int(graphs["embed"].input("speaker_embedding").shape[-1])  # type: ignore[union-attr]
-        encoder = VoiceEncoder(
-            graphs["encoder"],
-            bundle_identity=f"{bundle.name}@{bundle.identity}",
-            sample_rate=bundle.sample_rate,
-            settings=dict(bundle.manifest.get("encoder", {})),
-            graph_sha256=bundle.file_sha256(bundle.section("graphs")["encoder"]),
-            graph_path=bundle.graph_path("encoder"),
-            hop_length=hop_length,
-        )
+        encoder = bundle_encoder(bundle, graphs["encoder"], hop_length)
         vocoder = CodecVocoder(
             graphs["vocoder"],
             hop_length,
@@ -427,9 +417,6 @@ class CodecLMModel(Model):
             raise ModelError(f"{lm_graph} graph has inputs onnx-tts cannot fill: {sorted(extra)}")
 
     # -- the family's own ----------------------------------------------------------------------
-    def file_hashes(self) -> dict[str, str]:
-        return dict(self.bundle.manifest.get("sha256", {}) or {})
-
     def info(self) -> dict[str, Any]:
         return {
             "family": self.family,

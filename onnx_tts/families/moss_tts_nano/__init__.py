@@ -21,6 +21,7 @@ from onnx_tts.families.moss_tts_nano.files import model_files
 from onnx_tts.families.moss_tts_nano.layout import FAMILY, MAX_NEW_FRAMES, SAMPLE_MODES
 from onnx_tts.families.moss_tts_nano.local import PATH_CHOICES
 from onnx_tts.families.moss_tts_nano.reader import inspect_layout, looks_like_moss
+from onnx_tts.families.moss_tts_nano.sampling import MAX_PENALTY, MAX_TEMPERATURE, MAX_TOP_K
 from onnx_tts.families.moss_tts_nano.text import MAX_CHUNK_TOKENS
 
 
@@ -79,20 +80,32 @@ _OPTIONS = (
         "both",
     ),
     Option(
-        "text_temperature", float, "continue/stop temperature (host sampling)", "both", 1e-6, 100.0
+        "text_temperature",
+        float,
+        "continue/stop temperature (host sampling)",
+        "both",
+        1e-6,
+        MAX_TEMPERATURE,
     ),
     Option("text_top_p", float, "continue/stop nucleus (host sampling)", "both", 0.0, 1.0),
-    Option("text_top_k", int, "continue/stop top-k (host sampling)", "both", 0, 1 << 20),
-    Option("audio_temperature", float, "code temperature (host sampling)", "both", 1e-6, 100.0),
+    Option("text_top_k", int, "continue/stop top-k (host sampling)", "both", 0, MAX_TOP_K),
+    Option(
+        "audio_temperature",
+        float,
+        "code temperature (host sampling)",
+        "both",
+        1e-6,
+        MAX_TEMPERATURE,
+    ),
     Option("audio_top_p", float, "code nucleus (host sampling)", "both", 0.0, 1.0),
-    Option("audio_top_k", int, "code top-k (host sampling)", "both", 0, 1 << 20),
+    Option("audio_top_k", int, "code top-k (host sampling)", "both", 0, MAX_TOP_K),
     Option(
         "audio_repetition_penalty",
         float,
         "penalty on codes already made in the chunk",
         "both",
         1e-6,
-        100.0,
+        MAX_PENALTY,
     ),
 )
 

@@ -13,10 +13,8 @@ import numpy as np
 from onnx_tts.errors import ModelError
 from onnx_tts.families.moss_tts_nano.json_files import (
     JsonFile,
-    check_external_data,
     checked_number,
-    plain_name,
-    read_graph,
+    listed_graph,
 )
 from onnx_tts.families.moss_tts_nano.layout import (
     CODEC_DIR,
@@ -188,14 +186,8 @@ def inspect_codec(meta: JsonFile, codec_dir: Path, config: TTSConfig) -> tuple:
     for role in CODEC_GRAPHS:
         if not files.get(role):
             raise ModelError(f"{meta.path}: files.{role} is missing; {DOWNLOAD_HINT}")
-        name = plain_name(files[role], f"{meta.path}: files.{role}")
-        listed = external.get(name, [])
-        if not isinstance(listed, list):
-            raise ModelError(f"{meta.path}: external_data_files[{name!r}] must be a list")
-        listed = [plain_name(n, f"{meta.path}: external_data_files[{name!r}]") for n in listed]
-        spec = read_graph(codec_dir / name, f"codec {role}, named by {meta.path.name}")
-        check_external_data(spec, listed, meta.path)
+        name, listed, spec = listed_graph(meta, files, external, role, codec_dir, f"codec {role}")
         check_graph_io(spec, f"codec {role}", *expected[role], meta.path.name)
         graphs[role] = spec
-        data[name] = tuple(listed)
+        data[name] = listed
     return codec, state, graphs, data

@@ -214,3 +214,24 @@ def check_external_data(graph: GraphSpec, listed: Sequence[str], meta: Path) -> 
                 f"{path.parent / name} is {size} bytes but {path.name} reads up to byte {end}: "
                 "the file is truncated; download it again"
             )
+
+
+def listed_graph(
+    meta: JsonFile,
+    files: dict[str, Any],
+    external: dict[str, Any],
+    role: str,
+    directory: Path,
+    what: str,
+) -> tuple[str, tuple[str, ...], GraphSpec]:
+    """The graph the meta names for `role` (`files`: its files section; `external`: its
+    external_data_files), read from `directory` with the external-data files the meta lists
+    for it checked: (file name, listed external-data files, declared I/O)."""
+    name = plain_name(files[role], f"{meta.path}: files.{role}")
+    listed = external.get(name, [])
+    if not isinstance(listed, list):
+        raise ModelError(f"{meta.path}: external_data_files[{name!r}] must be a list")
+    listed = [plain_name(n, f"{meta.path}: external_data_files[{name!r}]") for n in listed]
+    spec = read_graph(directory / name, f"{what}, named by {meta.path.name}")
+    check_external_data(spec, listed, meta.path)
+    return name, tuple(listed), spec

@@ -166,7 +166,6 @@ class MossTTSNano(Model):
             GraphSet(declared, lm="decode_step", capacity=CapacityPolicy(None, POSITION_LIMIT)),
             settings,
         )
-        self.kv = graphs.kv
         local_mode = "copy" if graphs.kv_mode == "copy" else "chain"
         sessions = graphs.sessions
         paths: dict[str, LocalPath] = {}

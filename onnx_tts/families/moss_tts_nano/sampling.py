@@ -61,8 +61,12 @@ class MossSampling:
             raise InputError(
                 f"sample_mode must be one of {', '.join(SAMPLE_MODES)}, got {self.sample_mode!r}"
             )
-        for name in ("text_temperature", "audio_temperature", "audio_repetition_penalty"):
-            checked_number(name, getattr(self, name), 0.0, MAX_TEMPERATURE, open_low=True)
+        for name, high in (
+            ("text_temperature", MAX_TEMPERATURE),
+            ("audio_temperature", MAX_TEMPERATURE),
+            ("audio_repetition_penalty", MAX_PENALTY),
+        ):
+            checked_number(name, getattr(self, name), 0.0, high, open_low=True)
         for name in ("text_top_p", "audio_top_p"):
             checked_number(name, getattr(self, name), 0.0, 1.0)
         for name in ("text_top_k", "audio_top_k"):

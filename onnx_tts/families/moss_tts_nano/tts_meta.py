@@ -11,10 +11,8 @@ import numpy as np
 from onnx_tts.errors import ModelError
 from onnx_tts.families.moss_tts_nano.json_files import (
     JsonFile,
-    check_external_data,
     checked_number,
-    plain_name,
-    read_graph,
+    listed_graph,
 )
 from onnx_tts.families.moss_tts_nano.layout import (
     DOWNLOAD_HINT,
@@ -310,13 +308,7 @@ def inspect_tts(manifest: JsonFile, meta: JsonFile, tts_dir: Path) -> tuple:
     for role in (*REQUIRED_TTS_GRAPHS, *OPTIONAL_TTS_GRAPHS):
         if not files.get(role):
             continue
-        name = plain_name(files[role], f"{meta.path}: files.{role}")
-        listed = external.get(name, [])
-        if not isinstance(listed, list):
-            raise ModelError(f"{meta.path}: external_data_files[{name!r}] must be a list")
-        listed = [plain_name(n, f"{meta.path}: external_data_files[{name!r}]") for n in listed]
-        spec = read_graph(tts_dir / name, f"{role}, named by {meta.path.name}")
-        check_external_data(spec, listed, meta.path)
+        name, listed, spec = listed_graph(meta, files, external, role, tts_dir, role)
         # decode_step may have been converted for the in-place KV cache (it then also takes
         # GroupQueryAttention's length inputs).
         in_place = role == "decode_step" and all(n in spec.inputs for n in LENGTH_INPUTS)
@@ -332,7 +324,7 @@ def inspect_tts(manifest: JsonFile, meta: JsonFile, tts_dir: Path) -> tuple:
                 )
         check_graph_io(spec, role, inputs, outputs, meta.path.name)
         graphs[role] = spec
-        data[name] = tuple(listed)
+        data[name] = listed
     constants = meta.get("onnx.fixed_sampled_frame_constants", {})
     if not isinstance(constants, dict):
         raise ModelError(f"{meta.path}: onnx.fixed_sampled_frame_constants must be an object")

@@ -27,13 +27,11 @@ from onnx_tts.decoding import (
     StepOutput,
 )
 from onnx_tts.decoding.request import Request
-from onnx_tts.encoder import VoiceEncoder
 from onnx_tts.errors import InputError, ModelError
 from onnx_tts.families.base import (
     Detection,
     Family,
     LoadSettings,
-    Model,
     TextFrontend,
     Vocoder,
     VocoderCapabilities,
@@ -41,7 +39,7 @@ from onnx_tts.families.base import (
     WordSpan,
     spoken_words,
 )
-from onnx_tts.families.bundled import bundle_files
+from onnx_tts.families.bundled import BundledModel, bundle_encoder, bundle_files
 from onnx_tts.families.loader import Graph, GraphSet, LoadedGraphs, load_graphs
 from onnx_tts.frontend import PhonemeTable, Phonemizer, normalize_text, split_sentences
 from onnx_tts.graph_io import check_graph_io
@@ -273,7 +271,7 @@ class MelVocoder(Vocoder):
         return decode_in_batches(mels, self._vocode_batch, self.capabilities.hop_length)
 
 
-class PhonemeMelModel(Model):
+class PhonemeMelModel(BundledModel):
     """A "phoneme-mel" bundle as the family contract's parts."""
 
     def __init__(self, bundle: Bundle, settings: LoadSettings) -> None:
@@ -348,16 +346,7 @@ class PhonemeMelModel(Model):
         self.speaker_dim = default.shape[0]
         self._validate(graphs)
         self.default_speaker = default
-        encoder = VoiceEncoder(
-            graphs["encoder"],
-            bundle_identity=f"{bundle.name}@{bundle.identity}",
-            sample_rate=bundle.sample_rate,
-            settings=dict(manifest.get("encoder", {})),
-            graph_sha256=bundle.file_sha256(bundle.section("graphs")["encoder"]),
-            graph_path=bundle.graph_path("encoder"),
-            hop_length=hop_length,
-            frame_outputs=(),
-        )
+        encoder = bundle_encoder(bundle, graphs["encoder"], hop_length, frame_outputs=())
         super().__init__(
             family=FAMILY,
             text=PhonemeText(table, phonemizer, start_id, end_id, max_chunk_chars),
@@ -403,9 +392,6 @@ class PhonemeMelModel(Model):
         )
 
     # -- the family's own ----------------------------------------------------------------------
-    def file_hashes(self) -> dict[str, str]:
-        return dict(self.bundle.manifest.get("sha256", {}) or {})
-
     def info(self) -> dict[str, Any]:
         return {
             "family": self.family,
