@@ -248,6 +248,12 @@ class StreamEncoder:
         self._codec = _CODECS[response_format](sample_rate, channels)
         self._closed = False
 
+    @property
+    def cheap_feed(self) -> bool:
+        """Whether feed() costs no real CPU (a copy to PCM, or kept for close()), so it may
+        run on the event loop; a codec's feed does not."""
+        return isinstance(self._codec, (_Pcm, _Whole))
+
     def feed(self, samples: np.ndarray) -> bytes:
         return self._codec.feed(np.asarray(samples, np.float32))
 
