@@ -18,6 +18,8 @@ _SENTENCE_OPENERS = frozenset(
 # (str.isspace), but unlike a writer's space it never makes a period before it a sentence
 # end: "v.2" or ".5" rewritten must not become "v. two"; normalize_text turns it into " ".
 PAD = "\u2028"
+# Where split_sentences cuts: after ".", "!", "?" or ";" followed by whitespace.
+SENTENCE_END = re.compile(r"(?<=[.!?;])\s+")
 _LOWER_WORD_NEXT = re.compile(r"\s+[a-z]")
 _CAPITAL_NEXT = re.compile(r"\s+([A-Z])")
 _NEXT_WORD = re.compile(r"\s+[\"'(]*([A-Za-z]+)")
@@ -63,7 +65,7 @@ def rewrite(pattern: re.Pattern[str], replace: Callable[[re.Match[str]], str], t
 
 def split_sentences(text: str, max_chars: int = 200) -> list[str]:
     """Split on sentence ends; sentences longer than `max_chars` are cut at commas or spaces."""
-    sentences = [s.strip() for s in re.split(r"(?<=[.!?;])\s+", text) if s.strip()]
+    sentences = [s.strip() for s in SENTENCE_END.split(text) if s.strip()]
     chunks: list[str] = []
     for sentence in sentences:
         while len(sentence) > max_chars:

@@ -42,8 +42,7 @@ async def respond_captioned(
     state: Any, request: Request, speech: CaptionedSpeechRequest, started: Started
 ) -> Response:
     """The captioned answer of a started request (see the module's docstring)."""
-    fmt = speech.response_format
-    audio_format = CONTENT_TYPES[fmt]
+    audio_format = CONTENT_TYPES[speech.response_format]
     wanted = speech.return_timestamps
     headers = {"Cache-Control": "no-cache", **started.headers}
     encoder = started.encoder
@@ -53,7 +52,7 @@ async def respond_captioned(
             if kind == WORDS:
                 words += [word_json(word) for word in payload]
             else:
-                audio += await encode(encoder, fmt, payload)
+                audio += await encode(encoder, payload)
         if started.record.outcome != "done":  # the client left before the audio was complete
             return Response(status_code=499)
         audio += await run_in_threadpool(encoder.close)
@@ -71,7 +70,7 @@ async def respond_captioned(
                 if kind == WORDS:
                     pending += [word_json(word) for word in payload]
                     continue
-                data = await encode(encoder, fmt, payload)
+                data = await encode(encoder, payload)
                 if data:  # a codec that holds samples back gives nothing yet: words wait
                     yield _line(data, audio_format, pending)
                     pending = []

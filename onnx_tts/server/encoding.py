@@ -137,21 +137,21 @@ class _ForwardSink(io.RawIOBase):
         return out
 
 
-class _Sndfile:
+class _OggOpus:
     """Ogg Opus through libsndfile (inside the soundfile wheel), pages as they fill."""
 
-    def __init__(self, sample_rate: int, channels: int, fmt: str, subtype: str) -> None:
+    def __init__(self, sample_rate: int, channels: int) -> None:
+        from soundfile import _ffi, _snd
+
         self._sink = _ForwardSink()
+        fmt, subtype = FORMAT_TABLE["opus"].sndfile  # type: ignore[misc]
         self._file = soundfile.SoundFile(
             self._sink, "w", sample_rate, channels, format=fmt, subtype=subtype
         )
-        if fmt == "OGG":
-            from soundfile import _ffi, _snd
-
-            latency = _ffi.new("double*", _OGG_PAGE_MS)
-            _snd.sf_command(
-                self._file._file, _SFC_SET_OGG_PAGE_LATENCY_MS, latency, _ffi.sizeof("double")
-            )
+        latency = _ffi.new("double*", _OGG_PAGE_MS)
+        _snd.sf_command(
+            self._file._file, _SFC_SET_OGG_PAGE_LATENCY_MS, latency, _ffi.sizeof("double")
+        )
 
     def feed(self, samples: np.ndarray) -> bytes:
         if len(samples):
@@ -231,7 +231,7 @@ _CODECS: dict[str, Callable[[int, int], _Codec]] = {
     "wav": lambda rate, channels: _Pcm(rate, channels, wav_stream_header(rate, channels)),
     "mp3": _Mp3,
     "flac": lambda rate, channels: _Whole(rate, channels, "flac"),
-    "opus": lambda rate, channels: _Sndfile(rate, channels, *FORMAT_TABLE["opus"].sndfile),  # type: ignore[misc]
+    "opus": _OggOpus,
     "aac": _Aac,
 }
 
@@ -247,6 +247,12 @@ class StreamEncoder:
         self.channels = channels
         self._codec = _CODECS[response_format](sample_rate, channels)
         self._closed = False
+
+    @property
+    def cheap_feed(self) -> bool:
+        """Whether feed() costs no real CPU (a copy to PCM, or kept for close()), so it may
+        run on the event loop; a codec's feed does not."""
+        return isinstance(self._codec, (_Pcm, _Whole))
 
     def feed(self, samples: np.ndarray) -> bytes:
         return self._codec.feed(np.asarray(samples, np.float32))

@@ -218,7 +218,6 @@ async def respond(
     """Every response streams as the audio is made (OpenAI does the same for every format):
     raw bytes of `response_format`, or SSE events with base64 audio (and, with
     `return_timestamps`, speech.audio.timestamps events with each sentence's words)."""
-    fmt = speech.response_format
     job, encoder = started.job, started.encoder
 
     async def body() -> AsyncIterator[bytes]:
@@ -228,7 +227,7 @@ async def respond(
                     words = [word_json(word) for word in payload]
                     yield _sse({"type": TIMESTAMPS_EVENT, "words": words})
                 continue
-            data = await encode(encoder, fmt, payload)
+            data = await encode(encoder, payload)
             if speech.stream_format == "sse":
                 if data:
                     yield _sse({"type": "speech.audio.delta", "audio": b64(data)})
@@ -249,13 +248,15 @@ async def respond(
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", **started.headers},
         )
-    return JobStream(job, body(), media_type=CONTENT_TYPES[fmt], headers=started.headers)
+    return JobStream(
+        job, body(), media_type=CONTENT_TYPES[speech.response_format], headers=started.headers
+    )
 
 
-async def encode(encoder: StreamEncoder, fmt: str, samples: np.ndarray) -> bytes:
+async def encode(encoder: StreamEncoder, samples: np.ndarray) -> bytes:
     """`samples` through the response's encoder: codecs cost real CPU, so off the event loop;
-    raw PCM is a copy."""
-    if fmt in ("pcm", "wav"):
+    raw PCM is a copy, and a format sent whole only keeps the samples."""
+    if encoder.cheap_feed:
         return encoder.feed(samples)
     return await run_in_threadpool(encoder.feed, samples)
 

@@ -14,13 +14,11 @@ spoken as it completes, with its markup intact.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
+from onnx_tts.frontend.sentences import SENTENCE_END
 from onnx_tts.frontend.ssml import is_ssml
 
-# Where split_sentences cuts: after ".", "!", "?" or ";" followed by whitespace.
-_SENTENCE_END = re.compile(r"(?<=[.!?;])\s+")
 _PLAIN, _SSML = "plain", "ssml"
 
 
@@ -76,7 +74,7 @@ class StreamedText:
         if self._mode != _PLAIN:
             return []
         pieces, start = [], 0
-        for match in _SENTENCE_END.finditer(self._buffer):
+        for match in SENTENCE_END.finditer(self._buffer):
             if match.end() == len(self._buffer):
                 break  # nothing after it yet: "Mr. " may go on "Mr. Smith"
             if _inside_phonemes(self._buffer, match.start()):

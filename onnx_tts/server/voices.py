@@ -26,7 +26,7 @@ import os
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -261,11 +261,14 @@ def damaged(voice: Voice, why: str) -> VoiceStoreError:
     )
 
 
-def _atomic_write(path: Path, write: Callable[[Any], None]) -> None:
+def _atomic_write(path: Path, data: bytes) -> None:
+    """`data` put in place as `path` (a file of the voices directory) by a rename. Not
+    atomic_files.write_atomically: that follows a link out of the directory, and turns an
+    OSError into an OutputError without the errno write_failure maps to 507."""
     fd, tmp = tempfile.mkstemp(prefix=temp_prefix(path.name), suffix=".part", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as handle:
-            write(handle)
+            handle.write(data)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -424,8 +427,8 @@ class VoiceStore:
 
             had_meta = self._state(ident)[0] is not None  # a refused record being replaced
             try:
-                _atomic_write(self._audio_path(ident), lambda handle: handle.write(wav_bytes))
-                _atomic_write(self._meta_path(ident), lambda handle: handle.write(meta))
+                _atomic_write(self._audio_path(ident), wav_bytes)
+                _atomic_write(self._meta_path(ident), meta)
             except OSError as error:
                 if not had_meta:  # no half voice left behind
                     unlink_below(self.root, self._audio_path(ident))

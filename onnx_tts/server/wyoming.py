@@ -101,23 +101,14 @@ class WyomingService:
 
     def info(self) -> Info:
         model = self.model
-        languages = model.languages
-        voices = [
-            TtsVoice(
-                name="default",
-                description=f"{model.name} default voice",
-                attribution=ATTRIBUTION,
-                installed=True,
-                version=None,
-                languages=list(languages),
-            )
-        ]
-        listed = [(name, f"{model.name} builtin voice {name}") for name in model.builtin_voices]
+        listed = [("default", f"{model.name} default voice")]
+        listed += [(name, f"{model.name} builtin voice {name}") for name in model.builtin_voices]
         try:
             listed += [(voice.id, voice.name) for voice in self.voices.list()]
         except VoiceStoreError as error:  # a shared store that is down: the others still serve
             log.warning("wyoming: stored voices not listed: %s", error)
-        voices += [
+        languages = model.languages
+        voices = [
             TtsVoice(
                 name=name,
                 description=description,
