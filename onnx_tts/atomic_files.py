@@ -52,8 +52,12 @@ def output_target(path: str | os.PathLike[str]) -> Path:
     return path
 
 
+def _host_tag() -> str:
+    return re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname())[:64]
+
+
 def _writer_tag() -> str:
-    return re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname())[:64] + f"-{os.getpid()}"
+    return f"{_host_tag()}-{os.getpid()}"
 
 
 def temp_prefix(name: str) -> str:
@@ -70,7 +74,7 @@ _TEMP_NAME = re.compile(r"^\..+\.(?P<host>[A-Za-z0-9-]*)-(?P<pid>\d+)\.[A-Za-z0-
 def remove_orphaned_temps(directory: Path) -> int:
     """Remove the temp files in `directory` left by a process of this host that no longer
     runs (those of other hosts sharing the directory are left alone); how many."""
-    host = _writer_tag().rsplit("-", 1)[0]
+    host = _host_tag()
     try:
         entries = list(os.scandir(directory))
     except OSError:
@@ -92,8 +96,8 @@ def _running(pid: int) -> bool:
         os.kill(pid, 0)
     except (ProcessLookupError, OverflowError):  # gone, or never a process id
         return False
-    except PermissionError:  # another user's process
-        return True
+    except PermissionError:  # another user's process: it runs
+        pass
     return True
 
 
