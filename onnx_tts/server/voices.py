@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import soundfile
 
-from onnx_tts.atomic_files import remove_orphaned_temps, temp_prefix
+from onnx_tts.atomic_files import fsync_directory, remove_orphaned_temps, temp_prefix
 from onnx_tts.audio import resample
 from onnx_tts.cache.codec import sign, signature_matches
 from onnx_tts.errors import InputError
@@ -264,15 +264,19 @@ def damaged(voice: Voice, why: str) -> VoiceStoreError:
 def _atomic_write(path: Path, data: bytes) -> None:
     """`data` put in place as `path` (a file of the voices directory) by a rename. Not
     atomic_files.write_atomically: that follows a link out of the directory, and turns an
-    OSError into an OutputError without the errno write_failure maps to 507."""
+    OSError into an OutputError without the errno write_failure maps to 507. Fsynced before
+    and after the rename, so a stored voice survives a power cut whole or not at all."""
     fd, tmp = tempfile.mkstemp(prefix=temp_prefix(path.name), suffix=".part", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    fsync_directory(path.parent)
 
 
 def _identity(path: Path) -> tuple[int, int, int] | None:
