@@ -251,7 +251,7 @@ class DecodeScheduler:
         joined = self._join_ready()
         with self._cv:
             plan = self._plan()  # the policy decides, as plain data
-            admitted = self._take(plan)
+            admitted = self._take(plan) if plan.admit else []  # (a long queue is not copied)
         if admitted:
             joined += self._start_prefills([row for row in plan.prefill if row in admitted])
         turns = self.prefilling.grant([row for row in plan.prefill if row not in admitted])
