@@ -238,9 +238,9 @@ class Prefills:
         return [(row, self.jobs.pop(row)) for row in done]
 
     def has_news(self, can_join: Callable[[int, PrefillJob], bool]) -> bool:
-        """A job is done and can join, or waits for a turn."""
+        """A job is done and can join, waits for a turn, or lost its request (cancelled)."""
         return any(
-            (job.done() and can_join(row, job)) or job.wants_turn()
+            (job.done() and can_join(row, job)) or job.wants_turn() or job.request.cancel.cancelled
             for row, job in self.jobs.items()
         )
 

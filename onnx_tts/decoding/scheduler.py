@@ -291,7 +291,6 @@ class DecodeScheduler:
             or bool(self._active_rows().size)
             or self.prefilling.has_news(self._can_join)
             or (self.slots is not None and self.slots.growth_done())
-            or any(job.request.cancel.cancelled for job in self.prefilling.jobs.values())
         )
 
     def _close_requests(self) -> None:
