@@ -158,9 +158,7 @@ class Engine:
         """Stop the decode scheduler's and the vocoder stage's workers (requests still queued
         fail) and let the model's memory go. `with onnx_tts.load(...) as engine:` closes it."""
         self._finalizer.detach()
-        self.scheduler.close()
-        self.executor.close()
-        self.model.close()
+        _close_parts(self.scheduler, self.executor, self.model)
 
     # -- voices and caches ---------------------------------------------------------------------
     def voice(self, voice: VoiceLike = None) -> dict[str, np.ndarray]:
@@ -349,13 +347,14 @@ class Engine:
 def _stop_workers(scheduler: DecodeScheduler, executor: Executor, model: Model) -> None:
     """Close a dropped engine's workers. From a thread of its own: the garbage collector may
     run this on one of those workers, maybe holding a stage lock the closing waits for."""
+    parts = (scheduler, executor, model)
+    threading.Thread(target=_close_parts, args=parts, name="onnx-tts-close", daemon=True).start()
 
-    def close() -> None:
-        scheduler.close()
-        executor.close()
-        model.close()
 
-    threading.Thread(target=close, name="onnx-tts-close", daemon=True).start()
+def _close_parts(scheduler: DecodeScheduler, executor: Executor, model: Model) -> None:
+    scheduler.close()
+    executor.close()
+    model.close()
 
 
 _Stream = TypeVar("_Stream")
