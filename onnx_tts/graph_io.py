@@ -13,10 +13,14 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from onnx_tts.errors import ModelError
+
+if TYPE_CHECKING:
+    import onnx
 
 Dim = int | str | None
 
@@ -103,14 +107,27 @@ def graph_spec(
 
 def read_graph_spec(path: str | Path) -> GraphSpec:
     """Declared I/O, operators and sidecar names of an ONNX file, without loading weights."""
+    return graph_spec_of(read_graph_proto(path), path)
+
+
+def read_graph_proto(path: str | Path) -> onnx.ModelProto:
+    """An ONNX file parsed without its external data (for a caller that reads more of it than
+    `graph_spec_of` does, so the file is parsed once)."""
+    import onnx
+
+    path = Path(path)
+    try:
+        return onnx.load(str(path), load_external_data=False)
+    except Exception as error:  # protobuf raises several types for a damaged file
+        raise ModelError(f"{path} is not a readable ONNX graph: {error}") from None
+
+
+def graph_spec_of(model: onnx.ModelProto, path: str | Path) -> GraphSpec:
+    """Declared I/O, operators and sidecar names of the graph `model`, read from `path`."""
     import onnx
     from onnx import helper
 
     path = Path(path)
-    try:
-        model = onnx.load(str(path), load_external_data=False)
-    except Exception as error:  # protobuf raises several types for a damaged file
-        raise ModelError(f"{path} is not a readable ONNX graph: {error}") from None
 
     def spec(value: onnx.ValueInfoProto) -> TensorSpec:
         tensor_type = value.type.tensor_type
@@ -315,8 +332,10 @@ __all__ = [
     "TensorSpec",
     "check_graph_io",
     "graph_spec",
+    "graph_spec_of",
     "kv_layout",
     "kv_pairs",
     "parse_kv_name",
+    "read_graph_proto",
     "read_graph_spec",
 ]
