@@ -36,6 +36,8 @@ PRESENT_KIND_FIRST = re.compile(r"^(?:local_)?present_(key|value)_(\d+)$")
 # Inputs an LM step takes besides embeddings/ids and the KV cache; the decode loop fills them.
 LENGTH_INPUTS = ("seqlens_k", "total_sequence_length")
 POSITION_INPUTS = ("attention_mask", "position_ids")
+# The cached tokens per row, which some step graphs take to place new tokens (instead of a mask).
+PAST_VALID_LENGTHS = "past_valid_lengths"
 GQA_OP = ("com.microsoft", "GroupQueryAttention")
 
 
@@ -326,6 +328,7 @@ def check_graph_io(
 __all__ = [
     "GQA_OP",
     "LENGTH_INPUTS",
+    "PAST_VALID_LENGTHS",
     "POSITION_INPUTS",
     "GraphSpec",
     "KVLayout",

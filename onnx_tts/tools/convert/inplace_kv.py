@@ -18,14 +18,9 @@ import onnx
 from onnx import TensorProto, external_data_helper
 
 from onnx_tts.errors import InputError, ModelError
-from onnx_tts.graph_io import GQA_OP, read_graph_spec
+from onnx_tts.graph_io import GQA_OP, PAST_VALID_LENGTHS, read_graph_spec
 from onnx_tts.tools.convert.rewrite import rewrite_inplace_kv
-from onnx_tts.tools.convert.verify import (
-    PAST_VALID_LENGTHS,
-    LayerAttention,
-    LogitsCheck,
-    compare_logits,
-)
+from onnx_tts.tools.convert.verify import LayerAttention, LogitsCheck, compare_logits
 from onnx_tts.tools.model_dir import (
     check_new_output,
     copy_model,
