@@ -13,10 +13,14 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from onnx_tts.errors import ModelError
+
+if TYPE_CHECKING:
+    import onnx
 
 Dim = int | str | None
 
@@ -32,6 +36,8 @@ PRESENT_KIND_FIRST = re.compile(r"^(?:local_)?present_(key|value)_(\d+)$")
 # Inputs an LM step takes besides embeddings/ids and the KV cache; the decode loop fills them.
 LENGTH_INPUTS = ("seqlens_k", "total_sequence_length")
 POSITION_INPUTS = ("attention_mask", "position_ids")
+# The cached tokens per row, which some step graphs take to place new tokens (instead of a mask).
+PAST_VALID_LENGTHS = "past_valid_lengths"
 GQA_OP = ("com.microsoft", "GroupQueryAttention")
 
 
@@ -103,14 +109,27 @@ def graph_spec(
 
 def read_graph_spec(path: str | Path) -> GraphSpec:
     """Declared I/O, operators and sidecar names of an ONNX file, without loading weights."""
+    return graph_spec_of(read_graph_proto(path), path)
+
+
+def read_graph_proto(path: str | Path) -> onnx.ModelProto:
+    """An ONNX file parsed without its external data (for a caller that reads more of it than
+    `graph_spec_of` does, so the file is parsed once)."""
+    import onnx
+
+    path = Path(path)
+    try:
+        return onnx.load(str(path), load_external_data=False)
+    except Exception as error:  # protobuf raises several types for a damaged file
+        raise ModelError(f"{path} is not a readable ONNX graph: {error}") from None
+
+
+def graph_spec_of(model: onnx.ModelProto, path: str | Path) -> GraphSpec:
+    """Declared I/O, operators and sidecar names of the graph `model`, read from `path`."""
     import onnx
     from onnx import helper
 
     path = Path(path)
-    try:
-        model = onnx.load(str(path), load_external_data=False)
-    except Exception as error:  # protobuf raises several types for a damaged file
-        raise ModelError(f"{path} is not a readable ONNX graph: {error}") from None
 
     def spec(value: onnx.ValueInfoProto) -> TensorSpec:
         tensor_type = value.type.tensor_type
@@ -309,14 +328,17 @@ def check_graph_io(
 __all__ = [
     "GQA_OP",
     "LENGTH_INPUTS",
+    "PAST_VALID_LENGTHS",
     "POSITION_INPUTS",
     "GraphSpec",
     "KVLayout",
     "TensorSpec",
     "check_graph_io",
     "graph_spec",
+    "graph_spec_of",
     "kv_layout",
     "kv_pairs",
     "parse_kv_name",
+    "read_graph_proto",
     "read_graph_spec",
 ]

@@ -11,7 +11,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from onnx_tts.errors import ModelError
 from onnx_tts.families.moss_tts_nano.layout import (
@@ -20,7 +20,10 @@ from onnx_tts.families.moss_tts_nano.layout import (
     MAX_JSON_BYTES,
     MAX_TEMPLATE_TOKENS,
 )
-from onnx_tts.graph_io import GraphSpec, read_graph_spec
+from onnx_tts.graph_io import GraphSpec, graph_spec_of, read_graph_proto
+
+if TYPE_CHECKING:
+    import onnx
 
 
 @dataclass(frozen=True)
@@ -154,11 +157,13 @@ def inside(path: Path, directories: Sequence[Path], where: str, what: str) -> Pa
     return path
 
 
-def read_graph(path: Path, what: str) -> GraphSpec:
+def read_graph(path: Path, what: str) -> tuple[onnx.ModelProto, GraphSpec]:
+    """The graph file parsed once (without its external data) and its declared I/O."""
     if not path.is_file():
         raise ModelError(f"missing graph {path} ({what}); {DOWNLOAD_HINT}")
     try:
-        return read_graph_spec(path)
+        model = read_graph_proto(path)
+        return model, graph_spec_of(model, path)
     except ModelError as error:
         raise ModelError(
             f"{path} cannot be read as an ONNX graph (a truncated or damaged download?): "
@@ -166,11 +171,11 @@ def read_graph(path: Path, what: str) -> GraphSpec:
         ) from None
 
 
-def external_extents(path: Path) -> dict[str, int]:
-    """For each external-data file of a graph: the end of the furthest byte its tensors read."""
+def external_extents(model: onnx.ModelProto, path: Path) -> dict[str, int]:
+    """For each external-data file of the graph `model` (read from `path`): the end of the
+    furthest byte its tensors read."""
     import onnx
 
-    model = onnx.load(str(path), load_external_data=False)
     ends: dict[str, int] = {}
     for tensor in model.graph.initializer:
         if tensor.data_location != onnx.TensorProto.EXTERNAL:
@@ -189,8 +194,11 @@ def external_extents(path: Path) -> dict[str, int]:
     return ends
 
 
-def check_external_data(graph: GraphSpec, listed: Sequence[str], meta: Path) -> None:
-    """The graph's weights are in files beside it, listed by the meta, long enough."""
+def check_external_data(
+    graph: GraphSpec, model: onnx.ModelProto, listed: Sequence[str], meta: Path
+) -> None:
+    """The graph's weights (`model`: its parsed file) are in files beside it, listed by the
+    meta, long enough."""
     path = graph.path
     for name in graph.external_data:
         plain_name(name, f"{path}: external-data location")
@@ -207,7 +215,7 @@ def check_external_data(graph: GraphSpec, listed: Sequence[str], meta: Path) -> 
                 f"missing external-data file {data} (weights of {path.name}); download it and "
                 "keep it beside the graph under this name"
             )
-    for name, end in external_extents(path).items():
+    for name, end in external_extents(model, path).items():
         size = (path.parent / name).stat().st_size
         if end > size:
             raise ModelError(
@@ -232,6 +240,6 @@ def listed_graph(
     if not isinstance(listed, list):
         raise ModelError(f"{meta.path}: external_data_files[{name!r}] must be a list")
     listed = [plain_name(n, f"{meta.path}: external_data_files[{name!r}]") for n in listed]
-    spec = read_graph(directory / name, f"{what}, named by {meta.path.name}")
-    check_external_data(spec, listed, meta.path)
+    model, spec = read_graph(directory / name, f"{what}, named by {meta.path.name}")
+    check_external_data(spec, model, listed, meta.path)
     return name, tuple(listed), spec

@@ -18,14 +18,9 @@ import onnx
 from onnx import TensorProto, external_data_helper
 
 from onnx_tts.errors import InputError, ModelError
-from onnx_tts.graph_io import GQA_OP, read_graph_spec
+from onnx_tts.graph_io import GQA_OP, PAST_VALID_LENGTHS, read_graph_spec
 from onnx_tts.tools.convert.rewrite import rewrite_inplace_kv
-from onnx_tts.tools.convert.verify import (
-    PAST_VALID_LENGTHS,
-    LayerAttention,
-    LogitsCheck,
-    compare_logits,
-)
+from onnx_tts.tools.convert.verify import LayerAttention, LogitsCheck, compare_logits
 from onnx_tts.tools.model_dir import (
     check_new_output,
     copy_model,
@@ -101,10 +96,6 @@ def _rows_note(source: Path, reference: Path, rows: RowChanges, steps: int) -> s
             f"({measured}); nothing was written"
         )
     return f"rows made independent for batching ({rows.describe()}); {measured}"
-
-
-def _has_external_data(model: onnx.ModelProto) -> bool:
-    return any(t.data_location == TensorProto.EXTERNAL for t in model.graph.initializer)
 
 
 def _save(model: onnx.ModelProto, path: Path, external: bool) -> list[Path]:
@@ -197,12 +188,14 @@ def convert_inplace_kv(
     `dst`; only the graph file is written."""
     src, dst = _resolve_paths(src, dst)
     try:
-        model = onnx.load(str(src), load_external_data=True)
+        # Parsed once: where its weights are stored is read before they are loaded.
+        model = onnx.load(str(src), load_external_data=False)
+        stored = _external_entries(model)
+        external_data_helper.load_external_data_for_model(model, os.path.dirname(str(src)))
     except Exception as error:  # onnx raises DecodeError, OSError, ...
         raise ModelError(f"cannot read {src} as an ONNX graph: {error}") from None
     nodes_before = len(model.graph.node)
     inputs = {i.name for i in model.graph.input}
-    stored = _external_entries(onnx.load(str(src), load_external_data=False))
     had_external = bool(stored)
     if keep_external:
         locations = {entry["location"] for entry in stored.values()}
@@ -243,6 +236,7 @@ def convert_inplace_kv(
             if external_data is None:
                 external_data = had_external or model.ByteSize() > _EXTERNAL_DATA_THRESHOLD
             staged = _save(model, staged_graph, external_data)
+        nodes_after = len(model.graph.node)
         del model
         try:
             onnx.checker.check_model(str(staged_graph))
@@ -261,14 +255,13 @@ def convert_inplace_kv(
     finally:
         shutil.rmtree(staging, ignore_errors=True)
         staged_graph.unlink(missing_ok=True)
-    converted = onnx.load(str(dst), load_external_data=False)
     return ConvertReport(
         source=src,
         destination=dst,
         layers=tuple(layers),
         kv_dtype=kv_dtype,
         nodes_before=nodes_before,
-        nodes_after=len(converted.graph.node),
+        nodes_after=nodes_after,
         unused_inputs=unused,
         external_data=bool(external_data),
         check=result,

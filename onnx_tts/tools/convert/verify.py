@@ -24,7 +24,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from onnx_tts.errors import ModelError, SessionError
-from onnx_tts.graph_io import kv_pairs, parse_kv_name
+from onnx_tts.graph_io import PAST_VALID_LENGTHS, kv_pairs, parse_kv_name
 from onnx_tts.session import KVCache, Session, SessionOptions
 from onnx_tts.tools.convert.match import AttentionMatch, GraphIndex, layer_error
 
@@ -92,12 +92,6 @@ def _vocab_size(model: onnx.ModelProto, input_name: str) -> int:
     return 2
 
 
-# A step graph whose queries all sit at `past_valid_lengths` (a decode step that places tokens by
-# the cached positions rather than a mask) runs
-# one token per step: its prefill is a sequence of single steps.
-PAST_VALID_LENGTHS = "past_valid_lengths"
-
-
 @dataclass(frozen=True)
 class FeedSpec:
     """How to build numpy feeds for one LM graph."""
@@ -107,6 +101,8 @@ class FeedSpec:
 
     @property
     def single_token(self) -> bool:
+        """A step graph whose queries all sit at `past_valid_lengths` runs one token per step:
+        its prefill is a sequence of single steps."""
         return any(v.name == PAST_VALID_LENGTHS for v in self.inputs)
 
     @classmethod

@@ -16,11 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnx
 
 from onnx_tts.decoding.program import length_feeds
 from onnx_tts.errors import ModelError, SessionError
-from onnx_tts.graph_io import kv_layout
+from onnx_tts.graph_io import graph_spec_of, kv_layout, read_graph_proto
 from onnx_tts.session import KVCache, Session, SessionOptions
 from onnx_tts.tools.quantize.feeds import Hint, RandomFeeds, gather_sizes
 
@@ -175,14 +174,11 @@ class _Pair:
         )
 
 
-def _feeds_for(path: Path, hints: Mapping[str, Hint], dims: Mapping[str, int], seed: int):
-    model = onnx.load(str(path), load_external_data=False)
-    session_inputs = {i.name for i in model.graph.input} - {t.name for t in model.graph.initializer}
-    from onnx_tts.graph_io import read_graph_spec
-
-    spec = read_graph_spec(path)
-    inputs = {name: spec.inputs[name] for name in spec.inputs if name in session_inputs}
-    return model, RandomFeeds(inputs, gather_sizes(model), hints, dims, seed)
+def _feeds_for(
+    path: Path, hints: Mapping[str, Hint], dims: Mapping[str, int], seed: int
+) -> RandomFeeds:
+    model = read_graph_proto(path)  # parsed once, for its inputs and its embedding tables
+    return RandomFeeds(graph_spec_of(model, path).inputs, gather_sizes(model), hints, dims, seed)
 
 
 def compare_stateless(
@@ -198,7 +194,7 @@ def compare_stateless(
 ) -> Agreement:
     """`calls` runs of both graphs on fresh random inputs (no state between calls); `outputs`
     are compared (default: all)."""
-    _, feeds = _feeds_for(float_path, hints or {}, dims or {}, seed)
+    feeds = _feeds_for(float_path, hints or {}, dims or {}, seed)
     pair = _Pair(float_path, quantized_path, what)
     pair.outputs = tuple(outputs)
     for index in range(calls):
@@ -228,7 +224,7 @@ def compare_with_cache(
     `prefill` graphs (float, quantized) whose presents become the cache), then `steps`
     single-token decode steps, each cache kept by `KVCache` (in place when the graph writes it
     in place, else chained) and teacher-forced with the same random inputs."""
-    _, feeds = _feeds_for(float_path, hints or {}, dims or {}, seed)
+    feeds = _feeds_for(float_path, hints or {}, dims or {}, seed)
     pair = _Pair(float_path, quantized_path, what)
     in_place = kv_layout(pair.reference.spec).in_place
     capacity = prefill_tokens + steps + 1
@@ -250,7 +246,7 @@ def compare_with_cache(
         )
 
     if prefill is not None:
-        _, prefill_feeds = _feeds_for(prefill[0], hints or {}, dims or {}, seed + 1)
+        prefill_feeds = _feeds_for(prefill[0], hints or {}, dims or {}, seed + 1)
         prefill_pair = _Pair(prefill[0], prefill[1], f"{what} prefill")
         inputs = prefill_feeds.make(prefill_tokens)
         inputs.update(length_feeds(prefill_pair.reference, np.array([0]), prefill_tokens))

@@ -16,10 +16,15 @@ import numpy as np
 import onnx
 
 from onnx_tts.families.files import Hint
-from onnx_tts.graph_io import LENGTH_INPUTS, POSITION_INPUTS, TensorSpec, parse_kv_name
+from onnx_tts.graph_io import (
+    LENGTH_INPUTS,
+    PAST_VALID_LENGTHS,
+    POSITION_INPUTS,
+    TensorSpec,
+    parse_kv_name,
+)
 
 DEFAULT_LENGTH = 16  # a symbolic dimension without a hint
-PAST_VALID_LENGTHS = "past_valid_lengths"
 # Inputs the sequence runner fills from the cache length, never drawn at random.
 LENGTH_FEEDS = (*LENGTH_INPUTS, *POSITION_INPUTS, PAST_VALID_LENGTHS)
 

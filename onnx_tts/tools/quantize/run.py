@@ -22,7 +22,7 @@ from onnx_tts.bundle import write_file
 from onnx_tts.errors import InputError, ModelError, SessionError
 from onnx_tts.families.files import ModelFiles
 from onnx_tts.tools.external_data import save_sharing_data
-from onnx_tts.tools.model_dir import model_files, place_output
+from onnx_tts.tools.model_dir import check_new_output, model_files, place_output
 from onnx_tts.tools.quantize.agreement import Agreement, compare_stateless, compare_with_cache
 from onnx_tts.tools.quantize.output import write_output
 from onnx_tts.tools.quantize.plan import (
@@ -115,11 +115,7 @@ def _check_paths(source: Path, destination: Path) -> tuple[Path, Path]:
             f"the output {destination} is inside the model {source}: write the quantized model "
             "to a new directory outside it"
         )
-    if destination.exists():
-        raise InputError(f"{destination} already exists: give a new directory for the output")
-    if not destination.parent.is_dir():
-        raise InputError(f"output directory does not exist: {destination.parent}")
-    return source, destination
+    return source, check_new_output(destination)
 
 
 def _directory_bytes(root: Path) -> int:
