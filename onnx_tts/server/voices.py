@@ -58,7 +58,6 @@ MAX_NAME_CHARS = 100
 MAX_STORED_SAMPLES = 10 * 60 * 48_000
 MAX_META_BYTES = 4096
 _MAX_AUDIO_FILE_BYTES = 4 * MAX_STORED_SAMPLES + 4096  # float32 samples and a WAV header
-_ID_PATTERN = ID_PATTERN  # the old name, for importers
 
 
 @dataclass(frozen=True)
