@@ -40,9 +40,7 @@ from onnx_tts.cache.codec import sign, signature_matches
 from onnx_tts.errors import InputError
 from onnx_tts.regular_files import RefusedFile, read_regular_file, unlink_below
 from onnx_tts.server.errors import one_line
-from onnx_tts.server.schemas import OPENAI_VOICES
 from onnx_tts.server.voice_names import (
-    DEFAULT_VOICE_NAMES,
     ID_PATTERN,
     check_new_name,
     name_key,
@@ -465,8 +463,7 @@ def voice_to_speak(store: Any, registry: Any, model: Any, requested: str) -> Any
         # The default and builtin voices need no store: an unreachable shared store (a Redis
         # restart) fails only the requests that name a stored voice. Uploads may not take
         # these names, so a reachable store could only add an ambiguity a foreign writer made.
-        reserved = {name_key(n) for n in (*DEFAULT_VOICE_NAMES, *OPENAI_VOICES)}
-        reserved.update(name_key(n) for n in model.builtin_voices)
+        reserved = reserved_names({model.name: model.builtin_voices})
         if error.status != 503 or name_key(requested) not in reserved:
             raise
         stored = []
