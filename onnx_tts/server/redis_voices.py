@@ -115,12 +115,7 @@ class RedisVoiceStore:
 
     def list(self) -> list[Voice]:
         entries = self._call(self._client.hgetall, self._meta_key)
-        voices = []
-        for key, raw in entries.items():
-            entry = self._parse(key.decode("ascii", "replace"), raw)
-            if entry is not None:
-                voices.append(entry[0])
-        return sorted(voices, key=lambda v: (v.created_at, v.id))
+        return sorted(self._voices(entries), key=lambda v: (v.created_at, v.id))
 
     def audio(self, voice: Voice, sample_rate: int) -> np.ndarray:
         """The voice's samples at `sample_rate`, checked against its record and its id when
