@@ -145,8 +145,7 @@ class WyomingService:
             try:
                 voice_audio = voice_to_speak(self.voices, self.registry, model, speech.voice)
             except (VoiceNameError, VoiceStoreError) as error:
-                code = "voice_not_found" if error.code == "voice_not_found" else error.code
-                raise VoiceRefused(str(error), code) from None
+                raise VoiceRefused(str(error), error.code) from None
             except OnnxTTSError as error:
                 raise VoiceRefused(one_line(error), "voice_refused") from None
         return Generation(
