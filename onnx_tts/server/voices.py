@@ -39,7 +39,7 @@ from onnx_tts.audio import resample
 from onnx_tts.cache.codec import sign, signature_matches
 from onnx_tts.errors import InputError
 from onnx_tts.regular_files import RefusedFile, read_regular_file, unlink_below
-from onnx_tts.server.errors import one_line
+from onnx_tts.server.errors import NO_SPACE_ERRNOS, one_line
 from onnx_tts.server.voice_names import (
     ID_PATTERN,
     check_new_name,
@@ -125,7 +125,7 @@ def voice_id(audio: np.ndarray, sample_rate: int) -> str:
 def write_failure(error: OSError, where: str) -> VoiceStoreError:
     """A failed write as the client's one line: 507 when the space ran out, else 500."""
     reason = error.strerror or str(error)
-    if error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+    if error.errno in NO_SPACE_ERRNOS:
         return VoiceStoreError(
             507, f"cannot store the voice: {where} is full ({reason})", "insufficient_storage"
         )
