@@ -168,9 +168,8 @@ class WyomingService:
         model = self.model
         if "language" in model.options:
             return {"language": language}
-        wanted = language.lower().replace("_", "-").split("-")[0]
         spoken = model.languages
-        if wanted not in {code.lower().replace("_", "-").split("-")[0] for code in spoken}:
+        if _base_language(language) not in {_base_language(code) for code in spoken}:
             raise VoiceRefused(
                 f"language {language!r} is not spoken by {model.name}; it speaks "
                 f"{', '.join(spoken)}: ask for one of those, or leave the language out",
@@ -423,6 +422,11 @@ class WyomingHandler(AsyncEventHandler):
         finally:
             job.cancel()
             record.log(job.cache_hit)
+
+
+def _base_language(code: str) -> str:
+    """The language of a tag without its region: "en_US" and "EN-gb" are "en"."""
+    return code.lower().replace("_", "-").split("-")[0]
 
 
 def _version() -> str:
