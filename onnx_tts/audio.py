@@ -162,10 +162,13 @@ def wav_truncation(source: Path | bytes) -> str | None:
     return None
 
 
-def _decode_reason(error: Exception, name: object) -> str:
-    """libsndfile's reason, naming the file as the caller does (not an in-memory object)."""
-    text = re.sub(r"<_io\.BytesIO object at 0x[0-9a-f]+>", str(name), str(error))
-    return text.rstrip(".")
+def _undecodable(error: Exception, name: object) -> AudioError:
+    """libsndfile's refusal of reference audio `name`, naming the file as the caller does (not
+    an in-memory object)."""
+    reason = re.sub(r"<_io\.BytesIO object at 0x[0-9a-f]+>", str(name), str(error)).rstrip(".")
+    return AudioError(
+        f"cannot decode reference audio {name}: {reason}; use a WAV, FLAC or OGG file"
+    )
 
 
 Trimmed = Callable[[ReferenceTrimmedWarning], None]
@@ -225,10 +228,7 @@ def load_audio(
     try:
         info = soundfile.info(source())
     except (soundfile.LibsndfileError, RuntimeError, TypeError, ValueError) as error:
-        raise AudioError(
-            f"cannot decode reference audio {path}: {_decode_reason(error, path)}; "
-            "use a WAV, FLAC or OGG file"
-        ) from None
+        raise _undecodable(error, path) from None
     rate = int(info.samplerate)
     if not MIN_SAMPLE_RATE <= rate <= MAX_SAMPLE_RATE:
         raise AudioError(
@@ -247,10 +247,7 @@ def load_audio(
     try:
         data, _ = soundfile.read(source(), frames=max_frames, dtype="float32", always_2d=True)
     except (soundfile.LibsndfileError, RuntimeError, TypeError, ValueError) as error:
-        raise AudioError(
-            f"cannot decode reference audio {path}: {_decode_reason(error, path)}; "
-            "use a WAV, FLAC or OGG file"
-        ) from None
+        raise _undecodable(error, path) from None
     except MemoryError:
         raise AudioError(f"reference audio {path} is too large to decode") from None
     if data.size == 0:

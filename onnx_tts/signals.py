@@ -22,6 +22,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
+from typing import NoReturn
 
 _ENDING = (
     "SIGHUP SIGINT SIGQUIT SIGTRAP SIGABRT SIGUSR1 SIGUSR2 SIGALRM SIGTERM SIGSTKFLT SIGXCPU "
@@ -79,6 +80,10 @@ class _Termination:
         if self.deferring:
             self.pending = signum  # raised when the deferred block ends
             return
+        self.end(signum)
+
+    def end(self, signum: int) -> NoReturn:
+        """Raise TerminatedBySignal for `signum`; any later signal is ignored."""
         self.raised = True
         raise TerminatedBySignal(signum, self.completed)
 
@@ -133,8 +138,7 @@ def deferred() -> Iterator[None]:
         handler.deferring -= 1
         if not handler.deferring and handler.pending is not None and not handler.raised:
             signum, handler.pending = handler.pending, None
-            handler.raised = True
-            raise TerminatedBySignal(signum, handler.completed)
+            handler.end(signum)
 
 
 @contextmanager

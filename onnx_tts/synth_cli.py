@@ -16,6 +16,7 @@ from onnx_tts.audio import OUTPUT_FORMATS, ProgressiveWavWriter, RawPcmWriter
 from onnx_tts.errors import InputError
 from onnx_tts.flags import add_engine_flags, load_engine
 from onnx_tts.signals import committing
+from onnx_tts.vocoder import STREAMING_KEYS
 
 SAMPLING_HELP = {
     "temperature": "randomness of each token: 0 = greedy (always the likeliest), higher = more "
@@ -24,13 +25,6 @@ SAMPLING_HELP = {
     "top_p": "draw only from the likeliest tokens whose probabilities sum to p (nucleus, 0-1]",
     "repetition_penalty": "divide the scores of tokens already produced (1 = off, >1 repeats less)",
 }
-STREAM_FLAGS = (
-    "first_chunk_frames",
-    "stride_frames",
-    "overlap_frames",
-    "holdback_frames",
-    "crossfade_samples",
-)
 
 
 def add_synth_parser(commands: Any) -> argparse.ArgumentParser:
@@ -122,7 +116,9 @@ class _Progress:
 
 
 def _stream_options(args: argparse.Namespace) -> dict[str, Any]:
-    given = {name: getattr(args, name) for name in STREAM_FLAGS if getattr(args, name) is not None}
+    given = {
+        name: getattr(args, name) for name in STREAMING_KEYS if getattr(args, name) is not None
+    }
     if given and not args.stream:
         flags = ", ".join("--" + name.replace("_", "-") for name in given)
         raise InputError(f"{flags} only apply to streaming; add --stream or drop them")

@@ -37,6 +37,7 @@ from onnx_tts.server.redis_voices import open_voice_store
 from onnx_tts.server.schemas import CaptionedSpeechRequest, SpeechRequest, parse_speech_request
 from onnx_tts.server.speech import (
     client_error,
+    name_error,
     respond,
     start_speech,
     store_error,
@@ -179,7 +180,7 @@ def create_app(config: ServerConfig, registry: ModelRegistry | None = None) -> F
         try:
             check_new_name(name, reserved)
         except VoiceNameError as error:
-            raise APIError(error.status, str(error), param="name", code=error.code) from None
+            raise name_error(error, "name") from None
         trims: list[ReferenceTrimmedWarning] = []
         audio = await run_in_threadpool(decode_upload, model, audio_bytes, trims.append)
         try:
@@ -191,7 +192,7 @@ def create_app(config: ServerConfig, registry: ModelRegistry | None = None) -> F
         except OverflowError as error:
             raise APIError(400, str(error), code="too_many_voices") from None
         except VoiceNameError as error:
-            raise APIError(error.status, str(error), param="name", code=error.code) from None
+            raise name_error(error, "name") from None
         except VoiceExists as error:
             raise APIError(409, str(error), param="name", code=error.code) from None
         except VoiceStoreError as error:

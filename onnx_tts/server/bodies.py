@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import json
 import logging
 import tempfile
@@ -25,7 +24,7 @@ from onnx_tts.audio import Trimmed
 from onnx_tts.config import ServerConfig
 from onnx_tts.errors import AudioError
 from onnx_tts.server.engines import SpeechModel
-from onnx_tts.server.errors import APIError, one_line
+from onnx_tts.server.errors import NO_SPACE_ERRNOS, APIError, one_line
 from onnx_tts.server.schemas import (
     nests_deeper_than,
 )
@@ -169,7 +168,7 @@ def _spool_failed(error: OSError) -> APIError:
     where = f"the temporary directory ({tempfile.gettempdir()}; set TMPDIR)"
     reason = error.strerror or str(error)
     log.error("cannot spool an upload to %s: %s", tempfile.gettempdir(), reason)
-    if error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+    if error.errno in NO_SPACE_ERRNOS:
         return APIError(507, f"cannot receive the upload: {where} is full ({reason})",
                         code="insufficient_storage")  # fmt: skip
     return APIError(500, f"cannot receive the upload: {where}: {reason}", code="upload_failed")

@@ -22,17 +22,10 @@ from onnx_tts.config import CacheConfig, EngineConfig
 from onnx_tts.pipeline import available_cores, build_engine
 from onnx_tts.pipeline.admission import Admission, retry_after_seconds
 from onnx_tts.pipeline.execution import ReadyChunks
+from onnx_tts.vocoder import STREAMING_KEYS
 
 # Names OpenAI clients send for "the server's default model".
 DEFAULT_MODEL_ALIASES = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts", "onnx-tts", "default")
-# Streaming window options every model takes (see Engine.stream).
-WINDOW_OPTIONS = (
-    "first_chunk_frames",
-    "stride_frames",
-    "overlap_frames",
-    "holdback_frames",
-    "crossfade_samples",
-)
 
 
 @dataclass(eq=False)
@@ -190,7 +183,7 @@ def model_options(engine: onnx_tts.Engine) -> dict[str, type]:
             options[item.name] = type(default) if isinstance(default, (int, float)) else str
     for option in engine.family.options_in("request"):
         options[option.name] = option.kind
-    options.update(dict.fromkeys(WINDOW_OPTIONS, int))
+    options.update(dict.fromkeys(STREAMING_KEYS, int))  # every model streams
     options["cache"] = bool  # result cache: also a sampled request (True), or bypass (False)
     return options
 

@@ -6,9 +6,13 @@ OpenAI uses for the same case (400 bad input, 401 bad key, 404, 413, 429, 503).
 
 from __future__ import annotations
 
+import errno
 from typing import Any
 
 from starlette.responses import JSONResponse
+
+# How a write says it found no space (a full disk or quota, a file too large): a 507.
+NO_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 # OpenAI's error `type` per status.
 _TYPES = {

@@ -22,17 +22,16 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import threading
 import time
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
-from onnx_tts.audio import resample
 from onnx_tts.server.voice_names import ID_PATTERN, check_new_name, reserved_names
 from onnx_tts.server.voices import (
     MAX_STORED_SAMPLES,
+    CheckedAudio,
     Rejections,
     Voice,
     VoiceStoreError,
@@ -76,8 +75,7 @@ class RedisVoiceStore:
         self._audio_prefix = f"{namespace}:voices:audio:"
         self.secret = secret
         self.rejections = Rejections(f"Redis {self._meta_key}")
-        self._lock = threading.Lock()
-        self._audio: dict[tuple[str, int], np.ndarray] = {}
+        self._audio = CheckedAudio()
 
     @property
     def rejected(self) -> int:
@@ -115,19 +113,13 @@ class RedisVoiceStore:
 
     def list(self) -> list[Voice]:
         entries = self._call(self._client.hgetall, self._meta_key)
-        voices = []
-        for key, raw in entries.items():
-            entry = self._parse(key.decode("ascii", "replace"), raw)
-            if entry is not None:
-                voices.append(entry[0])
-        return sorted(voices, key=lambda v: (v.created_at, v.id))
+        return sorted(self._voices(entries), key=lambda v: (v.created_at, v.id))
 
     def audio(self, voice: Voice, sample_rate: int) -> np.ndarray:
         """The voice's samples at `sample_rate`, checked against its record and its id when
         first read (then kept in memory); VoiceStoreError (404, voice_damaged) when they
         fail."""
-        key = (voice.id, sample_rate)
-        cached = self._audio.get(key)
+        cached = self._audio.get(voice.id, sample_rate)
         if cached is not None:
             return cached
         raw_meta, data = self._call(self._read_pair, voice.id)
@@ -138,12 +130,7 @@ class RedisVoiceStore:
         if samples is None:
             self.rejections.refuse(voice.id, hashlib.sha256(raw_meta).hexdigest(), why)
             raise damaged(voice, why)
-        if voice.sample_rate != sample_rate:
-            samples = resample(samples, voice.sample_rate, sample_rate)
-        samples.setflags(write=False)
-        with self._lock:
-            self._audio[key] = samples
-        return samples
+        return self._audio.keep(voice, samples, sample_rate)
 
     def _read_pair(self, ident: str) -> tuple[bytes | None, bytes | None]:
         pipe = self._client.pipeline(transaction=True)
@@ -219,9 +206,7 @@ class RedisVoiceStore:
         pipe.hdel(self._meta_key, ident)
         pipe.delete(self._audio_prefix + ident)
         removed, _ = self._call(pipe.execute)
-        with self._lock:
-            for key in [k for k in self._audio if k[0] == ident]:
-                del self._audio[key]
+        self._audio.forget(ident)
         self.rejections.forget(ident)
         return bool(removed)
 

@@ -83,7 +83,7 @@ def plan_speech(state: Any, request: SpeechRequest, received: float) -> tuple[Ge
     try:
         voice_audio = voice_to_speak(state.voices, state.registry, model, request.voice_id)
     except VoiceNameError as error:
-        raise APIError(error.status, str(error), param="voice", code=error.code) from None
+        raise name_error(error, "voice") from None
     except VoiceStoreError as error:
         raise store_error(error, "voice") from None
     job = Generation(
@@ -432,6 +432,12 @@ def client_error(error: BaseException) -> APIError:
 def store_error(error: VoiceStoreError, param: str | None = None) -> APIError:
     """A voice store's refusal as the client's envelope (logged once by the store)."""
     return APIError(error.status, str(error), param=param, code=error.code, headers=error.headers)
+
+
+def name_error(error: VoiceNameError, param: str) -> APIError:
+    """A voice name refused (none or several voices reached, or not one an upload may take)
+    as the client's envelope, `param` naming the field."""
+    return APIError(error.status, str(error), param=param, code=error.code)
 
 
 def unknown_model(name: str, registry: ModelRegistry) -> APIError:

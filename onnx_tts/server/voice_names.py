@@ -47,11 +47,6 @@ def name_key(name: str) -> str:
     return unicodedata.normalize("NFKC", " ".join(text.split()).casefold())
 
 
-def looks_like_id(name: str) -> bool:
-    """Whether `name` (in any case) has the shape of a stored voice's id."""
-    return bool(ID_PATTERN.match(name_key(name)))
-
-
 class VoiceNameError(Exception):
     """A name an upload may not take, or a requested name that reaches no voice or several:
     `status` (400, 404, 409), `code` and the one-line message say which."""
@@ -158,7 +153,6 @@ __all__ = [
     "VoiceNameError",
     "check_new_name",
     "display_name",
-    "looks_like_id",
     "name_key",
     "reserved_names",
     "resolve_voice",

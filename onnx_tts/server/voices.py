@@ -39,10 +39,8 @@ from onnx_tts.audio import resample
 from onnx_tts.cache.codec import sign, signature_matches
 from onnx_tts.errors import InputError
 from onnx_tts.regular_files import RefusedFile, read_regular_file, unlink_below
-from onnx_tts.server.errors import one_line
-from onnx_tts.server.schemas import OPENAI_VOICES
+from onnx_tts.server.errors import NO_SPACE_ERRNOS, one_line
 from onnx_tts.server.voice_names import (
-    DEFAULT_VOICE_NAMES,
     ID_PATTERN,
     check_new_name,
     name_key,
@@ -58,7 +56,6 @@ MAX_NAME_CHARS = 100
 MAX_STORED_SAMPLES = 10 * 60 * 48_000
 MAX_META_BYTES = 4096
 _MAX_AUDIO_FILE_BYTES = 4 * MAX_STORED_SAMPLES + 4096  # float32 samples and a WAV header
-_ID_PATTERN = ID_PATTERN  # the old name, for importers
 
 
 @dataclass(frozen=True)
@@ -128,7 +125,7 @@ def voice_id(audio: np.ndarray, sample_rate: int) -> str:
 def write_failure(error: OSError, where: str) -> VoiceStoreError:
     """A failed write as the client's one line: 507 when the space ran out, else 500."""
     reason = error.strerror or str(error)
-    if error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+    if error.errno in NO_SPACE_ERRNOS:
         return VoiceStoreError(
             507, f"cannot store the voice: {where} is full ({reason})", "insufficient_storage"
         )
@@ -235,6 +232,32 @@ class Rejections:
             self._bad.pop(voice_id_, None)
 
 
+class CheckedAudio:
+    """Stored voices' samples at the rates asked for, kept in memory once read and checked
+    against their ids, so that a voice is read and checked once per rate."""
+
+    def __init__(self) -> None:
+        self._samples: dict[tuple[str, int], np.ndarray] = {}
+        self._lock = threading.Lock()
+
+    def get(self, voice_id_: str, sample_rate: int) -> np.ndarray | None:
+        return self._samples.get((voice_id_, sample_rate))
+
+    def keep(self, voice: Voice, samples: np.ndarray, sample_rate: int) -> np.ndarray:
+        """`samples` (checked, at the voice's rate) at `sample_rate`, read-only, kept."""
+        if sample_rate != voice.sample_rate:
+            samples = resample(samples, voice.sample_rate, sample_rate)
+        samples.setflags(write=False)
+        with self._lock:
+            self._samples[(voice.id, sample_rate)] = samples
+        return samples
+
+    def forget(self, voice_id_: str) -> None:
+        with self._lock:
+            for key in [k for k in self._samples if k[0] == voice_id_]:
+                del self._samples[key]
+
+
 def stored_as(stored: list[Voice], ident: str, key: str, count: int) -> Voice | None:
     """The stored voice an upload of content `ident` under a name of key `key` already is
     (None: it is new), by the rules of `VoiceStore.add`: VoiceExists for the same content under
@@ -311,7 +334,7 @@ class VoiceStore:
         self.secret = secret
         self.rejections = Rejections(str(self.root))
         self._lock = threading.Lock()
-        self._audio: dict[tuple[str, int], np.ndarray] = {}
+        self._audio = CheckedAudio()
         self._metas: dict[str, tuple[Any, Voice | None]] = {}  # id -> (file identity, voice)
 
     @property
@@ -364,8 +387,7 @@ class VoiceStore:
     def audio(self, voice: Voice, sample_rate: int) -> np.ndarray:
         """The voice's samples at `sample_rate`, checked against its id when first read (then
         kept in memory); VoiceStoreError (404, voice_damaged) when they fail."""
-        key = (voice.id, sample_rate)
-        cached = self._audio.get(key)
+        cached = self._audio.get(voice.id, sample_rate)
         if cached is not None:
             return cached
         state = self._state(voice.id)
@@ -373,11 +395,7 @@ class VoiceStore:
         if samples is None:
             self.rejections.refuse(voice.id, state, why)
             raise damaged(voice, why)
-        if sample_rate != voice.sample_rate:
-            samples = resample(samples, voice.sample_rate, sample_rate)
-        samples.setflags(write=False)
-        self._audio[key] = samples
-        return samples
+        return self._audio.keep(voice, samples, sample_rate)
 
     def _read_audio(self, voice: Voice) -> tuple[np.ndarray | None, str]:
         path = self._audio_path(voice.id)
@@ -447,8 +465,7 @@ class VoiceStore:
                 return False
             for path in (self._meta_path(ident), self._audio_path(ident)):
                 unlink_below(self.root, path)  # a file or link itself, never a directory
-            for key in [k for k in self._audio if k[0] == ident]:
-                del self._audio[key]
+            self._audio.forget(ident)
             self._metas.pop(ident, None)
             self.rejections.forget(ident)
             return True
@@ -466,8 +483,7 @@ def voice_to_speak(store: Any, registry: Any, model: Any, requested: str) -> Any
         # The default and builtin voices need no store: an unreachable shared store (a Redis
         # restart) fails only the requests that name a stored voice. Uploads may not take
         # these names, so a reachable store could only add an ambiguity a foreign writer made.
-        reserved = {name_key(n) for n in (*DEFAULT_VOICE_NAMES, *OPENAI_VOICES)}
-        reserved.update(name_key(n) for n in model.builtin_voices)
+        reserved = reserved_names({model.name: model.builtin_voices})
         if error.status != 503 or name_key(requested) not in reserved:
             raise
         stored = []

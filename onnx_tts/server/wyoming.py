@@ -145,8 +145,7 @@ class WyomingService:
             try:
                 voice_audio = voice_to_speak(self.voices, self.registry, model, speech.voice)
             except (VoiceNameError, VoiceStoreError) as error:
-                code = "voice_not_found" if error.code == "voice_not_found" else error.code
-                raise VoiceRefused(str(error), code) from None
+                raise VoiceRefused(str(error), error.code) from None
             except OnnxTTSError as error:
                 raise VoiceRefused(one_line(error), "voice_refused") from None
         return Generation(
@@ -169,9 +168,8 @@ class WyomingService:
         model = self.model
         if "language" in model.options:
             return {"language": language}
-        wanted = language.lower().replace("_", "-").split("-")[0]
         spoken = model.languages
-        if wanted not in {code.lower().replace("_", "-").split("-")[0] for code in spoken}:
+        if _base_language(language) not in {_base_language(code) for code in spoken}:
             raise VoiceRefused(
                 f"language {language!r} is not spoken by {model.name}; it speaks "
                 f"{', '.join(spoken)}: ask for one of those, or leave the language out",
@@ -424,6 +422,11 @@ class WyomingHandler(AsyncEventHandler):
         finally:
             job.cancel()
             record.log(job.cache_hit)
+
+
+def _base_language(code: str) -> str:
+    """The language of a tag without its region: "en_US" and "EN-gb" are "en"."""
+    return code.lower().replace("_", "-").split("-")[0]
 
 
 def _version() -> str:
