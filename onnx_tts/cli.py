@@ -87,6 +87,16 @@ def build_parser() -> argparse.ArgumentParser:
         prefix_chars="\0",
     )
     quantize.add_argument("args", nargs=argparse.REMAINDER)
+    # Exporters of published PyTorch checkpoints live beside the benchmarks in the source
+    # checkout (`export/`, with the `export` extra: torch); their own parser reads the rest.
+    export = commands.add_parser(
+        "export",
+        help="export a published checkpoint into a model directory (source checkout, "
+        "`export` extra)",
+        add_help=False,
+        prefix_chars="\0",
+    )
+    export.add_argument("args", nargs=argparse.REMAINDER)
 
     from onnx_tts.server.cli import add_parser as add_serve_parser
     from onnx_tts.server.cli import add_wyoming_parser
@@ -197,23 +207,29 @@ def cmd_config(args: argparse.Namespace) -> int:
     return 0
 
 
-def _find_benchmarks() -> Path:
-    """benchmarks/ of a source checkout: $ONNX_TTS_REPO, the current directory or its parents."""
+def _find_checkout(marker: str = "benchmarks/bench_kv.py", command: str = "bench") -> Path:
+    """The source checkout holding `marker`: $ONNX_TTS_REPO, the current directory or its
+    parents, or the one this package was installed from (editable)."""
     starts = [Path(os.environ["ONNX_TTS_REPO"])] if os.environ.get("ONNX_TTS_REPO") else []
-    starts += [Path.cwd(), *Path.cwd().parents, Path(__file__).resolve().parents[1]]
+    try:
+        here = Path.cwd()
+        starts += [here, *here.parents]
+    except OSError:  # started in a deleted directory: the other places still count
+        pass
+    starts.append(Path(__file__).resolve().parents[1])
     for start in starts:
-        if (start / "benchmarks" / "bench_kv.py").is_file():
+        if (start / marker).is_file():
             return start
     raise InputError(
-        "benchmarks live in the source checkout: run `onnx-tts bench` from the onnx-tts "
-        "repository (or set ONNX_TTS_REPO to it)"
+        f"`onnx-tts {command}` runs from the onnx-tts source checkout: run it there (or set "
+        "ONNX_TTS_REPO to it)"
     )
 
 
 def _bench_suites() -> tuple[str, ...]:
     """The benchmarks of the source checkout (none outside one)."""
     try:
-        repo = _find_benchmarks()
+        repo = _find_checkout()
     except InputError:
         return ()
     return tuple(sorted(path.stem[6:] for path in (repo / "benchmarks").glob("bench_*.py")))
@@ -222,7 +238,7 @@ def _bench_suites() -> tuple[str, ...]:
 def cmd_bench(args: argparse.Namespace) -> int:
     import importlib
 
-    repo = _find_benchmarks()
+    repo = _find_checkout()
     suites = _bench_suites()
     if args.suite not in suites:
         raise InputError(f"unknown benchmark {args.suite!r}; choose one of {', '.join(suites)}")
@@ -242,6 +258,14 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     from onnx_tts.tools.quantize.cli import parse_args, run_quantize
 
     return int(run_quantize(parse_args(args.args)) or 0)
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    repo = _find_checkout("export/cli.py", "export")
+    sys.path.insert(0, str(repo))
+    from export.cli import main as export_main  # the checkout's exporters (needs torch)
+
+    return int(export_main(args.args) or 0)
 
 
 def cmd_completion(args: argparse.Namespace) -> int:
@@ -272,6 +296,7 @@ COMMANDS = {
     "bench": cmd_bench,
     "convert": cmd_convert,
     "quantize": cmd_quantize,
+    "export": cmd_export,
     "serve": cmd_serve,
     "completion": cmd_completion,
     "wyoming": cmd_wyoming,

@@ -91,25 +91,41 @@ class ReferenceTrimmedWarning(OnnxTTSWarning):
         self.seconds, self.kept = seconds, kept
 
 
+def shown(value: Any, limit: int = 40) -> str:
+    """`value` as an error message quotes it: its repr, cut to `limit` characters (an integer
+    of 10,000 digits has no repr at all, and a long one would drown the message)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 128:
+        return f"an integer of about {int(value.bit_length() * math.log10(2)) + 1} digits"
+    try:
+        text = repr(value)
+    except (ValueError, RecursionError):
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def checked_number(
     name: str, value: Any, low: float, high: float, *, open_low: bool = False
 ) -> float:
     """`value` as a float when it is a finite number in [low, high] ((low, high] with
-    `open_low`); InputError naming `name` and the range otherwise (a bool is no number)."""
+    `open_low`); InputError naming `name` and the range otherwise (a bool is no number, an
+    integer too large for a float is out of range)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise InputError(f"{name} must be a number, got {value!r}")
-    number = float(value)
+        raise InputError(f"{name} must be a number, got {shown(value)}")
+    try:
+        number = float(value)
+    except (OverflowError, ValueError):
+        number = math.nan
     below = number <= low if open_low else number < low
     if not math.isfinite(number) or below or number > high:
         bracket = "(" if open_low else "["
-        raise InputError(f"{name} must be in {bracket}{low:g}, {high:g}], got {value!r}")
+        raise InputError(f"{name} must be in {bracket}{low:g}, {high:g}], got {shown(value)}")
     return number
 
 
 def checked_integer(name: str, value: Any, low: int, high: int) -> int:
     """`value` as an int when it is an integer in [low, high]; InputError otherwise."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise InputError(f"{name} must be an integer, got {value!r}")
+        raise InputError(f"{name} must be an integer, got {shown(value)}")
     if not low <= int(value) <= high:
-        raise InputError(f"{name} must be an integer in [{low}, {high}], got {value}")
+        raise InputError(f"{name} must be an integer in [{low}, {high}], got {shown(value)}")
     return int(value)
