@@ -15,7 +15,7 @@ import pytest
 
 import onnx_tts
 from onnx_tts.decoding.request import CancelToken, PlaybackClock, Request
-from onnx_tts.errors import InputError
+from onnx_tts.errors import CancelledError, InputError
 from onnx_tts.families.base import Vocoder, VocoderCapabilities
 from onnx_tts.pipeline.admission import Admission, retry_after_seconds
 from onnx_tts.pipeline.stages import VocoderStage
@@ -200,7 +200,7 @@ def test_a_cancelled_stream_stops_in_both_stages(codec_engine):
     next(stream)
     cancel.cancel()  # e.g. a server whose client went away
     wait_until(lambda: codec_engine.stats()["active_rows"] == 0, "the cancelled row is free")
-    with pytest.raises(StopIteration):
+    with pytest.raises(CancelledError):  # never a stream that ends as if it were whole
         while True:
             next(stream)
     stream.close()

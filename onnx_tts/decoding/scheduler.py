@@ -149,6 +149,8 @@ class DecodeScheduler:
                 self.prefilling.start_workers()
                 if self.slots is not None:
                     self.slots.start_grower()
+                if self._helper is not None:  # (its thread too: a burst starts none)
+                    self._helper.submit(time.monotonic)
                 self._thread = threading.Thread(
                     target=self._run, name="onnx-tts-decode", daemon=True
                 )
@@ -355,7 +357,7 @@ class DecodeScheduler:
     @staticmethod
     def _cancelled(request: Request) -> bool:
         if request.cancel.cancelled:
-            _tell(request.sink.end, None)
+            _tell(request.sink.end, request.error)
             return True
         return False
 
@@ -367,13 +369,12 @@ class DecodeScheduler:
         home = self.homes[row]
         if home is not None:
             home.release(row)
-        self.requests[row] = None
-        self.homes[row] = None
-        self.finishing[row] = False
+        self.requests[row], self.homes[row], self.finishing[row] = None, None, False
 
     def _drop_cancelled(self) -> None:
-        for row in [r for r, q in enumerate(self.requests) if q is not None and q.cancel.cancelled]:
-            self._free(row)
+        for row, request in enumerate(self.requests):
+            if request is not None and request.cancel.cancelled:
+                self._free(row, request.error)
 
     def _start_prefills(self, rows: list[int]) -> list[int]:
         """Start the prefills of the rows admitted this round, in the plan's order: admission
@@ -434,7 +435,7 @@ class DecodeScheduler:
         assert request is not None
         try:
             if request.cancel.cancelled:
-                self._free(row)
+                self._free(row, request.error)
                 return None
             admission = self.program.admit(self.state, row, request)
             if admission.inputs.shape[0] != self.program.lm_rows:

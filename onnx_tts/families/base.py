@@ -38,7 +38,7 @@ from onnx_tts.audio import load_audio
 from onnx_tts.cache.result import directory_hashes
 from onnx_tts.decoding import SAMPLING_KEYS, DecodeProgram, KVPool, SamplingOptions
 from onnx_tts.encoder import VoiceEncoder
-from onnx_tts.errors import AudioError, InputError
+from onnx_tts.errors import AudioError, InputError, checked_number, shown
 from onnx_tts.families.files import ModelFiles
 from onnx_tts.families.loader import LoadedGraphs, LoadSettings, Stage
 from onnx_tts.graph_io import KVLayout
@@ -76,29 +76,27 @@ class Option:
         """`value` checked against the option's type and range; InputError naming the option."""
         if self.kind is bool:
             if not isinstance(value, bool):
-                raise InputError(f"{self.name} must be true or false, got {value!r}")
+                raise InputError(f"{self.name} must be true or false, got {shown(value)}")
             return value
         if self.kind is str:
             if not isinstance(value, str) or not value:
-                raise InputError(f"{self.name} must be a non-empty string, got {value!r}")
+                raise InputError(f"{self.name} must be a non-empty string, got {shown(value)}")
             if self.choices and value not in self.choices:
                 raise InputError(
-                    f"{self.name} must be one of {', '.join(self.choices)}, got {value!r}"
+                    f"{self.name} must be one of {', '.join(self.choices)}, got {shown(value)}"
                 )
             return value
-        if self.kind is int and (
-            isinstance(value, bool) or not isinstance(value, numbers.Integral)
-        ):
-            raise InputError(f"{self.name} must be an integer, got {value!r}")
-        if isinstance(value, bool) or not isinstance(value, numbers.Real):
-            raise InputError(f"{self.name} must be a number, got {value!r}")
-        number = self.kind(value)
-        if not math.isfinite(number) or (
-            (self.low is not None and number < self.low)
-            or (self.high is not None and number > self.high)
-        ):
-            raise InputError(f"{self.name} must be in [{self.low:g}, {self.high:g}], got {value!r}")
-        return number
+        low = -math.inf if self.low is None else self.low
+        high = math.inf if self.high is None else self.high
+        if self.kind is int:
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                raise InputError(f"{self.name} must be an integer, got {shown(value)}")
+            if not low <= value <= high:  # (exact for integers of any size)
+                raise InputError(
+                    f"{self.name} must be an integer in [{low:g}, {high:g}], got {shown(value)}"
+                )
+            return int(value)
+        return checked_number(self.name, value, low, high)
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,9 @@ BREAK_STRENGTHS = {
     "x-strong": 1.2,
 }
 MAX_BREAK_SECONDS = 10.0  # one break; a longer one is cut to this
-MAX_TOTAL_BREAK_SECONDS = 600.0  # all breaks of a document; more is an error
+# All silence one text may ask for (its breaks, and `sentence_silence` between its sentences:
+# the planner adds those); more is an error, exactly this much is fine.
+MAX_TOTAL_BREAK_SECONDS = 600.0
 MAX_DEPTH = 32  # nested elements, <speak> included
 # Prosody rate keywords -> speed multiplier (absolute); numbers and percentages are relative
 # to the enclosing rate. The result must lie in the API's speed range.
@@ -277,7 +279,7 @@ class _Parser:
         else:
             seconds = BREAK_STRENGTHS[strength or "medium"]
         seconds = round(min(seconds, MAX_BREAK_SECONDS), 6)  # microseconds: exact in to_ssml
-        self.pause += seconds
+        self.pause = round(self.pause + seconds, 6)  # a sum of exact microseconds
         if self.pause > MAX_TOTAL_BREAK_SECONDS:
             raise self.error(
                 f"the breaks add up to more than {MAX_TOTAL_BREAK_SECONDS:g} s; shorten them or "

@@ -7,14 +7,14 @@ window (`stream`); the sentences are joined by the vocoder's pause. A plan in se
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 import numpy as np
 
 from onnx_tts.audio import check_finite
 from onnx_tts.decoding.request import Request
 from onnx_tts.decoding.scheduler import DecodeScheduler, FrameStream
-from onnx_tts.errors import EmptyAudioError, OnnxTTSError
+from onnx_tts.errors import CancelledError, EmptyAudioError, OnnxTTSError
 from onnx_tts.families.base import Model
 from onnx_tts.pipeline.planner import Plan, Timing
 from onnx_tts.pipeline.stages import VocoderStage, VocoderStream
@@ -103,6 +103,9 @@ class Executor:
         `made(index, samples)` is told each sentence that was."""
         known = known or {}
         requests = plan.requests(voice, timing)
+        cancel = requests[0].cancel  # shared by every chunk of the text
+        if cancel.cancelled:
+            raise cancelled()
         streams = _OneShotStreams(self, requests, sequential=plan.sequential)
         if not plan.sequential:  # every sentence at once, each decoding as its own row
             for index in range(len(requests)):
@@ -117,6 +120,8 @@ class Executor:
                 else:
                     parts = [piece for piece in streams.get(index) if len(piece)]
                     samples = np.concatenate([self.silence(), *parts])
+                    if cancel.cancelled:  # its frames may have been cut short
+                        raise streams.failure() or cancelled()
                     if not samples.size:
                         raise no_audio(
                             self.model.text.describe(request.chunk), index, len(requests)
@@ -172,6 +177,13 @@ class _OneShotStreams:
     def get(self, index: int) -> VocoderStream:
         self.start(index)  # (already started unless the consumer is ahead of the LM)
         return self.streams[index]
+
+    def failure(self) -> BaseException | None:
+        """The first error a chunk failed with (it cancelled its siblings: that error, not
+        the cancellation, is what the caller is told)."""
+        with self._lock:
+            streams = list(self.streams.values())
+        return first_failure(streams)
 
     def close(self) -> None:
         with self._lock:
@@ -266,6 +278,12 @@ class AudioStream:
         while True:
             if self._closed:
                 raise StopIteration
+            if self.requests and self.requests[0].cancel.cancelled:
+                # Cancelled by its token's holder (or a failed sentence cancelled the rest):
+                # an error, never a stream that ends early as if it were whole.
+                failure = first_failure(self._streams)
+                self.close()
+                raise failure or cancelled()
             if self._lead:
                 lead, self._lead = self._lead, 0
                 return self._keep(self.executor.silence(lead))
@@ -288,11 +306,10 @@ class AudioStream:
             try:
                 chunk = stream.next_chunk(block)
             except StopIteration:
+                if self.requests[self._index].cancel.cancelled:
+                    continue  # (said at the top of the loop)
                 if not self._produced:  # a sentence with no sound is an error, never silence
-                    cancelled = self.requests[self._index].cancel.cancelled
                     self.close()
-                    if cancelled:  # its consumer stopped it: the stream just ends
-                        raise StopIteration from None
                     chunk = self.requests[self._index].chunk
                     raise no_audio(
                         self.executor.model.text.describe(chunk), self._index, len(self.requests)
@@ -391,6 +408,23 @@ class ReadyChunks:
             close()
 
 
+def cancelled() -> CancelledError:
+    return CancelledError(
+        "the request was cancelled (its CancelToken fired) before its audio was complete; "
+        "nothing was returned or cached"
+    )
+
+
+def first_failure(streams: Iterable[VocoderStream | None]) -> BaseException | None:
+    """The first error one of a text's sentence streams failed with, other than a
+    cancellation."""
+    for stream in streams:
+        failed = None if stream is None else stream.failed
+        if failed is not None and not isinstance(failed, CancelledError):
+            return failed
+    return None
+
+
 def no_audio(chunk: str, index: int, count: int) -> EmptyAudioError:
     """The error for a sentence the model ended without any audio (`chunk`: the sentence as
     the family describes it, or ""): an utterance with no sound is never returned, written or
@@ -409,5 +443,6 @@ __all__ = [
     "Executor",
     "Progress",
     "ReadyChunks",
+    "cancelled",
     "no_audio",
 ]

@@ -53,6 +53,7 @@ from onnx_tts.server.jobs import AUDIO, END, ERROR, Busy, Generation
 from onnx_tts.server.metrics import SynthesisRecord
 from onnx_tts.server.schemas import MAX_INPUT_CHARS
 from onnx_tts.server.text_stream import Piece, StreamedText
+from onnx_tts.server.threads import blocking, trim_idle_threads
 from onnx_tts.server.voice_names import VoiceNameError
 from onnx_tts.server.voices import VoiceStoreError, voice_to_speak
 from onnx_tts.server.wyoming_events import (
@@ -373,7 +374,7 @@ class WyomingHandler(AsyncEventHandler):
             return True
         service = self.service
         try:
-            job = await asyncio.to_thread(service.plan, speech)
+            job = await blocking(service.plan, speech)
         except VoiceRefused as error:
             log.info("wyoming voice refused: %s", error)
             await self._error(str(error), error.code)
@@ -496,12 +497,14 @@ async def _serve(service: WyomingService, uri: str) -> int:
     assert isinstance(server, AsyncTcpServer)
     await server.start(lambda reader, writer: WyomingHandler(service, reader, writer))
     log.info("wyoming: listening on %s (model %s)", uri, service.model.name)
+    trimming = asyncio.create_task(trim_idle_threads())
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     log.info("wyoming: stopping")
+    trimming.cancel()
     await server.stop()
     service.stop()
     return 0
