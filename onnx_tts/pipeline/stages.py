@@ -480,9 +480,9 @@ class VocoderStage:
             self.scheduler_wake()
 
 
-
 def _nothing() -> None:
     return None
+
 
 __all__ = [
     "DEFAULT_GATHER_SECONDS",
