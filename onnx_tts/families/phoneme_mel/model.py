@@ -10,7 +10,6 @@ See export/voice/train.py for the model and docs/ARCHITECTURE.md for the graph c
 
 from __future__ import annotations
 
-import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -212,11 +211,7 @@ class PhonemeText(TextFrontend):
         return chunks
 
     def phoneme_chunks(self, ipa: str, text: str, options: Mapping[str, Any]) -> list[PhonemeChunk]:
-        symbols = self.table.encode(unicodedata.normalize("NFD", ipa))
-        if not symbols:
-            raise InputError(
-                f"phonemes {ipa!r} hold no symbol this model knows; use IPA as espeak-ng writes it"
-            )
+        symbols = self.table.encode_given(ipa)
         return [PhonemeChunk(tuple(self.start_id + symbols + self.end_id), text or ipa)]
 
     def describe(self, chunk: Any) -> str:
