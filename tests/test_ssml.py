@@ -430,7 +430,9 @@ OPENINGS = {
     "newline": "\n",
     "spaces and tabs": " \t \r\n",
     "declaration": '<?xml version="1.0"?>',
-    "declaration, encoding, standalone": '<?xml version="1.0" encoding="UTF-8" standalone="yes"?>\n',
+    "declaration, encoding, standalone": (
+        '<?xml version="1.0" encoding="UTF-8" standalone="yes"?>\n'
+    ),
     "whitespace before the declaration": '\n  <?xml version="1.0"?>\n',
     "bom, then the declaration": '\ufeff<?xml version="1.0" encoding="utf-8"?>\r\n',
     "bom after whitespace": " \ufeff",
@@ -506,7 +508,8 @@ def test_the_w3c_header_and_vendor_namespaces_are_accepted() -> None:
     assert parse_ssml(document) == Document((Text("Hello."),))
     azure = (
         '<speak version="1.0" xmlns="http://www.w3.org/2001/10/synthesis" '
-        'xmlns:mstts="https://www.w3.org/2001/mstts" xmlns:emo="http://www.w3.org/2009/10/emotionml" '
+        'xmlns:mstts="https://www.w3.org/2001/mstts" '
+        'xmlns:emo="http://www.w3.org/2009/10/emotionml" '
         'xml:lang="en-US">Hello.</speak>'
     )
     assert parse_ssml(azure) == Document((Text("Hello."),))
