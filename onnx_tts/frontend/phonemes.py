@@ -11,6 +11,7 @@ import warnings
 from pathlib import Path
 
 from onnx_tts.errors import InputError, ModelError, UnspeakableTextWarning, shown
+from onnx_tts.frontend.word_phonemes import is_sound
 
 # Clause punctuation is kept in the phoneme string: it tells the model where to pause and how
 # to intone. A comma-like mark is followed by a space, as a word boundary.
@@ -144,7 +145,7 @@ class PhonemeTable:
         phonemes = unicodedata.normalize("NFD", ipa)
         unknown = list(dict.fromkeys(ch for ch in phonemes if ch not in self._ids and ch != " "))
         listed = " ".join(unknown[:12]) + (" ..." if len(unknown) > 12 else "")
-        if not any(_is_sound(ch) and ch in self._ids for ch in phonemes):
+        if not any(is_sound(ch) and ch in self._ids for ch in phonemes):
             verb = "is" if len(unknown) == 1 else "are"
             detail = f" ({listed} {verb} not among its phonemes)" if unknown else ""
             raise InputError(
@@ -160,9 +161,3 @@ class PhonemeTable:
                 stacklevel=3,
             )
         return self.encode(phonemes)
-
-
-def _is_sound(symbol: str) -> bool:
-    """A letter that is a sound of its own: not a stress, length or other modifier mark, not
-    punctuation, not a diacritic."""
-    return unicodedata.category(symbol) in ("Ll", "Lu", "Lo")

@@ -61,7 +61,8 @@ def _timed(
 ) -> list[WordTiming]:
     if not words or samples <= 0:
         return []
-    seconds = samples / sample_rate / rate
+    # what the listener hears: the samples stretched to round(samples / rate) (timestretch)
+    seconds = round(samples / rate) / sample_rate
     spans = _marked(words, marks) if marks else None
     if spans is None:
         total = sum(max(word.weight, 1e-9) for word in words)
@@ -73,8 +74,14 @@ def _timed(
             position += length
         return timings
     per_mark = seconds / len(marks)  # type: ignore[arg-type]
+    end = offset + seconds  # no word ends after its chunk's audio
     return [
-        WordTiming(word.text, offset + first * per_mark, offset + last * per_mark, estimated)
+        WordTiming(
+            word.text,
+            min(offset + first * per_mark, end),
+            min(offset + last * per_mark, end),
+            estimated,
+        )
         for word, (first, last, estimated) in zip(words, spans, strict=True)
     ]
 
@@ -83,13 +90,18 @@ def _marked(
     words: Sequence[WordSpan], marks: Sequence[int]
 ) -> list[tuple[float, float, bool]] | None:
     """Per word (first mark, one past its last mark, estimated) in units of marks, or None
-    when the words carry no positions. A word no frame voiced (the pointer jumped over it)
-    takes the gap between its neighbours and is marked estimated."""
-    if any(word.first is None or word.last is None for word in words):
+    when no word carries positions. A word without positions, or that no frame voiced (the
+    pointer jumped over it), takes the gap between its neighbours and is marked estimated."""
+    if all(word.first is None or word.last is None for word in words):
         return None
     found: list[tuple[int, int] | None] = []
     for word in words:
-        hits = [i for i, mark in enumerate(marks) if word.first <= mark < word.last]  # type: ignore[operator]
+        first, last = word.first, word.last
+        hits = (
+            []
+            if first is None or last is None
+            else [i for i, mark in enumerate(marks) if first <= mark < last]
+        )
         found.append((hits[0], hits[-1] + 1) if hits else None)
     spans: list[tuple[float, float, bool]] = []
     for index, hit in enumerate(found):
