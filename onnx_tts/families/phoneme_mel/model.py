@@ -41,6 +41,7 @@ from onnx_tts.families.base import (
 from onnx_tts.families.bundled import BundledModel, bundle_encoder, bundle_files
 from onnx_tts.families.loader import Graph, GraphSet, LoadedGraphs, load_graphs
 from onnx_tts.frontend import PhonemeTable, Phonemizer, normalize_text, split_sentences
+from onnx_tts.frontend.sentences import UNIT_SPACE
 from onnx_tts.frontend.word_phonemes import word_positions
 from onnx_tts.graph_io import check_graph_io
 from onnx_tts.session import Session
@@ -207,8 +208,11 @@ class PhonemeText(TextFrontend):
         return self.start_id + self.table.encode(self.phonemizer.phonemize(sentence)) + self.end_id
 
     def chunks(self, text: str, options: Mapping[str, Any]) -> list[PhonemeChunk]:
-        sentences = split_sentences(normalize_text(text), self.max_chunk_chars)
-        chunks = [PhonemeChunk(tuple(self.phoneme_ids(s)), s) for s in sentences]
+        # The sentences keep the reader's units (captions never split "nine thirty AM").
+        sentences = split_sentences(normalize_text(text, keep_units=True), self.max_chunk_chars)
+        chunks = [
+            PhonemeChunk(tuple(self.phoneme_ids(s.replace(UNIT_SPACE, " "))), s) for s in sentences
+        ]
         chunks = [chunk for chunk in chunks if len(chunk.ids) > 2]
         if not chunks:
             raise InputError("text has nothing speakable after normalisation")
@@ -219,7 +223,7 @@ class PhonemeText(TextFrontend):
         return [PhonemeChunk(tuple(self.start_id + symbols + self.end_id), text or ipa, True)]
 
     def describe(self, chunk: Any) -> str:
-        return chunk.text if isinstance(chunk, PhonemeChunk) else ""
+        return chunk.text.replace(UNIT_SPACE, " ") if isinstance(chunk, PhonemeChunk) else ""
 
     def words(self, chunk: Any) -> list[WordSpan]:
         """The sentence's words on its phonemes (positions in `ids`, so the program's pointer
@@ -229,15 +233,14 @@ class PhonemeText(TextFrontend):
         words = spoken_words(chunk.text)
         sentence = [self.table.symbols[i - 1] for i in chunk.ids[1:-1]]
         if chunk.given:  # the writer's phonemes: their groups are the words
-            groups = [(g[0] + 1, g[1] + 1) for g in _groups(sentence)]
-            if len(groups) == len(words):
-                return [WordSpan(w.text, *g, w.weight) for w, g in zip(words, groups, strict=True)]
-            return words
+            groups = _groups(sentence)
+            if len(groups) != len(words):
+                return words
+            pairs = zip(words, groups, strict=True)
+            return [replace(word, first=a + 1, last=b + 1) for word, (a, b) in pairs]
         spans = word_positions(sentence, [self._word_phonemes(word.text) for word in words])
         return [
-            WordSpan(word.text, span[0] + 1, span[1] + 1, word.weight)
-            if span
-            else WordSpan(word.text, weight=word.weight)
+            replace(word, first=span[0] + 1, last=span[1] + 1) if span else word
             for word, span in zip(words, spans, strict=True)
         ]
 
