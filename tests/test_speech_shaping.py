@@ -249,7 +249,8 @@ def test_the_cli_writes_subtitles_and_takes_speed_ssml_and_sentence_silence(tmp_
     done = synth(text, "-o", "a.wav", "--captions", "a.srt", "-q")
     assert done.returncode == 0, done.stderr
     srt = (tmp_path / "a.srt").read_text()
-    assert srt.startswith("1\n00:00:00,") and "Hello there\n" in srt and "How are you today" in srt
+    assert srt.startswith("1\n00:00:00,") and "Hello there.\n" in srt
+    assert "How are you today?\n" in srt  # the punctuation is kept in the cue text
     done = synth(text, "-o", "b.wav", "--captions", "b.vtt", "--stream", "-q", "--speed", "2")
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "b.vtt").read_text().startswith("WEBVTT\n\n00:00:00.")

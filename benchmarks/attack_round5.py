@@ -1,0 +1,11 @@
+"""The categories of round five (issue 43), one module each; importing this adds their cases
+to attack_live.LIVE_CASES (in this fixed order, so case ids do not depend on import order) and
+their probes to its registry."""
+
+from __future__ import annotations
+
+from benchmarks import attack_markup
+
+ROUND_FIVE = (attack_markup,)
+for _module in ROUND_FIVE:
+    _module.register_cases()
