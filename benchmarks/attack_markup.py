@@ -98,6 +98,8 @@ PUNCTUATION = [
     '<speak><phoneme alphabet="ipa" ph="təˈmɑːtoʊ">tomato</phoneme>?</speak>',
 ]
 REFUSED = [
+    ('<!ENTITY lol "lol"><speak>&lol;</speak>', "markup declarations"),
+    ('<?xml version="1.0"?>\n<!ENTITY x SYSTEM "file:///etc/passwd"><speak>&x;</speak>', "markup"),
     ("[[ 1 2 3 ]]", "1 2 3 are not among its phonemes"),
     ("Say [[ ˈ , ]] now.", "no sound this model knows"),
     ('<speak><phoneme ph="123">x</phoneme></speak>', "not among its phonemes"),

@@ -490,6 +490,23 @@ def test_a_doctype_is_refused_whatever_comes_before_it(document: str) -> None:
     assert "lol" not in str(caught.value) and "world" not in str(caught.value)
 
 
+@pytest.mark.parametrize(
+    ("document", "line", "column"),
+    [
+        ('<!ENTITY lol "lol"><speak>&lol;</speak>', 1, 1),
+        ("<!-- x -->\n <!ELEMENT speak ANY><speak>x</speak>", 2, 2),
+        ('<speak>a <!ENTITY x "y"> b</speak>', 1, 10),
+    ],
+)
+def test_an_entity_declaration_outside_a_doctype_is_refused_not_read(
+    document: str, line: int, column: int
+) -> None:
+    assert is_ssml(document)
+    with pytest.raises(SsmlError, match=r"markup declarations .* are not allowed") as caught:
+        parse_markup(document)
+    assert (caught.value.line, caught.value.column) == (line, column)
+
+
 def test_xml_constructs_without_speak_are_parsed_not_read() -> None:
     assert parse_markup("<!-- draft -->Hello there.") == Document((Text("Hello there."),))
     for document, message in [

@@ -73,6 +73,7 @@ _PROLOG_ITEM_RE = re.compile(
 _SPEAK_RE = re.compile(r"<speak(?=[\s>/])")
 _CLOSING_TAG_RE = re.compile(r"</\s*([^\s>]+)")
 _DOCTYPE_RE = re.compile(r"<!DOCTYPE", re.IGNORECASE)
+_DECLARATION_RE = re.compile(r"<!(?:ENTITY|ELEMENT|ATTLIST|NOTATION)\b", re.IGNORECASE)
 
 
 def _prolog(text: str) -> tuple[int, bool]:
@@ -93,7 +94,7 @@ def is_ssml(text: str) -> bool:
     processing instructions, or it starts with one of those XML constructs (an XML document
     is parsed, never read aloud). "if a < b then" is plain text."""
     head, markup = _prolog(text)
-    if markup or text.startswith(("<!--", "<?"), head):  # (an unclosed one: the parser says so)
+    if markup or text.startswith(("<!", "<?"), head):  # (an unclosed one: the parser says so)
         return True
     return bool(_SPEAK_RE.match(text, head) or _DOCTYPE_RE.match(text, head))
 
@@ -430,6 +431,14 @@ class _Parser:
                 "unknown entity: only &amp; &lt; &gt; &quot; &apos; and character references "
                 "such as &#233; are allowed (write & as &amp;)",
                 at,
+            )
+        offset = _offset(xml, error.lineno, error.offset)
+        declared = xml.rfind("<!", max(0, offset - 2), offset + 1)
+        if declared >= 0 and _DECLARATION_RE.match(xml, declared):
+            return self.error(
+                "markup declarations (<!ENTITY>, <!ELEMENT>, ...) are not allowed (no DTDs or "
+                "entity declarations); remove it",
+                self._position(error.lineno, error.offset - (offset - declared)),
             )
         if code == codes[expat.errors.XML_ERROR_INVALID_TOKEN]:
             return self.error(
