@@ -888,6 +888,10 @@ CATEGORY_HELP = {
     "wyoming-conn": "Wyoming clients that half-close, send part of an event, or nothing",
     "cache-files": "cache entries that are FIFOs, device links, links out, sparse files",
     "process": "every terminating signal, closed stdio, store I/O, cut and malformed bodies",
+    "markup": "SSML however a document begins, DOCTYPEs after it, lone punctuation, bad [[ ]]",
+    "captions": "audio and captions as one file, a full disk, cue escaping, units, punctuation",
+    "timings": "word timings where espeak-ng merges words, at every speed, never past the sound",
+    "reader": "protocols, time ranges, handles and hashtags, ratios, rates per unit",
 }
 
 

@@ -653,7 +653,8 @@ def test_streamed_text_cuts_sentences_outside_markup() -> None:
     assert plain.add(" oʊ ]] day. Bye") == [Piece("The [[ h ə. l oʊ ]] day.", False)]
     assert plain.finish() == [Piece("Bye", False)]
     ssml = StreamedText()
-    assert ssml.add("  <?xml version='1.0'?> <spe") == [] and not ssml.ssml
+    assert ssml.add("  <?xml ver") == [] and not ssml.ssml
+    assert ssml.add("sion='1.0'?> <spe") == [] and ssml.ssml  # an XML document: kept whole
     assert ssml.add("ak>One. Two. ") == [] and ssml.ssml
     assert ssml.add("Three.</speak>") == []
     assert ssml.finish() == [Piece("  <?xml version='1.0'?> <speak>One. Two. Three.</speak>", None)]
@@ -663,3 +664,9 @@ def test_streamed_text_cuts_sentences_outside_markup() -> None:
     declared_plain = StreamedText(ssml=False)
     assert declared_plain.add("<speak>Hi. There") == [Piece("<speak>Hi.", False)]
     assert StreamedText().finish() == [] and StreamedText().add("   ") == []
+    commented = StreamedText()
+    assert commented.add("<!-- from an edi") == [] and not commented.ssml
+    assert commented.add("tor -->\n<speak>Hi. There.</speak>") == [] and commented.ssml
+    unfinished = StreamedText()
+    assert unfinished.add("<spe") == []
+    assert unfinished.finish() == [Piece("<spe", None)]  # the engine tells (is_ssml)

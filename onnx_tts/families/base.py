@@ -26,9 +26,10 @@ from __future__ import annotations
 import math
 import numbers
 import os
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
@@ -41,6 +42,7 @@ from onnx_tts.encoder import VoiceEncoder
 from onnx_tts.errors import AudioError, InputError, checked_number, shown
 from onnx_tts.families.files import ModelFiles
 from onnx_tts.families.loader import LoadedGraphs, LoadSettings, Stage
+from onnx_tts.frontend.sentences import UNIT_SPACE
 from onnx_tts.graph_io import KVLayout
 
 Scope = Literal["load", "request", "both"]
@@ -122,12 +124,41 @@ class WordSpan:
     first: int | None = None
     last: int | None = None
     weight: float = 1.0
+    written: str = ""  # as the sentence writes it, punctuation included (captions); "" = text
+    joins_next: bool = False  # it and the next word are one spoken unit ("nine" "thirty")
+
+
+_WORD_RE = re.compile(r"(\S+)(\s*)")
+_AROUND_WORDS = ".,;:!?\"'()[]{}"
 
 
 def spoken_words(text: str) -> list[WordSpan]:
-    """The words of `text` (punctuation around them dropped), weighted by their letters."""
-    words = (word.strip(".,;:!?\"'()[]{}") for word in text.split())
-    return [WordSpan(word, weight=max(1, len(word))) for word in words if word]
+    """The words of `text` (punctuation around them dropped; kept in `written`), weighted by
+    their letters. Words the reader joined as one spoken unit (`normalize_text(...,
+    keep_units=True)`: a number, a time, an amount) say so in `joins_next`; punctuation
+    standing alone ("-", "—") is written with the word before it."""
+    words: list[WordSpan] = []
+    lead = ""
+    for match in _WORD_RE.finditer(text):
+        token, space = match.groups()
+        joins = bool(space) and not space.strip(UNIT_SPACE)
+        word = token.strip(_AROUND_WORDS)
+        if not any(ch.isalnum() for ch in word):  # punctuation on its own
+            if words:
+                last = words[-1]
+                words[-1] = replace(
+                    last,
+                    written=f"{last.written} {token}",
+                    joins_next=last.joins_next and joins,
+                )
+            else:
+                lead += token + " "
+            continue
+        words.append(
+            WordSpan(word, weight=max(1, len(word)), written=lead + token, joins_next=joins)
+        )
+        lead = ""
+    return words
 
 
 class TextFrontend(ABC):

@@ -9,7 +9,8 @@ spoken as it completes, with its markup intact.
   once, so that its markup is parsed, never read, and an error names a position in the text
   as the client wrote it.
 - Until the first characters show which of the two it is ("<spe" may still become
-  "<speak>"), nothing is spoken.
+  "<speak>", an XML declaration or a comment may still be followed by it), nothing is
+  spoken.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from onnx_tts.frontend.sentences import SENTENCE_END
-from onnx_tts.frontend.ssml import is_ssml
+from onnx_tts.frontend.ssml import is_ssml, ssml_undecided
 
 _PLAIN, _SSML = "plain", "ssml"
 
@@ -28,18 +29,6 @@ class Piece:
 
     text: str
     ssml: bool | None
-
-
-def _undecided(text: str) -> bool:
-    """Whether `text` (the start of a stream) could still turn out to be SSML: it is empty,
-    or a beginning of "<speak", or an XML declaration not yet closed."""
-    head = text.lstrip("\ufeff \t\r\n")
-    if head.startswith("<?"):
-        end = head.find("?>")
-        if end < 0:
-            return True
-        head = head[end + 2 :].lstrip()
-    return "<speak".startswith(head) or "<?xml".startswith(head)
 
 
 def _inside_phonemes(text: str, index: int) -> bool:
@@ -69,7 +58,7 @@ class StreamedText:
     def add(self, chunk: str) -> list[Piece]:
         """Take one chunk; the sentences it completed."""
         self._buffer += chunk
-        if self._mode is None and not _undecided(self._buffer):
+        if self._mode is None and not ssml_undecided(self._buffer):
             self._mode = _SSML if is_ssml(self._buffer) else _PLAIN
         if self._mode != _PLAIN:
             return []
@@ -91,7 +80,7 @@ class StreamedText:
         rest, self._buffer = self._buffer, ""
         if not rest.strip():
             return []
-        if self._mode == _SSML:
+        if self._mode != _PLAIN:  # SSML, or still undecided: the engine tells (is_ssml)
             return [Piece(rest, True if self._declared else None)]
         return [Piece(rest.strip(), False)]
 
