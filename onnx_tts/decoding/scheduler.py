@@ -44,10 +44,8 @@ log = logging.getLogger("onnx_tts.decoding")
 
 MAX_BATCH_LIMIT = 256
 MAX_PREFILL_WORKERS = 64  # threads running prompts apart: far above any machine's cores
-# After a round in which nothing could run, the policy looks again this soon (due times move).
-IDLE_ROUND_SECONDS = 0.005
-# Requests waiting for a row beyond this many are refused (QueueFull) instead of queued.
-DEFAULT_MAX_WAITING = 1024
+IDLE_ROUND_SECONDS = 0.005  # after a round that ran nothing, the policy looks again this soon
+DEFAULT_MAX_WAITING = 1024  # requests waiting for a row beyond this many are refused (QueueFull)
 # A scheduler without work for this long lets its slot buffers go: a burst grew them, and a
 # long-running server would otherwise hold them until it exits. (None: kept.)
 IDLE_RELEASE_SECONDS: float | None = 60.0
@@ -91,12 +89,14 @@ class DecodeScheduler:
         self.layout = pool.layout
         self.prefix_cache = prefix_cache
         self.max_waiting = max_waiting
-        self.batching_unavailable = batching_support(pool)
+        self.batching_unavailable, min_span = batching_support(pool), 1
         if self.batching_unavailable is None and max_batch > 1:  # rows would share steps
-            self.batching_unavailable = batch_invariance_problem(program, pool)
+            self.batching_unavailable, min_span = batch_invariance_problem(program, pool)
         self.slots: SlotRows | None = None
         if self.batching_unavailable is None:
-            self.slots = SlotRows(program, self.layout, pool.capacity, max_batch, slot_bytes)
+            self.slots = SlotRows(
+                program, self.layout, pool.capacity, max_batch, slot_bytes, min_span
+            )
             self.slots.on_grown = self.wake
         self.own = OwnCaches(program, pool, self.layout)
         self.state = program.new_state(max_batch)
