@@ -12,6 +12,7 @@ from typing import Any
 
 from wyoming.event import Event
 
+from onnx_tts.errors import shown
 from onnx_tts.server.bodies import MAX_JSON_DEPTH
 from onnx_tts.server.schemas import nests_deeper_than
 
@@ -139,10 +140,8 @@ def malformed(event: Event) -> str:
     if event.type in _VOICE_EVENTS:
         if data.get("text_format") not in (None, "text", "ssml"):
             return '"text_format" must be "text" or "ssml"'
-        for key in SHAPING_FIELDS:  # onnx-tts extensions; the engine checks their ranges
+        for key in SHAPING_FIELDS:  # onnx-tts extensions (event_options checks their ranges)
             value = data.get(key)
-            if value is not None and (
-                isinstance(value, bool) or not isinstance(value, int | float)
-            ):
-                return f'"{key}" must be a number'
+            if key in data and (isinstance(value, bool) or not isinstance(value, int | float)):
+                return f'"{key}" must be a number, got {"null" if value is None else shown(value)}'
     return ""
