@@ -24,6 +24,7 @@ __all__ = [
     "file_kind",
     "open_regular_file",
     "read_regular_file",
+    "real_path",
     "unlink_below",
 ]
 
@@ -134,6 +135,14 @@ def read_regular_file(
     if len(data) > max_bytes or len(data) > info.st_size:
         raise RefusedFile(path, "growing while it is read")
     return data
+
+
+def real_path(path: str | os.PathLike[str]) -> Path:
+    """`path` with every symbolic link and `..` resolved, as os.path.realpath does: a link
+    loop stays in it (opening it then fails with ELOOP, a clear OSError), where Path.resolve
+    raises RuntimeError on Python 3.11. OSError when a relative path's working directory was
+    removed."""
+    return Path(os.path.realpath(path))
 
 
 def unlink_below(root: str | os.PathLike[str], path: str | os.PathLike[str]) -> bool:

@@ -317,7 +317,10 @@ def test_address_in_use_is_one_line_and_exit_2(tmp_path: Path) -> None:
     assert len(lines) == 1 and lines[0].startswith("onnx-tts wyoming: cannot listen on")
 
 
-def test_sigterm_mid_synthesis_exits_0(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT])
+def test_sigterm_mid_synthesis_exits_0(tmp_path: Path, sig: int) -> None:
+    """SIGTERM, and as it every terminating signal (issue 43: SIGHUP and SIGQUIT), stops the
+    server with exit 0."""
     live = LiveWyoming(tmp_path)
     text = " ".join(f"Sentence {i} for the stop test keeps the worker busy." for i in range(40))
 
@@ -325,7 +328,7 @@ def test_sigterm_mid_synthesis_exits_0(tmp_path: Path) -> None:
         async with AsyncTcpClient("127.0.0.1", live.port) as client:
             await client.write_event(Synthesize(text=text).event())
             await _until(client, AudioChunk(rate=RATE, width=2, channels=1, audio=b"").event().type)
-            live.process.send_signal(signal.SIGTERM)
+            live.process.send_signal(sig)
             while await client.read_event() is not None:
                 pass
 
@@ -729,14 +732,15 @@ def test_bad_extension_values_and_whitespace_streams_are_error_events(
             assert error.code == code and says in error.text, (fields, error)
             assert "\n" not in error.text
             assert len(_audio(events)[0]) > RATE // 4  # then "Still here." is spoken
-    whitespace = run(
-        _speak(
-            wyoming.port,
-            SynthesizeStart().event(),
-            *[SynthesizeChunk(text=chunk).event() for chunk in (" ", "\n", "\t ", "\u3000")],
-            SynthesizeStop().event(),
-        )
-    )
+    async def whitespace_stream() -> list[Event]:
+        async with AsyncTcpClient("127.0.0.1", wyoming.port) as client:
+            await client.write_event(SynthesizeStart().event())
+            for chunk in (" ", "\n", "\t ", "\u3000"):
+                await client.write_event(SynthesizeChunk(text=chunk).event())
+            await client.write_event(SynthesizeStop().event())
+            return await _until(client, "synthesize-stopped")
+
+    whitespace = run(whitespace_stream())
     (error,) = _errors(whitespace)
     assert error.code == "empty_text" and "nothing to say" in error.text
     assert not any(AudioStart.is_type(e.type) for e in whitespace)

@@ -309,6 +309,8 @@ class WyomingHandler(AsyncEventHandler):
         if problem:  # one error event; the connection stays open (the event was whole)
             log.info("wyoming client sent a malformed %s event: %s", event.type, problem)
             await self._error(f"malformed {event.type} event: {problem}", "bad_event")
+            if SynthesizeStart.is_type(event.type) and self._stream_text is None:
+                self._refuse_stream()
             return True
         if Describe.is_type(event.type):
             await self._send(self.service.info().event())
@@ -320,9 +322,8 @@ class WyomingHandler(AsyncEventHandler):
             self._stream_chars = 0
             try:
                 self._stream_options = event_options(event.data or {})
-            except InputError as error:  # refused: its chunks are dropped, its stop answered
-                self._stream_options = None
-                self._stream_text = StreamedText()
+            except InputError as error:
+                self._refuse_stream()
                 await self._error(str(error), error_code(error))
                 return True
             self._stream_text = StreamedText(self._stream_options["ssml"])
@@ -359,7 +360,7 @@ class WyomingHandler(AsyncEventHandler):
             text, self._stream_text = self._stream_text, None
             if self._stream_options is not None:
                 self._enqueue_pieces(text.finish())
-                if not text.spoken:  # nothing but whitespace: said so, as for one text
+                if self._stream_chars and not text.spoken:  # only whitespace: said so
                     self._enqueue(Speech("", **self._stream_options))
             self._enqueue(None)
             return not self._client_gone
@@ -375,6 +376,13 @@ class WyomingHandler(AsyncEventHandler):
             self._enqueue(Speech(synthesize.text, **options))
             return not self._client_gone
         return True  # events for other services are not ours
+
+    def _refuse_stream(self) -> None:
+        """A stream whose start was refused (its error sent): open, so that its chunks are
+        dropped quietly and its stop is answered with synthesize-stopped."""
+        self._stream_options = None
+        self._stream_text = StreamedText()
+        self._stream_chars = 0
 
     async def _error(self, text: str, code: str = "invalid_request") -> None:
         await self._send(Error(text=text, code=code).event())

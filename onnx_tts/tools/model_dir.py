@@ -40,6 +40,7 @@ from onnx_tts.families import Detection, detect, family_of
 from onnx_tts.families.files import GraphFile, ModelFiles
 from onnx_tts.graph_io import read_graph_proto
 from onnx_tts.regular_files import RefusedFile, file_kind, open_regular_file
+from onnx_tts.regular_files import real_path as resolved
 from onnx_tts.signals import committing
 
 if TYPE_CHECKING:
@@ -53,15 +54,15 @@ _COPY_BLOCK = 1 << 20
 
 
 # -- reading IN ---------------------------------------------------------------------------------
-def real_path(path: str | os.PathLike[str]) -> Path:
-    """`path` with every link and `..` resolved; InputError when that cannot be known (a relative
-    path in a working directory that was deleted)."""
+def real_path(path: str | os.PathLike[str], named: object = None) -> Path:
+    """`path` with every link and `..` resolved; InputError naming `named` (default `path`)
+    when that cannot be known (a relative path in a working directory that was deleted)."""
     try:
-        return Path(os.path.realpath(path))
+        return resolved(path)
     except OSError as error:  # os.getcwd() of a removed directory
         raise InputError(
-            f"cannot resolve {path}: {error.strerror or error} (was the current directory "
-            "removed?); give an absolute path"
+            f"cannot resolve {named or path}: {error.strerror or error} (was the current "
+            "directory removed?); give an absolute path"
         ) from None
 
 
@@ -313,7 +314,7 @@ def check_new_output(
     destination = Path(destination)
     if source is not None:
         inside = real_path(source)
-        real = real_path(destination.parent) / destination.name
+        real = real_path(destination.parent, destination) / destination.name
         if real == inside or inside in real.parents:
             raise InputError(
                 f"the output {destination} is inside the model {source}: write the {what} to a "

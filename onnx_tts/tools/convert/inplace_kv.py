@@ -143,7 +143,7 @@ def _resolve_paths(src: Path, dst: Path) -> tuple[Path, Path, onnx.ModelProto]:
         raise InputError(f"the output must be an .onnx file, got {dst}")
     if not dst.parent.is_dir():
         raise InputError(f"output directory does not exist: {dst.parent}")
-    target = real_path(dst.parent) / dst.name
+    target = real_path(dst.parent, dst) / dst.name
     if {target, target.with_name(target.name + "_data")} & reads:
         raise InputError(
             f"refusing to overwrite the source {src} or its weights: write the converted graph "
