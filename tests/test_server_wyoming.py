@@ -732,6 +732,7 @@ def test_bad_extension_values_and_whitespace_streams_are_error_events(
             assert error.code == code and says in error.text, (fields, error)
             assert "\n" not in error.text
             assert len(_audio(events)[0]) > RATE // 4  # then "Still here." is spoken
+
     async def whitespace_stream() -> list[Event]:
         async with AsyncTcpClient("127.0.0.1", wyoming.port) as client:
             await client.write_event(SynthesizeStart().event())
