@@ -76,7 +76,7 @@ def register_cases() -> None:
     for what in STREAMS:
         add(CATEGORY, "round5-wyoming", "wy_stream_cpu", "error", stream=what,
             note=f"streamed: {what} (CPU within {CPU_BOUND_SECONDS:g} s)")  # fmt: skip
-    add(CATEGORY, "round5-names", "long_name", "error", kind="too long",
+    add(CATEGORY, "round5-names", "long_name", "error", voice="too long",
         note="upload named 100 x U+0958 (200 characters composed)")  # fmt: skip
     for kind in ("stored", "legacy"):
         add(
@@ -84,7 +84,7 @@ def register_cases() -> None:
             "round5-names",
             "long_name",
             "ok",
-            kind=kind,
+            voice=kind,
             note=f"a {kind} voice whose name NFC lengthened, by its id over HTTP and Wyoming",
         )
     for name in ("SIGHUP", "SIGQUIT", "SIGUSR1"):
@@ -222,13 +222,13 @@ def _reachable(ctx: LiveContext, ident: str) -> str:
 
 
 def probe_long_name(ctx: LiveContext, case: dict[str, Any]) -> Verdict:
-    if case["kind"] == "too long":
+    if case["voice"] == "too long":
         answer = _upload(ctx, "\u0958" * 100, 70)
         if answer.status_code != 400:
             return Verdict("silently wrong", f"{answer.status_code}: {answer.text[:120]}")
         return Verdict("silently wrong", problem) if (
             problem := envelope_problem(answer.content)) else Verdict("clear error")  # fmt: skip
-    if case["kind"] == "stored":
+    if case["voice"] == "stored":
         answer = _upload(ctx, "\u0958" * 50, 71)
         if answer.status_code != 201:
             return Verdict("silently wrong", f"{answer.status_code}: {answer.text[:120]}")

@@ -41,7 +41,7 @@ from onnx_tts.families.files import GraphFile, ModelFiles
 from onnx_tts.graph_io import read_graph_proto
 from onnx_tts.regular_files import RefusedFile, file_kind, open_regular_file
 from onnx_tts.regular_files import real_path as resolved
-from onnx_tts.signals import committing
+from onnx_tts.signals import committing, deferred
 
 if TYPE_CHECKING:
     import onnx
@@ -422,7 +422,8 @@ def new_output(
         raise
     finally:
         if staging is not None:
-            shutil.rmtree(staging, ignore_errors=True)
+            with deferred():  # a signal now (the output may be in place) lets it go first
+                shutil.rmtree(staging, ignore_errors=True)
 
 
 __all__ = [

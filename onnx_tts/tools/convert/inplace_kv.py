@@ -21,7 +21,7 @@ from onnx import TensorProto, external_data_helper
 from onnx_tts.errors import InputError, ModelError
 from onnx_tts.graph_io import GQA_OP, PAST_VALID_LENGTHS, graph_spec_of, read_graph_spec
 from onnx_tts.regular_files import file_kind
-from onnx_tts.signals import committing
+from onnx_tts.signals import committing, deferred
 from onnx_tts.tools.convert.rewrite import rewrite_inplace_kv
 from onnx_tts.tools.convert.verify import LayerAttention, LogitsCheck, compare_logits
 from onnx_tts.tools.model_dir import (
@@ -292,8 +292,9 @@ def _convert(
             if not external_data and stale.exists():
                 stale.unlink()
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
-        staged_graph.unlink(missing_ok=True)
+        with deferred():  # a signal now (the output may be in place) lets the cleanup end
+            shutil.rmtree(staging, ignore_errors=True)
+            staged_graph.unlink(missing_ok=True)
     return ConvertReport(
         source=src,
         destination=dst,
