@@ -892,6 +892,8 @@ CATEGORY_HELP = {
     "captions": "audio and captions as one file, a full disk, cue escaping, units, punctuation",
     "timings": "word timings where espeak-ng merges words, at every speed, never past the sound",
     "reader": "protocols, time ranges, handles and hashtags, ratios, rates per unit",
+    "tools": "convert / quantize: links out, FIFOs, bad weights, OUT inside IN, full disks",
+    "round5": "Wyoming values and streamed text, lengthened names, server signals, link loops",
 }
 
 

@@ -4,8 +4,8 @@ their probes to its registries."""
 
 from __future__ import annotations
 
-from benchmarks import attack_markup, attack_requests
+from benchmarks import attack_leftovers, attack_markup, attack_requests, attack_tools
 
-ROUND_FIVE = (attack_markup, attack_requests)
+ROUND_FIVE = (attack_markup, attack_requests, attack_tools, attack_leftovers)
 for _module in ROUND_FIVE:
     _module.register_cases()

@@ -211,6 +211,18 @@ def create_app(config: ServerConfig, registry: ModelRegistry | None = None) -> F
             )
         return JSONResponse(voice.public(), status_code=201 if created else 200, headers=headers)
 
+    @app.get("/v1/audio/voices/{voice_id}")
+    async def get_voice(voice_id: str) -> dict[str, Any]:
+        try:
+            voice = await blocking(state.voices.get, voice_id)
+        except VoiceStoreError as error:
+            raise store_error(error) from None
+        if voice is None:
+            raise APIError(
+                404, f"no voice with id {voice_id!r}", param="voice_id", code="voice_not_found"
+            )
+        return voice.public()
+
     @app.delete("/v1/audio/voices/{voice_id}")
     async def delete_voice(voice_id: str) -> dict[str, Any]:
         try:

@@ -21,6 +21,7 @@ from onnx_tts.families.moss_tts_nano.layout import (
     MAX_TEMPLATE_TOKENS,
 )
 from onnx_tts.graph_io import GraphSpec, graph_spec_of, read_graph_proto
+from onnx_tts.regular_files import real_path
 
 if TYPE_CHECKING:
     import onnx
@@ -134,13 +135,13 @@ def resolve_relative(manifest: JsonFile, key: str, value: Any) -> Path:
     if os.path.isabs(value):
         raise ModelError(f"{where} {value!r} must be relative to the manifest's directory")
     base = manifest.path.parent
-    path = (base / value).resolve()
+    path = real_path(base / value)  # a link loop stays a path that fails to open
     if path.exists():
         return path
     for legacy, current in LEGACY_DIRS.items():
         parts = value.split("/")
         if legacy in parts:
-            renamed = (base / "/".join(current if p == legacy else p for p in parts)).resolve()
+            renamed = real_path(base / "/".join(current if p == legacy else p for p in parts))
             if renamed.exists():
                 return renamed
     return path
@@ -148,7 +149,7 @@ def resolve_relative(manifest: JsonFile, key: str, value: Any) -> Path:
 
 def inside(path: Path, directories: Sequence[Path], where: str, what: str) -> Path:
     """`path` refused unless it lies directly in one of `directories` (after symlinks)."""
-    if path.parent not in [d.resolve() for d in directories]:
+    if path.parent not in [real_path(d) for d in directories]:
         allowed = " or ".join(str(d) for d in directories)
         raise ModelError(
             f"{where}: {what} {path} lies outside the model directories ({allowed}); a model "

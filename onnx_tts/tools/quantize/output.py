@@ -76,8 +76,10 @@ def write_output(
         graphs = [float_graphs[role] for role in result.job.roles]
         _write_graphs(files, out, graphs, result, suffix)
 
+    already = {role for r in results if r.job.already for role in r.job.roles}
+
     def record(manifest: dict[str, Any]) -> None:
-        manifest["quantized"] = {**spec.describe(), "graphs": sorted(kept_roles)}
+        manifest["quantized"] = {**spec.describe(), "graphs": sorted(kept_roles | already)}
         lm = manifest.get("lm")
         if isinstance(lm, dict) and "weights" in lm and "lm" in kept_roles:
             manifest["lm"] = {**lm, "weights": spec.kind}
