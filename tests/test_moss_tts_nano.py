@@ -219,21 +219,50 @@ def test_default_dispatch_is_the_published_one(official, moss_official):
         assert [ours] == theirs["frames"]
 
 
-def test_graphs_a_request_never_needs_are_never_loaded(moss_official, tmp_path):
-    engine = onnx_tts.load(moss_official, cache_dir=tmp_path)
-    try:
-        engine.synthesize(TEXT, seed=0, max_new_frames=4)  # fixed: the frame graph, decode_full
-        graphs = engine.model.graphs
-        loaded = {role for role in graphs.sessions if graphs.loaded(role)}
-        assert loaded == {
-            "prefill",
-            "decode_step",
-            "local_fixed_sampled_frame",
-            "codec_decode_full",
-        }
-        assert len(engine.info()["graphs"]) == 8  # info describes them all from the files
-    finally:
-        engine.close()
+def test_the_default_path_loads_with_the_model_and_the_rest_never(moss_official, tmp_path):
+    """The graphs a request with the load options needs load with the model (the first
+    request then runs as fast as the next); other local paths and the encoder never load
+    unless a request needs them."""
+    default = {"prefill", "decode_step", "codec_decode_full", "codec_decode_step"}
+    for options, local in (
+        ({}, "local_fixed_sampled_frame"),  # fixed: the published dispatch's frame graph
+        ({"sample_mode": "full"}, "local_cached_step"),
+        ({"local_path": "decoder"}, "local_decoder"),
+    ):
+        engine = onnx_tts.load(moss_official, cache_dir=tmp_path, **options)
+        try:
+            graphs = engine.model.graphs
+            at_load = {role for role in graphs.sessions if graphs.loaded(role)}
+            engine.synthesize(TEXT, seed=0, max_new_frames=4)
+            list(engine.stream(TEXT, seed=0, max_new_frames=4))
+            after = {role for role in graphs.sessions if graphs.loaded(role)}
+            assert at_load == after == {*default, local}, options
+            assert len(engine.info()["graphs"]) == 8  # info describes them all from the files
+        finally:
+            engine.close()
+
+
+def test_quantize_judges_the_frame_graphs_choices_one_by_one(moss_models, tmp_path):
+    """`onnx-tts quantize` with its agreement bars keeps the local depth transformer int8 on
+    the stand-in: its choices are judged one by one through the graphs that take each
+    channel's input as given (local_decoder, local_cached_step logits), the frame graphs by
+    their continue decision (their 16 chained codes diverge after one flip on flat random
+    logits; that kept the published-shape stand-in's local transformer float)."""
+    from onnx_tts.tools.quantize import Thresholds, WeightsSpec, quantize_model
+
+    out = tmp_path / "int8"
+    report = quantize_model(
+        moss_models, out, WeightsSpec("int8"), thresholds=Thresholds(max_speed_ratio=1e9)
+    )
+    local = next(r for r in report.results if r.job.name == "moss_tts_local_shared")
+    assert local.kept, local.reason
+    compared = {
+        name: {o.name for o in agreement.outputs} for name, agreement in local.agreements.items()
+    }
+    assert compared["local_fixed_sampled_frame"] == {"should_continue"}
+    assert compared["local_greedy_frame"] == {"should_continue"}
+    assert {"text_logits", "audio_logits"} <= compared["local_decoder"]
+    assert {"text_logits", "audio_logits"} <= compared["local_cached_step"]
 
 
 @pytest.mark.parametrize(
