@@ -510,26 +510,24 @@ def goals(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def api(args: argparse.Namespace, frames: int) -> int:
-    """`--api` (benchmarks/moss_api.py): the runs, or one run (`--api-worker`)."""
+    """`--api` (benchmarks/moss_api.py): fresh processes of this tree (and of a `--before`
+    checkout) against the published loop."""
     from benchmarks import moss_api
 
-    if args.api_worker is not None:
-        return moss_api.worker(
-            args.model_dir, args.published_dir, args.text, frames, args.repeats, args.api_worker
-        )
     source = stand_in_dir(args.quick)
     model = args.model_dir or model_dirs(source)["int8"][0]
     published = args.published_dir or source
+    trees = []
+    if args.before_python:
+        before = args.before_model_dir or model
+        trees.append(
+            moss_api.Tree("before", args.before_python, Path(args.before_repo).resolve(), before)
+        )
+    trees.append(moss_api.Tree("after", sys.executable, ROOT, model))
     machine = {"cpus": os.cpu_count(), "platform": platform.platform()}
-    results = moss_api.run_all(model, published, args.text, frames, args.runs, args.repeats)
-    results = {
-        "machine": machine,
-        "model": str(model),
-        "published": str(published),
-        "frames": frames,
-        "text": args.text,
-        **results,
-    }
+    results = moss_api.run_all(trees, published, args.text, frames, args.runs, args.repeats)
+    results = {"machine": machine, "published": str(published), "frames": frames, **results}
+    results["text"] = args.text
     write_json(args.json or RESULTS_DIR / "moss_api.json", results)
     print(moss_api.markdown(results))
     return 0
@@ -554,7 +552,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=3, help="--api: fresh processes (3)")
     parser.add_argument("--repeats", type=int, default=4, help="--api: measurements per run")
     parser.add_argument("--text", default=TEXT, help="--api: the text of every request")
-    parser.add_argument("--api-worker", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--before-python", help="--api: another checkout's interpreter")
+    parser.add_argument("--before-repo", help="--api: that checkout")
+    parser.add_argument("--before-model-dir", type=Path, help="--api: its model directory")
     parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--mode", choices=MODES, default="stream", help=argparse.SUPPRESS)
     parser.add_argument("--requests", type=int, default=1, help=argparse.SUPPRESS)
@@ -562,7 +562,7 @@ def main(argv: list[str] | None = None) -> int:
     frames = args.frames or (12 if args.quick else 40)
     if args.worker:
         return worker(args.worker, args.mode, frames, args.requests)
-    if args.api or args.api_worker is not None:
+    if args.api:
         return api(args, frames)
     args.json = args.json or RESULTS_DIR / "moss.json"
     if args.table:

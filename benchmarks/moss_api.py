@@ -16,8 +16,12 @@ the best published setting's in the same run (the published loop serves one requ
 time, so it is the baseline at 8 requests too), summarised over runs as the median with the
 spread.
 
+With `--before-python PY --before-repo DIR` (and `--before-model-dir`, default the same
+directory) the runs of that checkout alternate with this tree's.
+
 Default model: `bench moss`'s int8 directory (the published-shape stand-in converted for the
-in-place cache, then quantized; every request makes exactly FRAMES frames) and, for the
+in-place cache, then `onnx-tts quantize --weights int8` with its defaults; every request makes
+exactly FRAMES frames) and, for the
 published loop, its float source; `--model-dir` / `--published-dir` measure others (e.g. a
 directory made by `onnx-tts quantize` with its defaults).
 """
@@ -31,6 +35,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -119,27 +124,47 @@ def _concurrent(call: Any, seeds: list[int]) -> tuple[float, float]:
 
 
 # -- the runs --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Tree:
+    """A checkout whose Engine is measured: its interpreter, its directory, the model
+    directory its Engine loads."""
+
+    label: str
+    python: str
+    repo: Path
+    model: Path
+
+
 def run_all(
-    model: Path, published: Path, text: str, frames: int, runs: int, repeats: int
+    trees: list[Tree], published: Path, text: str, frames: int, runs: int, repeats: int
 ) -> dict[str, Any]:
-    root = Path(__file__).resolve().parents[1]
-    outputs = []
+    """`runs` fresh processes per tree, the trees alternating (this file runs as the worker
+    with the tree's interpreter and its `onnx_tts`)."""
+    outputs: dict[str, list[dict[str, Any]]] = {tree.label: [] for tree in trees}
     for run in range(runs):
-        load = os.getloadavg()
-        command = [sys.executable, "-m", "benchmarks.bench_moss", "--api-worker", str(run)]
-        command += ["--model-dir", str(model), "--published-dir", str(published)]
-        command += ["--frames", str(frames), "--repeats", str(repeats), "--text", text]
-        done = subprocess.run(
-            command, cwd=root, capture_output=True, text=True, check=False, timeout=3600
-        )
-        if done.returncode != 0:
-            raise RuntimeError(f"run {run} failed:\n{done.stderr[-3000:]}")
-        result = json.loads(done.stdout.strip().splitlines()[-1])
-        result["load_before"] = load
-        result["load_after"] = os.getloadavg()
-        outputs.append(result)
-        _log(f"run {run + 1} of {runs} done: {_run_line(result)}")
-    return {"runs": outputs, "summary": summarize(outputs)}
+        for tree in trees if run % 2 == 0 else trees[::-1]:
+            load = os.getloadavg()
+            command = [tree.python, str(Path(__file__).resolve()), "--repo", str(tree.repo)]
+            command += ["--run", str(run), "--model-dir", str(tree.model)]
+            command += ["--published-dir", str(published), "--frames", str(frames)]
+            command += ["--repeats", str(repeats), "--text", text]
+            done = subprocess.run(
+                command, cwd=tree.repo, capture_output=True, text=True, check=False, timeout=3600
+            )
+            if done.returncode != 0:
+                raise RuntimeError(f"{tree.label} run {run} failed:\n{done.stderr[-3000:]}")
+            result = json.loads(done.stdout.strip().splitlines()[-1])
+            result["load_before"] = load
+            result["load_after"] = os.getloadavg()
+            outputs[tree.label].append(result)
+            _log(f"{tree.label} run {run + 1} of {runs}: {_run_line(result)}")
+    return {
+        "trees": {
+            t.label: {"python": t.python, "repo": str(t.repo), "model": str(t.model)} for t in trees
+        },
+        "runs": outputs,
+        "summary": {label: summarize(results) for label, results in outputs.items()},
+    }
 
 
 def _rate(records: list[dict[str, Any]]) -> float:
@@ -203,19 +228,43 @@ def _run_line(result: dict[str, Any]) -> str:
 
 def markdown(results: dict[str, Any]) -> str:
     lines = [
-        "| phase | contender | audio s/s (median of runs) | x best published (spread) |",
-        "| --- | --- | --- | --- |",
+        "| tree | phase | contender | audio s/s (median of runs) | x best published (spread) |",
+        "| --- | --- | --- | --- | --- |",
     ]
-    for phase, data in results["summary"].items():
-        for key, rate in sorted(data["audio_s_per_s"].items()):
-            speed = data["speedup_vs_best_published"].get(key)
-            shown = (
-                f"{speed['median']:.2f} ({speed['spread'][0]:.2f}-{speed['spread'][1]:.2f})"
-                if speed
-                else ""
-            )
-            lines.append(f"| {phase} | {key} | {rate:.2f} | {shown} |")
+    for label, summary in results["summary"].items():
+        for phase, data in summary.items():
+            for key, rate in sorted(data["audio_s_per_s"].items()):
+                speed = data["speedup_vs_best_published"].get(key)
+                shown = (
+                    f"{speed['median']:.2f} ({speed['spread'][0]:.2f}-{speed['spread'][1]:.2f})"
+                    if speed
+                    else ""
+                )
+                lines.append(f"| {label} | {phase} | {key} | {rate:.2f} | {shown} |")
     return "\n".join(lines)
 
 
-__all__ = ["markdown", "run_all", "summarize", "worker"]
+def main(argv: list[str]) -> int:
+    """The worker: one run in a fresh process, with the `onnx_tts` of `--repo`."""
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--repo", type=Path, required=True)
+    parser.add_argument("--run", type=int, required=True)
+    parser.add_argument("--model-dir", type=Path, required=True)
+    parser.add_argument("--published-dir", type=Path, required=True)
+    parser.add_argument("--frames", type=int, required=True)
+    parser.add_argument("--repeats", type=int, required=True)
+    parser.add_argument("--text", required=True)
+    args = parser.parse_args(argv)
+    sys.path.insert(0, str(args.repo))
+    return worker(
+        args.model_dir, args.published_dir, args.text, args.frames, args.repeats, args.run
+    )
+
+
+__all__ = ["Tree", "markdown", "run_all", "summarize", "worker"]
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
