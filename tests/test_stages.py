@@ -357,7 +357,7 @@ def test_a_model_slower_than_real_time_is_not_held_to_one_stream(monkeypatch):
     clock = [1000.0]
     monkeypatch.setattr("onnx_tts.pipeline.admission.time.monotonic", lambda: clock[0])
     load = _Load()
-    admission = _admission(load, max_streams=8, lead=lambda: 0.0, cores=2)
+    admission = _admission(load, max_streams=8, lead=lambda arrived: 0.0, cores=2)
     assert admission.try_admit(admission.enqueue())
     admission.capacity()
     clock[0] += 1.0
