@@ -18,8 +18,9 @@ records meet), and prints, per phase, the median / p95 of every request's time:
   decoded -> polled           the job's task wakes up (event loop)
   polled -> client byte       encode, send, client receive
 
-Experiment (environment of this script): TIMELINE_MIN_LEAD=S sets the deadline policy's lead
-rule.
+Experiments (environment of this script): TIMELINE_MIN_LEAD=S sets the deadline policy's lead
+rule; TIMELINE_LEADS_OF_ALL=1 has every playing listener hold new streams back (also one that
+started after the new request arrived: the rule before issue 43).
 
 Both processes read CLOCK_MONOTONIC (`time.perf_counter` on Linux), so client and server
 times are on one clock. `--py-spy` records a profile of the server meanwhile (py-spy from
@@ -222,8 +223,8 @@ def install_hooks(trace_path: str) -> None:
 
     samples: list[tuple] = []
 
-    def room(self: Admission) -> bool:
-        allowed = original_room(self)
+    def room(self: Admission, arrived: float | None = None) -> bool:
+        allowed = original_room(self, arrived)
         if not samples or time.perf_counter() - samples[-1][0] > 0.25:
             samples.append(
                 (time.perf_counter(), self.active, self._capacity, self._limit, self.stalls())
@@ -280,6 +281,12 @@ def serve_main(argv: list[str]) -> int:
         defaults = DeadlinePolicy.__init__.__defaults__
         assert defaults is not None
         DeadlinePolicy.__init__.__defaults__ = (*defaults[:2], float(min_lead))
+    if os.environ.get("TIMELINE_LEADS_OF_ALL"):  # an experiment: the lead rule before issue
+        # 43 (every playing listener holds a new stream back, also one that started after it)
+        from onnx_tts.server.engines import SpeechModel
+
+        lead = SpeechModel.lead
+        SpeechModel.lead = lambda self, arrived=None: lead(self, None)  # type: ignore[method-assign]
     from onnx_tts.cli import main
 
     return main(["serve", *argv[1:]])
