@@ -169,6 +169,13 @@ class TextFrontend(ABC):
         """`text` (checked) as chunks, each one request of the scheduler; InputError when
         nothing in it is speakable. `options`: the request's family options (checked)."""
 
+    def sentence_chunks(self, text: str, options: Mapping[str, Any]) -> list[Any]:
+        """`text` as chunks that never hold two sentences (a request with a silence of its own
+        between sentences: `sentence_silence`). By default `chunks()`, whose chunks are
+        sentences (or pieces of a long one); a family that joins sentences into one chunk
+        keeps them apart here."""
+        return self.chunks(text, options)
+
     def phoneme_chunks(self, ipa: str, text: str, options: Mapping[str, Any]) -> list[Any] | None:
         """IPA phonemes to speak as given (`text`: what they stand for) as chunks, or None when
         the model takes no phonemes (its words are then spoken from `text`)."""

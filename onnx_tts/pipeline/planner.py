@@ -206,6 +206,8 @@ class Planner:
                             f"words of [[ {segment.ipa} ]] instead"
                         )
                     made = frontend.chunks(segment.text, options)
+            elif sentence_silence is not None:  # a silence between sentences: one each
+                made = frontend.sentence_chunks(segment.text, options)
             else:
                 made = frontend.chunks(segment.text, options)
             for chunk in made:

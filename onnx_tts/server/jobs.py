@@ -79,7 +79,7 @@ class Generation:
         """Wait (first come, first served) until the model's admission lets this stream
         start; Busy when the queue is full or the wait exceeds `timeout`."""
         admission = self.model.admission
-        ticket = admission.enqueue()
+        ticket = admission.enqueue(self.received_at)
         if ticket is None:
             raise Busy(
                 f"the server is busy ({admission.max_waiting} requests waiting); retry shortly",
