@@ -226,8 +226,9 @@ class Attention(nn.Module):
         k = self.k_norm(self.k_proj(x).view(batch, steps, c.num_key_value_heads, c.head_dim))
         v = self.v_proj(x).view(batch, steps, c.num_key_value_heads, c.head_dim)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
+        if cos is not None:
+            q = q * cos + rotate_half(q) * sin
+            k = k * cos + rotate_half(k) * sin
         if past is not None:
             k = torch.cat([past[0], k], dim=2)
             v = torch.cat([past[1], v], dim=2)
@@ -275,18 +276,32 @@ def causal_allowed(attention_mask: torch.Tensor, steps: int) -> torch.Tensor:
 
 
 class Qwen3Backbone(nn.Module):
-    """Qwen3 decoder layers and final norm (tensor names as Hugging Face's `Qwen3Model`,
-    without `embed_tokens`: inputs are embeddings)."""
+    """Qwen3 decoder layers and final norm (tensor names as Hugging Face's `Qwen3Model`).
 
-    def __init__(self, config: Qwen3Config, rope: RopeTables | None = None) -> None:
+    Inputs are embeddings; `vocab_size` adds the model's `embed_tokens` table (for families
+    that embed their text channel with it). `rotary` False leaves positions out entirely (a
+    Qwen3 stack used without positions, e.g. a depth transformer)."""
+
+    def __init__(
+        self,
+        config: Qwen3Config,
+        rope: RopeTables | None = None,
+        *,
+        vocab_size: int | None = None,
+        rotary: bool = True,
+    ) -> None:
         super().__init__()
         self.config = config
         self.rope = rope or RopeTables()
+        self.rotary = rotary
+        if vocab_size is not None:
+            self.embed_tokens = nn.Embedding(vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        cos, sin = rotary_tables(config, self.rope)
-        self.register_buffer("cos_table", cos, persistent=False)
-        self.register_buffer("sin_table", sin, persistent=False)
+        if rotary:
+            cos, sin = rotary_tables(config, self.rope)
+            self.register_buffer("cos_table", cos, persistent=False)
+            self.register_buffer("sin_table", sin, persistent=False)
 
     def load(self, checkpoint: Checkpoint, prefix: str) -> None:
         """Every weight from `checkpoint` under `prefix` (e.g. "model.language_model.")."""
@@ -296,12 +311,15 @@ class Qwen3Backbone(nn.Module):
         self,
         inputs_embeds: torch.Tensor,
         attention_mask: torch.Tensor,
-        position_ids: torch.Tensor,
+        position_ids: torch.Tensor | None = None,
         past: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
     ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
         """(last hidden state after the final norm [B, S, hidden], presents per layer)."""
-        cos = self.cos_table[position_ids].unsqueeze(1)
-        sin = self.sin_table[position_ids].unsqueeze(1)
+        if self.rotary:
+            cos = self.cos_table[position_ids].unsqueeze(1)
+            sin = self.sin_table[position_ids].unsqueeze(1)
+        else:
+            cos, sin = None, None
         allowed = causal_allowed(attention_mask, inputs_embeds.shape[1])
         x, presents = inputs_embeds, []
         for index, layer in enumerate(self.layers):
@@ -356,6 +374,20 @@ def _rotate(b, x: str, cos: str, sin: str, half: int, name: str) -> str:
     )
 
 
+def _rotary_inputs(b, c: Qwen3Config, rope: RopeTables, position_ids: str) -> tuple[str, str]:
+    """cos, sin [B, 1, S, D] gathered from the tables by position."""
+    tables = []
+    for kind, table in zip(("cos", "sin"), rotary_tables(c, rope), strict=True):
+        gathered = b.node(
+            "Gather",
+            [b.initializer(f"rotary.{kind}", table.numpy()), position_ids],
+            axis=0,
+            name=f"rotary/Gather_{kind}",
+        )
+        tables.append(b.node("Unsqueeze", [gathered, b.const([1])], name=f"rotary/{kind}Heads"))
+    return tables[0], tables[1]
+
+
 def _linear(b, x: str, weights, name: str, bias: bool) -> str:
     weight = np.ascontiguousarray(weights(f"{name}.weight").T)
     return linear(b, x, weight, weights(f"{name}.bias") if bias else None, name)
@@ -368,14 +400,23 @@ def build_backbone_graph(
     data_name: str,
     rope: RopeTables,
     name: str = "qwen3_backbone",
+    *,
+    rotary: bool = True,
+    input_size: int | None = None,
+    prelude: Callable[[StreamingBuilder, str], str] | None = None,
+    output: str = HIDDEN,
 ) -> onnx.ModelProto:
     """The backbone graph (module docstring); weights by Hugging Face name from `weights`,
-    written to `sink` (the file `data_name`) as they are added."""
+    written to `sink` (the file `data_name`) as they are added.
+
+    For a Qwen3 stack used inside a model: `rotary` False drops positions (no `position_ids`
+    input), `prelude(builder, inputs_embeds)` maps the input (of `input_size` features) to the
+    stack's width first, and `output` names the result."""
     c = config
     b = StreamingBuilder(name, sink, data_name)
-    x = b.add_input("inputs_embeds", FLOAT, ("batch", "sequence", c.hidden_size))
+    x = b.add_input("inputs_embeds", FLOAT, ("batch", "sequence", input_size or c.hidden_size))
     mask = b.add_input("attention_mask", INT64, ("batch", "total_sequence"))
-    position_ids = b.add_input("position_ids", INT64, ("batch", "sequence"))
+    position_ids = b.add_input("position_ids", INT64, ("batch", "sequence")) if rotary else ""
     for i in range(c.num_hidden_layers):
         for kind in ("key", "value"):
             b.add_input(
@@ -383,7 +424,7 @@ def build_backbone_graph(
                 FLOAT,
                 ("batch", c.num_key_value_heads, "past_sequence", c.head_dim),
             )
-    b.add_output(HIDDEN, FLOAT, ("batch", "sequence", c.hidden_size))
+    b.add_output(output, FLOAT, ("batch", "sequence", c.hidden_size))
     for i in range(c.num_hidden_layers):
         for kind in ("key", "value"):
             b.add_output(
@@ -411,21 +452,11 @@ def build_backbone_graph(
     allowed = b.node("And", [keep, causal], name="mask/Allowed")
     lowest = b.const(np.finfo(np.float32).min, np.float32)
 
-    cos_table, sin_table = (t.numpy() for t in rotary_tables(c, rope))
-    cos = b.node(
-        "Gather",
-        [b.initializer("rotary.cos", cos_table), position_ids],
-        axis=0,
-        name="rotary/GatherCos",
-    )
-    sin = b.node(
-        "Gather",
-        [b.initializer("rotary.sin", sin_table), position_ids],
-        axis=0,
-        name="rotary/GatherSin",
-    )
-    cos = b.node("Unsqueeze", [cos, b.const([1])], name="rotary/CosHeads")  # [B, 1, S, D]
-    sin = b.node("Unsqueeze", [sin, b.const([1])], name="rotary/SinHeads")
+    if prelude is not None:
+        x = prelude(b, x)
+    cos = sin = ""
+    if rotary:
+        cos, sin = _rotary_inputs(b, c, rope, position_ids)
 
     scale = b.const(c.head_dim**-0.5, np.float32)
     half = c.head_dim // 2
@@ -467,8 +498,9 @@ def build_backbone_graph(
             f"{a}/k",
         )
         v = _to_heads_first(b, v, f"{a}/v")
-        q = _rotate(b, q, cos, sin, half, f"{a}/q_rotary")
-        k = _rotate(b, k, cos, sin, half, f"{a}/k_rotary")
+        if rotary:
+            q = _rotate(b, q, cos, sin, half, f"{a}/q_rotary")
+            k = _rotate(b, k, cos, sin, half, f"{a}/k_rotary")
         k = b.node(
             "Concat",
             [PAST.format(i=i, kind="key"), k],
@@ -529,7 +561,7 @@ def build_backbone_graph(
         )
         x = b.node("Add", [x, down], name=f"{p}/MlpResidual")
     normed = rms_norm(b, x, weights("norm.weight"), c.rms_norm_eps, "norm")
-    b.identity(normed, HIDDEN)
+    b.identity(normed, output)
     return b.build(doc_string=f"Qwen3 backbone, Concat KV cache, rotary tables {rope.describe()}")
 
 
@@ -546,15 +578,18 @@ def export_backbone(
     *,
     name: str = "backbone",
     rope: RopeTables | None = None,
+    **graph_options: Any,
 ) -> BackboneFiles:
     """Write `out_dir/{name}.onnx` and its weights `out_dir/{name}.onnx_data` (module
     docstring); `weights` gives each tensor by Hugging Face name (`state_weights`,
-    `checkpoint_weights`)."""
+    `checkpoint_weights`); `graph_options` go to `build_backbone_graph`."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     graph, data = out_dir / f"{name}.onnx", out_dir / f"{name}.onnx_data"
     with open(data, "wb") as sink:
-        model = build_backbone_graph(config, weights, sink, data.name, rope or RopeTables())
+        model = build_backbone_graph(
+            config, weights, sink, data.name, rope or RopeTables(), **graph_options
+        )
     save_streamed(model, graph)
     return BackboneFiles(graph, data)
 
@@ -593,13 +628,13 @@ def check_backbone(
             embeds = torch.randn(batch, new, c.hidden_size, generator=generator)
             mask = torch.ones(batch, length + new, dtype=torch.int64)
             positions = torch.arange(length, length + new).expand(batch, new).contiguous()
-            expected, presents = module(embeds, mask, positions, past)
+            expected, presents = module(embeds, mask, positions if module.rotary else None, past)
             outputs = session.run(
                 None,
                 {
                     "inputs_embeds": embeds.numpy(),
                     "attention_mask": mask.numpy(),
-                    "position_ids": positions.numpy(),
+                    **({"position_ids": positions.numpy()} if module.rotary else {}),
                     **feeds_past,
                 },
             )
