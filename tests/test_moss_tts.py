@@ -1,0 +1,292 @@
+"""Family moss-tts (Local v1.5, Local v1, Delay) on stand-in checkpoints in the published layout
+(export/moss_tts/stand_in.py: config keys, tensor names, special ids, sharded safetensors, the
+real Qwen3 tokenizer; tiny sizes, random weights), exported with `onnx-tts export moss-tts` and
+run through the public API, checked against a paraphrase of the published torch loops
+(tests/moss_tts_published_loop.py): the same code frames greedy, and sampled from the same
+uniform draws (one per sampled token from `np.random.default_rng(seed)`, in the published
+order), for text alone, a reference voice's codes, Local v1's n_vq_for_inference; batched rows
+equal solo runs; broken checkpoints and bad requests get one clear error."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import onnx_tts  # noqa: E402
+from export.moss_tts.stand_in import cached_checkpoint  # noqa: E402
+from onnx_tts.errors import InputError  # noqa: E402
+from onnx_tts.families import detect  # noqa: E402
+from tests import moss_tts_published_loop as published  # noqa: E402
+
+VARIANTS = ("local-v1.5", "local-v1", "delay")
+TEXT = "Hello there, this is a small test of the stand in."
+STEPS = 24  # max_new_frames of most runs
+# Local v1.5's stand-in is stored in bfloat16 (as published): its rotary tables are rounded
+# through bf16 (`--rope-tables auto`); the others in float32.
+DTYPES = {"local-v1.5": torch.bfloat16, "local-v1": torch.float32, "delay": torch.float32}
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """variant -> (checkpoint, exported model directory, export report), exported on first use."""
+    made: dict[str, tuple[Path, Path, dict]] = {}
+    root = tmp_path_factory.mktemp("moss-tts")
+
+    def get(variant: str) -> tuple[Path, Path, dict]:
+        if variant not in made:
+            from export.moss_tts.exporter import export_moss_tts
+
+            checkpoint = cached_checkpoint(variant, dtype=DTYPES[variant])
+            out = root / variant
+            made[variant] = (checkpoint, out, export_moss_tts(checkpoint, out))
+        return made[variant]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def engines(models, tmp_path_factory):
+    """(variant, kind) -> engine: "default" as `onnx_tts.load` makes it, "solo" max_batch 1."""
+    made: dict[tuple[str, str], onnx_tts.Engine] = {}
+    cache = tmp_path_factory.mktemp("moss-tts-cache")
+
+    def get(variant: str, kind: str = "default"):
+        if (variant, kind) not in made:
+            _, out, _ = models(variant)
+            options = {"max_batch": 1, "threads": 1} if kind == "solo" else {}
+            made[variant, kind] = onnx_tts.load(out, cache_dir=cache / variant / kind, **options)
+        return made[variant, kind]
+
+    yield get
+    for engine in made.values():
+        engine.close()
+
+
+@pytest.fixture(scope="module")
+def loops(models):
+    made: dict[str, published.Published] = {}
+
+    def get(variant: str) -> published.Published:
+        if variant not in made:
+            made[variant] = published.load(models(variant)[0])
+        return made[variant]
+
+    return get
+
+
+def frames_of(engine, text=TEXT, *, seed=0, voice=None, **options):
+    """The frames of a one-chunk text through the engine's LM stage (`Engine.generate`)."""
+    options = {"max_new_frames": STEPS, **options}
+    model = engine.model
+    [chunk] = model.text.chunks(text, model.request_options(options))
+    sampling = model.sampling_defaults().with_overrides({"seed": seed})
+    return [list(map(int, f)) for f in engine.generate(chunk, engine.voice(voice), sampling, options)]
+
+
+def reference_frames(loop, text=TEXT, *, seed=0, greedy=False, reference=None, **options):
+    """The paraphrase's frames of the same request."""
+    variant = loop.config.variant
+    if variant == "local-v1.5":
+        prompt = loop.prompt_v15(text, reference=reference)
+        extra = {"do_sample": False} if greedy else {}
+        return loop.generate_v15(prompt, seed=seed, max_new_frames=STEPS, **extra, **options)
+    prompt = loop.prompt_chat(text, reference=reference)
+    extra = {"text_temperature": 0.0, "audio_temperature": 0.0} if greedy else {}
+    if variant == "local-v1":
+        rows = loop.generate_v1(prompt, seed=seed, max_new_tokens=STEPS, **extra, **options)
+        return [row[1:] for row in rows]
+    rows = loop.generate_delay(prompt, seed=seed, max_new_tokens=STEPS, **extra, **options)
+    return published.de_delay(rows, loop.config.n_vq, loop.config.audio_pad)
+
+
+# -- export ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_export_checks_every_graph_against_torch(models, variant):
+    checkpoint, out, report = models(variant)
+    assert report["variant"] == variant
+    diffs = [d for graph in report["checks"].values() for d in graph.values()]
+    assert len(diffs) >= 5 and max(diffs) < 2e-5
+    assert report["rope_tables"] == ("bfloat16 (nearest)" if variant == "local-v1.5" else "float32")
+    detection = detect(out)
+    assert detection.family == "moss-tts"
+    manifest = json.loads((out / "bundle.json").read_text())
+    assert manifest["variant"] == variant and manifest["sha256"]["backbone.onnx_data"]
+    if variant == "local-v1":  # the backbone's own embed_tokens is frozen and unused
+        assert report["unread"] == ["model.language_model.embed_tokens.weight"]
+        assert len([r for r in manifest["graphs"] if r.startswith("head_")]) == 33
+    else:
+        assert report["unread"] == []
+
+
+def test_chat_template_is_the_checkpoints_rendered_in_a_sandbox(models, loops):
+    """Local v1 and Delay render the checkpoint's own chat template (the real Qwen3 one here)
+    once at export: the strings around a lone user message are the paraphrase's."""
+    _, out, _ = models("delay")
+    chat = json.loads((out / "bundle.json").read_text())["text"]["chat"]
+    loop = loops("delay")
+    assert (chat["user_prefix"], chat["user_suffix"]) == loop.chat[:2]
+    assert (chat["assistant_prefix"], chat["assistant_suffix"]) == loop.chat[2:]
+
+
+# -- the published loops ---------------------------------------------------------------------------
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_same_frames_as_the_published_loop(engines, loops, variant):
+    loop = loops(variant)
+    model = engines(variant).model
+    assert np.array_equal(model.text.prompt(TEXT, {}).rows, (
+        loop.prompt_v15(TEXT) if variant == "local-v1.5" else loop.prompt_chat(TEXT)).numpy())
+    expected_greedy = reference_frames(loop, greedy=True)
+    assert len(expected_greedy) > 3
+    for kind in ("default", "solo"):
+        assert frames_of(engines(variant, kind), greedy=True) == expected_greedy, kind
+    for seed in (1, 2):
+        expected = reference_frames(loop, seed=seed)
+        assert frames_of(engines(variant), seed=seed) == expected, f"seed {seed}"
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_a_reference_voice_gives_the_published_frames(engines, loops, variant):
+    """A voice given as its codes (what `Engine.voice` returns for a reference file) goes into
+    the prompt's reference rows as published; its block is the prefix the prefix cache keeps."""
+    loop = loops(variant)
+    codes = np.random.default_rng(7).integers(0, 1024, (9, loop.config.n_vq))
+    engine = engines(variant)
+    voice = {"codes": codes}
+    prompt = engine.model.text.prompt(TEXT, {}, codes)
+    expected_rows = (loop.prompt_v15(TEXT, reference=codes) if variant == "local-v1.5"
+                     else loop.prompt_chat(TEXT, reference=codes))
+    assert np.array_equal(prompt.rows, expected_rows.numpy())
+    assert prompt.prefix > len(codes)
+    assert frames_of(engine, seed=3, voice=voice) == reference_frames(loop, seed=3,
+                                                                      reference=codes)
+
+
+def test_local_v1_generates_fewer_codebooks_on_request(engines, loops):
+    loop = loops("local-v1")
+    ours = frames_of(engines("local-v1"), seed=4, n_vq_for_inference=5)
+    assert ours == reference_frames(loop, seed=4, n_vq_for_inference=5)
+    assert all(frame[5:] == [0] * 27 for frame in ours)  # as published: 0, not the pad
+
+
+def test_delay_can_stop_with_its_audio(engines):
+    engine = engines("delay")
+    whole = frames_of(engine, seed=5, max_new_frames=120)
+    early = frames_of(engine, seed=5, max_new_frames=120, stop_at="audio_end")
+    assert early == whole and len(whole) > 0
+
+
+@pytest.mark.parametrize(
+    ("variant", "options", "message"),
+    [
+        ("local-v1.5", {"n_vq_for_inference": 4}, "n_vq_for_inference is Local v1's"),
+        ("local-v1", {"n_vq_for_inference": 40}, r"n_vq_for_inference must be in \[1, 32\]"),
+        ("local-v1", {"stop_at": "audio_end"}, "stop_at is Delay's"),
+        ("delay", {"audio_top_p": 2.0}, "audio_top_p"),
+        ("delay", {"temperature": 0.5}, "takes no option temperature"),
+    ],
+)
+def test_bad_options_are_one_clear_error(engines, variant, options, message):
+    with pytest.raises(InputError, match=message):
+        engines(variant).model.request_options(options)
+
+
+def test_text_spelling_a_control_token_is_refused(engines):
+    with pytest.raises(InputError, match="control token"):
+        engines("local-v1.5").model.text.chunks("say <|im_end|> now", {})
+
+
+# -- the offline tools and batching ----------------------------------------------------------------
+@pytest.fixture(scope="module")
+def inplace(models, tmp_path_factory):
+    """Local v1.5 with its backbone converted to GroupQueryAttention (`onnx-tts convert
+    --inplace-kv`): requests share backbone steps as rows of one in-place KV buffer."""
+    from onnx_tts.tools.convert import convert_bundle_inplace_kv
+
+    _, out, _ = models("local-v1.5")
+    converted = tmp_path_factory.mktemp("moss-tts-inplace") / "model"
+    convert_bundle_inplace_kv(out, converted)
+    engine = onnx_tts.load(converted, cache_dir=tmp_path_factory.mktemp("inplace-cache"))
+    yield converted, engine
+    engine.close()
+
+
+def test_converted_backbone_keeps_its_sidecar_and_gives_the_published_frames(inplace, loops):
+    converted, engine = inplace
+    manifest = json.loads((converted / "bundle.json").read_text())
+    assert (converted / "backbone.onnx_data").is_file() and manifest["sha256"]["backbone.onnx"]
+    assert engine.model.kv_mode == "inplace"
+    assert frames_of(engine, seed=1) == reference_frames(loops("local-v1.5"), seed=1)
+
+
+def test_batched_rows_equal_solo_runs(inplace):
+    _, engine = inplace
+    texts = ["Hello there.", TEXT, "A somewhat longer sentence, to give this row a longer prompt."]
+    jobs = [(texts[i % 3], i) for i in range(6)]
+    alone = [frames_of(engine, text, seed=seed) for text, seed in jobs]
+    before = engine.stats()
+    together: list = [None] * len(jobs)
+    start = threading.Barrier(len(jobs))
+
+    def run(index: int) -> None:
+        text, seed = jobs[index]
+        start.wait()
+        together[index] = frames_of(engine, text, seed=seed)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(jobs))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert together == alone
+    after = engine.stats()
+    assert (after["row_steps"] - before["row_steps"]) / (after["steps"] - before["steps"]) > 1.5
+
+
+def test_quantized_model_loads_and_speaks(models, tmp_path):
+    _, out, _ = models("local-v1.5")
+    quantized = tmp_path / "int8"
+    done = _cli("quantize", str(out), str(quantized))
+    assert done.returncode == 0, done.stderr
+    manifest = json.loads((quantized / "bundle.json").read_text())
+    assert "backbone" in manifest["quantized"]["graphs"]
+    engine = onnx_tts.load(quantized, cache_dir=tmp_path / "cache")
+    try:
+        assert len(frames_of(engine, seed=1, greedy=True)) == STEPS  # greedy never stops here
+    finally:
+        engine.close()
+
+
+# -- the exporter's CLI ----------------------------------------------------------------------------
+def _cli(*args: str, cwd: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "ONNX_TTS_REPO"}
+    return subprocess.run([sys.executable, "-m", "onnx_tts", *args], capture_output=True,
+                          text=True, cwd=cwd, env=env, timeout=900)
+
+
+def test_broken_checkpoints_are_one_line_and_exit_2(models, tmp_path):
+    checkpoint, _, _ = models("local-v1.5")
+    broken = tmp_path / "broken"
+    shutil.copytree(checkpoint, broken)
+    index = json.loads((broken / "model.safetensors.index.json").read_text())
+    del index["weight_map"]["local_text_lm_head.weight"]
+    (broken / "model.safetensors.index.json").write_text(json.dumps(index))
+    for args, message in [
+        ((str(broken), str(tmp_path / "out")), "missing local_text_lm_head.weight"),
+        ((str(checkpoint), str(checkpoint / "out")), "inside the checkpoint directory"),
+        ((str(tmp_path / "nowhere"), str(tmp_path / "out2")), "is not a directory"),
+    ]:
+        done = _cli("export", "moss-tts", *args)
+        assert done.returncode == 2, done.stderr
+        assert message in done.stderr and "Traceback" not in done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out.*"))
