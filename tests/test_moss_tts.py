@@ -90,7 +90,8 @@ def frames_of(engine, text=TEXT, *, seed=0, voice=None, **options):
     model = engine.model
     [chunk] = model.text.chunks(text, model.request_options(options))
     sampling = model.sampling_defaults().with_overrides({"seed": seed})
-    return [list(map(int, f)) for f in engine.generate(chunk, engine.voice(voice), sampling, options)]
+    stream = engine.generate(chunk, engine.voice(voice), sampling, options)
+    return [list(map(int, frame)) for frame in stream]
 
 
 def reference_frames(loop, text=TEXT, *, seed=0, greedy=False, reference=None, **options):
@@ -112,7 +113,7 @@ def reference_frames(loop, text=TEXT, *, seed=0, greedy=False, reference=None, *
 # -- export ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_export_checks_every_graph_against_torch(models, variant):
-    checkpoint, out, report = models(variant)
+    _, out, report = models(variant)
     assert report["variant"] == variant
     diffs = [d for graph in report["checks"].values() for d in graph.values()]
     assert len(diffs) >= 5 and max(diffs) < 2e-5
@@ -143,8 +144,10 @@ def test_chat_template_is_the_checkpoints_rendered_in_a_sandbox(models, loops):
 def test_same_frames_as_the_published_loop(engines, loops, variant):
     loop = loops(variant)
     model = engines(variant).model
-    assert np.array_equal(model.text.prompt(TEXT, {}).rows, (
-        loop.prompt_v15(TEXT) if variant == "local-v1.5" else loop.prompt_chat(TEXT)).numpy())
+    assert np.array_equal(
+        model.text.prompt(TEXT, {}).rows,
+        (loop.prompt_v15(TEXT) if variant == "local-v1.5" else loop.prompt_chat(TEXT)).numpy(),
+    )
     expected_greedy = reference_frames(loop, greedy=True)
     assert len(expected_greedy) > 3
     for kind in ("default", "solo"):
@@ -163,12 +166,14 @@ def test_a_reference_voice_gives_the_published_frames(engines, loops, variant):
     engine = engines(variant)
     voice = {"codes": codes}
     prompt = engine.model.text.prompt(TEXT, {}, codes)
-    expected_rows = (loop.prompt_v15(TEXT, reference=codes) if variant == "local-v1.5"
-                     else loop.prompt_chat(TEXT, reference=codes))
+    expected_rows = (
+        loop.prompt_v15(TEXT, reference=codes)
+        if variant == "local-v1.5"
+        else loop.prompt_chat(TEXT, reference=codes)
+    )
     assert np.array_equal(prompt.rows, expected_rows.numpy())
     assert prompt.prefix > len(codes)
-    assert frames_of(engine, seed=3, voice=voice) == reference_frames(loop, seed=3,
-                                                                      reference=codes)
+    assert frames_of(engine, seed=3, voice=voice) == reference_frames(loop, seed=3, reference=codes)
 
 
 def test_local_v1_generates_fewer_codebooks_on_request(engines, loops):
@@ -269,8 +274,14 @@ def test_quantized_model_loads_and_speaks(models, tmp_path):
 # -- the exporter's CLI ----------------------------------------------------------------------------
 def _cli(*args: str, cwd: str | None = None) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "ONNX_TTS_REPO"}
-    return subprocess.run([sys.executable, "-m", "onnx_tts", *args], capture_output=True,
-                          text=True, cwd=cwd, env=env, timeout=900)
+    return subprocess.run(
+        [sys.executable, "-m", "onnx_tts", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=env,
+        timeout=900,
+    )
 
 
 def test_broken_checkpoints_are_one_line_and_exit_2(models, tmp_path):

@@ -1,11 +1,12 @@
 """Writing a quantized model in its family's own layout, from the files the family declares
 (`ModelFiles`): quantized graphs that share an external-data file are written sharing it again
 (each distinct tensor once); a graph of a model whose manifest lists its files stays one file
-(or keeps its own sidecar, under the same name) and the manifest is written again (new sha256 of every file, a "quantized" section); otherwise
-a quantized graph takes the published variant name of its weights kind (`X<suffix>.onnx`, or
-its own name when the family has no variant names) with its weights in `<name>_data`. Variants
-of the source are not copied (the quantized model's default variant is then the quantized
-one), graphs left float keep their files, and every other file is copied as it is."""
+(or keeps its own sidecar, under the same name) and the manifest is written again (new sha256
+of every file, a "quantized" section); otherwise a quantized graph takes the published variant
+name of its weights kind (`X<suffix>.onnx`, or its own name when the family has no variant
+names) with its weights in `<name>_data`. Variants of the source are not copied (the quantized
+model's default variant is then the quantized one), graphs left float keep their files, and
+every other file is copied as it is."""
 
 from __future__ import annotations
 
