@@ -46,7 +46,7 @@ FORMAT_VERSION = 1
 # The export refuses graphs further from torch than this (relative to the audio's peak); the
 # report gives the measured differences (about 1e-6 in float32).
 DECODE_RTOL = 1e-4
-WHOLE_DECODE_BYTES = 256 << 20  # the largest attention score tensor of one whole decode
+WHOLE_DECODE_BYTES = 128 << 20  # the largest attention score tensor of one whole decode
 MAX_WHOLE_DECODE_FRAMES = 4500  # 6 minutes at 12.5 frames/s
 CHUNKS = (1, 2, 3)  # frames per decode_step call in the streaming check, in turn
 
@@ -348,6 +348,7 @@ def export_codec(
         )
     reference = _reference(codec, quantizers, seed)
     _remove_weight_norm(codec)
+    codec.quantizer.fold_lookup(quantizers)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
     try:
@@ -358,6 +359,9 @@ def export_codec(
         report["seconds"] = round(time.perf_counter() - started, 1)
         payload = codec_json(spec, quantizers, codec_dir.name, report)
         (staging / CODEC_JSON).write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
+        umask = os.umask(0o22)
+        os.umask(umask)
+        staging.chmod(0o777 & ~umask)  # mkdtemp made it private; the result is an ordinary dir
         if out_dir.exists():
             out_dir.rmdir()
         staging.rename(out_dir)

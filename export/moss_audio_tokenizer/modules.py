@@ -22,6 +22,8 @@ head-room for that reason); this cache never does.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -35,15 +37,28 @@ def rope_frequencies(head_dim: int, max_period: float) -> torch.Tensor:
     return torch.exp(steps * (-math.log(max_period) * 2 / head_dim))
 
 
-def apply_rope(x: torch.Tensor, positions: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
-    """x [B, H, T, D] rotated at positions [B, T] (pairs (2i, 2i + 1), as published)."""
-    batch, heads, steps, dim = x.shape
-    angles = positions.to(torch.float32).view(batch, 1, steps, 1) * freqs
-    cos, sin = torch.cos(angles), torch.sin(angles)
-    pairs = x.reshape(batch, heads, steps, dim // 2, 2)
-    real, imag = pairs[..., 0], pairs[..., 1]
-    rotated = torch.stack([real * cos - imag * sin, real * sin + imag * cos], dim=-1)
-    return rotated.reshape(batch, heads, steps, dim)
+def pair_rotation(head_dim: int) -> torch.Tensor:
+    """R with (x @ R)[2i] = -x[2i + 1] and (x @ R)[2i + 1] = x[2i]: one matmul that moves
+    values exactly (every output is one input, the other terms exact zeros), so
+    x * cos + (x @ R) * sin is bit for bit the published pairwise rotation."""
+    rotation = torch.zeros(head_dim, head_dim)
+    index = torch.arange(0, head_dim, 2)
+    rotation[index + 1, index] = -1.0
+    rotation[index, index + 1] = 1.0
+    return rotation
+
+
+@dataclass
+class Window:
+    """What every layer of one transformer shares for one call: sizes, the RoPE tables of the
+    queries' positions (cos, sin [B, 1, T, D], each frequency twice) and which keys each query
+    sees (`allowed` [B, 1, T, K])."""
+
+    batch: Any
+    steps: Any
+    cos: torch.Tensor
+    sin: torch.Tensor
+    allowed: torch.Tensor
 
 
 class Attention(nn.Module):
@@ -53,36 +68,30 @@ class Attention(nn.Module):
         self.heads, self.head_dim, self.context = spec.heads, spec.head_dim, spec.context
         self.in_projs = nn.ModuleList([nn.Linear(d, 3 * d, bias=False)])
         self.out_projs = nn.ModuleList([nn.Linear(d, d, bias=False)])
-        self.register_buffer(
-            "freqs", rope_frequencies(spec.head_dim, spec.max_period), persistent=False
-        )
+        self.register_buffer("rotation", pair_rotation(spec.head_dim), persistent=False)
 
     def forward(
         self,
         x: torch.Tensor,
-        positions: torch.Tensor,
+        window: Window,
         cache: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
-        """x [B, T, d] at positions [B, T]. With `cache` (keys, values [B, H, context, D] of
-        the `context` steps before positions[:, 0]), also returns the next cache."""
-        batch, steps, width = x.shape
-        qkv = self.in_projs[0](x).reshape(batch, steps, 3, self.heads, self.head_dim)
-        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
-        q, k = apply_rope(q, positions, self.freqs), apply_rope(k, positions, self.freqs)
-        key_positions, next_cache = positions, None
+        """x [B, T, d]. With `cache` (keys, values [B, H, context, D] of the `context` steps
+        before the queries), also returns the next cache."""
+        qkv = self.in_projs[0](x).reshape(window.batch, window.steps, 3, self.heads, -1)
+        qkv = qkv.permute(2, 0, 3, 1, 4)
+        q, k, v = qkv[0], qkv[1], qkv[2]
+        q = q * window.cos + torch.matmul(q, self.rotation) * window.sin
+        k = k * window.cos + torch.matmul(k, self.rotation) * window.sin
+        next_cache = None
         if cache is not None:
-            window = torch.arange(-self.context, 0, dtype=torch.int64, device=x.device)
-            before = positions[:, :1] + window  # the cached steps' positions (< 0: none yet)
-            key_positions = torch.cat([before, positions], dim=1)
             k = torch.cat([cache[0], k], dim=2)
             v = torch.cat([cache[1], v], dim=2)
             next_cache = (k[:, :, -self.context :], v[:, :, -self.context :])
-        delta = positions.unsqueeze(-1) - key_positions.unsqueeze(-2)
-        allowed = (key_positions.unsqueeze(-2) >= 0) & (delta >= 0) & (delta < self.context)
         scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(self.head_dim)
-        scores = scores.masked_fill(~allowed.unsqueeze(1), float("-inf"))
+        scores = scores.masked_fill(~window.allowed, float("-inf"))
         mixed = torch.matmul(torch.softmax(scores, dim=-1), v)
-        mixed = mixed.transpose(1, 2).reshape(batch, steps, width)
+        mixed = mixed.transpose(1, 2).reshape(window.batch, window.steps, -1)
         return self.out_projs[0](mixed), next_cache
 
 
@@ -108,8 +117,8 @@ class Layer(nn.Module):
         self.layer_scale_1 = LayerScale(d, spec.layer_scale or 0.0) if scaled else nn.Identity()
         self.layer_scale_2 = LayerScale(d, spec.layer_scale or 0.0) if scaled else nn.Identity()
 
-    def forward(self, x, positions, cache=None):
-        update, next_cache = self.self_attn(self.norm1(x), positions, cache)
+    def forward(self, x, window: Window, cache=None):
+        update, next_cache = self.self_attn(self.norm1(x), window, cache)
         x = x + self.layer_scale_1(update)
         x = x + self.layer_scale_2(self.linear2(F.gelu(self.linear1(self.norm2(x)))))
         return x, next_cache
@@ -131,15 +140,36 @@ class ProjectedTransformer(nn.Module):
         self.input_proj = nn.Linear(spec.input_dim, d, bias=False) if spec.input_proj else None
         self.transformer = Stack(spec)
         self.output_proj = nn.Linear(d, spec.output_dim, bias=False) if spec.output_proj else None
+        self.register_buffer(
+            "freqs", rope_frequencies(spec.head_dim, spec.max_period), persistent=False
+        )
+
+    def window(self, x: torch.Tensor, positions: torch.Tensor, cached: bool) -> Window:
+        """Positions [B, T] of the queries; with `cached`, the keys are the `context` steps
+        before them (positions < 0: none yet) and then the queries themselves."""
+        batch, steps = x.shape[0], x.shape[1]
+        angles = positions.to(torch.float32).unsqueeze(-1) * self.freqs  # [B, T, D / 2]
+        cos, sin = torch.cos(angles), torch.sin(angles)
+        cos = torch.stack([cos, cos], dim=-1).reshape(batch, 1, steps, -1)
+        sin = torch.stack([sin, sin], dim=-1).reshape(batch, 1, steps, -1)
+        keys = positions
+        context = self.spec.context
+        if cached:
+            before = positions[:, :1] + torch.arange(-context, 0, dtype=torch.int64)
+            keys = torch.cat([before, positions], dim=1)
+        delta = positions.unsqueeze(-1) - keys.unsqueeze(-2)
+        allowed = (keys.unsqueeze(-2) >= 0) & (delta >= 0) & (delta < context)
+        return Window(batch, steps, cos, sin, allowed.unsqueeze(1))
 
     def forward(self, x, positions, caches=None):
-        """x [B, T, input_dim] -> [B, T, output_dim]; with `caches` (one per layer) also the
-        next caches."""
+        """x [B, T, input_dim] at positions [B, T] -> [B, T, output_dim]; with `caches` (one
+        per layer) also the next caches."""
         if self.input_proj is not None:
             x = self.input_proj(x)
+        window = self.window(x, positions, caches is not None)
         next_caches = []
         for index, layer in enumerate(self.transformer.layers):
-            x, cache = layer(x, positions, None if caches is None else caches[index])
+            x, cache = layer(x, window, None if caches is None else caches[index])
             next_caches.append(cache)
         if self.output_proj is not None:
             x = self.output_proj(x)
@@ -220,6 +250,8 @@ class ResidualQuantizer(nn.Module):
             else nn.Identity()
         )
         self.quantizers = nn.ModuleList(LookupQuantizer(spec) for _ in range(spec.quantizers))
+        self.register_buffer("table", None, persistent=False)  # see fold_lookup
+        self.register_buffer("offsets", None, persistent=False)
 
     def encode(self, latent: torch.Tensor, n_q: int) -> torch.Tensor:
         """latent [B, T, input_dim] -> codes [n_q, B, T]."""
@@ -231,8 +263,22 @@ class ResidualQuantizer(nn.Module):
             codes.append(index)
         return torch.stack(codes)
 
+    def fold_lookup(self, n_q: int) -> None:
+        """Precompute every stage's out_proj(codebook) (weight norm already folded), so a
+        decode is one gather over a [n_q x codebook_size, rvq_dim] table and a sum (the export
+        does this; the reference keeps the published per-stage lookups)."""
+        size = self.spec.codebook_size
+        codes = torch.arange(size).unsqueeze(0)
+        with torch.no_grad():
+            tables = [q.lookup(codes)[0].T for q in self.quantizers[:n_q]]
+        self.table = torch.cat(tables)
+        self.offsets = torch.arange(n_q, dtype=torch.int64).view(n_q, 1, 1) * size
+
     def decode(self, codes: torch.Tensor) -> torch.Tensor:
         """codes [n_q, B, T] -> latent [B, T, output_dim]."""
+        if self.table is not None:
+            summed = self.table[codes + self.offsets].sum(0)  # [B, T, rvq_dim]
+            return self.output_proj(summed.transpose(1, 2)).transpose(1, 2)
         total = self.quantizers[0].lookup(codes[0])
         for index in range(1, codes.shape[0]):
             total = total + self.quantizers[index].lookup(codes[index])
@@ -339,8 +385,8 @@ __all__ = [
     "AudioTokenizer",
     "ProjectedTransformer",
     "ResidualQuantizer",
-    "apply_rope",
     "fold_steps",
+    "pair_rotation",
     "rope_frequencies",
     "unfold_steps",
 ]
