@@ -220,6 +220,8 @@ def _manifest(
     if c.variant != "local-v1.5":
         text["chat"] = chat_strings(checkpoint)
     data = {role: f"{path}_data" for role, path in roles.items() if not role.startswith("codec")}
+    if audio.get("codec"):  # the codec's data files, so the manifest hashes them too
+        data["codec"] = sorted({f"codec/{name}" for names in audio["codec_data"] for name in names})
     return {
         "format_version": FORMAT_VERSION,
         "family": "moss-tts",
@@ -265,13 +267,14 @@ def _codec(
 
     report["codec"] = export_codec(Path(codec_dir), out / "codec", quantizers=config.n_vq)
     meta = json.loads((out / "codec" / "codec.json").read_text(encoding="utf-8"))
-    for role, name in meta.get("graphs", {}).items():
+    for role, name in meta["files"].items():
         roles[f"codec_{role}"] = f"codec/{name}"
     return {
         "sample_rate": int(meta["sample_rate"]),
         "channels": int(meta["channels"]),
         "hop_length": int(meta["hop_length"]),
         "codec": True,
+        "codec_data": list(meta.get("external_data", {}).values()),
     }
 
 

@@ -1,12 +1,12 @@
 """References of a moss-tts model: the canonical batch-of-1 encode through the MOSS audio
-tokenizer (`codec/`, the codec module of this family), and the published preparation.
+tokenizer (`codec/`, read by this family's `codec` module), and the published preparation.
 
 A reference arrives at the codec's rate (Voices.read resamples files). Its canonical form, what
-the reference cache keys and the codec encodes: the channels the release takes (Local v1.5:
-stereo, a mono reference duplicated, more channels cut to two; Local v1 and Delay: mono, the
-mean of the channels), loudness-normalized as the published processors do (to -20 dBFS over
-all samples, the gain clamped to +-3 dB), channel-major and flat. The codes are the codec's
-first n_vq quantizers, [frames, n_vq].
+the reference cache keys and the codec encodes, is the codec's `prepare_reference`: the
+channels the release takes (Local v1.5: stereo, a mono reference duplicated; Local v1 and
+Delay: mono, the mean of the channels), loudness-normalized as the published processors do (to
+-20 dBFS, the gain clamped to +-3 dB), channel-major and flat. The codes are the codec's n_vq
+quantizers (the export keeps that many), [frames, n_vq].
 """
 
 from __future__ import annotations
@@ -25,17 +25,6 @@ from onnx_tts.families.moss_tts.layout import MossLayout
 CODES = "codes"
 MIN_SECONDS = 0.5
 MAX_SECONDS = 60.0
-TARGET_DBFS = -20.0
-GAIN_RANGE_DB = (-3.0, 3.0)
-
-
-def loudness_normalized(samples: np.ndarray) -> np.ndarray:
-    """The published `loudness_normalize`: gain to -20 dBFS (mean square over every sample),
-    clamped to +-3 dB."""
-    samples = np.asarray(samples, np.float32)
-    current = 10.0 * np.log10(float(np.mean(samples.astype(np.float32) ** 2)) + 1e-9)
-    gain = max(GAIN_RANGE_DB[0], min(TARGET_DBFS - current, GAIN_RANGE_DB[1]))
-    return (samples * np.float32(10.0 ** (gain / 20.0))).astype(np.float32)
 
 
 class _Encode:
@@ -71,7 +60,7 @@ class ReferenceEncoder(VoiceEncoder):
     """The canonical batch-of-1 encode (module docstring)."""
 
     def __init__(self, layout: MossLayout, codec: Any | None) -> None:
-        self.layout = layout
+        self.layout, self.codec = layout, codec
         identity = (
             layout.bundle.file_sha256(
                 str(layout.bundle.section("graphs").get("codec_encode", "backbone.onnx"))
@@ -85,7 +74,6 @@ class ReferenceEncoder(VoiceEncoder):
             settings={
                 "channels": layout.channels,
                 "n_vq": layout.n_vq,
-                "loudness_dbfs": TARGET_DBFS,
                 "min_seconds": MIN_SECONDS,
                 "max_seconds": MAX_SECONDS,
             },
@@ -95,22 +83,17 @@ class ReferenceEncoder(VoiceEncoder):
         )
 
     def validate(self, audio: np.ndarray) -> np.ndarray:
+        """The canonical samples (module docstring); AudioError saying what is wrong."""
         waveform = np.asarray(audio)
         if waveform.dtype.kind != "f" or waveform.ndim not in (1, 2):
             raise AudioError(
                 f"a reference must be float samples [N] or [channels, N], got "
                 f"{waveform.dtype} {waveform.shape}"
             )
-        if waveform.ndim == 1:
-            waveform = waveform[None]
-        if self.layout.channels == 2:
-            waveform = np.repeat(waveform, 2, axis=0) if len(waveform) == 1 else waveform[:2]
-        else:
-            waveform = waveform.mean(axis=0, keepdims=True)
-        waveform = np.ascontiguousarray(
-            waveform[:, : int(MAX_SECONDS * self.sample_rate)], np.float32
-        )
-        seconds = waveform.shape[1] / self.sample_rate
+        if self.codec is None:
+            self._session.run({})  # the one clear error: no codec to encode with
+        waveform = np.asarray(waveform[..., : int(MAX_SECONDS * self.sample_rate)], np.float32)
+        seconds = waveform.shape[-1] / self.sample_rate
         if seconds < MIN_SECONDS:
             raise AudioError(
                 f"the reference is {seconds:.2f} s long; give at least {MIN_SECONDS:g} s of speech"
@@ -122,7 +105,8 @@ class ReferenceEncoder(VoiceEncoder):
             raise AudioError(f"the reference peaks at {peak:.3g} (full scale is 1.0); rescale it")
         if peak < SILENCE_PEAK:
             raise AudioError("the reference is silent; give a clip with audible speech")
-        return loudness_normalized(waveform).reshape(-1)
+        # The codec's channels and the published loudness normalization.
+        return self.codec.prepare_reference(waveform).reshape(-1)
 
 
 def codec_parts(layout: MossLayout) -> tuple[dict[str, Graph], Callable[[LoadedGraphs], Any]]:
@@ -132,15 +116,15 @@ def codec_parts(layout: MossLayout) -> tuple[dict[str, Graph], Callable[[LoadedG
         return {}, lambda graphs: None
     from onnx_tts.families.moss_tts import codec
 
-    declared = {
-        f"codec_{role}": graph for role, graph in codec.codec_graphs(layout.codec_dir).items()
-    }
+    read = codec.read_codec(layout.codec_dir)
+    declared = {f"codec_{role}": graph for role, graph in codec.codec_graphs(read).items()}
 
     def make(graphs: LoadedGraphs) -> Any:
         sessions = {role[len("codec_") :]: graphs.session(role) for role in declared}
-        return codec.codec_from_sessions(layout.codec_dir, sessions)
+        mode = "copy" if graphs.kv_mode == "copy" else "chain"
+        return codec.AudioTokenizerCodec(read, sessions, mode)
 
     return declared, make
 
 
-__all__ = ["CODES", "ReferenceEncoder", "codec_parts", "loudness_normalized"]
+__all__ = ["CODES", "ReferenceEncoder", "codec_parts"]
