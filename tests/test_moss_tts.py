@@ -9,6 +9,7 @@ equal solo runs; broken checkpoints and bad requests get one clear error."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import soundfile
 
 torch = pytest.importorskip("torch")
 
@@ -36,9 +38,33 @@ STEPS = 24  # max_new_frames of most runs
 DTYPES = {"local-v1.5": torch.bfloat16, "local-v1": torch.float32, "delay": torch.float32}
 
 
+CODECS = {"local-v1.5": ("v2", 12), "local-v1": ("v1", 32), "delay": ("v1", 32)}
+
+
 @pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    """variant -> (checkpoint, exported model directory, export report), exported on first use."""
+def codecs(tmp_path_factory):
+    """version -> (stand-in codec checkpoint, the same exported with the LM's quantizers):
+    v2 (48 kHz stereo) for Local v1.5, v1 (24 kHz mono) for Local v1 and Delay, exported once
+    and handed to each model's export."""
+    from export.moss_audio_tokenizer import build_codec_checkpoint, export_codec
+
+    made: dict[str, tuple[Path, Path]] = {}
+    root = tmp_path_factory.mktemp("moss-codecs")
+
+    def get(version: str, quantizers: int) -> tuple[Path, Path]:
+        if version not in made:
+            checkpoint = build_codec_checkpoint(root / f"{version}-checkpoint", version)
+            export_codec(checkpoint, root / f"{version}-onnx", quantizers=quantizers)
+            made[version] = (checkpoint, root / f"{version}-onnx")
+        return made[version]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory, codecs):
+    """variant -> (checkpoint, exported model directory, export report), exported on first use
+    (with its codec)."""
     made: dict[str, tuple[Path, Path, dict]] = {}
     root = tmp_path_factory.mktemp("moss-tts")
 
@@ -48,7 +74,8 @@ def models(tmp_path_factory):
 
             checkpoint = cached_checkpoint(variant, dtype=DTYPES[variant])
             out = root / variant
-            made[variant] = (checkpoint, out, export_moss_tts(checkpoint, out))
+            codec = codecs(*CODECS[variant])[1]
+            made[variant] = (checkpoint, out, export_moss_tts(checkpoint, out, codec_dir=codec))
         return made[variant]
 
     return get
@@ -94,19 +121,21 @@ def frames_of(engine, text=TEXT, *, seed=0, voice=None, **options):
     return [list(map(int, frame)) for frame in stream]
 
 
-def reference_frames(loop, text=TEXT, *, seed=0, greedy=False, reference=None, **options):
+def reference_frames(
+    loop, text=TEXT, *, seed=0, greedy=False, reference=None, steps=STEPS, **options
+):
     """The paraphrase's frames of the same request."""
     variant = loop.config.variant
     if variant == "local-v1.5":
         prompt = loop.prompt_v15(text, reference=reference)
         extra = {"do_sample": False} if greedy else {}
-        return loop.generate_v15(prompt, seed=seed, max_new_frames=STEPS, **extra, **options)
+        return loop.generate_v15(prompt, seed=seed, max_new_frames=steps, **extra, **options)
     prompt = loop.prompt_chat(text, reference=reference)
     extra = {"text_temperature": 0.0, "audio_temperature": 0.0} if greedy else {}
     if variant == "local-v1":
-        rows = loop.generate_v1(prompt, seed=seed, max_new_tokens=STEPS, **extra, **options)
+        rows = loop.generate_v1(prompt, seed=seed, max_new_tokens=steps, **extra, **options)
         return [row[1:] for row in rows]
-    rows = loop.generate_delay(prompt, seed=seed, max_new_tokens=STEPS, **extra, **options)
+    rows = loop.generate_delay(prompt, seed=seed, max_new_tokens=steps, **extra, **options)
     return published.de_delay(rows, loop.config.n_vq, loop.config.audio_pad)
 
 
@@ -301,3 +330,147 @@ def test_broken_checkpoints_are_one_line_and_exit_2(models, tmp_path):
         assert message in done.stderr and "Traceback" not in done.stderr
         assert len(done.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out.*"))
+
+
+# -- audio: the codec, references, chunks, streaming, CLI and server ------------------------------
+def torch_decode(codecs, variant: str, frames) -> np.ndarray:
+    """The torch codec's decode of `frames` [F, n_vq] as [samples, channels] (the reference)."""
+    from export.moss_audio_tokenizer import load_codec
+
+    codec = load_codec(codecs(*CODECS[variant])[0])
+    with torch.no_grad():
+        audio = codec.decode(torch.tensor(frames).T[:, None, :]).numpy()[0].T
+    return audio[:, 0] if audio.shape[1] == 1 else audio
+
+
+def assert_close_audio(ours: np.ndarray, theirs: np.ndarray) -> None:
+    """Equal up to float rounding of the codec graphs: 1e-5 of the audio's peak."""
+    assert ours.shape == theirs.shape
+    peak = max(1.0, float(np.abs(theirs).max()))
+    assert float(np.abs(ours - theirs).max()) <= 1e-5 * peak
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_audio_is_the_torch_codecs_decode_one_shot_and_streamed(engines, loops, codecs, variant):
+    engine = engines(variant)
+    frames = reference_frames(loops(variant), seed=2)
+    one_shot = engine.synthesize(TEXT, seed=2, max_new_frames=STEPS)
+    assert one_shot.sample_rate == (48000 if variant == "local-v1.5" else 24000)
+    assert_close_audio(one_shot.samples, torch_decode(codecs, variant, frames))
+    streamed = np.concatenate(list(engine.stream(TEXT, seed=2, max_new_frames=STEPS)))
+    assert_close_audio(streamed, one_shot.samples)
+
+
+@pytest.mark.parametrize("variant", ["local-v1.5", "delay"])
+def test_cloned_voice_from_a_file_through_the_reference_cache(
+    engines, loops, codecs, variant, tmp_path
+):
+    """A reference file's codes are its canonical batch-1 encode (the torch codec's codes of
+    the prepared samples), cached; speech with that voice is the published loop's with those
+    codes in the reference rows."""
+    from export.moss_audio_tokenizer import load_codec
+    from tests.conftest import speechlike
+
+    engine = engines(variant)
+    rate, channels = engine.model.sample_rate, engine.model.channels
+    samples = speechlike(1.6, rate, seed=3)
+    path = tmp_path / "reference.wav"
+    soundfile.write(path, np.stack([samples] * channels, axis=1), rate, subtype="FLOAT")
+    before = engine.cache_stats()["reference"]
+    voice = engine.voice(str(path))
+    again = engine.voice(str(path))
+    after = engine.cache_stats()["reference"]
+    assert np.array_equal(voice["codes"], again["codes"])
+    assert after["hits"] > before.get("hits", 0)
+    codec = load_codec(codecs(*CODECS[variant])[0])
+    prepared = engine.model.voices.encoder.validate(engine.model.voices.read(path))
+    with torch.no_grad():
+        expected = (
+            codec.encode(
+                torch.tensor(prepared).reshape(1, channels, -1), loops(variant).config.n_vq
+            )
+            .numpy()[:, 0]
+            .T
+        )
+    assert np.array_equal(voice["codes"], expected)
+    ours = frames_of(engine, seed=6, voice=str(path))
+    assert ours == reference_frames(loops(variant), seed=6, reference=voice["codes"])
+
+
+def test_a_text_of_several_chunks_is_each_chunk_published_with_seed_plus_i(engines, loops, codecs):
+    engine = engines("local-v1.5")
+    text = "The first sentence is here. A second one follows it. And then a third."
+    options = {"max_new_frames": 8, "max_chunk_chars": 30}
+    chunks = engine.model.text.chunks(text, engine.model.request_options(options))
+    assert len(chunks) == 3
+    result = engine.synthesize(text, seed=10, **options)
+    pause = np.zeros((round(0.15 * 48000), 2), np.float32)
+    pieces = []
+    for index, chunk in enumerate(chunks):
+        frames = reference_frames(loops("local-v1.5"), chunk, seed=10 + index, steps=8)
+        pieces += [torch_decode(codecs, "local-v1.5", frames), pause]
+    assert_close_audio(result.samples, np.concatenate(pieces[:-1]))
+
+
+def test_cli_synth_and_info(models, engines, tmp_path):
+    _, out, _ = models("delay")
+    wav = tmp_path / "out.wav"
+    command = [
+        sys.executable,
+        "-m",
+        "onnx_tts.cli",
+        "synth",
+        TEXT,
+        "--model",
+        str(out),
+        "-o",
+        str(wav),
+        "--seed",
+        "2",
+        "--max-new-frames",
+        str(STEPS),
+        "--threads",
+        "1",
+        "--cache-dir",
+        str(tmp_path / "cache"),
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    ours, rate = soundfile.read(wav, dtype="float32")
+    expected = engines("delay").synthesize(TEXT, seed=2, max_new_frames=STEPS).samples
+    assert rate == 24000 and ours.shape == expected.shape
+    assert np.abs(ours - np.clip(expected, -1, 1)).max() <= 1 / 32767 + 1e-6
+    info = subprocess.run(
+        [sys.executable, "-m", "onnx_tts.cli", "info", "--model", str(out), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert info.returncode == 0, info.stderr
+    described = json.loads(info.stdout)
+    assert described["family"] == "moss-tts" and described["variant"] == "delay"
+
+
+def test_server_speaks_the_engines_audio(models, engines, tmp_path):
+    import httpx
+
+    from benchmarks.live_server import LiveServer
+
+    _, out, _ = models("local-v1.5")
+    expected = engines("local-v1.5").synthesize(TEXT, seed=4, max_new_frames=10).samples
+    live = LiveServer(tmp_path, "--model", str(out), "--threads", "1")
+    try:
+        body = {
+            "input": TEXT,
+            "voice": "default",
+            "seed": 4,
+            "max_new_frames": 10,
+            "response_format": "wav",
+        }
+        reply = httpx.post(live.url + "/v1/audio/speech", json=body, timeout=300)
+    finally:
+        live.stop()
+    assert reply.status_code == 200, reply.text
+    samples, rate = soundfile.read(io.BytesIO(reply.content), dtype="float32")
+    assert rate == 48000 and samples.shape == expected.shape
+    assert np.abs(samples - np.clip(expected, -1, 1)).max() <= 1 / 32767 + 1e-6

@@ -1,7 +1,10 @@
 """`onnx-tts export moss-tts CHECKPOINT_DIR [--codec CODEC_DIR] OUT_DIR`: a published MOSS-TTS
 checkpoint (Local-Transformer v1.5, Local-Transformer v1, Delay), read by tensor name into the
 project's own modules and written as one model directory the engine loads (layout:
-onnx_tts/families/moss_tts/layout.py), every graph checked against its torch module.
+onnx_tts/families/moss_tts/layout.py), every graph checked against its torch module. The codec
+(CODEC_DIR: the MOSS-Audio-Tokenizer checkpoint, or a codec `onnx-tts` already exported with
+the model's n_vq quantizers) goes into OUT_DIR/codec; without it the model makes code frames
+only.
 
 Nothing from the checkpoint runs: weights are read by name (export/checkpoint.py), config.json
 and tokenizer_config.json are data; the chat template of Local v1 / Delay (a Jinja template the
@@ -140,6 +143,33 @@ def chat_strings(checkpoint: Checkpoint) -> dict[str, str]:
     }
 
 
+def verify_tensors(config: MossConfig, checkpoint: Checkpoint) -> None:
+    """Every tensor the model reads is there with its shape (the project's modules built on
+    the meta device, no memory): one CheckpointError naming every problem, before anything is
+    written."""
+    import torch
+
+    from export.moss_tts.modules import build_module
+
+    with torch.device("meta"):
+        module = build_module(config)
+    problems = []
+    for name, tensor in module.state_dict().items():
+        if name not in checkpoint.names:
+            problems.append(f"missing {name} {list(tensor.shape)}")
+        elif checkpoint.shape(name) != tuple(tensor.shape):
+            problems.append(
+                f"{name} is {list(checkpoint.shape(name))}, expected {list(tensor.shape)}"
+            )
+    if problems:
+        shown = "; ".join(problems[:12])
+        more = f"; and {len(problems) - 12} more" if len(problems) > 12 else ""
+        raise CheckpointError(
+            f"checkpoint {checkpoint.root} does not match the published {config.variant} "
+            f"layout: {shown}{more}"
+        )
+
+
 def _write_graphs(
     config: MossConfig, checkpoint: Checkpoint, out: Path, rope: RopeTables
 ) -> dict[str, str]:
@@ -263,9 +293,20 @@ def _codec(
             "hop_length": int(config.sampling_rate / FRAME_RATE),
             "codec": False,
         }
-    from export.moss_audio_tokenizer import export_codec
+    codec_dir = Path(codec_dir)
+    if (codec_dir / "codec.json").is_file():  # a codec already exported: taken as it is
+        meta = json.loads((codec_dir / "codec.json").read_text(encoding="utf-8"))
+        if meta.get("quantizers") != config.n_vq:
+            raise InputError(
+                f"the exported codec {codec_dir} keeps {meta.get('quantizers')!r} quantizers; "
+                f"this model needs {config.n_vq}: export the codec checkpoint itself"
+            )
+        shutil.copytree(codec_dir, out / "codec")
+        report["codec"] = {"copied": str(codec_dir)}
+    else:
+        from export.moss_audio_tokenizer import export_codec
 
-    report["codec"] = export_codec(Path(codec_dir), out / "codec", quantizers=config.n_vq)
+        report["codec"] = export_codec(codec_dir, out / "codec", quantizers=config.n_vq)
     meta = json.loads((out / "codec" / "codec.json").read_text(encoding="utf-8"))
     for role, name in meta["files"].items():
         roles[f"codec_{role}"] = f"codec/{name}"
@@ -297,6 +338,7 @@ def export_moss_tts(
     with Checkpoint(checkpoint_dir) as checkpoint:
         config = read_config(checkpoint.config, checkpoint.names, f"checkpoint {checkpoint_dir}")
         tables = rope_tables(rope, checkpoint.config)
+        verify_tensors(config, checkpoint)
         staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
         try:
             roles = _write_graphs(config, checkpoint, staging, tables)
