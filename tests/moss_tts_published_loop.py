@@ -27,6 +27,7 @@ from export.backbones.qwen3 import RopeTables
 from export.checkpoint import Checkpoint
 from export.moss_tts.config import MossConfig, read_config
 from export.moss_tts.modules import build_module
+from onnx_tts.families.moss_tts.normalize import normalize_text
 
 NEG_INF = float("-inf")
 
@@ -231,6 +232,8 @@ class Published:
         c, t = self.config, self.config.tokens
         fields = dict(fields or {})
         delay = c.variant == "delay"
+        if delay:  # `build_user_message` normalizes the text (checked against the published
+            text = normalize_text(text)  # normalizer itself in tests/test_moss_tts.py)
         reference_text = "None" if reference is None else "[S1]:\n<|audio|>"
         content = TEMPLATE.format(
             reference=reference_text,

@@ -14,6 +14,7 @@ token ids, channels 1..n_vq the reference codes under the slot rows and the audi
   bundle.json text.chat), the reference as "[S1]:\\n<|audio|>" expanded to audio_start + one
   user-slot row per frame (Delay: + n_vq - 1 more, the delay pattern's tail, with the codes
   delayed: codebook i shifted down i rows) + audio_end. Local v1 appends an audio_start row.
+  Delay's text goes through its robustness clean-up first (normalize.py).
 
 Special tokens split the tokenizer's input, so encoding the text around an audio block apart
 gives the ids of encoding the whole string. A text that spells one of the model's control
@@ -32,6 +33,7 @@ import numpy as np
 from onnx_tts.errors import InputError
 from onnx_tts.families.base import TextFrontend
 from onnx_tts.families.moss_tts.layout import MossLayout
+from onnx_tts.families.moss_tts.normalize import normalize_text
 from onnx_tts.frontend import TextTokenizer, split_sentences
 
 FIELDS = ("instruction", "tokens", "quality", "sound_event", "ambient_sound", "language")
@@ -162,6 +164,8 @@ class MossText(TextFrontend):
     def _prompt_chat(self, text, fields, reference) -> Prompt:
         layout, t = self.layout, self.layout.tokens
         delay = layout.variant == "delay"
+        if delay:  # the published Delay processor cleans every text up first
+            text = normalize_text(text)
         content = TEMPLATE.format(
             reference="None" if reference is None else f"[S1]:\n{PLACEHOLDER}",
             text=text,
