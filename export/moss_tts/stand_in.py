@@ -28,7 +28,6 @@ from typing import Any
 import torch
 
 from export.build_cache import build_cache_root
-from export.checkpoint import write_checkpoint
 
 VARIANTS = ("local-v1.5", "local-v1", "delay")
 VOCAB = 151936  # Qwen3's embedding rows (every special id of the three releases fits)
@@ -200,152 +199,130 @@ def config_json(variant: str, d: Dims, dtype: str) -> dict[str, Any]:
     return config
 
 
-class _Random:
-    """Random tensors of a stand-in: matrices N(0, 1/fan_in), norms near 1."""
-
-    def __init__(self, seed: int) -> None:
-        self.generator = torch.Generator().manual_seed(seed)
-
-    def normal(self, *shape: int, std: float = 1.0) -> torch.Tensor:
-        return torch.randn(*shape, generator=self.generator) * std
-
-    def linear(self, out: int, into: int) -> torch.Tensor:
-        return self.normal(out, into, std=1.0 / math.sqrt(into))
-
-    def norm(self, size: int) -> torch.Tensor:
-        return 1.0 + self.normal(size, std=0.1)
-
-
-def _qwen3_layers(r: _Random, prefix: str, d: Dims, hidden: int, ffn: int, layers: int) -> dict:
-    q, kv = d.heads * d.head_dim, d.kv_heads * d.head_dim
-    out = {}
-    for i in range(layers):
-        p = f"{prefix}layers.{i}."
-        out.update(
-            {
-                p + "self_attn.q_proj.weight": r.linear(q, hidden),
-                p + "self_attn.k_proj.weight": r.linear(kv, hidden),
-                p + "self_attn.v_proj.weight": r.linear(kv, hidden),
-                p + "self_attn.o_proj.weight": r.linear(hidden, q),
-                p + "self_attn.q_norm.weight": r.norm(d.head_dim),
-                p + "self_attn.k_norm.weight": r.norm(d.head_dim),
-                p + "mlp.gate_proj.weight": r.linear(ffn, hidden),
-                p + "mlp.up_proj.weight": r.linear(ffn, hidden),
-                p + "mlp.down_proj.weight": r.linear(hidden, ffn),
-                p + "input_layernorm.weight": r.norm(hidden),
-                p + "post_attention_layernorm.weight": r.norm(hidden),
-            }
-        )
-    out[prefix + "norm.weight"] = r.norm(hidden)
-    return out
-
-
-def _steady_dimension(tensors: dict, mlp: str, norm: str, scale: float) -> None:
-    """Make dimension 0 of `norm`'s output positive whatever the input: the SwiGLU `mlp`
-    before it gets gate == up (a non-negative inner product) and a non-negative row 0 of its
-    down projection, which dominates that dimension; `norm` weighs it by `scale`."""
-    tensors[f"{mlp}.up_proj.weight"] = tensors[f"{mlp}.gate_proj.weight"].clone()
-    down = tensors[f"{mlp}.down_proj.weight"]
-    down[0] = down[0].abs() * 8.0
-    tensors[norm][0] = scale
+def _generator(seed: int, name: str) -> torch.Generator:
+    digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little"))
 
 
 STEADY_SCALE = 4.0  # the norm weight of the steady dimension: its value is about 4 sqrt(hidden)
 
 
-def _text_head(r: _Random, vocab: int, hidden: int, rows: dict[int, float]) -> torch.Tensor:
-    """A text head that is nearly flat except for `rows` {token: its logit, about, given the
-    steady dimension 0 of the normed hidden state}."""
-    head = r.normal(vocab, hidden, std=0.002)
-    for token, logit in rows.items():
-        head[token] = r.normal(hidden, std=0.02)
-        head[token, 0] = logit / (STEADY_SCALE * math.sqrt(hidden))
-    return head
-
-
-def tensors_for(variant: str, d: Dims, seed: int, margin: float) -> dict[str, torch.Tensor]:
-    """Every tensor of a `variant` stand-in, by published name."""
-    r = _Random(seed)
-    n_vq = d.n_vq or (12 if variant == "local-v1.5" else 32)
-    t: dict[str, torch.Tensor] = {}
-    if variant == "local-v1.5":
-        t["transformer.embed_tokens.weight"] = r.normal(VOCAB, d.hidden)
-        t.update(_qwen3_layers(r, "transformer.", d, d.hidden, d.ffn, d.layers))
-        for k in range(n_vq):
-            t[f"audio_embeddings.{k}.weight"] = r.normal(1024, d.hidden)
-        for i in range(d.local_layers):
-            p = f"local_transformer.h.{i}."
-            t.update(
-                {
-                    p + "ln_1.weight": r.norm(d.hidden),
-                    p + "ln_1.bias": r.normal(d.hidden, std=0.1),
-                    p + "attn.c_attn.weight": r.linear(3 * d.hidden, d.hidden),
-                    p + "attn.c_attn.bias": r.normal(3 * d.hidden, std=0.1),
-                    p + "attn.c_proj.weight": r.linear(d.hidden, d.hidden),
-                    p + "attn.c_proj.bias": r.normal(d.hidden, std=0.1),
-                    p + "ln_2.weight": r.norm(d.hidden),
-                    p + "ln_2.bias": r.normal(d.hidden, std=0.1),
-                    p + "mlp.fc_in.weight": r.linear(d.local_inner, d.hidden),
-                    p + "mlp.fc_in.bias": r.normal(d.local_inner, std=0.1),
-                    p + "mlp.fc_out.weight": r.linear(d.hidden, d.local_inner),
-                    p + "mlp.fc_out.bias": r.normal(d.hidden, std=0.1),
-                }
-            )
-        # Continue/stop: ln_f's bias carries a constant on dimension 0 the head reads.
-        weight = r.norm(d.hidden)
-        weight[0] = 0.05
-        t["local_transformer.ln_f.weight"] = weight
-        bias = r.normal(d.hidden, std=0.1)
-        bias[0] = 1.0
-        t["local_transformer.ln_f.bias"] = bias
-        head = r.normal(2, d.hidden, std=0.3 / math.sqrt(d.hidden))
-        head[0, 0], head[1, 0] = margin / 2, -margin / 2
-        t["local_text_lm_head.weight"] = head
-        return t
+def _steady(variant: str, d: Dims) -> tuple[str, str] | None:
+    """(SwiGLU, norm) that make dimension 0 steady and positive (module docstring): the SwiGLU
+    gets gate == up (silu(z) z >= 0) and a non-negative, dominant row 0 of its down
+    projection; the norm after it weighs that dimension by STEADY_SCALE."""
     if variant == "local-v1":
-        t["model.language_model.embed_tokens.weight"] = r.normal(VOCAB, d.hidden)
-        t.update(_qwen3_layers(r, "model.language_model.", d, d.hidden, d.ffn, d.layers))
-        t["model.embedding_list.0.weight"] = r.normal(VOCAB, d.hidden)
-        for k in range(1, n_vq + 1):
-            t[f"model.embedding_list.{k}.weight"] = r.normal(1025, d.hidden)
-        t.update(
-            _qwen3_layers(
-                r, "local_transformer.", d, d.local_hidden, d.local_ffn, d.local_v1_layers
-            )
-        )
+        return "local_to_speech_embedding_mlps.0", "layer_norm_before_lm_heads.0.weight"
+    if variant == "delay":
+        return f"language_model.layers.{d.layers - 1}.mlp", "language_model.norm.weight"
+    return None
 
-        def swiglu(name: str, size_in: int, size_out: int) -> None:
-            t[f"{name}.gate_proj.weight"] = r.linear(d.additional_mlp, size_in)
-            t[f"{name}.up_proj.weight"] = r.linear(d.additional_mlp, size_in)
-            t[f"{name}.down_proj.weight"] = r.linear(size_out, d.additional_mlp)
 
-        swiglu("speech_embedding_to_local_mlp", d.hidden, d.local_hidden)
-        for k in range(n_vq + 1):
-            swiglu(f"local_to_speech_embedding_mlps.{k}", d.local_hidden, d.hidden)
-            t[f"layer_norm_before_lm_heads.{k}.weight"] = r.norm(d.hidden)
-            t[f"lm_heads.{k}.weight"] = r.linear(1025, d.hidden) if k else None
-        _steady_dimension(
-            t,
-            "local_to_speech_embedding_mlps.0",
-            "layer_norm_before_lm_heads.0.weight",
-            STEADY_SCALE,
-        )
-        t["lm_heads.0.weight"] = _text_head(r, VOCAB, d.hidden, {151656: 3.0, 151653: 3.0 - margin})
-        return t
-    t["language_model.embed_tokens.weight"] = r.normal(VOCAB, d.hidden)
-    t.update(_qwen3_layers(r, "language_model.", d, d.hidden, d.ffn, d.layers))
-    for k in range(n_vq):
-        t[f"emb_ext.{k}.weight"] = r.normal(1025, d.hidden)
-    last = f"language_model.layers.{d.layers - 1}.mlp"
-    _steady_dimension(t, last, "language_model.norm.weight", STEADY_SCALE)
-    # Text: audio_start first (im_end is masked then), generation slots over delay slots by
+def _text_rows(variant: str, margin: float) -> dict[int, float]:
+    """The text head's rows that matter, {token: its logit, about, given the steady
+    dimension}; every other row is nearly flat."""
+    if variant == "local-v1":  # the generation slot over audio_end by `margin`
+        return {151656: 3.0, 151653: 3.0 - margin}
+    # Delay: audio_start first (im_end is masked then), generation slots over delay slots by
     # `margin` inside audio, im_end after audio_end.
-    t["lm_heads.0.weight"] = _text_head(
-        r, VOCAB, d.hidden, {151652: 8.0, 151656: 5.0, 151662: 5.0 - margin, 151645: 10.0}
-    )
-    for k in range(1, n_vq + 1):
-        t[f"lm_heads.{k}.weight"] = r.linear(1025, d.hidden)
-    return t
+    return {151652: 8.0, 151656: 5.0, 151662: 5.0 - margin, 151645: 10.0}
+
+
+def make_tensor(
+    variant: str, d: Dims, name: str, shape: tuple[int, ...], seed: int, margin: float
+) -> torch.Tensor:
+    """One stand-in tensor, from its name alone (so a big stand-in is written a tensor at a
+    time): matrices N(0, 1/fan_in), tables N(0, 1), norms near 1, biases small; then the
+    steady direction of the stop decision (module docstring)."""
+    steady = _steady(variant, d)
+    if steady and name == f"{steady[0]}.up_proj.weight":
+        name = f"{steady[0]}.gate_proj.weight"  # gate == up
+    g = _generator(seed, name)
+    if name.endswith(".bias"):
+        value = torch.randn(shape, generator=g) * 0.1
+    elif len(shape) == 1:  # norm weights
+        value = 1.0 + torch.randn(shape, generator=g) * 0.1
+    elif any(
+        key in name
+        for key in ("embed_tokens", "embedding_list", "audio_embeddings", "emb_ext", "wpe")
+    ):
+        value = torch.randn(shape, generator=g)
+    else:
+        value = torch.randn(shape, generator=g) / math.sqrt(shape[-1])
+    if steady and name == f"{steady[0]}.down_proj.weight":
+        value[0] = value[0].abs() * 8.0
+    if steady and name == steady[1]:
+        value[0] = STEADY_SCALE
+    if variant != "local-v1.5" and name == "lm_heads.0.weight":
+        value = torch.randn(shape, generator=g) * 0.002
+        for token, logit in _text_rows(variant, margin).items():
+            value[token] = torch.randn(shape[1], generator=g) * 0.02
+            value[token, 0] = logit / (STEADY_SCALE * math.sqrt(shape[1]))
+    if variant == "local-v1.5":
+        # Continue/stop: ln_f's bias carries a constant on dimension 0 the head reads.
+        if name == "local_transformer.ln_f.weight":
+            value[0] = 0.05
+        elif name == "local_transformer.ln_f.bias":
+            value[0] = 1.0
+        elif name == "local_text_lm_head.weight":
+            value = torch.randn(shape, generator=g) * (0.3 / math.sqrt(shape[1]))
+            value[0, 0], value[1, 0] = margin / 2, -margin / 2
+    return value
+
+
+def tensor_shapes(variant: str, d: Dims) -> dict[str, tuple[int, ...]]:
+    """Every tensor of the published layout by name: what the project's modules read (built
+    on the meta device), and the frozen, unused `embed_tokens` Local v1 ships."""
+    from export.moss_tts.config import read_config
+    from export.moss_tts.modules import build_module
+
+    config = config_json(variant, d, "float32")
+    names = {"local_transformer.norm.weight"} if variant == "local-v1" else set()
+    names |= {"emb_ext.0.weight"} if variant == "delay" else set()
+    with torch.device("meta"):
+        module = build_module(read_config(config, names, "stand-in"))
+    shapes = {k: tuple(v.shape) for k, v in module.state_dict().items()}
+    if variant == "local-v1":
+        shapes["model.language_model.embed_tokens.weight"] = (VOCAB, d.hidden)
+    return dict(sorted(shapes.items()))
+
+
+def write_sharded(
+    root: Path,
+    variant: str,
+    d: Dims,
+    seed: int,
+    margin: float,
+    dtype: torch.dtype,
+    shard_bytes: int,
+) -> None:
+    """The tensors as safetensors shards of about `shard_bytes` and the index, generated and
+    written one shard at a time."""
+    from safetensors.torch import save_file
+
+    shapes = tensor_shapes(variant, d)
+    groups: list[list[str]] = [[]]
+    size = 0
+    for name, shape in shapes.items():
+        nbytes = math.prod(shape) * torch.tensor([], dtype=dtype).element_size()
+        if groups[-1] and size + nbytes > shard_bytes:
+            groups.append([])
+            size = 0
+        groups[-1].append(name)
+        size += nbytes
+    weight_map, total = {}, 0
+    for index, group in enumerate(groups):
+        file = f"model-{index + 1:05d}-of-{len(groups):05d}.safetensors"
+        part = {
+            n: make_tensor(variant, d, n, shapes[n], seed, margin).to(dtype).contiguous()
+            for n in group
+        }
+        save_file(part, str(root / file), metadata={"format": "pt"})
+        total += sum(t.numel() * t.element_size() for t in part.values())
+        weight_map.update(dict.fromkeys(group, file))
+        del part
+    index_json = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (root / "model.safetensors.index.json").write_text(json.dumps(index_json, indent=2))
 
 
 def tokenizer_files(variant: str) -> dict[str, bytes]:
@@ -392,17 +369,25 @@ def build_checkpoint(
 ) -> Path:
     """A stand-in checkpoint directory of `variant` at `root` (published layout, random
     weights; `dims` "tiny", "published" or a Dims). `margin`: the stop decision's steady logit
-    margin (larger: longer speech). Float tensors are stored in `dtype` (bf16 as published)."""
+    margin (larger: longer speech). Float tensors are stored in `dtype` (bf16 as published);
+    written a shard at a time (`shards` of them for the tiny sizes, 2 GB each otherwise)."""
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}")
     d = tiny(variant) if dims == "tiny" else PUBLISHED[variant] if dims == "published" else dims
     assert isinstance(d, Dims)
-    tensors = {k: v for k, v in tensors_for(variant, d, seed, margin).items() if v is not None}
-    name = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
-    config = config_json(variant, d, name[dtype])
-    return write_checkpoint(
-        root, tensors, config, shards=shards, dtype=dtype, extra_files=tokenizer_files(variant)
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    names = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+    config = config_json(variant, d, names[dtype])
+    total = sum(math.prod(s) for s in tensor_shapes(variant, d).values()) * (
+        2 if dtype != torch.float32 else 4
     )
+    shard_bytes = 2 << 30 if total > (1 << 30) else -(-total // max(1, shards))
+    write_sharded(root, variant, d, seed, margin, dtype, shard_bytes)
+    (root / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
+    for name, data in tokenizer_files(variant).items():
+        (root / name).write_bytes(data)
+    return root
 
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
