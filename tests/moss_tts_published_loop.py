@@ -33,14 +33,14 @@ NEG_INF = float("-inf")
 
 
 def single_threaded(function):
-    """Run a loop with one torch thread (tiny tensors: more threads only wait on each other,
-    badly so on a loaded machine), the process's setting restored after."""
+    """Run a loop with the object's torch threads (`threads`, 1 by default: tiny tensors only
+    wait on each other, badly so on a loaded machine), the process's setting restored after."""
 
-    def run(*args, **kwargs):
+    def run(self, *args, **kwargs):
         threads = torch.get_num_threads()
-        torch.set_num_threads(1)
+        torch.set_num_threads(self.threads)
         try:
-            return function(*args, **kwargs)
+            return function(self, *args, **kwargs)
         finally:
             torch.set_num_threads(threads)
 
@@ -170,6 +170,7 @@ class Published:
     module: torch.nn.Module
     tokenizer: Tokenizer
     chat: tuple[str, str, str, str]  # user prefix, user suffix + generation prompt, assistant
+    threads: int = 1  # torch intra-op threads of the loops
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False).ids

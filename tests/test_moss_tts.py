@@ -220,7 +220,9 @@ def test_delay_can_stop_with_its_audio(engines):
     engine = engines("delay")
     whole = frames_of(engine, seed=5, max_new_frames=120)
     early = frames_of(engine, seed=5, max_new_frames=120, stop_at="audio_end")
-    assert early == whole and len(whole) > 0
+    # The first audio segment, whole; the published loop runs on to im_end (here the random
+    # stand-in starts a second segment before it).
+    assert 0 < len(early) <= len(whole) and whole[: len(early)] == early
 
 
 @pytest.mark.parametrize(
