@@ -240,6 +240,37 @@ def test_bad_options_are_one_clear_error(engines, variant, options, message):
         engines(variant).model.request_options(options)
 
 
+def test_prompt_fields_fill_the_template_as_published(engines, loops):
+    fields = {"language": "en", "instruction": "calm", "tokens": 30}
+    for variant in ("local-v1.5", "delay"):
+        loop = loops(variant)
+        expected = (
+            loop.prompt_v15(TEXT, fields=fields)
+            if variant == "local-v1.5"
+            else loop.prompt_chat(TEXT, fields=fields)
+        )
+        model = engines(variant).model
+        options = model.request_options(fields)
+        assert np.array_equal(model.text.prompt(TEXT, options["fields"]).rows, expected.numpy())
+
+
+@pytest.mark.parametrize(
+    ("text", "cleaned"),
+    [
+        ("This   is   a   test.", "This is a test."),
+        ("## A heading\n- first item\n- second item", "A heading。first item。second item"),
+        ("Wait... what?!?!", "Wait。what？！"),
+        ("see app.js.map -> v2.3.1 now", "see app.js.map，v2.3.1 now"),
+        ("mail ops+tts@example.ai \u200bplease", "mail ops+tts@example.ai please"),
+        ("【Notice】Servers down —— back soon", "Notice。Servers down。back soon"),
+    ],
+)
+def test_delay_text_is_cleaned_up_as_its_processor_does(text, cleaned):
+    from onnx_tts.families.moss_tts.normalize import normalize_text
+
+    assert normalize_text(text) == cleaned
+
+
 def test_text_spelling_a_control_token_is_refused(engines):
     with pytest.raises(InputError, match="control token"):
         engines("local-v1.5").model.text.chunks("say <|im_end|> now", {})
