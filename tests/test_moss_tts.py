@@ -449,6 +449,18 @@ def test_a_text_of_several_chunks_is_each_chunk_published_with_seed_plus_i(engin
     assert_close_audio(result.samples, np.concatenate(pieces[:-1]))
 
 
+def test_ssml_breaks_and_word_timings_work_unchanged(engines):
+    """The engine's markup and captions need nothing of the family: an SSML break is silence
+    between two chunks, each chunk spoken as published; words get (estimated) times."""
+    engine = engines("local-v1.5")
+    ssml = '<speak>Hello there.<break time="300ms"/>See you soon.</speak>'
+    audio = engine.synthesize(ssml, seed=3, max_new_frames=6, timestamps=True)
+    assert [w.word for w in audio.words] == ["Hello", "there", "See", "you", "soon"]
+    assert all(a.end <= b.start + 1e-6 for a, b in zip(audio.words, audio.words[1:]))
+    silent = np.flatnonzero(np.abs(audio.samples).max(axis=1) == 0)
+    assert len(silent) >= round(0.3 * 48000)
+
+
 def test_cli_synth_and_info(models, engines, tmp_path):
     _, out, _ = models("delay")
     wav = tmp_path / "out.wav"
