@@ -349,8 +349,9 @@ def convert_bundle_inplace_kv(
                 out / graph.path,
                 check=check,
                 check_steps=check_steps,
-                # A manifest lists every file: a graph it lists stays one file.
-                external_data=False if files.manifest else None,
+                # A manifest lists every file: a graph it lists stays as it was (one file,
+                # or with its own sidecar).
+                external_data=False if files.manifest and not graph.sidecars else None,
                 keep_external=bool(graph.data),
                 commit=False,
             )
