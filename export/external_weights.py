@@ -43,7 +43,7 @@ class StreamingBuilder(GraphBuilder):
         self.offset = sink.tell()
 
     def initializer(self, name: str, array: np.ndarray) -> str:
-        array = np.ascontiguousarray(array)
+        array = np.asarray(array, order="C")  # (ascontiguousarray makes a scalar [1])
         if array.nbytes < self.threshold:
             return super().initializer(name, array)
         unique = self.unique(name)

@@ -601,10 +601,12 @@ def check_backbone(
     prompt: int = 7,
     steps: int = 3,
     seed: int = 0,
+    embeds: Callable[[torch.Generator, int, int], torch.Tensor] | None = None,
 ) -> dict[str, float]:
     """Run the graph beside `module` on random embeddings (a prefill of `prompt` positions,
     then `steps` single-position steps with the cache): the max |difference| of the hidden
-    states and of the cache, over every run."""
+    states and of the cache, over every run. `embeds(generator, batch, new)` draws the inputs
+    when the graph takes more than [batch, new, hidden] normal values (e.g. a routing column)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -624,14 +626,18 @@ def check_backbone(
     length = 0
     with torch.no_grad():
         for new in [prompt] + [1] * steps:
-            embeds = torch.randn(batch, new, c.hidden_size, generator=generator)
+            inputs = (
+                torch.randn(batch, new, c.hidden_size, generator=generator)
+                if embeds is None
+                else embeds(generator, batch, new)
+            )
             mask = torch.ones(batch, length + new, dtype=torch.int64)
             positions = torch.arange(length, length + new).expand(batch, new).contiguous()
-            expected, presents = module(embeds, mask, positions, past)
+            expected, presents = module(inputs, mask, positions, past)
             outputs = session.run(
                 None,
                 {
-                    "inputs_embeds": embeds.numpy(),
+                    "inputs_embeds": inputs.numpy(),
                     "attention_mask": mask.numpy(),
                     "position_ids": positions.numpy(),
                     **feeds_past,

@@ -100,7 +100,9 @@ class CodecConfig:
     @property
     def semantic_step(self) -> int:
         """Every how many HuBERT frames one codec frame is taken."""
-        return int(self.hop_length / (self.sample_rate / self.semantic_rate) / self.downsample_factor)
+        return int(
+            self.hop_length / (self.sample_rate / self.semantic_rate) / self.downsample_factor
+        )
 
     @classmethod
     def parse(cls, config: dict[str, Any]) -> CodecConfig:
@@ -109,7 +111,10 @@ class CodecConfig:
                 "the codec config is not a higgs_audio_v2_tokenizer config.json (the "
                 "Hugging Face layout of bosonai/higgs-audio-v2-tokenizer); point --codec at it"
             )
-        acoustic, semantic = config.get("acoustic_model_config"), config.get("semantic_model_config")
+        acoustic, semantic = (
+            config.get("acoustic_model_config"),
+            config.get("semantic_model_config"),
+        )
         if not isinstance(acoustic, dict) or not isinstance(semantic, dict):
             raise CheckpointError("codec config lacks acoustic_model_config/semantic_model_config")
         bandwidths = config.get("target_bandwidths")
@@ -133,7 +138,9 @@ class CodecConfig:
             conv_bias=bool(semantic.get("conv_bias", False)),
         )
         if not len(hubert.conv_dim) == len(hubert.conv_kernel) == len(hubert.conv_stride):
-            raise CheckpointError("codec semantic conv_dim/conv_kernel/conv_stride differ in length")
+            raise CheckpointError(
+                "codec semantic conv_dim/conv_kernel/conv_stride differ in length"
+            )
         sample_rate = _int(config, "sample_rate", 8000, 192000)
         ratios = _ints(acoustic, "downsampling_ratios", 64)
         frame_rate = math.ceil(sample_rate / math.prod(ratios))
@@ -223,7 +230,9 @@ class _FeatureExtractor(nn.Module):
         super().__init__()
         dims = (1, *d.conv_dim)
         self.conv_layers = nn.ModuleList(
-            _ConvLayer(dims[i], dims[i + 1], d.conv_kernel[i], d.conv_stride[i], d.conv_bias, i == 0)
+            _ConvLayer(
+                dims[i], dims[i + 1], d.conv_kernel[i], d.conv_stride[i], d.conv_bias, i == 0
+            )
             for i in range(len(d.conv_dim))
         )
 
@@ -338,7 +347,9 @@ class _SemanticUnit(nn.Module):
     def __init__(self, channels: int, kernel: int, dilation: int) -> None:
         super().__init__()
         pad = ((kernel - 1) // 2) * dilation
-        self.conv1 = nn.Conv1d(channels, channels, kernel, padding=pad, dilation=dilation, bias=False)
+        self.conv1 = nn.Conv1d(
+            channels, channels, kernel, padding=pad, dilation=dilation, bias=False
+        )
         self.conv2 = nn.Conv1d(channels, channels, 1, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -418,7 +429,8 @@ class DacEncoder(nn.Module):
         super().__init__()
         self.conv1 = nn.Conv1d(1, c.encoder_hidden, 7, padding=3)
         self.block = nn.ModuleList(
-            _EncoderBlock(c.encoder_hidden * 2 ** (i + 1), stride) for i, stride in enumerate(c.ratios)
+            _EncoderBlock(c.encoder_hidden * 2 ** (i + 1), stride)
+            for i, stride in enumerate(c.ratios)
         )
         top = c.encoder_hidden * 2 ** len(c.ratios)
         self.snake1 = Snake(top)
@@ -434,7 +446,12 @@ class DacEncoder(nn.Module):
         """Output length for an input of `length` samples (integer tensor)."""
         for module in self.modules():
             if isinstance(module, nn.Conv1d):
-                (k,), (s,), (p,), (d,) = module.kernel_size, module.stride, module.padding, module.dilation
+                (k,), (s,), (p,), (d,) = (
+                    module.kernel_size,
+                    module.stride,
+                    module.padding,
+                    module.dilation,
+                )
                 length = torch.div(length + 2 * p - d * (k - 1) - 1, s, rounding_mode="floor") + 1
         return length
 
@@ -468,7 +485,8 @@ class DacDecoder(nn.Module):
         h = c.decoder_hidden
         self.conv1 = nn.Conv1d(c.acoustic_hidden, h, 7, padding=3)
         self.block = nn.ModuleList(
-            _DecoderBlock(h // 2**i, h // 2 ** (i + 1), stride) for i, stride in enumerate(c.up_ratios)
+            _DecoderBlock(h // 2**i, h // 2 ** (i + 1), stride)
+            for i, stride in enumerate(c.up_ratios)
         )
         out = h // 2 ** len(c.up_ratios)
         self.snake1 = Snake(out)

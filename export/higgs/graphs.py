@@ -87,7 +87,9 @@ def export_graph(
     return path
 
 
-def run_onnx(path: Path, feeds: Mapping[str, np.ndarray], threads: int = 1) -> dict[str, np.ndarray]:
+def run_onnx(
+    path: Path, feeds: Mapping[str, np.ndarray], threads: int = 1
+) -> dict[str, np.ndarray]:
     import onnxruntime as ort
 
     options = ort.SessionOptions()

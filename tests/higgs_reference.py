@@ -1,0 +1,341 @@
+"""References for the Higgs tests: small random-weight checkpoints in the published layouts and
+the published loops to compare onnx-tts with.
+
+* v2: `transformers` 5.23's own `HiggsAudioV2ForConditionalGeneration` and
+  `HiggsAudioV2TokenizerModel` built from small configs (random weights, random codebooks),
+  saved with `save_pretrained`; generation through its own `generate()`, torch's multinomial
+  replaced by draws from a numpy generator (so a sampled run can be reproduced: the engine
+  draws from the same generator, one uniform per codebook, then one per resampled code).
+* v3: a stand-in checkpoint with the published tensor names (reduced dims) and a paraphrase of
+  SGLang-Omni's `higgs_tts` loop (prompt, fused embedding, Qwen3 body with bf16-rounded rotary
+  tables, tied head, the delay/EOC sampler, reverse delay, codec decode), written here from
+  reading sglang_omni/models/higgs_tts/{text_tokenizer,sampler,utils,modeling}.py; the body is
+  `transformers`' own Qwen3Model.
+* tokenizers: trained here (byte-level BPE on a few sentences) with the published special
+  tokens, so prompts tokenize the same way in the engine and in the reference.
+
+The only torchaudio wheel for torch 2.13 is CUDA-linked (and breaks `transformers` imports once
+installed): the codec reference gets a stand-in `torchaudio` whose resampler is transcribed here
+(the exporter's resampler was also checked against the real torchaudio 2.11.1 Python code).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+
+V2_SPECIALS = [
+    "<|begin_of_text|>",
+    "<|end_of_text|>",
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+    "<|eot_id|>",
+    "<|audio_bos|>",
+    "<|audio_eos|>",
+    "<|audio_out_bos|>",
+    "<|reserved_special_token_6|>",
+    "<|AUDIO|>",
+    "<|AUDIO_OUT|>",
+    "<|scene_desc_start|>",
+    "<|scene_desc_end|>",
+]
+V3_SPECIALS = ["<|endoftext|>", "<|tts|>", "<|ref_text|>", "<|ref_audio|>", "<|text|>", "<|audio|>"]
+CORPUS = [
+    "Hello there, how are you today? The sun rises in the east and sets in the west.",
+    "Generate audio following instruction. Audio is recorded from a quiet room.",
+    "It was the night before my birthday. Hooray! It's almost here!",
+    "Numbers like 12 and 345 are read aloud; so are words such as voice and speech.",
+]
+
+
+def _resample(waveform, orig_freq: int, new_freq: int):
+    """torchaudio.functional.resample's default (Hann-windowed sinc, 6 zero crossings, rolloff
+    0.99), transcribed here from its documented algorithm (float32 kernel, polyphase conv)."""
+    import math
+
+    import torch
+
+    if orig_freq == new_freq:
+        return waveform
+    gcd = math.gcd(orig_freq, new_freq)
+    orig, new = orig_freq // gcd, new_freq // gcd
+    base = min(orig, new) * 0.99
+    width = math.ceil(6 * orig / base)
+    taps = torch.arange(-width, width + orig, dtype=torch.float32)[None, None] / orig
+    phases = torch.arange(0, -new, -1, dtype=torch.float32)[:, None, None] / new
+    t = ((phases + taps) * base).clamp(-6, 6)
+    window = torch.cos(t * math.pi / 6 / 2) ** 2
+    t = t * math.pi
+    kernel = torch.where(t == 0, torch.tensor(1.0), t.sin() / t) * (window * (base / orig))
+    shape = waveform.shape
+    flat = waveform.reshape(-1, shape[-1])
+    padded = torch.nn.functional.pad(flat, (width, width + orig))
+    out = torch.nn.functional.conv1d(padded[:, None], kernel, stride=orig)
+    out = out.transpose(1, 2).reshape(flat.shape[0], -1)[..., : math.ceil(new * shape[-1] / orig)]
+    return out.reshape(*shape[:-1], out.shape[-1])
+
+
+def install_torchaudio() -> None:
+    """A `torchaudio` with the one function the codec's reference calls (`functional.resample`):
+    the only torchaudio wheel for torch 2.13 is CUDA-linked and, once installed, breaks every
+    `transformers` import on a CPU machine, so it is not a dependency."""
+    import importlib.machinery
+
+    if "torchaudio" in sys.modules:
+        return
+    module = types.ModuleType("torchaudio")
+    module.__spec__ = importlib.machinery.ModuleSpec("torchaudio", None)
+    functional = types.ModuleType("torchaudio.functional")
+    functional.resample = _resample  # type: ignore[attr-defined]
+    module.functional = functional  # type: ignore[attr-defined]
+    sys.modules["torchaudio"] = module
+    sys.modules["torchaudio.functional"] = functional
+
+
+install_torchaudio()  # before anything imports transformers' audio models
+
+
+def tokenizer_json(specials: list[str]) -> bytes:
+    """A byte-level BPE tokenizer.json with `specials` as special added tokens."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(CORPUS, trainer)
+    return tokenizer.to_str().encode()
+
+
+def token_ids(tokenizer_bytes: bytes, names: list[str]) -> dict[str, int]:
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_str(tokenizer_bytes.decode())
+    return {name: tokenizer.token_to_id(name) for name in names}
+
+
+# -- codec --------------------------------------------------------------------------------------
+CODEC_DIMS = {
+    "acoustic_model_config": {
+        "encoder_hidden_size": 4,
+        "downsampling_ratios": [8, 5, 4, 2, 3],
+        "decoder_hidden_size": 64,
+        "upsampling_ratios": [8, 5, 4, 2, 3],
+        "hidden_size": 8,
+    },
+    "semantic_model_config": {
+        "hidden_size": 16,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "intermediate_size": 32,
+        "conv_dim": [16] * 7,
+        "num_conv_pos_embeddings": 16,
+        "num_conv_pos_embedding_groups": 2,
+    },
+    "codebook_dim": 8,
+    "target_bandwidths": [0.5, 1, 1.5, 2],
+}
+
+
+def build_codec(seed: int = 0):
+    """transformers' HiggsAudioV2TokenizerModel (published architecture, small widths), random
+    weights and codebooks (its init leaves the codebooks zero)."""
+    install_torchaudio()
+    import torch
+    from transformers import HiggsAudioV2TokenizerConfig, HiggsAudioV2TokenizerModel
+
+    torch.manual_seed(seed)
+    model = HiggsAudioV2TokenizerModel(HiggsAudioV2TokenizerConfig(**CODEC_DIMS)).eval()
+    with torch.no_grad():
+        for quantizer in model.quantizer.quantizers:
+            quantizer.codebook.embed.normal_()
+        for name, parameter in model.named_parameters():
+            if name.endswith("alpha"):
+                parameter.uniform_(0.5, 1.5)
+    return model
+
+
+def reference_audio(seconds: float, seed: int = 0, rate: int = 24000) -> np.ndarray:
+    """A voice-like test signal: a few harmonics with a wobbling pitch and some noise."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(int(seconds * rate)) / rate
+    pitch = 140 + 20 * np.sin(2 * np.pi * 1.5 * t)
+    phase = 2 * np.pi * np.cumsum(pitch) / rate
+    wave = sum(np.sin(k * phase) / k for k in range(1, 6)) * 0.2
+    return (wave + 0.01 * rng.standard_normal(len(t))).astype(np.float32)
+
+
+# -- v2 -----------------------------------------------------------------------------------------
+def build_v2(directory: Path, codec_dir: Path, seed: int = 0):
+    """transformers' HiggsAudioV2ForConditionalGeneration (2 layers, hidden 64, 8 x 1026
+    codes) saved to `directory` with a tokenizer; the codec saved to `codec_dir`. Returns
+    (model, codec, tokenizer bytes)."""
+    import torch
+    from transformers import HiggsAudioV2Config, HiggsAudioV2ForConditionalGeneration
+
+    tokenizer = tokenizer_json(V2_SPECIALS)
+    ids = token_ids(tokenizer, V2_SPECIALS)
+    config = HiggsAudioV2Config(
+        vocab_size=448,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=2048,
+        codebook_size=1026,
+        num_codebooks=8,
+        audio_token_id=ids["<|AUDIO_OUT|>"],
+        audio_bos_token_id=ids["<|audio_out_bos|>"],
+        audio_delay_token_id=ids["<|reserved_special_token_6|>"],
+        eos_token_id=ids["<|eot_id|>"],
+        pad_token_id=ids["<|end_of_text|>"],
+        bos_token_id=ids["<|begin_of_text|>"],
+    )
+    torch.manual_seed(seed)
+    model = HiggsAudioV2ForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "norm" in name:
+                parameter.uniform_(0.5, 1.5)
+            elif "lm_head" in name:
+                parameter.normal_(0, 0.5)  # distinct logits: greedy rows are not ties
+    model.generation_config.ras_win_len = 7
+    model.generation_config.ras_win_max_num_repeat = 2
+    model.save_pretrained(directory)
+    (directory / "tokenizer.json").write_bytes(tokenizer)
+    codec = build_codec(seed)
+    codec.save_pretrained(codec_dir)
+    return model, codec, tokenizer
+
+
+@contextlib.contextmanager
+def numpy_multinomial(generator: np.random.Generator):
+    """torch.multinomial (one sample per row) drawing from `generator`: one uniform per row in
+    order, the index where the cumulative distribution passes uniform * total."""
+    import torch
+
+    original = torch.multinomial, torch.Tensor.multinomial
+
+    def draw(probs, num_samples=1, replacement=False, *, generator_=None, out=None):
+        rows = probs.detach().reshape(-1, probs.shape[-1]).double().numpy()
+        picks = []
+        for row in rows:
+            cdf = np.cumsum(row)
+            index = np.searchsorted(cdf, generator.random() * cdf[-1], side="right")
+            picks.append(min(int(index), len(row) - 1))
+        return torch.tensor(picks, dtype=torch.long).reshape(*probs.shape[:-1], 1)
+
+    torch.multinomial = draw
+    torch.Tensor.multinomial = lambda self, *a, **k: draw(self, *a, **k)
+    try:
+        yield
+    finally:
+        torch.multinomial, torch.Tensor.multinomial = original
+
+
+def v2_prompt_text(text: str, reference_text: str | None, scene: str) -> str:
+    """The published chat rendering (system + scene, the clone turns, the generation prompt)."""
+    prompt = (
+        "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n"
+        "Generate audio following instruction.\n\n<|scene_desc_start|>\n"
+        f"{scene}\n<|scene_desc_end|><|eot_id|>"
+    )
+    if reference_text is not None:
+        prompt += (
+            f"<|start_header_id|>user<|end_header_id|>\n\n{reference_text}<|eot_id|>"
+            "<|start_header_id|>assistant<|end_header_id|>\n\n"
+            "<|audio_out_bos|><|AUDIO_OUT|><|audio_eos|><|eot_id|>"
+        )
+    return prompt + (
+        f"<|start_header_id|>user<|end_header_id|>\n\n{text}<|eot_id|>"
+        "<|start_header_id|>assistant<|end_header_id|>\n\n<|audio_out_bos|>"
+    )
+
+
+def v2_processor(directory: Path, codec):
+    """transformers' HiggsAudioV2Processor assembled from local files (its from_pretrained
+    would fetch the codec from the hub)."""
+    install_torchaudio()
+    from transformers import DacFeatureExtractor, HiggsAudioV2Processor, PreTrainedTokenizerFast
+
+    tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(directory / "tokenizer.json"))
+    tokenizer.pad_token = "<|end_of_text|>"
+    features = DacFeatureExtractor(
+        feature_size=1, hop_length=1, padding_side="right", padding_value=0.0, sampling_rate=24000
+    )
+    return HiggsAudioV2Processor(features, tokenizer, codec)
+
+
+def v2_generate(
+    model,
+    processor,
+    text: str,
+    *,
+    reference: np.ndarray | None = None,
+    reference_text: str | None = None,
+    scene: str = "Audio is recorded from a quiet room.",
+    seed: int | None = None,
+    do_sample: bool = False,
+    temperature: float = 1.0,
+    top_k: int = 50,
+    top_p: float = 0.95,
+    max_new_tokens: int = 60,
+    ras: bool = True,
+):
+    """transformers' generate + its processor's decode: (delayed rows [L, 8], audio [N])."""
+    import torch
+
+    prompt = v2_prompt_text(text, reference_text if reference is not None else None, scene)
+    inputs = processor(
+        text=prompt,
+        audio=None if reference is None else [reference],
+        return_tensors="pt",
+        add_special_tokens=False,
+    )
+    kwargs = {"do_sample": do_sample, "max_new_tokens": max_new_tokens}
+    if do_sample:
+        kwargs.update(temperature=temperature, top_k=top_k, top_p=top_p)
+    if not ras:
+        kwargs.update(ras_win_len=None, ras_win_max_num_repeat=None)
+    with torch.no_grad(), numpy_multinomial(np.random.default_rng(seed)):
+        rows = model.generate(**inputs, **kwargs)
+    generated = rows[0, -_generated_rows(rows, inputs) :]
+    audio = processor.decode(rows[:, -len(generated) :]) if len(generated) > 8 else None
+    return generated.numpy(), None if audio is None else audio.numpy()
+
+
+def _generated_rows(rows, inputs) -> int:
+    prompt = inputs.get("audio_input_ids")
+    return rows.shape[1] - (0 if prompt is None else prompt.shape[1])
+
+
+def write_json(path: Path, value) -> None:
+    path.write_text(json.dumps(value, indent=2), encoding="utf-8")
+
+
+__all__ = [
+    "CODEC_DIMS",
+    "V2_SPECIALS",
+    "V3_SPECIALS",
+    "build_codec",
+    "build_v2",
+    "install_torchaudio",
+    "numpy_multinomial",
+    "reference_audio",
+    "tokenizer_json",
+    "v2_generate",
+    "v2_processor",
+    "v2_prompt_text",
+]
