@@ -321,6 +321,223 @@ def _generated_rows(rows, inputs) -> int:
     return rows.shape[1] - (0 if prompt is None else prompt.shape[1])
 
 
+# -- v3 -----------------------------------------------------------------------------------------
+V3_TEXT_CONFIG = {
+    "model_type": "qwen3",
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "intermediate_size": 96,
+    "vocab_size": 448,
+    "max_position_embeddings": 2048,
+    "rope_theta": 1000000.0,
+    "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": True,
+}
+V3_CODEC_PREFIX = "tied.embedding.modality_embeddings.0.model."
+
+
+def build_v3(directory: Path, seed: int = 0):
+    """A Higgs TTS 3 stand-in in the published layout (tensor names, config, bundled codec and
+    its config file; reduced dims, random weights). Returns (tensors, codec, tokenizer bytes)."""
+    import torch
+
+    from export.checkpoint import write_checkpoint
+
+    tokenizer = tokenizer_json(V3_SPECIALS)
+    c = V3_TEXT_CONFIG
+    generator = torch.Generator().manual_seed(seed)
+
+    def rand(*shape, scale=0.2):
+        return torch.randn(*shape, generator=generator) * scale
+
+    h, f, q, kv = c["hidden_size"], c["intermediate_size"], 4 * 16, 2 * 16
+    tensors = {
+        "tied.embedding.text_embedding.weight": rand(c["vocab_size"], h, scale=1.0),
+        "tied.embedding.modality_embeddings.0.embedding.weight": rand(8 * 1026, h, scale=0.5),
+        "body.norm.weight": 1 + rand(h, scale=0.1),
+    }
+    for i in range(c["num_hidden_layers"]):
+        p = f"body.layers.{i}."
+        tensors.update(
+            {
+                p + "input_layernorm.weight": 1 + rand(h, scale=0.1),
+                p + "post_attention_layernorm.weight": 1 + rand(h, scale=0.1),
+                p + "self_attn.q_proj.weight": rand(q, h),
+                p + "self_attn.k_proj.weight": rand(kv, h),
+                p + "self_attn.v_proj.weight": rand(kv, h),
+                p + "self_attn.o_proj.weight": rand(h, q),
+                p + "self_attn.q_norm.weight": 1 + rand(16, scale=0.1),
+                p + "self_attn.k_norm.weight": 1 + rand(16, scale=0.1),
+                p + "mlp.gate_proj.weight": rand(f, h),
+                p + "mlp.up_proj.weight": rand(f, h),
+                p + "mlp.down_proj.weight": rand(h, f),
+            }
+        )
+    codec = build_codec(seed)
+    tensors.update({V3_CODEC_PREFIX + k: v for k, v in codec.state_dict().items()})
+    config = {
+        "model_type": "higgs_multimodal_qwen3",
+        "architectures": ["HiggsMultimodalQwen3ForConditionalGeneration"],
+        "text_config": c,
+        "audio_encoder_config": {
+            "encoder_type": "discrete",
+            "num_codebooks": 8,
+            "vocab_size": 1026,
+            "out_dim": h,
+            "use_delay_pattern": True,
+            "tie_word_embeddings": True,
+        },
+        "audio_token_id": -100,
+        "sample_rate": 24000,
+    }
+    codec_config = codec.config.to_dict()
+    write_checkpoint(
+        directory,
+        tensors,
+        config,
+        shards=2,
+        extra_files={
+            "tokenizer.json": tokenizer,
+            "higgs_audio_v2_tokenizer_config.json": json.dumps(codec_config).encode(),
+        },
+    )
+    return tensors, codec, tokenizer
+
+
+class V3Reference:
+    """A paraphrase of SGLang-Omni's Higgs TTS loop (module docstring) on a stand-in."""
+
+    BOC, EOC = 1024, 1025
+
+    def __init__(self, tensors, codec, tokenizer: bytes) -> None:
+        import torch
+        from tokenizers import Tokenizer
+        from transformers import Qwen3Config, Qwen3Model
+
+        self.tokenizer = Tokenizer.from_str(tokenizer.decode())
+        self.codec = codec
+        self.body = Qwen3Model(Qwen3Config(**V3_TEXT_CONFIG)).eval()
+        state = {k[len("body.") :]: v for k, v in tensors.items() if k.startswith("body.")}
+        state["embed_tokens.weight"] = tensors["tied.embedding.text_embedding.weight"]
+        self.body.load_state_dict(state)
+        rotary = self.body.rotary_emb.forward
+
+        def bf16_rounded(x, position_ids):  # truncate_rope_to_bf16: .to(bfloat16) and back
+            cos, sin = rotary(x, position_ids)
+            return cos.to(torch.bfloat16).float(), sin.to(torch.bfloat16).float()
+
+        self.body.rotary_emb.forward = bf16_rounded
+        self.table = tensors["tied.embedding.modality_embeddings.0.embedding.weight"]
+        self.text_table = tensors["tied.embedding.text_embedding.weight"]
+
+    def special(self, name: str) -> int:
+        return self.tokenizer.token_to_id(name)
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    def prompt(self, text: str, reference_rows: int, reference_text: str | None) -> list[int]:
+        ids = [self.special("<|tts|>")]
+        if reference_text and reference_rows:
+            ids += [self.special("<|ref_text|>"), *self.encode(reference_text)]
+        if reference_rows:
+            ids += [self.special("<|ref_audio|>"), *([-100] * reference_rows)]
+        return [*ids, self.special("<|text|>"), *self.encode(text), self.special("<|audio|>")]
+
+    def fused(self, rows):
+        import torch
+
+        offsets = torch.arange(rows.shape[-1]) * 1026
+        return self.table[torch.as_tensor(rows) + offsets].sum(dim=-2)
+
+    def reference_codes(self, audio: np.ndarray) -> np.ndarray:
+        import torch
+
+        with torch.no_grad():
+            codes = self.codec.encode(torch.from_numpy(audio)[None, None]).audio_codes
+        return codes[0].T.numpy()
+
+    @staticmethod
+    def sample(logits, temperature, top_k, top_p, generator) -> np.ndarray:
+        import torch
+
+        if temperature <= 1e-5:
+            return logits.argmax(-1).numpy()
+        scores = logits / temperature
+        if top_k and top_k > 0:
+            kth = scores.topk(min(top_k, scores.shape[-1]), dim=-1).values[:, -1:]
+            scores = torch.where(scores < kth, float("-inf"), scores)
+        if top_p is not None and top_p < 1.0:
+            ordered, order = torch.sort(scores, descending=True, dim=-1)
+            remove = ordered.softmax(-1).cumsum(-1) > top_p
+            remove[..., 1:] = remove[..., :-1].clone()
+            remove[..., 0] = False
+            scores = torch.where(torch.zeros_like(remove).scatter(-1, order, remove), -1e30, scores)
+        probs = scores.softmax(-1).double().numpy()
+        picks = []
+        for row in probs:
+            cdf = np.cumsum(row)
+            index = np.searchsorted(cdf, generator.random() * cdf[-1], side="right")
+            picks.append(min(int(index), len(row) - 1))
+        return np.array(picks)
+
+    def generate(
+        self,
+        text: str,
+        *,
+        reference: np.ndarray | None = None,
+        reference_text: str | None = None,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        seed: int | None = 0,
+        max_new_tokens: int = 2048,
+    ):
+        """(delayed rows [L, 8], frames [T, 8], audio) as SGLang-Omni makes them."""
+        import torch
+        from transformers import DynamicCache
+
+        from onnx_tts.decoding.delay import delay, undelay
+
+        delayed = np.zeros((0, 8), np.int64)
+        if reference is not None:
+            delayed = delay(self.reference_codes(reference), self.BOC, self.EOC)
+        ids = self.prompt(text, len(delayed), reference_text)
+        ids_t = torch.tensor(ids)
+        embeds = self.text_table[ids_t.clamp(min=0)]
+        if len(delayed):
+            embeds[ids_t == -100] = self.fused(delayed)
+        generator = np.random.default_rng(seed)
+        cache = DynamicCache(config=self.body.config)
+        rows, delay_count, countdown, done = [], 0, -1, False
+        inputs = embeds[None]
+        with torch.no_grad():
+            while not done and len(rows) < max_new_tokens:
+                out = self.body(inputs_embeds=inputs, past_key_values=cache, use_cache=True)
+                hidden = out.last_hidden_state[0, -1]
+                logits = (hidden @ self.table.T).reshape(8, 1026)
+                codes = self.sample(logits, temperature, top_k, top_p, generator)
+                if delay_count < 8:
+                    codes[delay_count + 1 :] = self.BOC
+                    delay_count += 1
+                elif countdown >= 0:
+                    countdown -= 1
+                    done = countdown <= 0
+                elif codes[0] == self.EOC:
+                    countdown = 6
+                rows.append(codes.astype(np.int64))
+                inputs = self.fused(torch.as_tensor(codes)[None])[None]
+        rows = np.stack(rows)
+        frames = undelay(rows)
+        frames = np.where(frames >= 1024, 0, frames)
+        with torch.no_grad():
+            audio = self.codec.decode(torch.from_numpy(frames).T[None]).audio_values[0, 0].numpy()
+        return rows, frames, audio
+
+
 def write_json(path: Path, value) -> None:
     path.write_text(json.dumps(value, indent=2), encoding="utf-8")
 
@@ -329,8 +546,10 @@ __all__ = [
     "CODEC_DIMS",
     "V2_SPECIALS",
     "V3_SPECIALS",
+    "V3Reference",
     "build_codec",
     "build_v2",
+    "build_v3",
     "install_torchaudio",
     "numpy_multinomial",
     "reference_audio",

@@ -50,6 +50,8 @@ PROMPT_TOKENS = {
     ),
     "v3": ("<|tts|>", "<|ref_audio|>", "<|text|>", "<|audio|>"),
 }
+# Tokens some checkpoints have (older v3 ones lack <|ref_text|>: no transcript in the prompt).
+OPTIONAL_TOKENS = {"v2": (), "v3": ("<|ref_text|>",)}
 # Published generation defaults: v2 as Boson's examples/generation.py (with transformers'
 # RAS window), v3 as SGLang-Omni's request defaults (temperature 1, no top-k, no top-p).
 SAMPLING = {
@@ -91,6 +93,9 @@ def _tokenizer_ids(path: Path, version: str) -> dict[str, int]:
     missing = [name for name, value in ids.items() if value is None]
     if missing:
         raise CheckpointError(f"{path} lacks the prompt token(s) {', '.join(missing)}")
+    for name in OPTIONAL_TOKENS[version]:
+        if tokenizer.token_to_id(name) is not None:
+            ids[name] = tokenizer.token_to_id(name)
     return {name: int(value) for name, value in ids.items()}
 
 
