@@ -95,6 +95,9 @@ def install_torchaudio() -> None:
     module.functional = functional  # type: ignore[attr-defined]
     sys.modules["torchaudio"] = module
     sys.modules["torchaudio.functional"] = functional
+    checks = sys.modules.get("transformers.utils.import_utils")
+    if checks is not None:  # transformers came first: forget its "no torchaudio" answer
+        checks.is_torchaudio_available.cache_clear()
 
 
 install_torchaudio()  # before anything imports transformers' audio models
@@ -176,7 +179,7 @@ def reference_audio(seconds: float, seed: int = 0, rate: int = 24000) -> np.ndar
 
 
 # -- v2 -----------------------------------------------------------------------------------------
-def build_v2(directory: Path, codec_dir: Path, seed: int = 0):
+def build_v2(directory: Path, codec_dir: Path, seed: int = 0, eos_scale: float = 1.6):
     """transformers' HiggsAudioV2ForConditionalGeneration (2 layers, hidden 64, 8 x 1026
     codes) saved to `directory` with a tokenizer; the codec saved to `codec_dir`. Returns
     (model, codec, tokenizer bytes)."""
@@ -211,6 +214,8 @@ def build_v2(directory: Path, codec_dir: Path, seed: int = 0):
                 parameter.uniform_(0.5, 1.5)
             elif "lm_head" in name:
                 parameter.normal_(0, 0.5)  # distinct logits: greedy rows are not ties
+        # Codebook 1's end code a little likelier, so runs end by the published end rule.
+        model.audio_lm_head.weight[1026 + 1025].normal_(0, 0.5 * eos_scale)
     model.generation_config.ras_win_len = 7
     model.generation_config.ras_win_max_num_repeat = 2
     model.save_pretrained(directory)
