@@ -199,15 +199,23 @@ def test_streamed_audio_against_one_decode(v2):
     engine = v2["engine"]
     options = {"seed": 4, "temperature": 1.0, "max_new_tokens": 200, "ras_window": 0}
     whole = engine.synthesize(TEXT, **options).samples.reshape(-1)
-    streamed = np.concatenate(list(engine.stream(TEXT, first_chunk_frames=8, **options)))
-    assert streamed.shape == whole.shape and len(whole) > 40 * 960
+    # SGLang-Omni's overlap and hold-back; a shorter stride than its 68 frames, so a short
+    # run has several seams.
+    windows = {"first_chunk_frames": 8, "stride_frames": 8}
+    streamed = np.concatenate(list(engine.stream(TEXT, **windows, **options)))
+    assert streamed.shape == whole.shape and len(whole) > 20 * 960
     error = np.abs(streamed - whole).max() / np.abs(whole).max()
     print(f"streamed vs one decode: max |diff| / peak {error:.3g}")
     assert error < 0.2
     wide = np.concatenate(
         list(
             engine.stream(
-                TEXT, first_chunk_frames=24, overlap_frames=16, holdback_frames=12, **options
+                TEXT,
+                first_chunk_frames=14,
+                stride_frames=16,
+                overlap_frames=16,
+                holdback_frames=12,
+                **options,
             )
         )
     )
@@ -301,7 +309,7 @@ def test_server_speaks_the_api_audio(v3, tmp_path):
     try:
         client = openai.OpenAI(base_url=live.url + "/v1", api_key="none")
         wav = client.audio.speech.create(
-            model="higgs",
+            model="onnx-tts",
             voice="default",
             input=TEXT,
             response_format="wav",
