@@ -150,7 +150,21 @@ CODEC_DIMS = {
 }
 
 
-def build_codec(seed: int = 0):
+PUBLISHED_CODEC_DIMS = {
+    "acoustic_model_config": {
+        "encoder_hidden_size": 64,
+        "downsampling_ratios": [8, 5, 4, 2, 3],
+        "decoder_hidden_size": 1024,
+        "upsampling_ratios": [8, 5, 4, 2, 3],
+        "hidden_size": 256,
+    },
+    "semantic_model_config": {},  # HuBERT-base: 12 x 768
+    "codebook_dim": 64,
+    "target_bandwidths": [0.5, 1, 1.5, 2],
+}
+
+
+def build_codec(seed: int = 0, dims: dict | None = None):
     """transformers' HiggsAudioV2TokenizerModel (published architecture, small widths), random
     weights and codebooks (its init leaves the codebooks zero)."""
     install_torchaudio()
@@ -158,7 +172,8 @@ def build_codec(seed: int = 0):
     from transformers import HiggsAudioV2TokenizerConfig, HiggsAudioV2TokenizerModel
 
     torch.manual_seed(seed)
-    model = HiggsAudioV2TokenizerModel(HiggsAudioV2TokenizerConfig(**CODEC_DIMS)).eval()
+    config = HiggsAudioV2TokenizerConfig(**(dims or CODEC_DIMS))
+    model = HiggsAudioV2TokenizerModel(config).eval()
     with torch.no_grad():
         for quantizer in model.quantizer.quantizers:
             quantizer.codebook.embed.normal_()
@@ -344,7 +359,9 @@ V3_TEXT_CONFIG = {
 V3_CODEC_PREFIX = "tied.embedding.modality_embeddings.0.model."
 
 
-def build_v3(directory: Path, seed: int = 0):
+def build_v3(
+    directory: Path, seed: int = 0, text_config: dict | None = None, codec_dims: dict | None = None
+):
     """A Higgs TTS 3 stand-in in the published layout (tensor names, config, bundled codec and
     its config file; reduced dims, random weights). Returns (tensors, codec, tokenizer bytes)."""
     import torch
@@ -352,13 +369,18 @@ def build_v3(directory: Path, seed: int = 0):
     from export.checkpoint import write_checkpoint
 
     tokenizer = tokenizer_json(V3_SPECIALS)
-    c = V3_TEXT_CONFIG
+    c = text_config or V3_TEXT_CONFIG
     generator = torch.Generator().manual_seed(seed)
 
     def rand(*shape, scale=0.2):
         return torch.randn(*shape, generator=generator) * scale
 
-    h, f, q, kv = c["hidden_size"], c["intermediate_size"], 4 * 16, 2 * 16
+    def mat(rows: int, columns: int):  # 0.2 at width 64, scaled with the fan-in
+        return rand(rows, columns, scale=0.2 * (64 / columns) ** 0.5)
+
+    d = c["head_dim"]
+    h, f = c["hidden_size"], c["intermediate_size"]
+    q, kv = c["num_attention_heads"] * d, c["num_key_value_heads"] * d
     tensors = {
         "tied.embedding.text_embedding.weight": rand(c["vocab_size"], h, scale=1.0),
         "tied.embedding.modality_embeddings.0.embedding.weight": rand(8 * 1026, h, scale=0.5),
@@ -370,18 +392,18 @@ def build_v3(directory: Path, seed: int = 0):
             {
                 p + "input_layernorm.weight": 1 + rand(h, scale=0.1),
                 p + "post_attention_layernorm.weight": 1 + rand(h, scale=0.1),
-                p + "self_attn.q_proj.weight": rand(q, h),
-                p + "self_attn.k_proj.weight": rand(kv, h),
-                p + "self_attn.v_proj.weight": rand(kv, h),
-                p + "self_attn.o_proj.weight": rand(h, q),
-                p + "self_attn.q_norm.weight": 1 + rand(16, scale=0.1),
-                p + "self_attn.k_norm.weight": 1 + rand(16, scale=0.1),
-                p + "mlp.gate_proj.weight": rand(f, h),
-                p + "mlp.up_proj.weight": rand(f, h),
-                p + "mlp.down_proj.weight": rand(h, f),
+                p + "self_attn.q_proj.weight": mat(q, h),
+                p + "self_attn.k_proj.weight": mat(kv, h),
+                p + "self_attn.v_proj.weight": mat(kv, h),
+                p + "self_attn.o_proj.weight": mat(h, q),
+                p + "self_attn.q_norm.weight": 1 + rand(d, scale=0.1),
+                p + "self_attn.k_norm.weight": 1 + rand(d, scale=0.1),
+                p + "mlp.gate_proj.weight": mat(f, h),
+                p + "mlp.up_proj.weight": mat(f, h),
+                p + "mlp.down_proj.weight": mat(h, f),
             }
         )
-    codec = build_codec(seed)
+    codec = build_codec(seed, codec_dims)
     tensors.update({V3_CODEC_PREFIX + k: v for k, v in codec.state_dict().items()})
     config = {
         "model_type": "higgs_multimodal_qwen3",
@@ -417,14 +439,14 @@ class V3Reference:
 
     BOC, EOC = 1024, 1025
 
-    def __init__(self, tensors, codec, tokenizer: bytes) -> None:
+    def __init__(self, tensors, codec, tokenizer: bytes, text_config: dict | None = None) -> None:
         import torch
         from tokenizers import Tokenizer
         from transformers import Qwen3Config, Qwen3Model
 
         self.tokenizer = Tokenizer.from_str(tokenizer.decode())
         self.codec = codec
-        self.body = Qwen3Model(Qwen3Config(**V3_TEXT_CONFIG)).eval()
+        self.body = Qwen3Model(Qwen3Config(**(text_config or V3_TEXT_CONFIG))).eval()
         state = {k[len("body.") :]: v for k, v in tensors.items() if k.startswith("body.")}
         state["embed_tokens.weight"] = tensors["tied.embedding.text_embedding.weight"]
         self.body.load_state_dict(state)
