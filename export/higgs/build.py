@@ -273,7 +273,6 @@ def export_model(
             "head": "head.onnx",
             "decoder": "decoder.onnx",
         },
-        "data": ["embed.onnx_data", "backbone.onnx_data", "head.onnx_data"],
         "text": {"tokenizer": "tokenizer.json", "tokens": tokens},
         "higgs": {
             "version": version,
