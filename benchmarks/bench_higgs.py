@@ -113,9 +113,11 @@ def engine_requests(engine, rows: int, count: int) -> float:
     [chunk] = model.text.chunks(TEXT, options)
     voice = engine.voice(None)
 
+    made: list[int] = []
+
     def one(seed: int) -> None:
         sampling = model.sampling_defaults().with_overrides({"seed": seed})
-        engine.generate(chunk, voice, sampling, options)
+        made.append(len(list(engine.generate(chunk, voice, sampling, options))))
 
     started = time.perf_counter()
     threads = [threading.Thread(target=one, args=(seed,)) for seed in range(count)]
@@ -123,7 +125,10 @@ def engine_requests(engine, rows: int, count: int) -> float:
         thread.start()
     for thread in threads:
         thread.join()
-    return time.perf_counter() - started
+    wall = time.perf_counter() - started
+    if made != [rows - 7] * count:  # every request made its rows (the model did not end)
+        raise SystemExit(f"requests made {made} frames, expected {rows - 7} each")
+    return wall
 
 
 def windows(engine, repeats: int) -> dict[str, Any]:

@@ -54,8 +54,13 @@ def _write_graphs(
         )
         return
     for graph, model in zip(graphs, models, strict=True):
-        if files.manifest:  # the manifest lists each graph as one file
-            save_model(model, out / graph.path)
+        if files.manifest:  # the manifest lists the graph; its weights file follows it
+            if graph.sidecars:
+                save_sharing_data(
+                    [(out / graph.path, model)], posixpath.basename(graph.path) + "_data"
+                )
+            else:
+                save_model(model, out / graph.path)
             continue
         name = variant_path(graph.path, suffix)
         save_sharing_data([(out / name, model)], posixpath.basename(name) + "_data")

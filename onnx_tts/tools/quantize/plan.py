@@ -162,10 +162,10 @@ def plan_jobs(files: ModelFiles) -> list[GraphJob]:
     groups: dict[str, list[GraphFile]] = {}
     for graph in graphs:
         name = posixpath.basename(graph.path)
-        if files.manifest and (graph.data or graph.sidecars):
+        if files.manifest and graph.data:
             raise ModelError(
-                f"{name} keeps its weights in an external-data file; bundles with external "
-                "data cannot be quantized (re-export it with inline weights)"
+                f"{name} shares an external-data file with other graphs; bundles with shared "
+                "data cannot be quantized (re-export it with a data file per graph)"
             )
         if len(graph.data) > 1:
             raise ModelError(f"{name} ({graph.role}) keeps its weights in several data files")
