@@ -328,3 +328,23 @@ def test_server_speaks_the_api_audio(v3, tmp_path):
     assert np.abs(samples - expected).max() <= 0.2 * np.abs(expected).max() + 2 / 32768
     assert np.corrcoef(samples, expected)[0, 1] > 0.99
     assert 400 <= bad.status_code < 500 and "ras_window" in bad.text
+
+
+def test_convert_inplace_and_quantize_the_exported_model(v3, tmp_path):
+    """The offline tools on an exported directory: in-place KV gives the float rows; int8
+    weights (the backbone's and head's weights in data files of their own) load and speak."""
+    source = v3["root"] / "model"
+    tools = [sys.executable, "-m", "onnx_tts.cli"]
+    for command in (
+        [*tools, "convert", "--inplace-kv", str(source), str(tmp_path / "inplace")],
+        [*tools, "quantize", str(tmp_path / "inplace"), str(tmp_path / "int8")],
+    ):
+        result = subprocess.run(command, capture_output=True, text=True, timeout=900)
+        assert result.returncode == 0, result.stderr
+    float_frames = _frames(v3["engine"], TEXT, temperature=0.0)
+    with onnx_tts.load(tmp_path / "inplace", cache_dir=tmp_path / "cache") as inplace:
+        assert inplace.model.kv_mode == "inplace"
+        assert np.array_equal(_frames(inplace, TEXT, temperature=0.0), float_frames)
+    with onnx_tts.load(tmp_path / "int8", cache_dir=tmp_path / "cache") as int8:
+        frames = _frames(int8, TEXT, temperature=0.0)
+        assert len(frames) > 0 and frames.max() < 1024
