@@ -169,7 +169,15 @@ def build_codec(seed: int = 0, dims: dict | None = None):
     weights and codebooks (its init leaves the codebooks zero)."""
     install_torchaudio()
     import torch
-    from transformers import HiggsAudioV2TokenizerConfig, HiggsAudioV2TokenizerModel
+
+    # From the modules themselves: `from transformers import ...` may give a placeholder
+    # when transformers was imported before the torchaudio stand-in.
+    from transformers.models.higgs_audio_v2_tokenizer.configuration_higgs_audio_v2_tokenizer import (  # noqa: E501
+        HiggsAudioV2TokenizerConfig,
+    )
+    from transformers.models.higgs_audio_v2_tokenizer.modeling_higgs_audio_v2_tokenizer import (
+        HiggsAudioV2TokenizerModel,
+    )
 
     torch.manual_seed(seed)
     config = HiggsAudioV2TokenizerConfig(**(dims or CODEC_DIMS))
