@@ -374,23 +374,193 @@ def _rotate(b, x: str, cos: str, sin: str, half: int, name: str) -> str:
     )
 
 
-def _rotary_inputs(b, c: Qwen3Config, rope: RopeTables, position_ids: str) -> tuple[str, str]:
-    """cos, sin [B, 1, S, D] gathered from the tables by position."""
-    tables = []
-    for kind, table in zip(("cos", "sin"), rotary_tables(c, rope), strict=True):
-        gathered = b.node(
-            "Gather",
-            [b.initializer(f"rotary.{kind}", table.numpy()), position_ids],
-            axis=0,
-            name=f"rotary/Gather_{kind}",
-        )
-        tables.append(b.node("Unsqueeze", [gathered, b.const([1])], name=f"rotary/{kind}Heads"))
-    return tables[0], tables[1]
-
-
 def _linear(b, x: str, weights, name: str, bias: bool) -> str:
     weight = np.ascontiguousarray(weights(f"{name}.weight").T)
     return linear(b, x, weight, weights(f"{name}.bias") if bias else None, name)
+
+
+@dataclass(frozen=True)
+class AttentionContext:
+    """What every layer's attention reads: the allowed-keys mask [B, 1, 1, S, T], the masked
+    score value, the rotary cos/sin [B, 1, S, D] of the positions, the score scale."""
+
+    allowed: str
+    lowest: str
+    cos: str
+    sin: str
+    scale: str
+
+
+def declare_io(
+    b,
+    config: Qwen3Config,
+    input_width: int | None = None,
+    *,
+    rotary: bool = True,
+    output: str = HIDDEN,
+) -> tuple[str, str, str]:
+    """The LM-with-past inputs and outputs (module docstring); `input_width` the width of
+    `inputs_embeds` when it carries more than the hidden state; `rotary` False: no
+    `position_ids` input; `output` names the hidden-state output. Returns the names of the
+    embeddings, the attention mask and the position ids ("" without them)."""
+    c = config
+    x = b.add_input("inputs_embeds", FLOAT, ("batch", "sequence", input_width or c.hidden_size))
+    mask = b.add_input("attention_mask", INT64, ("batch", "total_sequence"))
+    position_ids = b.add_input("position_ids", INT64, ("batch", "sequence")) if rotary else ""
+    for i in range(c.num_hidden_layers):
+        for kind in ("key", "value"):
+            b.add_input(
+                PAST.format(i=i, kind=kind),
+                FLOAT,
+                ("batch", c.num_key_value_heads, "past_sequence", c.head_dim),
+            )
+    b.add_output(output, FLOAT, ("batch", "sequence", c.hidden_size))
+    for i in range(c.num_hidden_layers):
+        for kind in ("key", "value"):
+            b.add_output(
+                PRESENT.format(i=i, kind=kind),
+                FLOAT,
+                ("batch", c.num_key_value_heads, "total_sequence", c.head_dim),
+            )
+    return x, mask, position_ids
+
+
+def attention_context(
+    b, config: Qwen3Config, x: str, mask: str, position_ids: str, tables
+) -> AttentionContext:
+    """Causal + key mask [B, 1, 1, S, T] (scores are [B, Hkv, G, S, T]) and the rotary cos/sin
+    gathered from `tables` (cos, sin [positions, D]) by position: shared by all layers.
+    `tables` None: no rotary (cos and sin "")."""
+    c = config
+    total = b.node("Squeeze", [b.node("Shape", [mask], start=1, end=2)], name="mask/T")
+    steps = b.node("Squeeze", [b.node("Shape", [x], start=1, end=2)], name="mask/S")
+    one, zero = b.const(1), b.const(0)
+    query = b.node("Range", [b.node("Sub", [total, steps]), total, one], name="mask/Queries")
+    key = b.node("Range", [zero, total, one], name="mask/Keys")
+    causal = b.node(
+        "LessOrEqual",
+        [b.node("Unsqueeze", [key, b.const([0])]), b.node("Unsqueeze", [query, b.const([1])])],
+        name="mask/Causal",
+    )
+    keep = b.node(
+        "Unsqueeze",
+        [b.node("Cast", [mask], to=BOOL, name="mask/Cast"), b.const([1, 2, 3])],
+        name="mask/Unsqueeze",
+    )
+    allowed = b.node("And", [keep, causal], name="mask/Allowed")
+    lowest = b.const(np.finfo(np.float32).min, np.float32)
+
+    scale = b.const(c.head_dim**-0.5, np.float32)
+    if tables is None:
+        return AttentionContext(allowed, lowest, "", "", scale)
+    cos_table, sin_table = (np.asarray(t, np.float32) for t in tables)
+    cos = b.node(
+        "Gather",
+        [b.initializer("rotary.cos", cos_table), position_ids],
+        axis=0,
+        name="rotary/GatherCos",
+    )
+    sin = b.node(
+        "Gather",
+        [b.initializer("rotary.sin", sin_table), position_ids],
+        axis=0,
+        name="rotary/GatherSin",
+    )
+    cos = b.node("Unsqueeze", [cos, b.const([1])], name="rotary/CosHeads")  # [B, 1, S, D]
+    sin = b.node("Unsqueeze", [sin, b.const([1])], name="rotary/SinHeads")
+    return AttentionContext(allowed, lowest, cos, sin, scale)
+
+
+def attention_block(
+    b, config: Qwen3Config, weights, i: int, h: str, ctx: AttentionContext, qk_norm: bool = True
+) -> str:
+    """Layer `i`'s self-attention of the normed `h` (Hugging Face names under
+    `layers.{i}.self_attn`): projections, per-head q/k RMSNorm (`qk_norm`, Qwen3), rotary,
+    the cache grown by Concat into `present.{i}.*`, grouped-query attention; returns the
+    output projection."""
+    c = config
+    a = f"layers.{i}.self_attn"
+    half = c.head_dim // 2
+    q = _heads(
+        b,
+        _linear(b, h, weights, f"{a}.q_proj", c.attention_bias),
+        c.num_attention_heads,
+        c.head_dim,
+        f"{a}/q",
+    )
+    k = _heads(
+        b,
+        _linear(b, h, weights, f"{a}.k_proj", c.attention_bias),
+        c.num_key_value_heads,
+        c.head_dim,
+        f"{a}/k",
+    )
+    v = _heads(
+        b,
+        _linear(b, h, weights, f"{a}.v_proj", c.attention_bias),
+        c.num_key_value_heads,
+        c.head_dim,
+        f"{a}/v",
+    )
+    if qk_norm:
+        q = rms_norm(b, q, weights(f"{a}.q_norm.weight"), c.rms_norm_eps, f"{a}.q_norm")
+        k = rms_norm(b, k, weights(f"{a}.k_norm.weight"), c.rms_norm_eps, f"{a}.k_norm")
+    q = _to_heads_first(b, q, f"{a}/q")
+    k = _to_heads_first(b, k, f"{a}/k")
+    v = _to_heads_first(b, v, f"{a}/v")
+    if ctx.cos:
+        q = _rotate(b, q, ctx.cos, ctx.sin, half, f"{a}/q_rotary")
+        k = _rotate(b, k, ctx.cos, ctx.sin, half, f"{a}/k_rotary")
+    k = b.node(
+        "Concat",
+        [PAST.format(i=i, kind="key"), k],
+        axis=2,
+        output_names=[PRESENT.format(i=i, kind="key")],
+        name=f"{a}/KeyConcat",
+    )[0]
+    v = b.node(
+        "Concat",
+        [PAST.format(i=i, kind="value"), v],
+        axis=2,
+        output_names=[PRESENT.format(i=i, kind="value")],
+        name=f"{a}/ValueConcat",
+    )[0]
+    # Query head h reads kv head h // G: [B, Hkv, G, S, D] against [B, Hkv, 1, T, D].
+    q5 = b.node(
+        "Reshape",
+        [q, b.const([0, c.num_key_value_heads, c.groups, -1, c.head_dim])],
+        name=f"{a}/q5",
+    )
+    k5 = b.node("Unsqueeze", [k, b.const([2])], name=f"{a}/k5")
+    v5 = b.node("Unsqueeze", [v, b.const([2])], name=f"{a}/v5")
+    k5t = b.node("Transpose", [k5], perm=[0, 1, 2, 4, 3], name=f"{a}/k5T")
+    scores = b.node(
+        "Mul", [b.node("MatMul", [q5, k5t], name=f"{a}/QK"), ctx.scale], name=f"{a}/Scale"
+    )
+    scores = b.node("Where", [ctx.allowed, scores, ctx.lowest], name=f"{a}/Mask")
+    probs = b.node("Softmax", [scores], axis=-1, name=f"{a}/Softmax")
+    context = b.node("MatMul", [probs, v5], name=f"{a}/PV")
+    context = b.node(
+        "Reshape",
+        [context, b.const([0, c.num_attention_heads, -1, c.head_dim])],
+        name=f"{a}/context4",
+    )
+    context = b.node("Transpose", [context], perm=[0, 2, 1, 3], name=f"{a}/contextT")
+    context = b.node(
+        "Reshape",
+        [context, b.const([0, 0, c.num_attention_heads * c.head_dim])],
+        name=f"{a}/context3",
+    )
+    return _linear(b, context, weights, f"{a}.o_proj", c.attention_bias)
+
+
+def mlp_block(b, weights, m: str, h: str) -> str:
+    """SwiGLU MLP `m` (Hugging Face names `{m}.gate_proj` ...) of `h`."""
+    gate = silu(b, _linear(b, h, weights, f"{m}.gate_proj", False), f"{m}/silu")
+    up = _linear(b, h, weights, f"{m}.up_proj", False)
+    return _linear(
+        b, b.node("Mul", [gate, up], name=f"{m}/GateUp"), weights, f"{m}.down_proj", False
+    )
 
 
 def build_backbone_graph(
@@ -414,138 +584,18 @@ def build_backbone_graph(
     stack's width first, and `output` names the result."""
     c = config
     b = StreamingBuilder(name, sink, data_name)
-    x = b.add_input("inputs_embeds", FLOAT, ("batch", "sequence", input_size or c.hidden_size))
-    mask = b.add_input("attention_mask", INT64, ("batch", "total_sequence"))
-    position_ids = b.add_input("position_ids", INT64, ("batch", "sequence")) if rotary else ""
-    for i in range(c.num_hidden_layers):
-        for kind in ("key", "value"):
-            b.add_input(
-                PAST.format(i=i, kind=kind),
-                FLOAT,
-                ("batch", c.num_key_value_heads, "past_sequence", c.head_dim),
-            )
-    b.add_output(output, FLOAT, ("batch", "sequence", c.hidden_size))
-    for i in range(c.num_hidden_layers):
-        for kind in ("key", "value"):
-            b.add_output(
-                PRESENT.format(i=i, kind=kind),
-                FLOAT,
-                ("batch", c.num_key_value_heads, "total_sequence", c.head_dim),
-            )
-
-    # Causal + key mask [B, 1, 1, S, T] (scores are [B, Hkv, G, S, T]), shared by all layers.
-    total = b.node("Squeeze", [b.node("Shape", [mask], start=1, end=2)], name="mask/T")
-    steps = b.node("Squeeze", [b.node("Shape", [x], start=1, end=2)], name="mask/S")
-    one, zero = b.const(1), b.const(0)
-    query = b.node("Range", [b.node("Sub", [total, steps]), total, one], name="mask/Queries")
-    key = b.node("Range", [zero, total, one], name="mask/Keys")
-    causal = b.node(
-        "LessOrEqual",
-        [b.node("Unsqueeze", [key, b.const([0])]), b.node("Unsqueeze", [query, b.const([1])])],
-        name="mask/Causal",
-    )
-    keep = b.node(
-        "Unsqueeze",
-        [b.node("Cast", [mask], to=BOOL, name="mask/Cast"), b.const([1, 2, 3])],
-        name="mask/Unsqueeze",
-    )
-    allowed = b.node("And", [keep, causal], name="mask/Allowed")
-    lowest = b.const(np.finfo(np.float32).min, np.float32)
-
+    x, mask, position_ids = declare_io(b, c, input_size, rotary=rotary, output=output)
+    tables = rotary_tables(c, rope) if rotary else None
+    ctx = attention_context(b, c, x, mask, position_ids, tables)
     if prelude is not None:
         x = prelude(b, x)
-    cos = sin = ""
-    if rotary:
-        cos, sin = _rotary_inputs(b, c, rope, position_ids)
-
-    scale = b.const(c.head_dim**-0.5, np.float32)
-    half = c.head_dim // 2
     for i in range(c.num_hidden_layers):
         p = f"layers.{i}"
-        a = f"{p}.self_attn"
         h = rms_norm(
             b, x, weights(f"{p}.input_layernorm.weight"), c.rms_norm_eps, f"{p}.input_layernorm"
         )
-        q = _heads(
-            b,
-            _linear(b, h, weights, f"{a}.q_proj", c.attention_bias),
-            c.num_attention_heads,
-            c.head_dim,
-            f"{a}/q",
-        )
-        k = _heads(
-            b,
-            _linear(b, h, weights, f"{a}.k_proj", c.attention_bias),
-            c.num_key_value_heads,
-            c.head_dim,
-            f"{a}/k",
-        )
-        v = _heads(
-            b,
-            _linear(b, h, weights, f"{a}.v_proj", c.attention_bias),
-            c.num_key_value_heads,
-            c.head_dim,
-            f"{a}/v",
-        )
-        q = _to_heads_first(
-            b,
-            rms_norm(b, q, weights(f"{a}.q_norm.weight"), c.rms_norm_eps, f"{a}.q_norm"),
-            f"{a}/q",
-        )
-        k = _to_heads_first(
-            b,
-            rms_norm(b, k, weights(f"{a}.k_norm.weight"), c.rms_norm_eps, f"{a}.k_norm"),
-            f"{a}/k",
-        )
-        v = _to_heads_first(b, v, f"{a}/v")
-        if rotary:
-            q = _rotate(b, q, cos, sin, half, f"{a}/q_rotary")
-            k = _rotate(b, k, cos, sin, half, f"{a}/k_rotary")
-        k = b.node(
-            "Concat",
-            [PAST.format(i=i, kind="key"), k],
-            axis=2,
-            output_names=[PRESENT.format(i=i, kind="key")],
-            name=f"{a}/KeyConcat",
-        )[0]
-        v = b.node(
-            "Concat",
-            [PAST.format(i=i, kind="value"), v],
-            axis=2,
-            output_names=[PRESENT.format(i=i, kind="value")],
-            name=f"{a}/ValueConcat",
-        )[0]
-        # Query head h reads kv head h // G: [B, Hkv, G, S, D] against [B, Hkv, 1, T, D].
-        q5 = b.node(
-            "Reshape",
-            [q, b.const([0, c.num_key_value_heads, c.groups, -1, c.head_dim])],
-            name=f"{a}/q5",
-        )
-        k5 = b.node("Unsqueeze", [k, b.const([2])], name=f"{a}/k5")
-        v5 = b.node("Unsqueeze", [v, b.const([2])], name=f"{a}/v5")
-        k5t = b.node("Transpose", [k5], perm=[0, 1, 2, 4, 3], name=f"{a}/k5T")
-        scores = b.node(
-            "Mul", [b.node("MatMul", [q5, k5t], name=f"{a}/QK"), scale], name=f"{a}/Scale"
-        )
-        scores = b.node("Where", [allowed, scores, lowest], name=f"{a}/Mask")
-        probs = b.node("Softmax", [scores], axis=-1, name=f"{a}/Softmax")
-        context = b.node("MatMul", [probs, v5], name=f"{a}/PV")
-        context = b.node(
-            "Reshape",
-            [context, b.const([0, c.num_attention_heads, -1, c.head_dim])],
-            name=f"{a}/context4",
-        )
-        context = b.node("Transpose", [context], perm=[0, 2, 1, 3], name=f"{a}/contextT")
-        context = b.node(
-            "Reshape",
-            [context, b.const([0, 0, c.num_attention_heads * c.head_dim])],
-            name=f"{a}/context3",
-        )
-        x = b.node(
-            "Add",
-            [x, _linear(b, context, weights, f"{a}.o_proj", c.attention_bias)],
-            name=f"{p}/AttnResidual",
-        )
+        attended = attention_block(b, c, weights, i, h, ctx)
+        x = b.node("Add", [x, attended], name=f"{p}/AttnResidual")
         h = rms_norm(
             b,
             x,
@@ -553,13 +603,7 @@ def build_backbone_graph(
             c.rms_norm_eps,
             f"{p}.post_attention_layernorm",
         )
-        m = f"{p}.mlp"
-        gate = silu(b, _linear(b, h, weights, f"{m}.gate_proj", False), f"{m}/silu")
-        up = _linear(b, h, weights, f"{m}.up_proj", False)
-        down = _linear(
-            b, b.node("Mul", [gate, up], name=f"{m}/GateUp"), weights, f"{m}.down_proj", False
-        )
-        x = b.node("Add", [x, down], name=f"{p}/MlpResidual")
+        x = b.node("Add", [x, mlp_block(b, weights, f"{p}.mlp", h)], name=f"{p}/MlpResidual")
     normed = rms_norm(b, x, weights("norm.weight"), c.rms_norm_eps, "norm")
     b.identity(normed, output)
     return b.build(doc_string=f"Qwen3 backbone, Concat KV cache, rotary tables {rope.describe()}")
@@ -602,10 +646,12 @@ def check_backbone(
     prompt: int = 7,
     steps: int = 3,
     seed: int = 0,
+    embeds: Callable[[torch.Generator, int, int], torch.Tensor] | None = None,
 ) -> dict[str, float]:
     """Run the graph beside `module` on random embeddings (a prefill of `prompt` positions,
     then `steps` single-position steps with the cache): the max |difference| of the hidden
-    states and of the cache, over every run."""
+    states and of the cache, over every run. `embeds(generator, batch, new)` draws the inputs
+    when the graph takes more than [batch, new, hidden] normal values (e.g. a routing column)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -625,14 +671,18 @@ def check_backbone(
     length = 0
     with torch.no_grad():
         for new in [prompt] + [1] * steps:
-            embeds = torch.randn(batch, new, c.hidden_size, generator=generator)
+            inputs = (
+                torch.randn(batch, new, c.hidden_size, generator=generator)
+                if embeds is None
+                else embeds(generator, batch, new)
+            )
             mask = torch.ones(batch, length + new, dtype=torch.int64)
             positions = torch.arange(length, length + new).expand(batch, new).contiguous()
-            expected, presents = module(embeds, mask, positions if module.rotary else None, past)
+            expected, presents = module(inputs, mask, positions if module.rotary else None, past)
             outputs = session.run(
                 None,
                 {
-                    "inputs_embeds": embeds.numpy(),
+                    "inputs_embeds": inputs.numpy(),
                     "attention_mask": mask.numpy(),
                     **({"position_ids": positions.numpy()} if module.rotary else {}),
                     **feeds_past,
@@ -651,14 +701,19 @@ def check_backbone(
 
 __all__ = [
     "HIDDEN",
+    "AttentionContext",
     "BackboneFiles",
     "Qwen3Backbone",
     "Qwen3Config",
     "RopeTables",
+    "attention_block",
+    "attention_context",
     "build_backbone_graph",
     "check_backbone",
     "checkpoint_weights",
+    "declare_io",
     "export_backbone",
+    "mlp_block",
     "rotary_tables",
     "state_weights",
 ]

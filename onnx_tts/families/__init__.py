@@ -17,7 +17,7 @@ from typing import Any
 
 from onnx_tts.bundle import MANIFEST, Bundle
 from onnx_tts.errors import ModelError
-from onnx_tts.families import chatterbox, codec_lm, moss_tts, moss_tts_nano, phoneme_mel
+from onnx_tts.families import chatterbox, codec_lm, higgs, moss_tts, moss_tts_nano, phoneme_mel
 from onnx_tts.families.base import Detection, Family, LoadSettings, Model, Option
 
 FAMILIES: dict[str, Family] = {
@@ -28,6 +28,7 @@ FAMILIES: dict[str, Family] = {
         *chatterbox.REGISTRY_ENTRIES,
         moss_tts_nano.REGISTRY_ENTRY,
         moss_tts.REGISTRY_ENTRY,
+        higgs.REGISTRY_ENTRY,
     )
 }
 # The family of bundle manifests written before "family" existed.

@@ -189,7 +189,7 @@ def plan_jobs(
         if files.manifest and graph.data:
             raise ModelError(
                 f"{name} shares an external-data file with other graphs; bundles with shared "
-                "external data cannot be quantized (re-export it with inline weights)"
+                "data cannot be quantized (re-export it with a data file per graph)"
             )
         if len(graph.data) > 1:
             raise ModelError(f"{name} ({graph.role}) keeps its weights in several data files")
