@@ -223,6 +223,8 @@ class DualFFNLayer(nn.Module):
 class DualFFNBackbone(nn.Module):
     """The torch module the v2 backbone graph is checked against (same inputs and outputs)."""
 
+    rotary = True  # positions are an input (check_backbone feeds them)
+
     def __init__(self, spec: V2Spec, positions: int) -> None:
         super().__init__()
         c = spec.dims
