@@ -172,6 +172,17 @@ NBITS_OP = ("com.microsoft", "MatMulNBits")
 _INTEGER_OPS = frozenset({"MatMulInteger", "ConvInteger", "QLinearMatMul", "QLinearConv"})
 
 
+def model_bytes(model: onnx.ModelProto) -> int:
+    """The model's size as one protobuf message; past protobuf's 2 GiB limit, where
+    `ByteSize` raises, the size of its initializers (nearly all of such a model)."""
+    from google.protobuf.message import EncodeError
+
+    try:
+        return model.ByteSize()
+    except EncodeError:
+        return sum(tensor.ByteSize() for tensor in model.graph.initializer)
+
+
 def matmul_nbits_settings(model: onnx.ModelProto) -> set[tuple[int, int, int]]:
     """(bits, block_size, accuracy_level) of every com.microsoft.MatMulNBits node."""
     from onnx import helper

@@ -19,7 +19,13 @@ import onnx
 from onnx import TensorProto, external_data_helper
 
 from onnx_tts.errors import InputError, ModelError
-from onnx_tts.graph_io import GQA_OP, PAST_VALID_LENGTHS, graph_spec_of, read_graph_spec
+from onnx_tts.graph_io import (
+    GQA_OP,
+    PAST_VALID_LENGTHS,
+    graph_spec_of,
+    model_bytes,
+    read_graph_spec,
+)
 from onnx_tts.regular_files import file_kind
 from onnx_tts.signals import committing, deferred
 from onnx_tts.tools.convert.rewrite import rewrite_inplace_kv
@@ -272,7 +278,7 @@ def _convert(
             staged = [staged_graph]
         else:
             if external_data is None:
-                external_data = had_external or model.ByteSize() > _EXTERNAL_DATA_THRESHOLD
+                external_data = had_external or model_bytes(model) > _EXTERNAL_DATA_THRESHOLD
             staged = _save(model, staged_graph, external_data)
         nodes_after = len(model.graph.node)
         del model

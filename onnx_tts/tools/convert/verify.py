@@ -24,7 +24,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from onnx_tts.errors import ModelError, SessionError
-from onnx_tts.graph_io import PAST_VALID_LENGTHS, kv_pairs, parse_kv_name
+from onnx_tts.graph_io import PAST_VALID_LENGTHS, kv_pairs, model_bytes, parse_kv_name
 from onnx_tts.session import KVCache, Session, SessionOptions
 from onnx_tts.tools.convert.match import AttentionMatch, GraphIndex, layer_error
 
@@ -192,7 +192,7 @@ def _probe_session(model: onnx.ModelProto, work_dir: Path) -> Session:
     """The in-memory model on the project's own core (one ONNX Runtime per process), saved to
     `work_dir` first: inline when it fits in one protobuf, else with a weights sidecar."""
     path = work_dir / "probe.onnx"
-    if model.ByteSize() < PROTOBUF_LIMIT:
+    if model_bytes(model) < PROTOBUF_LIMIT:
         onnx.save_model(model, str(path))
     else:
         copy = onnx.ModelProto()

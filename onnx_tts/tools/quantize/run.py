@@ -19,6 +19,7 @@ import onnx
 from onnx_tts.bundle import write_file
 from onnx_tts.errors import InputError, ModelError, SessionError
 from onnx_tts.families.files import ModelFiles
+from onnx_tts.graph_io import model_bytes
 from onnx_tts.tools.external_data import save_sharing_data
 from onnx_tts.tools.model_dir import model_files, new_output, place_output
 from onnx_tts.tools.quantize.agreement import Agreement, compare_stateless, compare_with_cache
@@ -159,10 +160,10 @@ def _quantize_job(
         if dequantize_matmul_nbits(model):
             references[role] = directory / "float" / f"{role}.onnx"
             floats.append((references[role], model))
-        result.float_bytes += model.ByteSize()
+        result.float_bytes += model_bytes(model)
         result.quantized_matmuls += quantized.quantized
         result.float_matmuls += quantized.float_matmuls
-        result.quantized_bytes += quantized.model.ByteSize()
+        result.quantized_bytes += model_bytes(quantized.model)
         result.candidates[role] = directory / f"{role}.onnx"
         graphs.append((result.candidates[role], quantized.model))
     if result.quantized_matmuls == 0:
