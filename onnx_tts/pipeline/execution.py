@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator, Mapping
 import numpy as np
 
 from onnx_tts.audio import check_finite
+from onnx_tts.decoding.direct import DirectScheduler
 from onnx_tts.decoding.request import Request
 from onnx_tts.decoding.scheduler import DecodeScheduler, FrameStream
 from onnx_tts.errors import EmptyAudioError, OnnxTTSError
@@ -28,7 +29,7 @@ Progress = Callable[[int, int], None]
 class Executor:
     """Runs the plans of one model through its scheduler and its vocoder stage."""
 
-    def __init__(self, model: Model, scheduler: DecodeScheduler) -> None:
+    def __init__(self, model: Model, scheduler: DecodeScheduler | DirectScheduler) -> None:
         self.model, self.scheduler = model, scheduler
         self.vocoder = VocoderStage(
             model.vocoder,

@@ -5,10 +5,10 @@ reads `info` (a TTS program and its voices), then `synthesize` (one text) or a s
 `synthesize-start`, `synthesize-chunk`..., `synthesize-stop`. Audio goes back as
 `audio-start`, `audio-chunk` (16-bit mono PCM at the model's rate) as it is generated, and
 `audio-stop`; a streamed text is spoken sentence by sentence as the sentences complete, and
-ends with `synthesize-stopped` (the order wyoming-piper uses, which Home Assistant expects).
+ends with `synthesize-stopped` (the order Home Assistant expects).
 
 Markup: a text that starts with <speak> is SSML (`text_format` "ssml" forces it, "text" reads
-it as plain text), else plain text with Piper's ``[[ phonemes ]]``; a streamed SSML text is
+it as plain text), else plain text with inline ``[[ phonemes ]]``; a streamed SSML text is
 kept until `synthesize-stop` and spoken whole (text_stream.py). Invalid markup is an `error`
 event naming its line and column. `speed` and `sentence_silence` in `synthesize` /
 `synthesize-start` are onnx-tts extensions; `voice.language` must be one the model speaks.

@@ -1,0 +1,260 @@
+"""A Piper voice (VITS in one ONNX graph) as the family contract's parts.
+
+The graph makes a sentence's audio in one call: phoneme ids, their count and the three scales
+(noise, length, noise_w) in, the waveform out; a multi-speaker voice also takes `sid`. So the
+program is a `DirectProgram` (one call per sentence, on the engine's decode worker) and the
+vocoder hands the samples on: the frames are hop-length pieces of the finished audio, so
+streamed windows are exact with no overlap. As piper-tts does by default, each sentence is
+peak-normalised (`normalize_audio`) and scaled by `volume`.
+
+Word timings: the graph's phoneme durations (its `Ceil` output, which Piper's alignment patch
+also exposes) are made an output of the session at load, so each frame is marked with the id
+it voices and words are timed exactly; a graph without one `Ceil` gets estimated timings.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from onnx_tts.bundle import file_sha256
+from onnx_tts.decoding import SamplingOptions
+from onnx_tts.decoding.direct import DirectProgram
+from onnx_tts.decoding.request import Request
+from onnx_tts.encoder import VoiceEncoder
+from onnx_tts.errors import AudioError, ModelError
+from onnx_tts.families.base import Model, Vocoder, VocoderCapabilities, Voices
+from onnx_tts.families.loader import Graph, GraphSet, LoadSettings, load_graphs
+from onnx_tts.families.piper.text import PiperChunk, PiperText
+from onnx_tts.families.piper.voice_config import VoiceConfig
+from onnx_tts.graph_io import graph_spec_of, read_graph_proto
+from onnx_tts.session import Session
+
+FAMILY = "piper"
+INPUTS = {"input": np.int64, "input_lengths": np.int64, "scales": np.float32}
+SPEAKER_INPUT = "sid"
+DURATIONS = "durations"  # how the session names the graph's phoneme durations
+# Streamed windows of finished audio: the first after 8 frames (~0.1 s), then every 64.
+STREAMING = {
+    "first_chunk_frames": 8,
+    "stride_frames": 64,
+    "overlap_frames": 0,
+    "holdback_frames": 0,
+    "crossfade_samples": 0,
+}
+QUIET_PEAK = 1e-8  # piper-tts: a sentence quieter than this is silence, not scaled up
+
+
+class PiperProgram(DirectProgram):
+    """One graph call per sentence (module docstring)."""
+
+    def __init__(self, model: PiperModel, session: Session, durations: str | None) -> None:
+        self.model, self.session, self.durations = model, session, durations
+        self.hop = model.config.hop_length
+
+    def frames(self, request: Request) -> np.ndarray:
+        chunk: PiperChunk = request.chunk
+        options = request.options
+        ids = np.asarray([chunk.ids], np.int64)
+        feeds = {
+            "input": ids,
+            "input_lengths": np.asarray([ids.shape[1]], np.int64),
+            "scales": np.asarray(
+                [options["noise_scale"], options["length_scale"], options["noise_w"]], np.float32
+            ),
+        }
+        if self.model.multi_speaker:
+            feeds[SPEAKER_INPUT] = np.asarray(request.voice["sid"], np.int64).reshape(1)
+        outputs = self.session.run(feeds)
+        audio = np.asarray(outputs[self.model.output_name], np.float32).reshape(-1)
+        if options["normalize_audio"]:
+            peak = float(np.max(np.abs(audio))) if audio.size else 0.0
+            audio = np.zeros_like(audio) if peak < QUIET_PEAK else audio / peak
+        if options["volume"] != 1.0:
+            audio = audio * np.float32(options["volume"])
+        audio = np.clip(audio, -1.0, 1.0).astype(np.float32, copy=False)
+        frames = -(-len(audio) // self.hop)
+        padded = np.zeros(frames * self.hop, np.float32)
+        padded[: len(audio)] = audio
+        if request.marks is not None and self.durations is not None:
+            per_id = np.asarray(outputs[self.durations]).reshape(-1)
+            marks = np.repeat(np.arange(len(per_id)), np.maximum(per_id, 0).astype(np.int64))
+            request.marks.extend(int(m) for m in marks[:frames])
+            request.marks.extend([len(per_id) - 1] * (frames - len(marks)))
+        return padded.reshape(frames, self.hop)
+
+
+class SampleVocoder(Vocoder):
+    """Frames that are already audio ([F, hop] pieces of it) -> samples: exact in any window
+    and any batch. No pause between sentences unless asked (`sentence_silence`), as Piper."""
+
+    def __init__(self, sample_rate: int, hop_length: int) -> None:
+        self.capabilities = VocoderCapabilities(sample_rate, hop_length, batches_exactly=True)
+
+    def vocode(self, frames: np.ndarray, voice: Mapping[str, np.ndarray]) -> np.ndarray:
+        return np.asarray(frames, np.float32).reshape(-1)
+
+    def pause_seconds(self, chunk: Any) -> float:
+        return 0.0
+
+
+class _NoReference:
+    """The encoder of a voice that clones nothing: a reference is refused, naming the voice's
+    own speakers; an encoded voice is a speaker id (`sid`)."""
+
+    output_names = ("sid",)
+    outputs = ()
+
+    def __init__(self, config: VoiceConfig) -> None:
+        self.config = config
+
+    def run(self, feeds: Mapping[str, np.ndarray], output_names: Any = None) -> dict:
+        speakers = ", ".join(self.config.speakers[:10]) or "its one speaker"
+        raise AudioError(
+            f"the Piper voice {self.config.name} speaks its own speakers ({speakers}) and "
+            "clones no reference audio; pass a speaker's name as the voice, or none"
+        )
+
+
+class PiperModel(Model):
+    """One Piper voice (`NAME.onnx` + `NAME.onnx.json`)."""
+
+    sampling_keys = ()  # Piper's randomness is its noise scales, inside the graph
+
+    def __init__(
+        self, config: VoiceConfig, settings: LoadSettings, options: Mapping[str, Any]
+    ) -> None:
+        self.config = config
+        self.load_options = dict(options)
+        proto = read_graph_proto(config.model_path)
+        spec = graph_spec_of(proto, config.model_path)
+        self.multi_speaker = config.num_speakers > 1
+        self._check(spec)
+        self.output_name = next(iter(spec.outputs))
+        durations = _durations_output(proto, spec)
+        with tempfile.TemporaryDirectory(prefix="onnx-tts-piper-") as scratch:
+            path = config.model_path
+            if durations is not None and len(spec.outputs) == 1:
+                path = _with_output(proto, durations, Path(scratch))
+                durations = DURATIONS
+            # The one graph does all the work: it gets every core the settings give.
+            graph = Graph(path, "decode", options=settings.session_options)
+            graphs = load_graphs(GraphSet({"voice": graph}, lm=None), settings)
+            session = graphs["voice"]
+        self._graph_hash = file_sha256(config.model_path)
+        encoder = VoiceEncoder(
+            _NoReference(config),
+            f"piper:{config.name}",
+            config.sample_rate,
+            {},
+            graph_sha256=self._graph_hash,
+        )
+        builtin = {
+            name: {"sid": np.asarray([sid], np.int64)}
+            for name, sid in config.speaker_id_map.items()
+        }
+        default = {"sid": np.asarray([config.default_speaker_id], np.int64)}
+        super().__init__(
+            family=FAMILY,
+            text=PiperText(config, bool(options.get("english_reader", True))),
+            voices=Voices(encoder, lambda: dict(default), builtin if self.multi_speaker else {}),
+            program=PiperProgram(self, session, durations),
+            vocoder=SampleVocoder(config.sample_rate, config.hop_length),
+            graphs=graphs,
+            streaming_defaults=STREAMING,
+        )
+
+    def _check(self, spec: Any) -> None:
+        config, problems = self.config, []
+        for name, dtype in INPUTS.items():
+            declared = spec.inputs.get(name)
+            if declared is None or declared.dtype != np.dtype(dtype):
+                problems.append(f"input {name!r} ({np.dtype(dtype).name})")
+        has_sid = SPEAKER_INPUT in spec.inputs
+        if has_sid != self.multi_speaker:
+            problems.append(
+                f"a speaker input 'sid' {'for' if self.multi_speaker else 'only with'} "
+                f"num_speakers > 1 (the config says {config.num_speakers})"
+            )
+        outputs = list(spec.outputs.values())
+        if not outputs or outputs[0].dtype != np.float32:
+            problems.append("a float32 audio output first")
+        if problems:
+            raise ModelError(
+                f"{config.model_path} is not the Piper voice its config describes: it needs "
+                f"{'; '.join(problems)}"
+            )
+
+    # -- the family's own ----------------------------------------------------------------------
+    def request_options(self, options: Mapping[str, Any]) -> dict[str, Any]:
+        config, given = self.config, {**self.load_options, **options}
+        return {
+            "noise_scale": given.get("noise_scale", config.noise_scale),
+            "length_scale": given.get("length_scale", config.length_scale),
+            "noise_w": given.get("noise_w", config.noise_w),
+            "normalize_audio": given.get("normalize_audio", True),
+            "volume": given.get("volume", 1.0),
+            "english_reader": given.get("english_reader", True),
+        }
+
+    def sampling_defaults(self) -> SamplingOptions:
+        return SamplingOptions(temperature=0.0).checked()
+
+    def info(self) -> dict[str, Any]:
+        config = self.config
+        return {
+            "family": FAMILY,
+            "name": config.name,
+            "path": str(config.model_path),
+            "description": config.description,
+            "sample_rate": self.sample_rate,
+            "kv_mode": self.kv_mode,
+            "language": config.language,
+            "languages": [config.language],
+            "espeak_voice": config.espeak_voice,
+            "phoneme_type": config.phoneme_type,
+            "speakers": list(config.speakers),
+            "english_reader": self.text.english_reader,  # type: ignore[attr-defined]
+            "word_timings": "exact" if self.program.durations else "estimated",  # type: ignore[union-attr]
+            "inference": {
+                "noise_scale": config.noise_scale,
+                "length_scale": config.length_scale,
+                "noise_w": config.noise_w,
+            },
+            "graphs": self.graphs.describe(),
+        }
+
+    def file_hashes(self) -> dict[str, str]:
+        config = self.config
+        return {
+            config.model_path.name: self._graph_hash,
+            config.config_path.name: file_sha256(config.config_path),
+        }
+
+
+def _durations_output(proto: Any, spec: Any) -> str | None:
+    """The graph's phoneme durations: its second output when it has one (a voice patched
+    for alignments), else the output of its one `Ceil` node (the frames of each id)."""
+    names = list(spec.outputs)
+    if len(names) > 1:
+        return names[1]
+    ceils = [node.output[0] for node in proto.graph.node if node.op_type == "Ceil"]
+    return ceils[0] if len(ceils) == 1 else None
+
+
+def _with_output(proto: Any, tensor: str, scratch: Path) -> Path:
+    """The graph with `tensor` also an output (named DURATIONS), written to `scratch`."""
+    import onnx
+
+    proto.graph.node.append(onnx.helper.make_node("Identity", [tensor], [DURATIONS]))
+    proto.graph.output.append(onnx.helper.make_empty_tensor_value_info(DURATIONS))
+    path = scratch / "voice.onnx"
+    onnx.save(proto, str(path))
+    return path
+
+
+__all__ = ["FAMILY", "PiperModel", "PiperProgram", "SampleVocoder"]
