@@ -18,7 +18,7 @@ from typing import Any
 from onnx_tts.bundle import MANIFEST, Bundle
 from onnx_tts.errors import ModelError
 from onnx_tts.families import chatterbox, codec_lm, moss_tts_nano, phoneme_mel, piper
-from onnx_tts.families.base import Detection, Family, LoadSettings, Model, Option
+from onnx_tts.families.base import Detection, Family, FolderModel, LoadSettings, Model, Option
 
 FAMILIES: dict[str, Family] = {
     family.name: family
@@ -95,6 +95,11 @@ def load_model(detection: Detection, settings: LoadSettings, options: Mapping[st
     return family.loader(detection, settings, family.check_options(options, "load"))
 
 
+def folder_scanners() -> dict[str, Callable[[Path], list[FolderModel]]]:
+    """Each folder flag families declare (`Family.folder`) -> how its models are listed."""
+    return {f.folder.option: f.folder.scan for f in FAMILIES.values() if f.folder is not None}
+
+
 def all_options() -> dict[str, Option]:
     """Every family option by name (the CLI makes one flag of each)."""
     options: dict[str, Option] = {}
@@ -115,5 +120,6 @@ __all__ = [
     "all_options",
     "detect",
     "family_of",
+    "folder_scanners",
     "load_model",
 ]

@@ -40,7 +40,7 @@ import numpy as np
 from wyoming.audio import AudioChunk, AudioStart, AudioStop
 from wyoming.error import Error
 from wyoming.event import Event, async_write_event
-from wyoming.info import Describe, Info, TtsProgram, TtsVoice
+from wyoming.info import Describe, Info, TtsProgram, TtsVoice, TtsVoiceSpeaker
 from wyoming.server import AsyncEventHandler, AsyncServer, AsyncTcpServer
 from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop
 
@@ -91,8 +91,9 @@ class WyomingService:
         self.config = config or WyomingConfig()
 
     def stop(self) -> None:
-        for job in list(self.model.jobs.values()):
-            job.cancel()
+        for model in list(self.registry.models.values()):
+            for job in list(model.jobs.values()):
+                job.cancel()
 
     @property
     def model(self) -> SpeechModel:
@@ -119,6 +120,7 @@ class WyomingService:
             )
             for name, description in listed
         ]
+        voices += self._folder_voices()
         return Info(
             tts=[
                 TtsProgram(
@@ -133,17 +135,55 @@ class WyomingService:
             ]
         )
 
+    def _folder_voices(self) -> list[TtsVoice]:
+        """Each model of a folder (`--piper-voices`) as a voice of its own: its name, its
+        languages and its speakers, as wyoming-piper lists a data directory."""
+        return [
+            TtsVoice(
+                name=name,
+                description=entry.description or name,
+                attribution=ATTRIBUTION,
+                installed=True,
+                version=None,
+                languages=list(entry.languages),
+                speakers=[TtsVoiceSpeaker(name=s) for s in entry.speakers] or None,
+            )
+            for name, entry in self.registry.folder_models.items()
+        ]
+
+    def _chosen(self, speech: Speech) -> tuple[SpeechModel, str | None]:
+        """The model a request names (a folder's model by its name, loaded now if need be;
+        else the default) and the voice to ask it for (the speaker of a model by name)."""
+        name = speech.voice
+        if name and name != self.model.name and name in self.registry.folder_models:
+            model = self.registry.get(name)
+            assert model is not None
+        elif name and name == self.model.name:
+            model = self.model
+        else:
+            return self.model, speech.speaker if speech.speaker and not name else name
+        if speech.speaker and speech.speaker not in model.builtin_voices:
+            speakers = ", ".join(model.builtin_voices[:10]) or "none: it has one speaker"
+            raise VoiceRefused(
+                f"voice {name!r} has no speaker {speech.speaker!r}; its speakers: {speakers}",
+                "voice_not_found",
+            )
+        return model, speech.speaker
+
     def plan(self, speech: Speech) -> Generation:
         """A generation of `speech` (voice None: the model's default voice); reads the voice
         store, so it runs in a worker thread. VoiceRefused with a one-line reason for a voice
         that reaches nothing, several voices, or a stored voice that is refused, and for a
         language the model does not speak."""
-        model = self.model
-        options = self._language_options(speech.language)
+        try:
+            model, voice = self._chosen(speech)
+        except OnnxTTSError as error:  # a folder's model that fails to load
+            raise VoiceRefused(one_line(error), "voice_refused") from None
+        options = self._language_options(model, speech.language)
         voice_audio = None
-        if speech.voice:
+        if voice:
             try:
-                voice_audio = voice_to_speak(self.voices, self.registry, model, speech.voice)
+                voice_audio = voice_to_speak(self.voices, self.registry, model, voice)
             except (VoiceNameError, VoiceStoreError) as error:
                 raise VoiceRefused(str(error), error.code) from None
             except OnnxTTSError as error:
@@ -160,12 +200,11 @@ class WyomingService:
             sentence_silence=speech.sentence_silence,
         )
 
-    def _language_options(self, language: str | None) -> dict[str, Any]:
+    def _language_options(self, model: SpeechModel, language: str | None) -> dict[str, Any]:
         """The model options for a requested language: a multilingual model takes it as its
         `language` option (the engine checks it); any other must speak it already."""
         if not language:
             return {}
-        model = self.model
         if "language" in model.options:
             return {"language": language}
         spoken = model.languages
