@@ -27,7 +27,7 @@ from onnx_tts.vocoder import STREAMING_KEYS
 
 # Names OpenAI clients send for "the server's default model".
 DEFAULT_MODEL_ALIASES = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts", "onnx-tts", "default")
-# Models of a folder (`--piper-voices`-like flags) loaded at once at most, besides the default:
+# Models of a folder (a family's folder flag) loaded at once at most, besides the default:
 # the least recently used idle one is let go for the next (a joe-size voice holds ~150 MB).
 MAX_LOADED_FOLDER_MODELS = 3
 

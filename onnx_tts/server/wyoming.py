@@ -136,8 +136,9 @@ class WyomingService:
         )
 
     def _folder_voices(self) -> list[TtsVoice]:
-        """Each model of a folder (`--piper-voices`) as a voice of its own: its name, its
-        languages and its speakers, as wyoming-piper lists a data directory."""
+        """Each model of a folder (a family's folder flag) as a voice of its own: its name,
+        its languages and its speakers, as the reference Wyoming TTS server lists its data
+        directory."""
         return [
             TtsVoice(
                 name=name,
