@@ -195,7 +195,7 @@ def model_options(engine: onnx_tts.Engine) -> dict[str, type]:
 class ModelRegistry:
     """Models by name; the first one loaded is the default. Loading runs in the background so
     /health can say 503 until every model is ready. Models of a folder (`folders`: a family's
-    folder flag -> its directory, e.g. a wyoming-piper data directory) are listed at once and
+    folder flag -> its directory, e.g. a Home Assistant voices folder) are listed at once and
     loaded when first asked for (`get`), at most MAX_LOADED_FOLDER_MODELS of them at a time;
     without --model the folder's first model is the default."""
 
