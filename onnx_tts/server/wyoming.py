@@ -496,7 +496,7 @@ def run(args: argparse.Namespace) -> int:
     cannot load or an address in use."""
     from onnx_tts.cache.codec import resolve_cache_secret
     from onnx_tts.config import from_flags
-    from onnx_tts.flags import engine_configs, family_options
+    from onnx_tts.flags import engine_configs, family_options, folder_options
     from onnx_tts.server.app import default_voices_dir
     from onnx_tts.server.cli import configure_logging
     from onnx_tts.server.redis_voices import open_voice_store
@@ -516,7 +516,12 @@ def run(args: argparse.Namespace) -> int:
         return 2
     configure_logging(config.log_level, config.log_json)
     registry = ModelRegistry(
-        [engine.model], engine, caches, family_options(args), max_streams=config.max_streams
+        [engine.model],
+        engine,
+        caches,
+        family_options(args),
+        max_streams=config.max_streams,
+        folders=folder_options(args),
     )
     try:
         registry.load_all()

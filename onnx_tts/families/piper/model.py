@@ -37,7 +37,7 @@ from onnx_tts.session import Session
 FAMILY = "piper"
 INPUTS = {"input": np.int64, "input_lengths": np.int64, "scales": np.float32}
 SPEAKER_INPUT = "sid"
-DURATIONS = "durations"  # how the session names the graph's phoneme durations
+DURATIONS = "onnx_tts_durations"  # the name the session gives the graph's phoneme durations
 # Streamed windows of finished audio: the first after 8 frames (~0.1 s), then every 64.
 STREAMING = {
     "first_chunk_frames": 8,

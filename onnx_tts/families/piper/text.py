@@ -56,9 +56,10 @@ class PiperText(TextFrontend):
         self.space_ids = set(self.id_map.get(" ", ()))
 
     # -- phonemes ------------------------------------------------------------------------------
-    def sentences(self, text: str) -> list[tuple[list[str], str]]:
+    def sentences(self, text: str, reader: bool | None = None) -> list[tuple[list[str], str]]:
         """(phonemes, words) of each sentence of `text`, as piper-tts phonemizes it (with the
-        English reader first where it applies)."""
+        English reader first where it applies: an English voice, `reader` not False)."""
+        reader = self.english_reader and reader is not False
         if self.phonemizer is None:  # phoneme_type "text": the codepoints, one sentence
             return [(list(unicodedata.normalize("NFD", text)), text)]
         sentences: list[tuple[list[str], str]] = []
@@ -76,7 +77,7 @@ class PiperText(TextFrontend):
                     phonemes.append(" ")
                 after_block = True
                 continue
-            found = self._espeak_sentences(part)
+            found = self._espeak_sentences(part, reader)
             if after_block and found:
                 phonemes, words = sentences[-1]
                 phonemes.extend(found[0][0])
@@ -86,10 +87,10 @@ class PiperText(TextFrontend):
             after_block = False
         return [(phonemes, words) for phonemes, words in sentences if phonemes]
 
-    def _espeak_sentences(self, text: str) -> list[tuple[list[str], str]]:
+    def _espeak_sentences(self, text: str, reader: bool) -> list[tuple[list[str], str]]:
         if not text:
             return []
-        if self.english_reader:
+        if reader:
             text = normalize_text(text)
         assert self.phonemizer is not None
         sentences: list[tuple[list[str], str]] = []
@@ -141,7 +142,7 @@ class PiperText(TextFrontend):
     # -- the contract --------------------------------------------------------------------------
     def chunks(self, text: str, options: Mapping[str, Any]) -> list[PiperChunk]:
         chunks = []
-        for phonemes, words in self.sentences(text):
+        for phonemes, words in self.sentences(text, options.get("english_reader")):
             for piece in _bounded(phonemes):
                 ids = self.ids(piece)
                 if len(ids) > 3:  # more than ^ _ $: something to say
