@@ -4,7 +4,8 @@ the `DirectScheduler` runs those calls, most urgent first, on one worker thread.
 
 It is the decode stage of such a model, with the `DecodeScheduler`'s face (submit, wake, idle,
 stats, close, policy), so the engine, its vocoder stage and the servers treat both alike. A
-request alone is a call of one; calls are not batched: a family whose graph batches several
+request alone is a call of one; the program's `workers` calls run at once; calls are not
+batched: a family whose graph batches several
 chunks exactly would say so here first (none does yet: padded VITS rows differ from the row
 alone, see docs/MODELS.md).
 """
@@ -30,7 +31,11 @@ DEFAULT_MAX_WAITING = 1024
 
 
 class DirectProgram(ABC):
-    """A family's generation when one call makes all of a chunk's frames."""
+    """A family's generation when one call makes all of a chunk's frames. `workers`: calls
+    that may run at once (each on its own thread; e.g. one per core for a graph run with one
+    intra-op thread)."""
+
+    workers: int = 1
 
     @abstractmethod
     def frames(self, request: Request) -> np.ndarray:
@@ -38,7 +43,8 @@ class DirectProgram(ABC):
 
 
 class DirectScheduler:
-    """Runs a DirectProgram for every request of one model (module docstring)."""
+    """Runs a DirectProgram for every request of one model (module docstring): `workers`
+    threads, each taking the most urgent waiting request."""
 
     slots = None  # no KV slot buffers: nothing decodes in rows
     batching_unavailable = "one call per chunk: the graph makes a sentence at once"
@@ -54,10 +60,10 @@ class DirectScheduler:
         self.max_waiting = max_waiting
         self.policy = make_policy(policy)
         self.waiting: list[Request] = []
-        self.running: Request | None = None
+        self.running: list[Request] = []
         self._cv = threading.Condition()
         self._closed = False
-        self._thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
         self._stats: dict[str, Any] = {
             "requests": 0,
             "steps": 0,
@@ -83,11 +89,13 @@ class DirectScheduler:
                 )
             self.waiting.append(request)
             self._stats["requests"] += 1
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name="onnx-tts-direct", daemon=True
-                )
-                self._thread.start()
+            if not self._threads:
+                for index in range(max(1, self.program.workers)):
+                    thread = threading.Thread(
+                        target=self._run, name=f"onnx-tts-direct-{index}", daemon=True
+                    )
+                    thread.start()
+                    self._threads.append(thread)
             self._cv.notify()
         return request.sink
 
@@ -97,7 +105,7 @@ class DirectScheduler:
 
     def idle(self) -> bool:
         with self._cv:
-            return not self.waiting and self.running is None
+            return not self.waiting and not self.running
 
     def stats(self) -> dict[str, Any]:
         with self._cv:
@@ -109,7 +117,7 @@ class DirectScheduler:
                 "slot_bytes": 0,
                 "slot_grows": 0,
                 "queued": len(self.waiting),
-                "active_rows": int(self.running is not None),
+                "active_rows": len(self.running),
                 "prefilling": 0,
                 "mean_batch": 1.0 if steps else 0.0,
                 **self._stats,
@@ -118,9 +126,10 @@ class DirectScheduler:
     def close(self) -> None:
         with self._cv:
             self._closed = True
-            self._cv.notify()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join()
+            self._cv.notify_all()
+        for thread in self._threads:
+            if thread is not threading.current_thread():
+                thread.join()
 
     # -- worker ------------------------------------------------------------------------------
     def _next(self) -> Request | None:
@@ -139,7 +148,7 @@ class DirectScheduler:
             if request.cancel.cancelled:
                 _tell(request.sink.end, None)
                 continue
-            self.running = request
+            self.running.append(request)
             return request
 
     def _run(self) -> None:
@@ -157,7 +166,7 @@ class DirectScheduler:
             else:
                 failure = None
             with self._cv:
-                self.running = None
+                self.running.remove(request)
                 self._stats["busy_seconds"] += time.perf_counter() - started
                 if frames is not None:
                     self._stats["steps"] += 1

@@ -14,6 +14,7 @@ it voices and words are timed exactly; a graph without one `Ceil` gets estimated
 
 from __future__ import annotations
 
+import os
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -141,7 +142,9 @@ class PiperModel(Model):
             if durations is not None and len(spec.outputs) == 1:
                 path = _with_output(proto, durations, Path(scratch))
                 durations = DURATIONS
-            # The one graph does all the work: it gets every core the settings give.
+            # The one graph does all the work: it gets every core the settings give (--threads
+            # 0: ORT's choice, one call at a time); with N threads per call, cores / N calls
+            # run at once (--threads 1 on 2 cores: two sentences side by side).
             graph = Graph(path, "decode", options=settings.session_options)
             graphs = load_graphs(GraphSet({"voice": graph}, lm=None), settings)
             session = graphs["voice"]
@@ -158,11 +161,15 @@ class PiperModel(Model):
             for name, sid in config.speaker_id_map.items()
         }
         default = {"sid": np.asarray([config.default_speaker_id], np.int64)}
+        threads = settings.session_options.intra_op_threads
+        program = PiperProgram(self, session, durations)
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+        program.workers = max(1, cores // threads) if threads > 0 else 1
         super().__init__(
             family=FAMILY,
             text=PiperText(config, bool(options.get("english_reader", True))),
             voices=Voices(encoder, lambda: dict(default), builtin if self.multi_speaker else {}),
-            program=PiperProgram(self, session, durations),
+            program=program,
             vocoder=SampleVocoder(config.sample_rate, config.hop_length),
             graphs=graphs,
             streaming_defaults=STREAMING,
