@@ -152,15 +152,13 @@ def run(rounds: int, wer: bool) -> dict[str, Any]:
         v for k, v in medians.items() if k.startswith("piper-tts") and ("8 " in k) and "s/s" in k
     )
     result["summary"] = {
-        "1 request: onnx-tts / piper-tts best (audio s/s)": round(
-            medians["onnx-tts: 1 request audio s/s"] / piper_one, 3
-        ),
-        "first audio of 5 sentences: onnx-tts / piper-tts best": round(
-            medians["onnx-tts: first audio s"] / piper_first, 3
-        ),
-        "8 concurrent: onnx-tts / piper-tts best (audio s/s)": round(
-            medians["onnx-tts: 8 concurrent audio s/s"] / piper_many, 3
-        ),
+        f"{name}: {what}": round(medians[f"onnx-tts {name}: {key}"] / base, 3)
+        for name in engines
+        for what, key, base in (
+            ("1 request, audio s/s vs piper-tts best", "1 request audio s/s", piper_one),
+            ("first audio, s vs piper-tts best", "first audio s", piper_first),
+            ("8 concurrent, audio s/s vs piper-tts best", "8 concurrent audio s/s", piper_many),
+        )
     }
     if wer:
         result["wer"] = _wer(texts, voices["default"], engine)

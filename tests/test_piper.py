@@ -347,3 +347,31 @@ def test_wyoming_describes_every_voice_and_speaks_one_by_name(tmp_path, voices):
     chunks = [AudioChunk.from_event(e) for e in events if AudioChunk.is_type(e.type)]
     assert start.rate == 22050 and sum(len(c.audio) for c in chunks) > 0
     assert "Traceback" not in live.log()
+
+
+def test_whisper_wer_through_the_server_is_piper_tts_s(tmp_path, reference):
+    """Whisper tiny.en on the 40 held-out sentences: joe through `onnx-tts serve` (its English
+    reader on, as it ships) against piper-tts on the same text. Noise scales 0 on both sides,
+    so each side's audio is one fixed answer, not a draw."""
+    import httpx
+    import soxr
+
+    from export.voice.evaluate import Transcriber, corpus_wer
+
+    texts = sentences("en")
+    whisper = Transcriber()
+    live = LiveServer(tmp_path, "--model", str(JOE))
+    try:
+        served = []
+        for text in texts:
+            body = {"input": text, "response_format": "pcm", "sample_rate": 16000, **QUIET}
+            reply = httpx.post(f"{live.url}/v1/audio/speech", json=body, timeout=120)
+            assert reply.status_code == 200, reply.text
+            served.append(np.frombuffer(reply.content, "<i2").astype(np.float32) / 32768)
+    finally:
+        live.stop()
+    ours = corpus_wer(texts, [whisper(audio) for audio in served])
+    theirs = corpus_wer(
+        texts, [whisper(soxr.resample(piper_audio(reference, t), 22050, 16000)) for t in texts]
+    )
+    assert ours <= theirs + 0.005, (ours, theirs)
