@@ -12,9 +12,11 @@ alone, see docs/MODELS.md).
 
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
 import time
+import weakref
 from abc import ABC, abstractmethod
 from typing import Any
 
@@ -28,6 +30,15 @@ log = logging.getLogger("onnx_tts.decoding")
 
 # Requests waiting beyond this many are refused (as the decode scheduler's queue).
 DEFAULT_MAX_WAITING = 1024
+# Schedulers whose workers may be inside an ONNX Runtime run: stopped at interpreter exit (a
+# daemon thread still in a run when the runtime's statics go aborts the process).
+_LIVE: weakref.WeakSet[DirectScheduler] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_live_schedulers() -> None:
+    for scheduler in list(_LIVE):
+        scheduler.close()
 
 
 class DirectProgram(ABC):
@@ -96,6 +107,7 @@ class DirectScheduler:
                     )
                     thread.start()
                     self._threads.append(thread)
+                _LIVE.add(self)
             self._cv.notify()
         return request.sink
 
