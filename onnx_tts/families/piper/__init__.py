@@ -11,7 +11,16 @@ from pathlib import Path
 from typing import Any
 
 from onnx_tts.errors import ModelError
-from onnx_tts.families.base import Detection, Family, FolderModel, LoadSettings, ModelFolder, Option
+from onnx_tts.families.base import (
+    Detection,
+    Family,
+    FolderModel,
+    LoadSettings,
+    ModelFiles,
+    ModelFolder,
+    Option,
+)
+from onnx_tts.families.files import Check, GraphFile, Hint
 from onnx_tts.families.piper.model import FAMILY, PiperModel
 from onnx_tts.families.piper.voice_config import VoiceConfig, read_voice_config, voice_files
 
@@ -81,6 +90,22 @@ def folder_voices(root: Path) -> list[FolderModel]:
     return models
 
 
+def voice_files_of(detection: Detection) -> ModelFiles:
+    """A voice for the offline tools: its one graph, run once per sentence ("call"), checked
+    on random ids of its symbols at noise 0 (its noise is drawn inside the graph)."""
+    config: VoiceConfig = detection.inspected
+    hints = {
+        "input": Hint(low=3, high=config.num_symbols),
+        "input_lengths": Hint(length_of=("input", 1)),
+        "scales": Hint(value=0.0, shape=(3,)),
+    }
+    if config.num_speakers > 1:
+        hints["sid"] = Hint(high=config.num_speakers)
+    check = Check("calls", ("voice",), hints, {"batch_size": 1, "phonemes": 40})
+    graph = GraphFile("voice", config.model_path.name, runs="call", check=check)
+    return ModelFiles(config.model_path.parent, {"": config.model_path.parent}, (graph,))
+
+
 def load(detection: Detection, settings: LoadSettings, options: Mapping[str, Any]) -> PiperModel:
     return PiperModel(detection.inspected, settings, options)
 
@@ -90,6 +115,7 @@ REGISTRY_ENTRY = Family(
     summary="Piper VITS voices (NAME.onnx + NAME.onnx.json), as piper-tts runs them",
     loader=load,
     options=OPTIONS,
+    files=voice_files_of,
     folder=ModelFolder(
         "piper_voices",
         "a folder of Piper voices (a wyoming-piper data directory): each voice is a model, "
