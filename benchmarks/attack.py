@@ -54,6 +54,7 @@ sys.path.insert(0, str(REPO))
 from benchmarks.attack_cases import CASES  # noqa: E402
 from benchmarks.attack_live import LIVE_CASES  # noqa: E402
 from benchmarks.attack_round4 import ROUND_FOUR  # noqa: E402, F401 (adds its categories)
+from benchmarks.attack_round5 import ROUND_FIVE  # noqa: E402, F401 (adds its categories)
 from benchmarks.results_io import write_json  # noqa: E402
 
 MODELS = REPO / "onnx_tts" / "models"
@@ -887,6 +888,12 @@ CATEGORY_HELP = {
     "wyoming-conn": "Wyoming clients that half-close, send part of an event, or nothing",
     "cache-files": "cache entries that are FIFOs, device links, links out, sparse files",
     "process": "every terminating signal, closed stdio, store I/O, cut and malformed bodies",
+    "markup": "SSML however a document begins, DOCTYPEs after it, lone punctuation, bad [[ ]]",
+    "captions": "audio and captions as one file, a full disk, cue escaping, units, punctuation",
+    "timings": "word timings where espeak-ng merges words, at every speed, never past the sound",
+    "reader": "protocols, time ranges, handles and hashtags, ratios, rates per unit",
+    "tools": "convert / quantize: links out, FIFOs, bad weights, OUT inside IN, full disks",
+    "round5": "Wyoming values and streamed text, lengthened names, server signals, link loops",
 }
 
 

@@ -2072,12 +2072,19 @@ def _close_random_64_sync(engine: Any, threads_before: int) -> str:
     errors: list[str] = []
 
     def client(index: int) -> None:
+        from onnx_tts.errors import CancelledError
+
         try:
             stream = engine.stream(PIPELINE_TEXTS[index % 4], seed=index, cancel=tokens[index])
             for count, _ in enumerate(stream):
                 if index % 3 == 0 and count == 1:
                     tokens[index].cancel()
             stream.close()
+            if tokens[index].cancelled:
+                errors.append("a cancelled stream ended as if it were whole")
+        except CancelledError:
+            if not tokens[index].cancelled:
+                errors.append("a stream nobody cancelled ended as cancelled")
         except Exception as error:
             errors.append(f"{type(error).__name__}: {error}")
 

@@ -63,6 +63,7 @@ if __package__ in (None, ""):  # run as a script: make `benchmarks` and `onnx_tt
 from benchmarks.live_server import LiveServer, ServerFailed
 from benchmarks.results_io import load_average, machine_info, save_figure, write_json
 from onnx_tts.decoding.request import PlaybackClock
+from onnx_tts.server.encoding import wav_stream_header
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 TEXTS = (
@@ -104,10 +105,12 @@ STAGE_METRICS = ("onnx_tts_stage_busy_seconds", "onnx_tts_stage_items", "onnx_tt
 
 
 # -- one client -----------------------------------------------------------------------------------
-def stream_once(client: httpx.Client, url: str, text: str, stop_at: float) -> dict[str, Any]:
-    """One streamed request, played by a 100 ms-buffer player and a strict one; cut at
-    `stop_at` (perf_counter) if still playing."""
-    body = {"input": text, "response_format": "pcm", "stream_format": "audio"}
+def stream_once(
+    client: httpx.Client, url: str, text: str, stop_at: float, response_format: str = "pcm"
+) -> dict[str, Any]:
+    """One streamed request (`pcm` or `wav`), played by a 100 ms-buffer player and a strict
+    one; cut at `stop_at` (perf_counter) if still playing."""
+    body = {"input": text, "response_format": response_format, "stream_format": "audio"}
     player, strict = PlaybackClock(PLAYER_BUFFER_S), PlaybackClock(0.0)
     start = time.perf_counter()
     first: float | None = None
@@ -125,15 +128,22 @@ def stream_once(client: httpx.Client, url: str, text: str, stop_at: float) -> di
                     outcome["error"] = f"HTTP {response.status_code}: {response.text[:120]}"
             else:
                 rate = int(response.headers["x-sample-rate"])
+                channels = int(response.headers.get("x-channels", "1"))
+                header = len(wav_stream_header(rate, channels)) if response_format == "wav" else 0
                 for chunk in response.iter_bytes():
                     now = time.perf_counter()
                     if now >= stop_at:
                         outcome["cut"] = True
                         break
+                    if header:  # a WAV's header is not audio
+                        skipped, header = min(header, len(chunk)), header - min(header, len(chunk))
+                        chunk = chunk[skipped:]
+                        if not chunk:
+                            continue
                     if first is None:
                         first = now - start
-                    received += len(chunk)
-                    seconds = len(chunk) / 2 / rate
+                    received += len(chunk) / channels
+                    seconds = len(chunk) / channels / 2 / rate
                     player.chunk(now, seconds)
                     strict.chunk(now, seconds)
     except httpx.HTTPError as failure:
@@ -188,6 +198,129 @@ def run_level(url: str, clients: int, window: float) -> dict[str, Any]:
         "tail_s": tail,
         "loadavg_1m": [round(load_before, 2), round(load_after, 2)],
     }
+
+
+def run_burst(url: str, clients: int, requests: int, texts: tuple[str, ...]) -> dict[str, Any]:
+    """`clients` players that start at the same moment, each streaming `requests` WAV
+    requests one after another (texts in turn): time to first audio of every request, the
+    first wave's apart, and the players' underruns."""
+    results: list[dict[str, Any]] = []
+    lock = threading.Lock()
+    barrier = threading.Barrier(clients)
+
+    def client_thread(index: int) -> None:
+        with httpx.Client(timeout=httpx.Timeout(600.0, connect=30.0)) as client:
+            barrier.wait()
+            for n in range(requests):
+                text = texts[(index * requests + n) % len(texts)]
+                outcome = stream_once(client, url, text, float("inf"), "wav")
+                with lock:
+                    results.append({**outcome, "wave": n})
+
+    load_before = os.getloadavg()[0]
+    started = time.perf_counter()
+    threads = [threading.Thread(target=client_thread, args=(i,)) for i in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    wall = time.perf_counter() - started
+    admitted = [r for r in results if r["status"] == 200]
+    ttfa = [r["ttfa_s"] for r in admitted if r["ttfa_s"] is not None]
+    first_wave = [r["ttfa_s"] for r in admitted if r["ttfa_s"] is not None and r["wave"] == 0]
+    return {
+        "clients": clients,
+        "requests": len(results),
+        "admitted": len(admitted),
+        "refused": sum(1 for r in results if r["status"] == 429),
+        "errors": sum(1 for r in results if r["error"]),
+        "wall_s": wall,
+        "audio_s": sum(r["audio_s"] for r in results),
+        "ttfa_p50_s": percentile(ttfa, 0.50),
+        "ttfa_p95_s": percentile(ttfa, 0.95),
+        "ttfa_max_s": max(ttfa) if ttfa else None,
+        "first_wave_p95_s": percentile(first_wave, 0.95),
+        "ttfa_s": sorted(ttfa),
+        "underruns": sum(r["underruns"] for r in admitted),
+        "underrun_s": sum(r["underrun_s"] for r in admitted),
+        "strict_underruns": sum(r["strict_underruns"] for r in admitted),
+        "loadavg_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+    }
+
+
+BURST_METRICS = (
+    "ttfa_p50_s",
+    "ttfa_p95_s",
+    "ttfa_max_s",
+    "first_wave_p95_s",
+    "underruns",
+    "strict_underruns",
+    "refused",
+    "errors",
+)
+
+
+def bench_burst(args: argparse.Namespace, name: str, model: str | None) -> dict[str, Any]:
+    """Bursts of `--burst` clients that start together (`--burst-requests` WAV requests
+    each, held-out sentences) against every server, `--rounds` rounds, the servers' order
+    alternating; each number the median over the rounds with its spread."""
+    from benchmarks.bench_api import SENTENCES
+
+    workdir = tempfile.TemporaryDirectory(prefix="onnx-tts-bench-burst-")
+    servers = start_servers(args, model, Path(workdir.name))
+    raw: dict[str, list[dict[str, Any]]] = {label: [] for label in servers}
+    try:
+        for server in servers.values():
+            warm_up(server.url, args.burst)
+        for round_index in range(args.rounds):
+            labels = list(servers)
+            if round_index % 2:
+                labels.reverse()
+            for label in labels:
+                settle(servers[label].url)
+                # Each round its own sentences (no request repeats one of the round before).
+                shift = round_index * args.burst * args.burst_requests
+                texts = SENTENCES[shift % len(SENTENCES) :] + SENTENCES[: shift % len(SENTENCES)]
+                burst = run_burst(servers[label].url, args.burst, args.burst_requests, texts)
+                burst["round"] = round_index
+                raw[label].append(burst)
+                print(_burst_line(name, label, burst, round_index), flush=True)
+    finally:
+        for server in servers.values():
+            server.stop()
+        workdir.cleanup()
+    out: dict[str, Any] = {}
+    for label, bursts in raw.items():
+        summary: dict[str, Any] = {"spread": {}}
+        for key in BURST_METRICS:
+            values = [b[key] for b in bursts if b.get(key) is not None]
+            summary[key] = statistics.median(values) if values else None
+            if values:
+                summary["spread"][key] = [min(values), max(values)]
+        summary["rounds"] = bursts
+        summary["goal_ttfa_p95_met"] = (
+            summary["ttfa_p95_s"] is not None and summary["ttfa_p95_s"] <= GOAL_TTFA_P95_S
+        )
+        summary["goal_no_underruns_met"] = summary["spread"].get("underruns", [0, 0])[1] == 0
+        out[label] = summary
+    return {
+        "model": model or "bundled default voice",
+        "clients": args.burst,
+        "requests_per_client": args.burst_requests,
+        "rounds": args.rounds,
+        "server_args": {label: args_of(args, label) for label in servers},
+        "servers": out,
+    }
+
+
+def _burst_line(model: str, label: str, burst: dict[str, Any], round_index: int) -> str:
+    return (
+        f"[bench-serve] {model:5s} r{round_index} {label:16s} burst of {burst['clients']}: "
+        f"TTFA p50/p95/max {_ms(burst['ttfa_p50_s'])}{_ms(burst['ttfa_p95_s'])}"
+        f"{_ms(burst['ttfa_max_s'])} ms (first wave p95 {_ms(burst['first_wave_p95_s'])} ms)  "
+        f"underruns {burst['underruns']} (strict {burst['strict_underruns']})  refused "
+        f"{burst['refused']}  errors {burst['errors']}  load {burst['loadavg_1m'][1]}"
+    )
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -646,6 +779,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--rounds", type=int, default=ROUNDS, help="rounds of every level (3)")
     parser.add_argument(
+        "--burst",
+        type=int,
+        default=0,
+        help="instead of the steady levels: bursts of this many clients that start together "
+        "(WAV, held-out sentences; beside the steady-state levels, which start clients apart)",
+    )
+    parser.add_argument(
+        "--burst-requests", type=int, default=3, help="--burst: requests per client (3)"
+    )
+    parser.add_argument(
         "--markdown", type=Path, help="write the summary as the Serving section of this file"
     )
     parser.add_argument("--json", type=Path)
@@ -671,6 +814,8 @@ def main(argv: list[str] | None = None) -> int:
         args.rounds = 1
     if not args.levels or min(args.levels) < 1 or max(args.levels) > 256:
         parser.error("client counts must be 1-256")
+    if args.burst:
+        return main_burst(args, models)
     suffix = "_quick" if args.quick else ""
     args.json = args.json or RESULTS_DIR / f"serve{suffix}.json"
     args.plot = args.plot or args.json.with_suffix(".png")
@@ -705,6 +850,44 @@ def main(argv: list[str] | None = None) -> int:
         write_serving_section(args.markdown, args.json.parent)
     print(json.dumps(results["goals"], indent=2))
     print(f"results: {args.json}, {args.plot}")
+    return 0
+
+
+def main_burst(args: argparse.Namespace, models: list[str]) -> int:
+    """`--burst`: the burst runs of every model, their goals (time to first audio p95 within
+    150 ms, no underrun in any round) printed and written to serve_burst.json."""
+    if not 1 <= args.burst <= 256 or not 1 <= args.burst_requests <= 100:
+        raise SystemExit("--burst must be 1-256 clients and --burst-requests 1-100")
+    results: dict[str, Any] = {
+        "benchmark": "serve --burst",
+        "machine": machine_info(),
+        "player_buffer_s": PLAYER_BUFFER_S,
+        "before": {"python": args.before_python, "repo": args.before_repo},
+        "after_server_args": args.server_args,
+        "variants": dict(args.variants),
+        "models": {},
+    }
+    for name in models:
+        model = None
+        if name == "turbo":
+            from benchmarks.serve_models import turbo_bundle
+
+            model = str(turbo_bundle())
+        results["models"][name] = bench_burst(args, name, model)
+    results["machine"]["loadavg_end"] = load_average()
+    path = args.json or RESULTS_DIR / "serve_burst.json"
+    write_json(path, results)
+    for name, data in results["models"].items():
+        for label, server in data["servers"].items():
+            p95, spread = server["ttfa_p95_s"], server["spread"].get("ttfa_p95_s", [0, 0])
+            print(
+                f"{name} {label}: TTFA p95 {_ms(p95)} ms ({1000 * spread[0]:.0f}-"
+                f"{1000 * spread[1]:.0f}), underruns {server['underruns']} (max "
+                f"{server['spread'].get('underruns', [0, 0])[1]}); goals: p95 <= 150 ms "
+                f"{'met' if server['goal_ttfa_p95_met'] else 'NOT met'}, no underruns "
+                f"{'met' if server['goal_no_underruns_met'] else 'NOT met'}"
+            )
+    print(f"results: {path}")
     return 0
 
 

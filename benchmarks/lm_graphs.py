@@ -3,7 +3,8 @@
 Each benchmark shape gets two ONNX graphs that share one set of random weights:
 
 - ``concat.onnx``: a transformers ``GPT2LMHeadModel`` / ``LlamaForCausalLM`` with random init,
-  exported by optimum-onnx (``text-generation-with-past``), i.e. the Concat-KV layout that
+  exported in optimum's ``text-generation-with-past`` layout (export/hf_causal_lm.py), i.e. the
+  Concat-KV layout that
   third-party LMs are published in. Inputs ``input_ids``, ``attention_mask``, ``position_ids``,
   ``past_key_values.N.key|value``; outputs ``logits``, ``present.N.key|value``.
 - ``gqa.onnx``: the same weights read out of the torch model and written as a graph with
@@ -14,7 +15,7 @@ Each benchmark shape gets two ONNX graphs that share one set of random weights:
 
 Exports are cached under ``~/.cache/onnx-tts/bench-graphs/<config-hash>/`` (override with
 ``ONNX_TTS_BENCH_CACHE``): the fp32 graphs of the full-size shapes are 1.4-2 GB each.
-torch, transformers and optimum-onnx are needed only to build graphs (the ``export`` extra).
+torch and transformers are needed only to build graphs (the ``export`` extra).
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ import json
 import os
 import shutil
 import tempfile
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -163,21 +163,16 @@ def build_torch_model(shape: LMShape) -> Any:
 
 
 def export_concat(model: Any, out_dir: Path) -> Path:
-    """Export the model the way third-party LMs are published: optimum-onnx, with past."""
+    """Export the model the way third-party LMs are published: optimum's with-past layout
+    (export/hf_causal_lm.py, the model's own attention code, Concat-grown cache)."""
     try:
-        from optimum.exporters.onnx import onnx_export_from_model
+        from export.hf_causal_lm import export_with_past
     except ImportError as exc:  # the runtime install does not carry the exporter
         raise ModelError(
-            "building benchmark graphs needs optimum-onnx; install the export extra "
-            "(pip install 'onnx-tts[export]')"
+            "building benchmark graphs needs torch and transformers; install the export "
+            "extra (pip install 'onnx-tts[export]')"
         ) from exc
-    export_dir = out_dir / "optimum"
-    with warnings.catch_warnings():  # tracer chatter about a random-init model, not actionable
-        warnings.simplefilter("ignore")
-        onnx_export_from_model(
-            model, export_dir, task="text-generation-with-past", do_validation=False
-        )
-    return export_dir / "model.onnx"
+    return export_with_past(model, out_dir / "optimum")
 
 
 # ---------------------------------------------------------------- GQA graph writer

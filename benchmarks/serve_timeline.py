@@ -18,8 +18,9 @@ records meet), and prints, per phase, the median / p95 of every request's time:
   decoded -> polled           the job's task wakes up (event loop)
   polled -> client byte       encode, send, client receive
 
-Experiment (environment of this script): TIMELINE_MIN_LEAD=S sets the deadline policy's lead
-rule.
+Experiments (environment of this script): TIMELINE_MIN_LEAD=S sets the deadline policy's lead
+rule; TIMELINE_LEADS_OF_ALL=1 has every playing listener hold new streams back (also one that
+started after the new request arrived: the rule before issue 43).
 
 Both processes read CLOCK_MONOTONIC (`time.perf_counter` on Linux), so client and server
 times are on one clock. `--py-spy` records a profile of the server meanwhile (py-spy from
@@ -222,8 +223,8 @@ def install_hooks(trace_path: str) -> None:
 
     samples: list[tuple] = []
 
-    def room(self: Admission) -> bool:
-        allowed = original_room(self)
+    def room(self: Admission, arrived: float | None = None) -> bool:
+        allowed = original_room(self, arrived)
         if not samples or time.perf_counter() - samples[-1][0] > 0.25:
             samples.append(
                 (time.perf_counter(), self.active, self._capacity, self._limit, self.stalls())
@@ -280,14 +281,24 @@ def serve_main(argv: list[str]) -> int:
         defaults = DeadlinePolicy.__init__.__defaults__
         assert defaults is not None
         DeadlinePolicy.__init__.__defaults__ = (*defaults[:2], float(min_lead))
+    if os.environ.get("TIMELINE_LEADS_OF_ALL"):  # an experiment: the lead rule before issue
+        # 43 (every playing listener holds a new stream back, also one that started after it)
+        from onnx_tts.server.engines import SpeechModel
+
+        lead = SpeechModel.lead
+        SpeechModel.lead = lambda self, arrived=None: lead(self, None)  # type: ignore[method-assign]
     from onnx_tts.cli import main
 
     return main(["serve", *argv[1:]])
 
 
 # -- the client side ---------------------------------------------------------------------------
-def drive(url: str, clients: int, seconds: float) -> list[dict[str, Any]]:
-    """`bench serve`'s players, each request with a unique seed and absolute times."""
+def drive(
+    url: str, clients: int, seconds: float, burst: int = 0, bursts: int = 1
+) -> list[dict[str, Any]]:
+    """`bench serve`'s players, each request with a unique seed and absolute times; with
+    `burst` requests per client: `bursts` times, the clients start together and each sends
+    that many WAV requests of held-out sentences (`bench serve --burst`)."""
     import httpx
 
     from benchmarks.bench_serve import PLAYER_BUFFER_S, TEXTS
@@ -298,8 +309,10 @@ def drive(url: str, clients: int, seconds: float) -> list[dict[str, Any]]:
     stop_at = time.perf_counter() + seconds
     seeds = iter(range(1_000_000))
 
+    fmt = "wav" if burst else "pcm"
+
     def one(client: httpx.Client, text: str, seed: int) -> dict[str, Any]:
-        body = {"input": text, "response_format": "pcm", "stream_format": "audio", "seed": seed}
+        body = {"input": text, "response_format": fmt, "stream_format": "audio", "seed": seed}
         player = PlaybackClock(PLAYER_BUFFER_S)
         start = time.perf_counter()
         first = None
@@ -308,8 +321,13 @@ def drive(url: str, clients: int, seconds: float) -> list[dict[str, Any]]:
             status = response.status_code
             if status == 200:
                 rate = int(response.headers["x-sample-rate"])
+                header = 44 if fmt == "wav" else 0
                 for chunk in response.iter_bytes():
                     now = time.perf_counter()
+                    skipped = min(header, len(chunk))
+                    header, chunk = header - skipped, chunk[skipped:]
+                    if not chunk:
+                        continue
                     first = first or now
                     received += len(chunk) / 2 / rate
                     player.chunk(now, len(chunk) / 2 / rate)
@@ -337,11 +355,35 @@ def drive(url: str, clients: int, seconds: float) -> list[dict[str, Any]]:
                 if outcome["status"] == 429:
                     time.sleep(1.0)
 
-    threads = [threading.Thread(target=client_thread, args=(i,)) for i in range(clients)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    def burst_thread(index: int, barrier: threading.Barrier, shift: int) -> None:
+        from benchmarks.bench_api import SENTENCES
+
+        with httpx.Client(timeout=600) as client:
+            barrier.wait()
+            for n in range(burst):
+                with lock:
+                    seed = next(seeds)
+                text = SENTENCES[(shift + index * burst + n) % len(SENTENCES)]
+                outcome = one(client, text, seed)
+                with lock:
+                    results.append({**outcome, "wave": n})
+
+    for round_index in range(bursts if burst else 1):
+        if burst:
+            barrier = threading.Barrier(clients)
+            shift = round_index * clients * burst
+            targets = [(burst_thread, (i, barrier, shift)) for i in range(clients)]
+        else:
+            targets = [(client_thread, (i,)) for i in range(clients)]
+        threads = [threading.Thread(target=t, args=a) for t, a in targets]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if burst:
+            from benchmarks.bench_serve import settle
+
+            settle(url)
     return results
 
 
@@ -403,6 +445,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--server-args", default="")
+    parser.add_argument(
+        "--burst", type=int, default=0, help="requests per client, clients starting together"
+    )
+    parser.add_argument("--bursts", type=int, default=3, help="--burst: how many bursts")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--py-spy", action="store_true", help="profile the server (py-spy)")
     parser.add_argument(
@@ -444,12 +490,22 @@ def main(argv: list[str] | None = None) -> int:
                     "--nonblocking",
                 ]
             )
-        client = drive(server.url, args.clients, args.seconds)
+        client = drive(server.url, args.clients, args.seconds, args.burst, args.bursts)
     finally:
         server.stop()
         if spy is not None:
             spy.wait()
     summary = summarize(client, json.loads(trace.read_text()))
+    if args.burst:
+        waves = [[r for r in client if r.get("wave") == n] for n in range(args.burst)]
+        summary["ttfa by wave p50/max ms"] = [
+            [1000 * statistics.median(t), 1000 * max(t)]
+            for t in (
+                [r["client_first"] - r["client_start"] for r in w if r["client_first"]]
+                for w in waves
+            )
+            if t
+        ]
     summary["audio_s_per_s"] = sum(r.get("audio_s", 0.0) for r in client) / args.seconds
     summary["clients"] = args.clients
     summary["server_args"] = args.server_args

@@ -8,7 +8,7 @@ import importlib
 import sys
 
 # Exporter name -> the module whose `main(argv)` runs it.
-EXPORTERS: dict[str, str] = {}
+EXPORTERS: dict[str, str] = {"moss-tts": "export.moss_tts.cli", "higgs": "export.higgs.cli"}
 
 USAGE = "usage: onnx-tts export {exporter} ... (onnx-tts export {exporter} --help for its options)"
 

@@ -1,8 +1,10 @@
 """onnx-tts: fast, trustworthy text-to-speech inference on ONNX Runtime."""
 
+from onnx_tts.decoding.request import CancelToken, PlaybackClock
 from onnx_tts.errors import (
     AudioError,
     CacheError,
+    CancelledError,
     EmptyAudioError,
     InputError,
     ModelError,
@@ -22,6 +24,8 @@ __all__ = [
     "Audio",
     "AudioError",
     "CacheError",
+    "CancelToken",
+    "CancelledError",
     "EmptyAudioError",
     "Engine",
     "InputError",
@@ -30,6 +34,7 @@ __all__ = [
     "OnnxTTSError",
     "OnnxTTSWarning",
     "OutputError",
+    "PlaybackClock",
     "ReferenceTrimmedWarning",
     "SessionError",
     "UnspeakableTextWarning",

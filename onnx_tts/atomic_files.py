@@ -172,11 +172,41 @@ def write_error(path: Path, error: OSError) -> OutputError:
     return OutputError(f"cannot write {path}: {reason}; nothing was written")
 
 
-def write_atomically(path: Path, data: bytes) -> Path:
+class StagedFile:
+    """A file written completely to a temp file beside the one it replaces, not yet in place:
+    :meth:`commit` renames it over that file, :meth:`discard` removes it. Several outputs
+    staged first and committed together are replaced only once every one was complete."""
+
+    def __init__(self, path: Path, temp: str) -> None:
+        self.path, self.temp = path, temp
+        self._done = False
+
+    def commit(self) -> Path:
+        if self._done:
+            raise OutputError(f"cannot write {self.path}: it was already committed or discarded")
+        self._done = True
+        try:
+            os.replace(self.temp, self.path)
+            release_temp(self.temp)
+        except BaseException as error:
+            release_temp(self.temp, remove=True)
+            if isinstance(error, OSError):
+                raise write_error(self.path, error) from None
+            raise
+        fsync_directory(self.path.parent if str(self.path.parent) else Path("."))
+        return self.path
+
+    def discard(self) -> None:
+        if not self._done:
+            self._done = True
+            release_temp(self.temp, remove=True)
+
+
+def stage_file(path: Path, data: bytes) -> StagedFile:
     """Write `data` to a unique temporary file beside `path` (beside a symbolic link's target,
-    which is the file replaced: see :func:`output_target`), fsync it, give it the permissions
-    of the file it replaces (or the umask's), then rename it over that file. On any failure
-    `path` is untouched and no temp file remains."""
+    which is the file replaced: see :func:`output_target`), fsynced and given the permissions
+    of the file it replaces (or the umask's); `path` is untouched until the result's
+    :meth:`StagedFile.commit`. On a failure no temp file remains."""
     path = output_target(path)
     fd, tmp = temp_beside(path)
     try:
@@ -188,24 +218,84 @@ def write_atomically(path: Path, data: bytes) -> Path:
             os.fsync(fd)
         finally:
             os.close(fd)
-        os.replace(tmp, path)
-        release_temp(tmp)
     except BaseException as error:
         release_temp(tmp, remove=True)
         if isinstance(error, OSError):
             raise write_error(path, error) from None
         raise
-    fsync_directory(path.parent if str(path.parent) else Path("."))
-    return path
+    return StagedFile(path, tmp)
+
+
+def write_atomically(path: Path, data: bytes) -> Path:
+    """Write `data` over `path` at once (:func:`stage_file`, then the rename): on any failure
+    `path` is untouched and no temp file remains."""
+    return stage_file(path, data).commit()
+
+
+def commit_together(staged: list[StagedFile]) -> None:
+    """Put staged files in place, in order; if one cannot be, those after it are discarded."""
+    for index, file in enumerate(staged):
+        try:
+            file.commit()
+        except BaseException:
+            for rest in staged[index + 1 :]:
+                rest.discard()
+            raise
+
+
+def same_file(first: str | os.PathLike[str], second: str | os.PathLike[str]) -> bool:
+    """Whether writing `first` and `second` would write one file: the same path however
+    spelled ("./x", "x", "d/../x"), a symbolic link to the other, a hard link (same device
+    and inode), or, where the file system ignores case, names that differ only in case."""
+    a, b = Path(os.path.realpath(first)), Path(os.path.realpath(second))
+    if a == b:
+        return True
+    try:
+        one, other = a.stat(), b.stat()
+    except OSError:  # one of them is not there yet
+        pass
+    else:
+        return (one.st_dev, one.st_ino) == (other.st_dev, other.st_ino)
+    if a.name.casefold() != b.name.casefold() or not _same_directory(a.parent, b.parent):
+        return False
+    # (had either existed, the other name would have reached it there too)
+    return not a.exists() and not b.exists() and _ignores_case(a.parent)
+
+
+def _same_directory(a: Path, b: Path) -> bool:
+    try:
+        one, other = a.stat(), b.stat()
+    except OSError:
+        return a == b
+    return (one.st_dev, one.st_ino) == (other.st_dev, other.st_ino)
+
+
+def _ignores_case(directory: Path) -> bool:
+    """Whether names in `directory` are compared without case: a probe file is looked up by
+    its name in the other case."""
+    try:
+        fd, name = temp_beside(directory / "case-probe")
+    except OutputError:
+        return False
+    os.close(fd)
+    try:
+        probe = Path(name)
+        return probe.with_name(probe.name.swapcase()).exists()
+    finally:
+        release_temp(name, remove=True)
 
 
 __all__ = [
+    "StagedFile",
+    "commit_together",
     "fsync_directory",
     "output_mode",
     "output_target",
     "release_temp",
     "remove_orphaned_temps",
     "remove_temp_files",
+    "same_file",
+    "stage_file",
     "temp_beside",
     "temp_prefix",
     "write_atomically",

@@ -30,7 +30,7 @@ import soundfile
 import soxr
 
 from onnx_tts.atomic_files import (
-    fsync_directory,
+    StagedFile,
     output_mode,
     output_target,
     release_temp,
@@ -503,6 +503,11 @@ class ProgressiveWavWriter:
 
     def finish(self) -> Path:
         """Fix the header, fsync, set the permissions and rename over `path`."""
+        return self.complete().commit()
+
+    def complete(self) -> StagedFile:
+        """Fix the header, fsync and set the permissions: the file, complete, waits beside
+        `path` for its :meth:`StagedFile.commit` (with other outputs: `commit_together`)."""
         if self._file is None:
             raise OutputError(f"cannot write {self.path}: the writer is closed")
         handle = self._file
@@ -514,13 +519,10 @@ class ProgressiveWavWriter:
             os.fsync(handle.fileno())
             handle.close()
             self._file = None
-            os.replace(self.tmp, self.path)
-            release_temp(str(self.tmp))
         except OSError as error:
             self.abort()
             raise write_error(self.path, error) from None
-        fsync_directory(self.path.parent if str(self.path.parent) else Path("."))
-        return self.path
+        return StagedFile(self.path, str(self.tmp))
 
     def abort(self) -> None:
         """Drop the partial file; `path` is left as it was."""

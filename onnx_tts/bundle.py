@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from onnx_tts.atomic_files import write_atomically
 from onnx_tts.errors import ModelError
+from onnx_tts.regular_files import real_path
 
 if TYPE_CHECKING:
     import onnx
@@ -96,8 +97,8 @@ def inside(root: Path, relative: Any, what: str) -> Path:
         raise ModelError(
             f"{root / MANIFEST}: {what} {relative!r} must be a path relative to the bundle"
         )
-    base = root.resolve()
-    path = (base / relative).resolve()
+    base = real_path(root)
+    path = real_path(base / relative)  # a link loop stays a path that fails to open
     if path != base and base not in path.parents:
         raise ModelError(
             f"{root / MANIFEST}: {what} {relative!r} points outside the bundle directory"

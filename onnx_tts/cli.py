@@ -16,7 +16,11 @@ from onnx_tts.completion import SHELLS
 from onnx_tts.config import CacheConfig, add_flags, from_flags
 from onnx_tts.errors import InputError, OnnxTTSError, OutputClosedError
 from onnx_tts.flags import add_engine_flags, load_engine
-from onnx_tts.signals import TerminatedBySignal, termination_as_exception
+from onnx_tts.signals import (
+    TerminatedBySignal,
+    keep_status_on_late_signals,
+    termination_as_exception,
+)
 from onnx_tts.synth_cli import add_synth_parser, cmd_synth
 
 # `onnx-tts cache` takes where the caches are, not how big they may grow.
@@ -132,10 +136,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cmd_info(args: argparse.Namespace) -> int:
     import onnx_tts
+    from onnx_tts.graph_io import read_graph_proto, weights_kind
     from onnx_tts.session import ort_library_path, ort_version
 
     engine = load_engine(args)
     info = engine.info()
+    for role, session in engine.model.graphs.sessions.items():  # each graph's weights kind
+        if role in info.get("graphs", {}):
+            info["graphs"][role]["weights"] = weights_kind(read_graph_proto(session.path))
     info["onnxruntime"] = {"version": ort_version(), "library": ort_library_path()}
     info["onnx_tts"] = onnx_tts.__version__
     if args.json:
@@ -153,7 +161,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     runtime = info["onnxruntime"]
     print(f"runtime    onnxruntime {runtime['version']} ({runtime['library']})")
     for role, graph in info.get("graphs", {}).items():
-        print(f"\n[{role}] {graph['file']}")
+        print(f"\n[{role}] {graph['file']}  weights {graph.get('weights', '?')}")
         for line in graph["inputs"]:
             print(f"  in   {line}")
         for line in graph["outputs"]:
@@ -371,6 +379,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     warnings.showwarning = _one_line_warning
     _log_warnings_as_one_line()
+    status = _run(args)
+    if argv is None:  # the process's entry point: a signal while it ends keeps the status
+        keep_status_on_late_signals(status)
+    return status
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         with termination_as_exception():
             try:

@@ -70,6 +70,11 @@ class EmptyAudioError(OnnxTTSError):
     was the stop token). Raised instead of returning or writing an empty utterance."""
 
 
+class CancelledError(OnnxTTSError):
+    """The request's CancelToken fired before its audio was complete. Nothing is returned,
+    written or cached: audio cut short is never handed out as if it were whole."""
+
+
 class OnnxTTSWarning(UserWarning):
     """Base class of the warnings onnx-tts emits: the request ran, but not exactly as asked."""
 

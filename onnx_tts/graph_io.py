@@ -166,6 +166,59 @@ def graph_spec_of(model: onnx.ModelProto, path: str | Path) -> GraphSpec:
     )
 
 
+# -- weights ---------------------------------------------------------------------------------
+NBITS_OP = ("com.microsoft", "MatMulNBits")
+# Operators of dynamic (activation-scaled) integer quantization, as quantize_dynamic writes them.
+_INTEGER_OPS = frozenset({"MatMulInteger", "ConvInteger", "QLinearMatMul", "QLinearConv"})
+
+
+def matmul_nbits_settings(model: onnx.ModelProto) -> set[tuple[int, int, int]]:
+    """(bits, block_size, accuracy_level) of every com.microsoft.MatMulNBits node."""
+    from onnx import helper
+
+    found = set()
+    for node in model.graph.node:
+        if (node.domain, node.op_type) != NBITS_OP:
+            continue
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        found.add(
+            (int(attrs.get("bits", 4)), int(attrs.get("block_size", 0)),
+             int(attrs.get("accuracy_level", 0)))
+        )  # fmt: skip
+    return found
+
+
+def weights_kind(model: onnx.ModelProto) -> str:
+    """How a graph (parsed without its external data) keeps its weights, in words: MatMulNBits
+    blocks ("int8 (MatMulNBits, blocks of 32, int8 compute)"), dynamic integer quantization
+    ("int8 (dynamic: MatMulInteger)"), else the floating type that holds most of its weight
+    values ("float32", "float16", "bfloat16"); "no weights" when it has none."""
+    import math
+
+    from onnx import TensorProto
+
+    kinds = []
+    for bits, block, accuracy in sorted(matmul_nbits_settings(model), reverse=True):
+        compute = ", int8 compute" if accuracy == 4 else ""
+        kinds.append(f"int{bits} (MatMulNBits, blocks of {block}{compute})")
+    integer = sorted({n.op_type for n in model.graph.node if n.op_type in _INTEGER_OPS})
+    if integer:
+        kinds.append(f"int8 (dynamic: {', '.join(integer)})")
+    if kinds:
+        return " + ".join(kinds)
+    values: dict[str, int] = {}
+    floats = {TensorProto.FLOAT: "float32", TensorProto.FLOAT16: "float16",
+              TensorProto.BFLOAT16: "bfloat16", TensorProto.DOUBLE: "float64"}  # fmt: skip
+    for tensor in model.graph.initializer:
+        name = floats.get(tensor.data_type)
+        if name is None:
+            continue
+        values[name] = values.get(name, 0) + math.prod(max(0, d) for d in tensor.dims)
+    if not values:
+        return "no weights"
+    return max(values, key=lambda name: values[name])
+
+
 # -- KV cache layout ------------------------------------------------------------------------
 
 
@@ -328,6 +381,7 @@ def check_graph_io(
 __all__ = [
     "GQA_OP",
     "LENGTH_INPUTS",
+    "NBITS_OP",
     "PAST_VALID_LENGTHS",
     "POSITION_INPUTS",
     "GraphSpec",
@@ -338,7 +392,9 @@ __all__ = [
     "graph_spec_of",
     "kv_layout",
     "kv_pairs",
+    "matmul_nbits_settings",
     "parse_kv_name",
     "read_graph_proto",
     "read_graph_spec",
+    "weights_kind",
 ]

@@ -43,6 +43,13 @@ def terminating_signals() -> tuple[signal.Signals, ...]:
 DEFAULT_SIGNALS: tuple[signal.Signals, ...] = terminating_signals()
 
 
+def handled_signals() -> tuple[signal.Signals, ...]:
+    """The terminating signals a process should handle now: all of them but those it was
+    started with ignored (`nohup` ignores SIGHUP on purpose: it stays ignored). For a server
+    that stops on each of them as it does on SIGTERM."""
+    return tuple(sig for sig in DEFAULT_SIGNALS if signal.getsignal(sig) is not signal.SIG_IGN)
+
+
 class TerminatedBySignal(BaseException):
     """Raised in the main thread on a terminating signal.
 
@@ -153,3 +160,35 @@ def committing() -> Iterator[None]:
         yield
         if handler is not None:
             handler.completed = True
+
+
+def keep_status_on_late_signals(status: int) -> None:
+    """For what is left of the process once its command returned `status` (the interpreter
+    ending, ONNX Runtime's teardown): a terminating signal ends it at once with that status,
+    and a line when it was 0 (the outputs are whole), instead of the default action, whose
+    128 + N would say the run failed. Signals the process was started with ignored stay so.
+    For the process's own entry point only (the handlers stay installed)."""
+    import os
+    import sys
+
+    def end(signum: int, frame: FrameType | None) -> None:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                if stream is not None:
+                    stream.flush()
+            except (OSError, ValueError):
+                pass
+        if status == 0:
+            name = TerminatedBySignal(signum).name
+            os.write(2, f"onnx-tts: {name} after the work was done\n".encode())
+        os._exit(status)
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in DEFAULT_SIGNALS:
+        if signal.getsignal(sig) is signal.SIG_IGN:
+            continue
+        try:
+            signal.signal(sig, end)
+        except (OSError, ValueError, RuntimeError):
+            continue

@@ -8,7 +8,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -17,6 +17,9 @@ from onnx_tts.errors import InputError
 from onnx_tts.flags import add_engine_flags, load_engine
 from onnx_tts.signals import committing
 from onnx_tts.vocoder import STREAMING_KEYS
+
+if TYPE_CHECKING:
+    from onnx_tts.atomic_files import StagedFile
 
 SAMPLING_HELP = {
     "temperature": "randomness of each token: 0 = greedy (always the likeliest), higher = more "
@@ -173,14 +176,16 @@ def _output_format(args: argparse.Namespace) -> str:
     return fmt
 
 
-Commit = Callable[[], object]  # puts one finished output in place (a rename)
+# Writes one finished output completely beside its place; every output is staged before any
+# is put in place (`_put_in_place`), so that a failure leaves every file as it was.
+Output = Callable[[], "StagedFile"]
 
 
 def _synth_stream(
     args: argparse.Namespace, engine: Any, fmt: str, chunks: Any
-) -> tuple[int, float | None, list[Commit]]:
+) -> tuple[int, float | None, list[Output]]:
     """Write the chunks of engine.stream as they come; (samples, time to first audio, what
-    puts the file in place)."""
+    completes the file)."""
     from onnx_tts.audio import encoded_output, wav_header
 
     channels = engine.channels  # stereo models write stereo
@@ -192,7 +197,7 @@ def _synth_stream(
     if fmt == "wav":
         writer = ProgressiveWavWriter(args.output, engine.sample_rate, channels)
         try:
-            return (*_write_stream(chunks, writer), [writer.finish])
+            return (*_write_stream(chunks, writer), [writer.complete])
         except BaseException:
             writer.abort()
             raise
@@ -201,13 +206,31 @@ def _synth_stream(
     samples, first = _write_stream(chunks, _Collector(kept))
     audio = np.concatenate(kept) if kept else np.zeros(0, np.float32)
     encoded = encoded_output(args.output, audio, engine.sample_rate, fmt)
-    return samples, first, [_file_commit(*encoded)]
+    return samples, first, [_file_output(*encoded)]
 
 
-def _file_commit(path: Path, data: bytes) -> Commit:
-    from onnx_tts.atomic_files import write_atomically
+def _file_output(path: Path, data: bytes) -> Output:
+    from onnx_tts.atomic_files import stage_file
 
-    return lambda: write_atomically(path, data)
+    return lambda: stage_file(path, data)
+
+
+def _put_in_place(outputs: list[Output]) -> None:
+    """Stage every output (each complete beside its place), then rename them all into place
+    with termination signals held: a full disk or a failed encode leaves every file as it
+    was, the captions included."""
+    from onnx_tts.atomic_files import commit_together
+
+    staged: list[StagedFile] = []
+    try:
+        for output in outputs:
+            staged.append(output())
+    except BaseException:
+        for file in staged:
+            file.discard()
+        raise
+    with committing():  # the outputs go in place together; the run is then done
+        commit_together(staged)
 
 
 class _Collector:
@@ -233,15 +256,22 @@ def _captions_kind(args: argparse.Namespace) -> str | None:
     if kind not in ("srt", "vtt"):
         raise InputError(f"--captions writes .srt or .vtt subtitles, not {args.captions!r}")
     check_output_path(args.captions, "wav")  # writable, before any work
+    from onnx_tts.atomic_files import same_file
+
+    if args.output != "-" and same_file(args.output, args.captions):
+        raise InputError(
+            f"-o {args.output} and --captions {args.captions} are the same file; give the "
+            "captions a file of their own"
+        )
     return kind
 
 
-def _captions(args: argparse.Namespace, kind: str | None, words: Any) -> list[Commit]:
+def _captions(args: argparse.Namespace, kind: str | None, words: Any) -> list[Output]:
     if kind is None:
         return []
     from onnx_tts.pipeline.timings import subtitles
 
-    return [_file_commit(Path(args.captions), subtitles(words or [], kind).encode())]
+    return [_file_output(Path(args.captions), subtitles(words or [], kind).encode())]
 
 
 def cmd_synth(args: argparse.Namespace) -> int:
@@ -264,9 +294,9 @@ def cmd_synth(args: argparse.Namespace) -> int:
     }
     if args.stream:
         chunks = engine.stream(text, voice=args.voice, seed=args.seed, **window, **options)
-        samples, first, commits = _synth_stream(args, engine, fmt, chunks)
+        samples, first, outputs = _synth_stream(args, engine, fmt, chunks)
         duration = samples / engine.sample_rate
-        commits = _captions(args, captions, chunks.words) + commits
+        outputs = _captions(args, captions, chunks.words) + outputs
     else:
         audio = engine.synthesize(
             text,
@@ -275,19 +305,17 @@ def cmd_synth(args: argparse.Namespace) -> int:
             progress=_Progress(enabled=not args.quiet),
             **options,
         )
-        commits = _captions(args, captions, audio.words)
+        outputs = _captions(args, captions, audio.words)
         if not to_stdout:
             encoded = encoded_output(args.output, audio.samples, audio.sample_rate, fmt)
-            commits.append(_file_commit(*encoded))
+            outputs.append(_file_output(*encoded))
         elif fmt == "pcm":
             RawPcmWriter().write(audio.samples)
         else:
             data = encode_for("stdout", audio.samples, audio.sample_rate, fmt)
             RawPcmWriter().write_bytes(data)
         duration, first = audio.duration, None
-    with committing():  # the outputs go in place together; the run is then done
-        for commit in commits:
-            commit()
+    _put_in_place(outputs)
     elapsed = time.perf_counter() - loaded
     if args.verbose:
         parts = [

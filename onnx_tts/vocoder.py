@@ -34,7 +34,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from onnx_tts.errors import InputError, ModelError
+from onnx_tts.errors import InputError, ModelError, shown
 
 # -- streaming -------------------------------------------------------------------------------
 
@@ -90,12 +90,13 @@ class StreamingOptions:
         for key in STREAMING_KEYS:
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-                raise InputError(f"{key} must be an integer, got {value!r}")
-        for key in ("first_chunk_frames", "stride_frames", "overlap_frames", "holdback_frames"):
-            if getattr(self, key) > MAX_WINDOW_FRAMES:
-                raise InputError(
-                    f"{key} must be at most {MAX_WINDOW_FRAMES}, got {getattr(self, key)}"
-                )
+                raise InputError(f"{key} must be an integer, got {shown(value)}")
+            # (the crossfade is bounded by the overlap below; any integer is checked here)
+            high = MAX_WINDOW_FRAMES * (hop_length if key == "crossfade_samples" else 1)
+            if value > high:
+                raise InputError(f"{key} must be at most {high}, got {shown(value)}")
+            if value < -high:
+                raise InputError(f"{key} must be at least 0, got {shown(value)}")
         if self.first_chunk_frames < 1 or self.stride_frames < 1:
             raise InputError(
                 f"first_chunk_frames and stride_frames must be >= 1, got "

@@ -124,26 +124,41 @@ def test_no_module_over_600_lines():
     assert long == {}
 
 
+def _spelling(word: str) -> str:
+    """A name as a pattern: '-', '_' and ' ' interchangeable."""
+    return "".join("[-_ ]" if ch in "-_ " else re.escape(ch) for ch in word)
+
+
 def _family_words() -> dict[str, re.Pattern[str]]:
     """Each family's names as they appear in code or prose (its registry name, its module,
-    its published name), keyed by the family's directory or module under families/."""
+    its published names), keyed by the family's directory or module under families/. A name
+    that begins another family's name (moss-tts in moss-tts-nano, or in Nano's published
+    graph files moss_tts_local_*) does not count where it is that longer name; the words
+    spelled out below count as whole words only (nano, not nanoseconds)."""
     words: dict[str, set[str]] = {}
     for family in FAMILIES.values():
         module = family.loader.__module__.split(".")[2]  # onnx_tts.families.<module>...
         words.setdefault(module, set()).add(family.name)
         words[module].add(module)
-    spelled = {"moss_tts_nano": {"moss"}, "chatterbox": {"chatterbox"}}
-    for module, extra in spelled.items():
-        words.setdefault(module, set()).update(extra)
-    return {
-        module: re.compile(
-            "|".join(
-                re.escape(w).replace(r"\-", "[-_ ]").replace("_", "[-_ ]") for w in sorted(names)
-            ),
-            re.IGNORECASE,
-        )
-        for module, names in words.items()
-    }
+    spelled = {"moss_tts_nano": {"nano", "moss_tts_local", "moss_tts_*"}}
+
+    def plain(word: str) -> str:
+        return re.sub("[-_ ]", "_", word.lower())
+
+    every = {m: names | spelled.get(m, set()) for m, names in words.items()}
+    patterns = {}
+    for module, names in every.items():
+        others = {w for m, ws in every.items() if m != module for w in ws}
+        parts = []
+        for word in sorted(names):
+            longer = [o for o in others if plain(o).startswith(plain(word)) and len(o) > len(word)]
+            tails = "|".join(sorted(_spelling(o[len(word) :]) for o in longer))
+            pattern = _spelling(word) + (f"(?!{tails})" if tails else "")
+            if word in spelled.get(module, ()):
+                pattern = rf"\b{pattern}" + (r"\b" if word[-1].isalnum() else "")
+            parts.append(pattern)
+        patterns[module] = re.compile("|".join(parts), re.IGNORECASE)
+    return patterns
 
 
 def test_no_family_is_named_outside_its_directory_and_the_registry():

@@ -238,13 +238,15 @@ def test_external_data_follows_the_source(bundles, tmp_path):
 
 
 # --------------------------------------------------------------------------------------
-# Hugging Face exports (optimum-onnx): input_ids, SDPA-style scaling, repeat_kv for GQA
+# Hugging Face exports (the optimum layout, export/hf_causal_lm.py): input_ids, SDPA-style
+# scaling, repeat_kv for GQA
 # --------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def optimum_exports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     import torch
-    from optimum.exporters.onnx import main_export
     from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+    from export.hf_causal_lm import export_with_past
 
     root = tmp_path_factory.mktemp("optimum")
     torch.manual_seed(0)
@@ -266,14 +268,7 @@ def optimum_exports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]
     }
     out = {}
     for name, model in models.items():
-        model.eval().save_pretrained(root / f"{name}-torch")
-        main_export(
-            str(root / f"{name}-torch"),
-            output=root / name,
-            task="text-generation-with-past",
-            do_validation=False,
-        )
-        out[name] = root / name / "model.onnx"
+        out[name] = export_with_past(model.eval(), root / name)
     return out
 
 

@@ -39,6 +39,7 @@ LONG_TEXT = (
     "the chunker has to cut it somewhere near the end of its token budget and carry on with "
     "the rest of the words in the next piece of text. Short one. The end."
 )
+SSML_LEAD = '<speak><break time="500ms"/>'
 FRAMES = 24  # max_new_frames in most tests: enough for stops and codec windows, quick
 MODES = ("fixed", "full", "greedy")
 
@@ -218,21 +219,50 @@ def test_default_dispatch_is_the_published_one(official, moss_official):
         assert [ours] == theirs["frames"]
 
 
-def test_graphs_a_request_never_needs_are_never_loaded(moss_official, tmp_path):
-    engine = onnx_tts.load(moss_official, cache_dir=tmp_path)
-    try:
-        engine.synthesize(TEXT, seed=0, max_new_frames=4)  # fixed: the frame graph, decode_full
-        graphs = engine.model.graphs
-        loaded = {role for role in graphs.sessions if graphs.loaded(role)}
-        assert loaded == {
-            "prefill",
-            "decode_step",
-            "local_fixed_sampled_frame",
-            "codec_decode_full",
-        }
-        assert len(engine.info()["graphs"]) == 8  # info describes them all from the files
-    finally:
-        engine.close()
+def test_the_default_path_loads_with_the_model_and_the_rest_never(moss_official, tmp_path):
+    """The graphs a request with the load options needs load with the model (the first
+    request then runs as fast as the next); other local paths and the encoder never load
+    unless a request needs them."""
+    default = {"prefill", "decode_step", "codec_decode_full", "codec_decode_step"}
+    for options, local in (
+        ({}, "local_fixed_sampled_frame"),  # fixed: the published dispatch's frame graph
+        ({"sample_mode": "full"}, "local_cached_step"),
+        ({"local_path": "decoder"}, "local_decoder"),
+    ):
+        engine = onnx_tts.load(moss_official, cache_dir=tmp_path, **options)
+        try:
+            graphs = engine.model.graphs
+            at_load = {role for role in graphs.sessions if graphs.loaded(role)}
+            engine.synthesize(TEXT, seed=0, max_new_frames=4)
+            list(engine.stream(TEXT, seed=0, max_new_frames=4))
+            after = {role for role in graphs.sessions if graphs.loaded(role)}
+            assert at_load == after == {*default, local}, options
+            assert len(engine.info()["graphs"]) == 8  # info describes them all from the files
+        finally:
+            engine.close()
+
+
+def test_quantize_judges_the_frame_graphs_choices_one_by_one(moss_models, tmp_path):
+    """`onnx-tts quantize` with its agreement bars keeps the local depth transformer int8 on
+    the stand-in: its choices are judged one by one through the graphs that take each
+    channel's input as given (local_decoder, local_cached_step logits), the frame graphs by
+    their continue decision (their 16 chained codes diverge after one flip on flat random
+    logits; that kept the published-shape stand-in's local transformer float)."""
+    from onnx_tts.tools.quantize import Thresholds, WeightsSpec, quantize_model
+
+    out = tmp_path / "int8"
+    report = quantize_model(
+        moss_models, out, WeightsSpec("int8"), thresholds=Thresholds(max_speed_ratio=1e9)
+    )
+    local = next(r for r in report.results if r.job.name == "moss_tts_local_shared")
+    assert local.kept, local.reason
+    compared = {
+        name: {o.name for o in agreement.outputs} for name, agreement in local.agreements.items()
+    }
+    assert compared["local_fixed_sampled_frame"] == {"should_continue"}
+    assert compared["local_greedy_frame"] == {"should_continue"}
+    assert {"text_logits", "audio_logits"} <= compared["local_decoder"]
+    assert {"text_logits", "audio_logits"} <= compared["local_cached_step"]
 
 
 @pytest.mark.parametrize(
@@ -505,16 +535,130 @@ def test_text_with_nothing_to_speak_is_refused(engines, text):
         engines["chain"].stream(text)
 
 
-def test_a_chunk_that_stops_at_once_is_an_error_never_silence(engines, published):
-    """A seed whose published run ends the first chunk before any frame (the random stand-in
-    does that): the engine refuses to call it speech."""
+def _seed_with_silent_chunks(published, text, chunk_tokens, start=0):
+    """(seed, published run) of the first seed whose published run of `text` ends some chunk
+    at its first step (no frame) while another chunk speaks."""
+    for seed in range(start, start + 100):
+        theirs = published.synthesize(
+            text, seed=seed, max_new_frames=FRAMES, chunk_tokens=chunk_tokens
+        )
+        spoken = [bool(frames) for frames in theirs["frames"]]
+        if any(spoken) and not all(spoken):
+            return seed, theirs
+    raise AssertionError(f"no seed in [{start}, {start + 100}) silences a chunk of {text!r}")
+
+
+def test_a_chunk_that_stops_at_once_adds_only_its_pause_as_published(engines, published):
+    """The published runtime continues past a chunk that ends before any frame: the chunk
+    adds no samples, the pause after it stays. The engine gives exactly that, one-shot,
+    streamed, with the result cache (stored, then replayed) and with parallel chunks."""
+    seed, theirs = _seed_with_silent_chunks(published, LONG_TEXT, 30)
+    options = {"max_new_frames": FRAMES, "voice_clone_max_text_tokens": 30}
+    for kv in ("chain", "solo", "results"):
+        for _ in range(2 if kv == "results" else 1):
+            ours = engines[kv].synthesize(LONG_TEXT, seed=seed, **options)
+            np.testing.assert_array_equal(ours.samples, theirs["waveform"], err_msg=kv)
+    assert engines["results"].cache_stats()["result"]["hits"] >= 1
+    streamed = np.concatenate(list(engines["chain"].stream(LONG_TEXT, seed=seed, **options)))
+    assert streamed.shape == theirs["waveform"].shape
+    np.testing.assert_allclose(streamed, theirs["waveform"], atol=2e-5, rtol=0)
+    # Parallel chunks: chunk i alone with seed + i; a silent one gives its pause only.
+    engine = engines["results"]
+    chunks = engine.model.text.chunks(LONG_TEXT, engine.model.request_options(options))
+    alone = [
+        published.synthesize(c, seed=seed + i, max_new_frames=FRAMES, chunk_tokens=10_000)
+        for i, c in enumerate(chunks)
+    ]
+    if any(run["frames"][0] for run in alone) and not all(run["frames"][0] for run in alone):
+        pieces = []
+        for index, (chunk, run) in enumerate(zip(chunks, alone, strict=True)):
+            pieces.append(run["waveform"])
+            if index < len(chunks) - 1:
+                pause = PAUSE_SHORT if len(chunk.split()) <= 4 else PAUSE_LONG
+                pieces.append(np.zeros((round(48000 * pause), 2), np.float32))
+        before = engine.cache_stats()["result"]["entries"]
+        ours = engine.synthesize(LONG_TEXT, seed=seed, parallel_chunks=True, **options)
+        np.testing.assert_array_equal(ours.samples, np.concatenate(pieces))
+        # The text and each sentence that spoke are stored; a silent sentence never is.
+        spoke = sum(bool(run["frames"][0]) for run in alone)
+        assert engine.cache_stats()["result"]["entries"] == before + 1 + spoke
+
+
+def test_a_text_without_any_audio_is_an_error_and_never_cached(engines, published):
+    """Only a whole text whose every chunk ended at its first step is an error: one line
+    naming it, one-shot and streamed (before any sample went out), nothing cached."""
     seed = next(
         s
-        for s in range(50)
+        for s in range(100)
         if not published.synthesize(TEXT, seed=s, max_new_frames=FRAMES)["frames"][0]
     )
+    engine = engines["results"]
+    before = engine.cache_stats()["result"]["entries"]
+    with pytest.raises(EmptyAudioError, match=r"no audio for the text .*first step"):
+        engine.synthesize(TEXT, seed=seed, max_new_frames=FRAMES)
+    stream = engine.stream(TEXT, seed=seed, max_new_frames=FRAMES, cache=True)
+    with pytest.raises(EmptyAudioError, match="no audio for the text"):
+        next(iter(stream))
+    assert engine.cache_stats()["result"]["entries"] == before
+    # A text that starts with a break and has no audio: its silence never goes out either.
+    options = {"max_new_frames": FRAMES}
     with pytest.raises(EmptyAudioError, match="no audio"):
-        engines["chain"].synthesize(TEXT, seed=seed, max_new_frames=FRAMES)
+        next(iter(engines["chain"].stream(SSML_LEAD + TEXT + "</speak>", seed=seed, **options)))
+
+
+def _silent_runs(samples: np.ndarray) -> list[int]:
+    """Lengths of the runs of exactly silent frames of [N, channels] samples."""
+    runs, length = [], 0
+    for quiet in (np.abs(samples).max(axis=1) == 0).tolist():
+        if quiet:
+            length += 1
+        elif length:
+            runs, length = [*runs, length], 0
+    return [*runs, length] if length else runs
+
+
+def test_sentence_silence_falls_between_sentences_at_any_speed(engines, published):
+    """MOSS-TTS-Nano joins sentences into chunks of up to 75 tokens; with `sentence_silence`
+    each sentence is a chunk of its own (drawn in order from the text's one generator, as
+    published) and exactly that silence lies between them, at any speed."""
+    text = "A first short sentence here. And a second sentence follows it. Then a third one."
+    engine = engines["chain"]
+    model = engine.model
+    assert len(model.text.chunks(text, model.request_options({}))) == 1
+    sentences = model.text.sentence_chunks(text, model.request_options({}))
+    assert len(sentences) == 3
+    seed = next(  # a seed whose published runs speak every sentence, in order
+        s
+        for s in range(100)
+        if all(
+            run["frames"][0]
+            for run in [published.synthesize(sentences[0], seed=s, max_new_frames=FRAMES)]
+            + [published.synthesize(x, max_new_frames=FRAMES) for x in sentences[1:]]
+        )
+    )
+    runs = [published.synthesize(sentences[0], seed=seed, max_new_frames=FRAMES)]
+    runs += [published.synthesize(x, max_new_frames=FRAMES) for x in sentences[1:]]
+    gap = np.zeros((round(48000 * 0.7), 2), np.float32)
+    expected = np.concatenate(
+        [runs[0]["waveform"], gap, runs[1]["waveform"], gap, runs[2]["waveform"]]
+    )
+    ours = engine.synthesize(text, seed=seed, max_new_frames=FRAMES, sentence_silence=0.7)
+    np.testing.assert_array_equal(ours.samples, expected)
+    for speed in (0.8, 1.5):
+        fast = engine.synthesize(
+            text, seed=seed, max_new_frames=FRAMES, sentence_silence=0.7, speed=speed
+        ).samples
+        streamed = np.concatenate(
+            list(
+                engine.stream(
+                    text, seed=seed, max_new_frames=FRAMES, sentence_silence=0.7, speed=speed
+                )
+            )
+        )
+        assert streamed.shape == fast.shape
+        for samples in (fast, streamed):
+            runs_of_zeros = _silent_runs(samples)
+            assert sum(run >= len(gap) for run in runs_of_zeros) == 2, speed
 
 
 # -- detection and broken directories ---------------------------------------------------------

@@ -592,9 +592,9 @@ def test_an_utterance_with_no_audio_is_an_error(
         return StepOutput([np.zeros((0, 1), np.int64) for _ in rows], np.ones(len(rows), bool))
 
     monkeypatch.setattr(kind, "consume", stops_at_once)
-    with pytest.raises(EmptyAudioError, match="no audio for sentence 1 of 2"):
+    with pytest.raises(EmptyAudioError, match="no audio for any of the 2 sentences"):
         engine.synthesize("Hello there. Second sentence.", seed=1)
-    with pytest.raises(EmptyAudioError, match="no audio for sentence 1 of 1"):
+    with pytest.raises(EmptyAudioError, match="no audio for the text"):
         list(engine.stream("Hello there.", seed=1))
     assert engine.cache_stats()["result"]["entries"] == 0
     out = tmp_path / "out.wav"

@@ -430,3 +430,78 @@ def test_command_line(tmp_path, capsys):
         main(["quantize", str(codec_lm_dir()), str(tmp_path / "y"), "--weights", "int3"])
     assert usage.value.code == 2
     assert "invalid choice: 'int3'" in capsys.readouterr().err
+
+
+# -- issue 43: a model that is quantized already; the weights kind in `info` ---------------------
+def test_a_model_quantized_already_is_said_so_and_never_claims_a_speed_up(
+    codec_lm_int8, tmp_path, capsys
+):
+    """Quantizing an int8 model again reported "0.55x the float time" and wrote a bit-identical
+    copy. A model whose graphs are all quantized as asked is refused with one line saying so;
+    in a model quantized in part, those graphs are left as they are and only the others are
+    quantized and measured."""
+    from onnx_tts.cli import main
+
+    assert main(["quantize", str(codec_lm_int8), str(tmp_path / "again")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is already quantized (int8 (MatMulNBits, blocks of 32" in err[0]
+    assert "lm, lm_concat" in err[0] and not (tmp_path / "again").exists()
+
+    part = tmp_path / "lm-only"
+    quantize_model(codec_lm_dir(), part, WeightsSpec("int8"), graphs=["lm"], thresholds=ANY_SPEED)
+    both = tmp_path / "both"
+    report = quantize_model(
+        part, both, WeightsSpec("int8"), graphs=["lm", "lm_concat"], thresholds=ANY_SPEED
+    )
+    lm, concat = _graph(_report(both), "lm"), _graph(_report(both), "lm_concat")
+    assert lm["decision"].startswith("left as it is: already int8 (MatMulNBits, blocks of 32")
+    assert "float time" not in lm["decision"] and "agreement" not in lm
+    assert concat["decision"].startswith("quantized")
+    assert (both / "lm.onnx").read_bytes() == (part / "lm.onnx").read_bytes()
+    manifest = Bundle.read(both).validate(("graphs",)).manifest
+    assert manifest["quantized"]["graphs"] == ["lm", "lm_concat"]
+    assert "lm: left as it is" in report.summary()
+    # int4 of an int8 graph is a new quantization: read back to float, measured against it
+    assert main(["quantize", str(codec_lm_int8), str(tmp_path / "int4"), "--weights", "int4",
+                 "--graphs", "lm", "--max-speed-ratio", "1e9"]) == 0  # fmt: skip
+    decision = _graph(_report(tmp_path / "int4"), "lm")["decision"]
+    assert "float time" in decision and not decision.startswith("left as it is"), decision
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [
+        ("--max-speed-ratio", "nan"),
+        ("--max-speed-ratio", "inf"),
+        ("--max-speed-ratio", "0"),
+        ("--min-cosine", "nan"),
+        ("--min-top1", "-0.5"),
+        ("--check-steps", "1000000000"),
+    ],
+)
+def test_thresholds_must_be_finite_and_in_range(tmp_path, capsys, flag, value):
+    from onnx_tts.cli import main
+
+    assert main(["quantize", str(codec_lm_dir()), str(tmp_path / "out"), flag, value]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and flag in err[0] and value.split("0000")[0] in err[0], err
+    assert not (tmp_path / "out").exists()
+
+
+def test_info_shows_the_weights_kind_of_each_graph(codec_lm_int8):
+    import subprocess
+    import sys
+
+    def info(model: Path) -> tuple[dict, str]:
+        command = [sys.executable, "-m", "onnx_tts.cli", "info", "--model", str(model),
+                   "--cache-dir", "none"]  # fmt: skip
+        as_json = subprocess.run([*command, "--json"], capture_output=True, text=True, check=True)
+        text = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+        return {r: g["weights"] for r, g in json.loads(as_json.stdout)["graphs"].items()}, text
+
+    int8 = "int8 (MatMulNBits, blocks of 32, int8 compute)"
+    quantized, text = info(codec_lm_int8)
+    assert quantized["lm"] == int8 and quantized["encoder"] == "float32"
+    assert f"[lm] lm.onnx  weights {int8}" in text
+    source, _ = info(codec_lm_dir())
+    assert set(source.values()) == {"float32"}

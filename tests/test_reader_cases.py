@@ -635,7 +635,103 @@ IN_CONTEXT = [
     ),
 ]
 
+# Round five (issue 43): forms a listener heard wrongly, and their families.
+PROTOCOLS = [
+    ("HTTP/2", "HTTP two"),  # was "H T T P slash two"
+    ("HTTP/3", "HTTP three"),
+    ("HTTP/2 and HTTP/3 are faster.", "HTTP two and HTTP three are faster."),
+    ("It speaks HTTP/2.", "It speaks HTTP two."),
+    ("HTTP/2.0", "HTTP two point zero"),
+    ("TLS/1.3", "TLS one point three"),
+    ("a PS/2 port", "a PS two port"),
+    ("OS/2 Warp", "OS two Warp"),
+    ("IPv6", "I-P-V six"),
+    ("IPv4", "I-P-V four"),
+    ("an IPv6 address", "an I-P-V six address"),
+    ("It has no IPv4.", "It has no I-P-V four."),
+    ("IPv4 10.0.0.1", "I-P-V four ten dot zero dot zero dot one"),
+]
+
+TIME_RANGES = [
+    ("10:30-11:45", "ten thirty to eleven forty five"),  # was "ten thirty - eleven forty five"
+    ("9-10:30am", "nine to ten thirty AM"),
+    ("9-10:30 p.m.", "nine to ten thirty PM."),
+    ("8:30-9AM", "eight thirty to nine AM"),
+    ("10:30 - 11:45", "ten thirty to eleven forty five"),
+    ("10:30–11:45", "ten thirty to eleven forty five"),
+    ("open 9:00-17:00 daily", "open nine o'clock to seventeen hundred daily"),
+    ("from 10:30-11:45 am", "from ten thirty to eleven forty five AM"),
+    ("10-11:45", "ten to eleven forty five"),
+    ("10:30-11 PM", "ten thirty to eleven PM"),
+    ("John 3:16-18", "John three sixteen to eighteen"),
+]
+
+HANDLES = [
+    ("@openai", "at open A-I"),  # was "at open-eye"
+    ("#speech", "hashtag speech"),  # was "hash speech"
+    ("follow @openai_news on X", "follow at open A-I news on X"),
+    ("Thanks @stabilityai!", "Thanks at stability A-I!"),
+    ("@NASA", "at NASA"),
+    ("@samurai", "at samurai"),
+    ("Thanks @elonmusk.", "Thanks at elonmusk."),
+    ("#MeToo", "hashtag MeToo"),
+    ("#BlackLivesMatter!", "hashtag BlackLivesMatter!"),
+    ("#throwback_thursday", "hashtag throwback thursday"),
+    ("#2024goals", "hashtag two thousand twenty four goals"),
+    ("#1 in sales", "number one in sales"),
+    ("C# and F#", "C sharp and F sharp"),
+    ("mail a@b.com", "mail a at b dot com"),
+    ("meet me @ 5pm", "meet me at five PM"),
+]
+
+RATIOS = [
+    ("1:2 ratio", "one to two ratio"),  # was "one: two"
+    ("16:9 aspect", "sixteen to nine aspect"),
+    ("a 4:3 screen", "a four to three screen"),
+    ("The 16:9 format.", "The sixteen to nine format."),
+    ("The score was 3:1.", "The score was three to one."),
+    ("a 10:1 ratio", "a ten to one ratio"),
+    ("a 1:100 scale model", "a one to one hundred scale model"),
+    ("odds of 3:2", "odds of three to two"),
+    ("a ratio of 2:30", "a ratio of two to thirty"),
+    ("Mix 1:2 with water", "Mix one to two with water"),
+    ("Genesis 1:1", "Genesis one one"),
+    ("Psalm 23:1 says", "Psalm twenty three one says"),
+    ("meet at 2:30", "meet at two thirty"),
+]
+
+RATES = [
+    ("$5.99/mo", "five dollars and ninety nine cents per month"),  # was "per mo"
+    ("$99/yr", "ninety nine dollars per year"),  # was garbled
+    ("$20/hr", "twenty dollars per hour"),  # was "per H R"
+    ("$5/wk", "five dollars per week"),
+    ("$10/day", "ten dollars per day"),
+    ("$1/min", "one dollar per minute"),
+    ("$0.01/sec", "one cent per second"),
+    ("$40/h", "forty dollars per hour"),
+    ("It costs $5.99/mo.", "It costs five dollars and ninety nine cents per month."),
+    ("€5/mo", "five euros per month"),
+    ("$3/kg", "three dollars per kilogram"),
+    ("$2.50/gal", "two dollars and fifty cents per gallon"),
+    ("$12/user/mo", "twelve dollars per user per month"),
+    ("walk 5 km/wk", "walk five kilometers per week"),
+]
+
+IMPOSSIBLE_DATES = [  # read as the numbers written, never as a date that does not exist
+    ("2024-02-29", "February twenty-ninth, twenty twenty four"),
+    ("2024-02-30", "twenty twenty four - zero two - thirty"),
+    ("2023-02-29", "twenty twenty three - zero two - twenty nine"),
+    ("2024-04-31", "twenty twenty four - zero four - thirty one"),
+    ("on 31 April 2024", "on thirty one April twenty twenty four"),
+]
+
 CASES = [
+    *PROTOCOLS,
+    *TIME_RANGES,
+    *HANDLES,
+    *RATIOS,
+    *RATES,
+    *IMPOSSIBLE_DATES,
     *ISSUE_38,
     *ROMAN_REGNAL,
     *ROMAN_CARDINAL,
@@ -727,3 +823,21 @@ def test_the_default_voice_names_every_letter_a(text: str, letter_as: int) -> No
     phonemes = Phonemizer().phonemize(normalize_text(text))
     assert "ɐ" not in phonemes, phonemes
     assert phonemes.count("eɪ") >= letter_as, phonemes
+
+
+@pytest.mark.parametrize(
+    ("text", "heard", "not_heard"),
+    [
+        ("@openai", "ˈoʊpən ˈeɪˈaɪ", "ˈaɪ."),  # "open A I", not "open-eye"
+        ("#speech", "hˈæʃtæɡ", "hˈæʃ "),
+        ("HTTP/2", "tˈuː", "slˈæʃ"),
+        ("$20/hr", "ˈaʊɚ", "ˈɑːɹ"),  # "hour", not "H R"
+        ("$5.99/mo", "mˈʌnθ", "mˈoʊ"),
+        ("1:2 ratio", "wˈʌn tə tˈuː", "kˈoʊlən"),
+        ("10:30-11:45", "θˈɜːɾi tʊ ᵻlˈɛvən", "dˈæʃ"),
+    ],
+)
+def test_the_default_voice_says_the_rounds_forms(text: str, heard: str, not_heard: str) -> None:
+    """What espeak-ng makes of the reader's words for the forms of issue 43."""
+    phonemes = Phonemizer().phonemize(normalize_text(text))
+    assert heard in phonemes and not_heard not in phonemes, phonemes

@@ -698,3 +698,52 @@ def test_health_is_503_until_the_model_is_loaded(tmp_path: Path) -> None:
     registry.load_all()
     assert client.get("/health").json() == {"status": "ok", "models": ["onnx-tts-voice"]}
     assert client.post("/v1/audio/speech", json={"input": "Now."}).status_code == 200
+
+
+# -- issue 43: SIGHUP, SIGQUIT and the other terminating signals ---------------------------------
+@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1])
+def test_every_terminating_signal_drains_as_sigterm_does(tmp_path: Path, sig: int) -> None:
+    """SIGHUP or SIGQUIT to `onnx-tts serve` was logged as a traceback and the server kept
+    running. Each now drains the streams in flight and ends the server with exit 0, one log
+    line naming it."""
+    live = LiveServer(tmp_path)
+    try:
+        text = " ".join(["A sentence to finish after the signal."] * 6)
+        expected = pcm(speech(live, input=text, response_format="pcm").content)
+        body = {"input": text, "response_format": "pcm"}
+        with httpx.stream("POST", live.url + "/v1/audio/speech", json=body, timeout=60) as r:
+            stream = r.iter_bytes()
+            chunks = [next(stream)]
+            live.process.send_signal(sig)
+            chunks.extend(stream)
+        np.testing.assert_array_equal(pcm(b"".join(chunks)), expected)
+        assert live.process.wait(WAIT_BOUND_SECONDS) == 0
+    finally:
+        live.stop()
+    log = live.log()
+    assert "Traceback" not in log
+    assert f"{signal.Signals(sig).name}: finishing the requests in flight" in log
+
+
+class _StartedUnderNohup(LiveServer):
+    """`onnx-tts serve` started with SIGHUP ignored, as `nohup` starts it."""
+
+    def _command(self) -> tuple[list[str], dict[str, str] | None, Path | None]:
+        start = ("import runpy, signal, sys; signal.signal(signal.SIGHUP, signal.SIG_IGN); "
+                 "sys.argv[0] = 'onnx_tts.server'; "
+                 "runpy.run_module('onnx_tts.server', run_name='__main__')")  # fmt: skip
+        return [sys.executable, "-c", start], None, None
+
+
+def test_a_sighup_the_server_was_started_with_ignored_stays_ignored(tmp_path: Path) -> None:
+    live = _StartedUnderNohup(tmp_path)
+    try:
+        live.process.send_signal(signal.SIGHUP)
+        answered = speech(live, input="Still serving.", response_format="pcm")
+        assert answered.status_code == 200 and len(answered.content) > 1000
+        assert live.process.poll() is None
+        live.process.send_signal(signal.SIGTERM)
+        assert live.process.wait(WAIT_BOUND_SECONDS) == 0
+    finally:
+        live.stop()
+    assert "Traceback" not in live.log() and "SIGHUP" not in live.log()

@@ -317,7 +317,10 @@ def test_address_in_use_is_one_line_and_exit_2(tmp_path: Path) -> None:
     assert len(lines) == 1 and lines[0].startswith("onnx-tts wyoming: cannot listen on")
 
 
-def test_sigterm_mid_synthesis_exits_0(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT])
+def test_sigterm_mid_synthesis_exits_0(tmp_path: Path, sig: int) -> None:
+    """SIGTERM, and as it every terminating signal (issue 43: SIGHUP and SIGQUIT), stops the
+    server with exit 0."""
     live = LiveWyoming(tmp_path)
     text = " ".join(f"Sentence {i} for the stop test keeps the worker busy." for i in range(40))
 
@@ -325,7 +328,7 @@ def test_sigterm_mid_synthesis_exits_0(tmp_path: Path) -> None:
         async with AsyncTcpClient("127.0.0.1", live.port) as client:
             await client.write_event(Synthesize(text=text).event())
             await _until(client, AudioChunk(rate=RATE, width=2, channels=1, audio=b"").event().type)
-            live.process.send_signal(signal.SIGTERM)
+            live.process.send_signal(sig)
             while await client.read_event() is not None:
                 pass
 
@@ -653,7 +656,8 @@ def test_streamed_text_cuts_sentences_outside_markup() -> None:
     assert plain.add(" oʊ ]] day. Bye") == [Piece("The [[ h ə. l oʊ ]] day.", False)]
     assert plain.finish() == [Piece("Bye", False)]
     ssml = StreamedText()
-    assert ssml.add("  <?xml version='1.0'?> <spe") == [] and not ssml.ssml
+    assert ssml.add("  <?xml ver") == [] and not ssml.ssml
+    assert ssml.add("sion='1.0'?> <spe") == [] and ssml.ssml  # an XML document: kept whole
     assert ssml.add("ak>One. Two. ") == [] and ssml.ssml
     assert ssml.add("Three.</speak>") == []
     assert ssml.finish() == [Piece("  <?xml version='1.0'?> <speak>One. Two. Three.</speak>", None)]
@@ -663,3 +667,90 @@ def test_streamed_text_cuts_sentences_outside_markup() -> None:
     declared_plain = StreamedText(ssml=False)
     assert declared_plain.add("<speak>Hi. There") == [Piece("<speak>Hi.", False)]
     assert StreamedText().finish() == [] and StreamedText().add("   ") == []
+    commented = StreamedText()
+    assert commented.add("<!-- from an edi") == [] and not commented.ssml
+    assert commented.add("tor -->\n<speak>Hi. There.</speak>") == [] and commented.ssml
+    unfinished = StreamedText()
+    assert unfinished.add("<spe") == []
+    assert unfinished.finish() == [Piece("<spe", None)]  # the engine tells (is_ssml)
+
+
+# -- issue 43 -------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "chunks",
+    [
+        ["[[ "] + ["a. "] * 8000,  # a sentence end after every chunk, all inside an open [[
+        ["a"] * 120_000,  # no sentence end at all
+        ["One. Two! "] * 4000,  # a sentence cut at every chunk
+        ["<?xml "] + ["a"] * 20_000,  # a start that could still be SSML for a while
+    ],
+    ids=["open-phonemes", "one-character", "cut-every-chunk", "undecided-start"],
+)
+def test_a_streamed_text_costs_work_in_its_length(chunks: list[str]) -> None:
+    """Every chunk rescanned the text so far (8,000 chunks of "a. " after an open "[[" cost
+    117 s of CPU, 120,000 one-character chunks 51 s): the scan keeps its state between chunks,
+    so the characters looked at over a whole stream stay within twice its length (and the
+    first UNDECIDED_CHARS characters of a start that may be SSML, once per chunk)."""
+    from onnx_tts.server.text_stream import UNDECIDED_CHARS, StreamedText
+
+    text = StreamedText()
+    spoken = [piece.text for chunk in chunks for piece in text.add(chunk)]
+    spoken += [piece.text for piece in text.finish()]
+    total = sum(map(len, chunks))
+    undecided = min(len(chunks), UNDECIDED_CHARS) * UNDECIDED_CHARS
+    assert text.examined <= 2 * total + undecided
+    # and it is still the same cut: the sentences split where split_sentences would
+    assert " ".join(spoken).split() == "".join(chunks).split()
+    if chunks[0] == "One. Two! ":
+        assert spoken[:3] == ["One.", "Two!", "One."] and len(spoken) == 8000
+
+
+async def _answers(port: int, *events: Event) -> list[Event]:
+    """Send `events` on one connection; everything up to the end of the last one's audio."""
+    async with AsyncTcpClient("127.0.0.1", port) as client:
+        for event in events:
+            await client.write_event(event)
+        return await _until(client, "audio-stop")
+
+
+def test_bad_extension_values_and_whitespace_streams_are_error_events(
+    wyoming: LiveWyoming,
+) -> None:
+    """`speed` of 10**400 (an integer no float holds) or null logged an OverflowError
+    traceback, and a stream of whitespace-only chunks ended with neither audio nor an error.
+    Now each is an error event naming what was wrong, and the connection goes on."""
+    huge = json.loads("1" + "0" * 400)
+    for fields, code, says in (
+        ({"speed": huge}, "InputError", "speed must be in [0.25, 4], got an integer of about"),
+        ({"sentence_silence": huge}, "InputError", "sentence_silence must be in [0, 10]"),
+        ({"speed": None}, "bad_event", '"speed" must be a number, got null'),
+        ({"sentence_silence": None}, "bad_event", '"sentence_silence" must be a number'),
+        ({"speed": -(10**30)}, "InputError", "speed must be in"),
+    ):
+        for start in (
+            Event(type="synthesize", data={"text": "Hi.", **fields}),
+            Event(type="synthesize-start", data=fields),
+        ):
+            sent = [start]
+            if start.type == "synthesize-start":
+                sent += [SynthesizeChunk(text="Hi there.").event(), SynthesizeStop().event()]
+            events = run(_answers(wyoming.port, *sent, Synthesize(text="Still here.").event()))
+            (error,) = _errors(events)
+            assert error.code == code and says in error.text, (fields, error)
+            assert "\n" not in error.text
+            assert len(_audio(events)[0]) > RATE // 4  # then "Still here." is spoken
+
+    async def whitespace_stream() -> list[Event]:
+        async with AsyncTcpClient("127.0.0.1", wyoming.port) as client:
+            await client.write_event(SynthesizeStart().event())
+            for chunk in (" ", "\n", "\t ", "\u3000"):
+                await client.write_event(SynthesizeChunk(text=chunk).event())
+            await client.write_event(SynthesizeStop().event())
+            return await _until(client, "synthesize-stopped")
+
+    whitespace = run(whitespace_stream())
+    (error,) = _errors(whitespace)
+    assert error.code == "empty_text" and "nothing to say" in error.text
+    assert not any(AudioStart.is_type(e.type) for e in whitespace)
+    assert SynthesizeStopped.is_type(whitespace[-1].type)
+    assert "Traceback" not in wyoming.log()

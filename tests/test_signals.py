@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,15 +18,38 @@ from onnx_tts.signals import TerminatedBySignal, termination_as_exception
 from tests.waiting import WAIT_BOUND_SECONDS
 
 
+@contextlib.contextmanager
+def _inherited(sig: signal.Signals, disposition: signal.Handlers) -> Iterator[None]:
+    """The process as if started with `disposition` for `sig` (under nohup SIGHUP comes in
+    ignored: the suite may run so), whatever the runner's was; restored after."""
+    original = signal.signal(sig, disposition)
+    try:
+        yield
+    finally:
+        signal.signal(sig, original)
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
 def test_signal_raises_inside_the_block_and_handlers_are_restored(sig: signal.Signals) -> None:
-    before = signal.getsignal(sig)
-    with pytest.raises(TerminatedBySignal) as caught, termination_as_exception():
-        os.kill(os.getpid(), sig)
-        signal.sigtimedwait([], 0)  # give the interpreter a bytecode boundary
-    assert caught.value.signum == sig and caught.value.exit_code == 128 + sig
-    assert signal.getsignal(sig) == before
+    with _inherited(sig, signal.SIG_DFL):
+        with pytest.raises(TerminatedBySignal) as caught, termination_as_exception():
+            os.kill(os.getpid(), sig)
+            signal.sigtimedwait([], 0)  # give the interpreter a bytecode boundary
+        assert caught.value.signum == sig and caught.value.exit_code == 128 + sig
+        assert signal.getsignal(sig) is signal.SIG_DFL
     assert not issubclass(TerminatedBySignal, Exception)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_a_signal_inherited_ignored_stays_ignored_inside_the_block(sig: signal.Signals) -> None:
+    """Started under nohup (SIGHUP ignored on purpose), the block keeps the signal ignored:
+    it raises nothing and the disposition is still SIG_IGN after."""
+    with _inherited(sig, signal.SIG_IGN):
+        with termination_as_exception():
+            assert signal.getsignal(sig) is signal.SIG_IGN
+            os.kill(os.getpid(), sig)
+            signal.sigtimedwait([], 0)
+        assert signal.getsignal(sig) is signal.SIG_IGN
 
 
 def test_sigterm_removes_a_streamed_wav_temp_file(tmp_path: Path) -> None:

@@ -132,7 +132,7 @@ DOCUMENTS = [
     ),
     (
         '<speak>Say <phoneme alphabet="ipa" ph="təˈmɑːtoʊ">tomato</phoneme>.</speak>',
-        [Text("Say"), Phonemes("təˈmɑːtoʊ", "tomato"), Text(".")],
+        [Text("Say"), Phonemes("təˈmɑːtoʊ", "tomato.")],  # the "." joins the words before
     ),
     (
         '<speak><s><prosody rate="slow"><phoneme ph="  h ə  l oʊ ">hello</phoneme>'
@@ -409,10 +409,186 @@ def test_document_text_and_pauses() -> None:
         '<speak>Hi <break time="1s"/><phoneme ph="ðɛə">there</phoneme>'
         '<break strength="weak"/>.</speak>'
     )
-    assert document.text == "Hi there ."
+    assert document.text == "Hi there."  # the lone "." joined the words before the break
     assert document.pause_seconds == 1.25
     assert document.has_phonemes
     assert not Document((Text("x"),)).has_phonemes
+
+
+# -- how real documents begin (issue 43) ----------------------------------------------
+
+BODY = '<speak>Step one. <break time="300ms"/><prosody rate="slow">Then two.</prosody></speak>'
+W3C_HEADER = (
+    '<speak version="1.1" xmlns="http://www.w3.org/2001/10/synthesis" '
+    'xmlns:xsi="http://www.w3.org/2001/XMLSchema-instance" '
+    'xsi:schemaLocation="http://www.w3.org/2001/10/synthesis '
+    'http://www.w3.org/TR/speech-synthesis11/synthesis.xsd" xml:lang="en-US">'
+)
+# What editors, Polly and Azure put before <speak>.
+OPENINGS = {
+    "bom": "\ufeff",
+    "newline": "\n",
+    "spaces and tabs": " \t \r\n",
+    "declaration": '<?xml version="1.0"?>',
+    "declaration, encoding, standalone": (
+        '<?xml version="1.0" encoding="UTF-8" standalone="yes"?>\n'
+    ),
+    "whitespace before the declaration": '\n  <?xml version="1.0"?>\n',
+    "bom, then the declaration": '\ufeff<?xml version="1.0" encoding="utf-8"?>\r\n',
+    "bom after whitespace": " \ufeff",
+    "comment": "<!-- exported by an editor -->\n",
+    "comment holding markup": "<!-- <speak>old</speak> & --> ",
+    "processing instruction": '<?xml-stylesheet href="speech.css"?>',
+    "declaration, comment, instruction": (
+        '<?xml version="1.0"?>\n<!-- a -->\n<?app hint?>\n<!-- b -->\n'
+    ),
+}
+
+
+@pytest.mark.parametrize("opening", OPENINGS.values(), ids=OPENINGS.keys())
+def test_a_document_is_ssml_however_it_begins(opening: str) -> None:
+    """Such documents were read aloud as text, markup included (or refused: whitespace before
+    the declaration); they parse exactly as the same document starting at <speak>."""
+    expected = parse_ssml(BODY)
+    assert is_ssml(opening + BODY)
+    assert parse_markup(opening + BODY) == expected
+    assert parse_ssml(opening + BODY) == expected
+    # a forced SSML text that has no <speak> is still its content after such a beginning
+    assert parse_markup(opening + "Hello <break/> there.", ssml=True) == parse_ssml(
+        "<speak>Hello <break/> there.</speak>"
+    )
+
+
+def test_errors_after_an_opening_name_the_writers_position() -> None:
+    error = error_of('\ufeff  <?xml version="1.0"?>\n<!-- c -->\n<speak>Hi <foo/></speak>')
+    assert (error.line, error.column) == (3, 11), str(error)
+    error = error_of('  <?xml version="1.0"?> <speak>Hi <foo/></speak>')
+    assert (error.line, error.column) == (1, 35), str(error)
+
+
+@pytest.mark.parametrize(
+    "document",
+    [
+        '<?xml version="1.0"?>\n' + BILLION_LAUGHS.split("\n", 1)[1],
+        "<!-- x -->\n" + BILLION_LAUGHS,
+        "\ufeff\n" + BILLION_LAUGHS,
+        '<!DOCTYPE speak PUBLIC "-//W3C//DTD SYNTHESIS 1.0//EN" '
+        '"http://www.w3.org/TR/speech-synthesis/synthesis.dtd"><speak>Hi</speak>',
+        '<?xml version="1.0"?><!DOCTYPE speak [<!ENTITY w "world">]><speak>Hello &w;</speak>',
+    ],
+    ids=["declaration", "comment", "bom", "w3c-public-dtd", "one-entity"],
+)
+def test_a_doctype_is_refused_whatever_comes_before_it(document: str) -> None:
+    """A billion-laughs document after an XML declaration was spoken as text (22 s, HTTP
+    200): now it is SSML, whose DOCTYPE is refused before any entity is declared."""
+    assert is_ssml(document)
+    with pytest.raises(SsmlError, match="a DOCTYPE is not allowed") as caught:
+        parse_markup(document)
+    doctype = document.index("<!DOCTYPE")
+    line = document.count("\n", 0, doctype) + 1
+    assert caught.value.line == line
+    assert "lol" not in str(caught.value) and "world" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("document", "line", "column"),
+    [
+        ('<!ENTITY lol "lol"><speak>&lol;</speak>', 1, 1),
+        ("<!-- x -->\n <!ELEMENT speak ANY><speak>x</speak>", 2, 2),
+        ('<speak>a <!ENTITY x "y"> b</speak>', 1, 10),
+    ],
+)
+def test_an_entity_declaration_outside_a_doctype_is_refused_not_read(
+    document: str, line: int, column: int
+) -> None:
+    assert is_ssml(document)
+    with pytest.raises(SsmlError, match=r"markup declarations .* are not allowed") as caught:
+        parse_markup(document)
+    assert (caught.value.line, caught.value.column) == (line, column)
+
+
+def test_xml_constructs_without_speak_are_parsed_not_read() -> None:
+    assert parse_markup("<!-- draft -->Hello there.") == Document((Text("Hello there."),))
+    for document, message in [
+        ('<?xml version="1.0"?><html>Hi</html>', "unknown tag <html>"),
+        ("<!-- never closed <speak>Hi</speak>", "not finished"),
+        ('<?xml version="1.0"', "not finished"),
+    ]:
+        with pytest.raises(SsmlError, match=message):
+            parse_markup(document)
+    assert parse_markup("if a < b then") == Document((Text("if a < b then"),))
+    assert parse_markup("<3 you") == Document((Text("<3 you"),))
+
+
+def test_the_w3c_header_and_vendor_namespaces_are_accepted() -> None:
+    document = W3C_HEADER + "Hello.</speak>"
+    assert parse_ssml(document) == Document((Text("Hello."),))
+    azure = (
+        '<speak version="1.0" xmlns="http://www.w3.org/2001/10/synthesis" '
+        'xmlns:mstts="https://www.w3.org/2001/mstts" '
+        'xmlns:emo="http://www.w3.org/2009/10/emotionml" '
+        'xml:lang="en-US">Hello.</speak>'
+    )
+    assert parse_ssml(azure) == Document((Text("Hello."),))
+    # an attribute of a vendor is still refused where it would change the speech
+    with pytest.raises(SsmlError, match="no attribute 'xsi:type'"):
+        parse_ssml('<speak><prosody xsi:type="x" rate="slow">a</prosody></speak>')
+    with pytest.raises(SsmlError, match="no attribute 'amazon:auto-breaths'"):
+        parse_ssml('<speak amazon:auto-breaths="on">a</speak>')
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            '<speak>Step four, <prosody rate="80%">relax</prosody>.</speak>',
+            [Text("Step four,"), Text("relax.", rate=0.8)],
+        ),
+        ("Say [[ h ə l ˈoʊ ]].", [Text("Say"), Phonemes("h ə l ˈoʊ")]),
+        ("[[ h ə l ˈoʊ ]]!", [Phonemes("h ə l ˈoʊ")]),
+        ('<speak>Wait <break time="1s"/>.</speak>', [Text("Wait."), Break(1.0)]),
+        (
+            '<speak><p>"<prosody rate="slow">Hi</prosody>"</p> there</speak>',
+            [
+                Text('Hi"', rate=0.75, sentence_start=True, paragraph_start=True),
+                Text("there", sentence_start=True, paragraph_start=True),
+            ],
+        ),
+        (
+            '<speak><s>(</s><s><prosody rate="fast">quick</prosody>) —</s></speak>',
+            [Text("quick)—", rate=1.25, sentence_start=True)],
+        ),
+        ("<speak>.</speak>", [Text(".")]),  # nothing speakable at all: the family says so
+        ('<speak>5 <prosody rate="slow">%</prosody></speak>', [Text("5"), Text("%", 0.75)]),
+    ],
+)
+def test_punctuation_beside_markup_joins_the_words_before_it(text: str, expected: list) -> None:
+    """A lone "." after a prosody or a [[ ]] failed the whole request: "nothing speakable"."""
+    assert list(parse_markup(text)) == expected
+
+
+@pytest.mark.parametrize(
+    ("start", "undecided"),
+    [
+        ("", True),
+        ("  \ufeff", True),
+        ("<spe", True),
+        ('<?xml version="1.0"', True),
+        ("<!-- a comment not closed", True),
+        ("<!DOC", True),
+        ('<?xml version="1.0"?>', False),  # an XML document: SSML
+        ("<!-- c -->", False),
+        ("<speak>", False),
+        ("Hello", False),
+        ("<b>", False),
+    ],
+)
+def test_a_streamed_text_waits_until_its_start_says_whether_it_is_ssml(
+    start: str, undecided: bool
+) -> None:
+    from onnx_tts.frontend.ssml import ssml_undecided
+
+    assert ssml_undecided(start) is undecided
 
 
 # -- say-as words are the normaliser's words ------------------------------------------

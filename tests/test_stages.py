@@ -15,7 +15,7 @@ import pytest
 
 import onnx_tts
 from onnx_tts.decoding.request import CancelToken, PlaybackClock, Request
-from onnx_tts.errors import InputError
+from onnx_tts.errors import CancelledError, InputError
 from onnx_tts.families.base import Vocoder, VocoderCapabilities
 from onnx_tts.pipeline.admission import Admission, retry_after_seconds
 from onnx_tts.pipeline.stages import VocoderStage
@@ -200,7 +200,7 @@ def test_a_cancelled_stream_stops_in_both_stages(codec_engine):
     next(stream)
     cancel.cancel()  # e.g. a server whose client went away
     wait_until(lambda: codec_engine.stats()["active_rows"] == 0, "the cancelled row is free")
-    with pytest.raises(StopIteration):
+    with pytest.raises(CancelledError):  # never a stream that ends as if it were whole
         while True:
             next(stream)
     stream.close()
@@ -278,12 +278,42 @@ def test_the_cores_bound_capacity_when_both_stages_are_costly(monkeypatch):
 
 def test_admission_holds_new_streams_while_a_listener_runs_dry():
     lead = [5.0]
-    admission = _admission(_Load(), max_streams=8, max_waiting=4, lead=lambda: lead[0])
+    admission = _admission(_Load(), max_streams=8, max_waiting=4, lead=lambda arrived: lead[0])
     assert admission.try_admit(admission.enqueue())
     lead[0] = 0.02  # the playing listener is about to stall
     ticket = admission.enqueue()
     assert not admission.try_admit(ticket)
     lead[0] = 2.0
+    assert admission.try_admit(ticket)
+
+
+def test_requests_that_arrive_together_start_together():
+    """A new stream waits while a listener that was playing when its request arrived is about
+    to run dry; a listener that started after it arrived never holds it back (8 clients that
+    started at once were admitted one by one, each waiting for the stream admitted before it
+    to get ahead of its player)."""
+    from types import SimpleNamespace
+
+    from onnx_tts.server.engines import SpeechModel
+
+    model = SpeechModel("m", engine=None)  # type: ignore[arg-type]
+    admission = _admission(_Load(), max_streams=8, max_waiting=4, lead=model.lead)
+    assert admission.try_admit(admission.enqueue(None))  # nothing plays yet
+    now = time.perf_counter()
+    before, after = PlaybackClock(), PlaybackClock()
+    before.chunk(now - 1.0, 1.05)  # playing since 1 s ago, dry in 0.05 s
+    after.chunk(now - 0.2, 0.25)  # started 0.2 s ago, dry in 0.05 s
+    arrived = now - 0.5  # between the two starts
+    model.jobs = {1: SimpleNamespace(clock=after)}
+    together = admission.enqueue(arrived)
+    assert admission.try_admit(together)  # `after` started after it arrived
+    later = admission.enqueue(now)
+    assert not admission.try_admit(later)  # it arrived while `after` played: it waits
+    admission.abandon(later)
+    model.jobs = {1: SimpleNamespace(clock=after), 2: SimpleNamespace(clock=before)}
+    ticket = admission.enqueue(arrived)
+    assert not admission.try_admit(ticket)  # `before` played when it arrived, and runs dry
+    before.chunk(time.perf_counter(), 100.0)  # now far ahead of its player
     assert admission.try_admit(ticket)
 
 
@@ -295,7 +325,9 @@ def test_a_stalled_listener_lowers_the_limit_and_each_calm_sample_raises_it(monk
     clock = [1000.0]
     monkeypatch.setattr("onnx_tts.pipeline.admission.time.monotonic", lambda: clock[0])
     lead, stalls = [5.0], [0]
-    admission = _admission(_Load(), max_streams=64, lead=lambda: lead[0], stalls=lambda: stalls[0])
+    admission = _admission(
+        _Load(), max_streams=64, lead=lambda arrived: lead[0], stalls=lambda: stalls[0]
+    )
     for _ in range(6):
         assert admission.try_admit(admission.enqueue())
     admission.capacity()  # first sample
@@ -325,7 +357,7 @@ def test_a_model_slower_than_real_time_is_not_held_to_one_stream(monkeypatch):
     clock = [1000.0]
     monkeypatch.setattr("onnx_tts.pipeline.admission.time.monotonic", lambda: clock[0])
     load = _Load()
-    admission = _admission(load, max_streams=8, lead=lambda: 0.0, cores=2)
+    admission = _admission(load, max_streams=8, lead=lambda arrived: 0.0, cores=2)
     assert admission.try_admit(admission.enqueue())
     admission.capacity()
     clock[0] += 1.0

@@ -228,3 +228,79 @@ def test_a_models_builtin_voice_names_are_reserved_and_reach_only_that_model(
     assert exact.status_code == 200 and spelled.content == exact.content
     assert other.status_code == 200 and other.content != exact.content
     assert "Traceback" not in live.log()
+
+
+# -- issue 43: a name that normalisation lengthens ------------------------------------------------
+def _wyoming_session(live: LiveWyoming, voice: str) -> tuple[Info, bytes | str]:
+    """Wyoming's describe, then "Hello there." in `voice`: its PCM, or its error code."""
+
+    async def session() -> tuple[Info, bytes | str]:
+        async with AsyncTcpClient("127.0.0.1", live.port) as client:
+            await client.write_event(Describe().event())
+            info = Info.from_event(await client.read_event())
+            await client.write_event(
+                Synthesize(text="Hello there.", voice=SynthesizeVoice(name=voice)).event()
+            )
+            pcm = b""
+            while True:
+                event = await client.read_event()
+                assert event is not None, "closed without an answer"
+                if Error.is_type(event.type):
+                    return info, Error.from_event(event).code or "error"
+                if AudioChunk.is_type(event.type):
+                    pcm += AudioChunk.from_event(event).audio
+                if AudioStop.is_type(event.type):
+                    return info, pcm
+
+    return asyncio.run(asyncio.wait_for(session(), 300))
+
+
+def test_a_voice_is_reachable_by_its_id_whatever_normalisation_did_to_its_name(
+    server: LiveServer, tmp_path: Path
+) -> None:
+    """U+0958 is two characters composed (NFC): 100 of them were stored as 200 characters,
+    a record the store then refused to read, so the voice's own id was a 404 over HTTP and an
+    unknown voice over Wyoming. Now an upload is bounded as it is stored (400, too_long), a
+    name that fits is reachable by its id everywhere, and a record an older version stored
+    that way is read again."""
+    too_long = upload(server, "\u0958" * 100, seed=60)
+    assert too_long.status_code == 400, too_long.text
+    error = too_long.json()["error"]
+    assert error["param"] == "name" and error["code"] == "too_long"
+    assert "200" in error["message"] and "\n" not in error["message"]
+    ligatures = upload(server, "\ufdfa" * 30, seed=60)  # 18 letters each, once normalised
+    assert ligatures.status_code == 400 and ligatures.json()["error"]["code"] == "too_long"
+
+    fits = upload(server, "\u0958" * 50, seed=61)
+    assert fits.status_code == 201, fits.text
+    ident = fits.json()["id"]
+    assert len(fits.json()["name"]) == 100
+    # A record an older version wrote: 100 typed characters stored as 200.
+    voices = server.log_path.parent / "voices"
+    samples = speechlike(2.0, RATE, seed=62)
+    legacy = Voice(voice_id(samples, RATE), unicodedata.normalize("NFC", "\u0958" * 100), 1, RATE)
+    assert len(legacy.name) == 200
+    soundfile.write(str(voices / f"{legacy.id}.wav"), samples, RATE, subtype="FLOAT")
+    (voices / f"{legacy.id}.json").write_text(json.dumps(legacy.__dict__))
+
+    for voice in (ident, legacy.id):
+        got = httpx.get(f"{server.url}/v1/audio/voices/{voice}", timeout=30)
+        assert got.status_code == 200 and got.json()["id"] == voice, got.text
+        assert voice in {v["id"] for v in listed(server)}
+        spoken = speak(server, voice)
+        assert spoken.status_code == 200 and len(spoken.content) > 1000, spoken.text
+    assert httpx.get(f"{server.url}/v1/audio/voices/voice_{'0' * 24}").status_code == 404
+
+    live = LiveWyoming(tmp_path, "--voices-dir", str(voices))
+    try:
+        info, spoken = _wyoming_session(live, legacy.id)
+        assert isinstance(spoken, bytes) and len(spoken) > 1000, spoken
+        assert isinstance(_wyoming_session(live, ident)[1], bytes)
+    finally:
+        assert live.stop() == 0
+    described = {v.name for v in info.tts[0].voices}
+    assert {ident, legacy.id} <= described
+    assert "Traceback" not in live.log()
+    deleted = httpx.delete(f"{server.url}/v1/audio/voices/{legacy.id}", timeout=30)
+    assert deleted.status_code == 200 and deleted.json()["deleted"] is True
+    assert httpx.get(f"{server.url}/v1/audio/voices/{legacy.id}").status_code == 404

@@ -20,13 +20,14 @@ import os
 import shutil
 import sys
 import tempfile
-import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from export.graph_files import OPSET, export_graph, remove_torch_sidecars, share_external_data
 
 TTS_DIR = "MOSS-TTS-Nano-100M-ONNX"
 CODEC_DIR = "MOSS-Audio-Tokenizer-Nano-ONNX"
@@ -34,8 +35,6 @@ MANIFEST = "browser_poc_manifest.json"
 TTS_META = "tts_browser_onnx_meta.json"
 CODEC_META = "codec_browser_onnx_meta.json"
 TOKENIZER = "tokenizer.model"
-OPSET = 17
-EXTERNAL_THRESHOLD = 1024  # bytes; smaller tensors stay inside the graph (as published)
 
 TTS_FILES = {
     "prefill": "moss_tts_prefill.onnx",
@@ -114,24 +113,6 @@ def published() -> StandIn:
 
 
 # -- export ---------------------------------------------------------------------------------
-def _export(module, args: tuple, path: Path, inputs, outputs, dynamic: Mapping) -> None:
-    import torch
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(
-            module,
-            args,
-            str(path),
-            input_names=list(inputs),
-            output_names=list(outputs),
-            dynamic_axes=dict(dynamic),
-            opset_version=OPSET,
-            do_constant_folding=True,
-            dynamo=False,
-        )
-
-
 def _kv_names(kind: str, layers: int, prefix: str = "") -> list[str]:
     return [f"{prefix}{kind}_{t}_{i}" for i in range(layers) for t in ("key", "value")]
 
@@ -201,7 +182,7 @@ def export_tts(model, out: Path, spec: StandIn) -> list[str]:
         prefill_dyn["global_hidden"] = {0: "batch", 1: "prefill_seq"}
         for name in io["prefill_output_names"][1:]:
             prefill_dyn[name] = {0: "batch", 1: "prefill_seq"}
-        _export(
+        export_graph(
             tm.Prefill(model),
             (ids, torch.ones((1, seq_len), dtype=torch.int32)),
             out / TTS_FILES["prefill"],
@@ -221,7 +202,7 @@ def export_tts(model, out: Path, spec: StandIn) -> list[str]:
         for name in io["decode_output_names"][1:]:
             decode_dyn[name] = {0: "batch", 1: "total_seq"}
         past = tuple(torch.zeros(kv_shape) for _ in range(2 * dims.global_layers))
-        _export(
+        export_graph(
             tm.DecodeStep(model),
             (ids[:, :1], torch.full((1,), past_len, dtype=torch.int32), *past),
             out / TTS_FILES["decode_step"],
@@ -235,7 +216,7 @@ def export_tts(model, out: Path, spec: StandIn) -> list[str]:
         one = torch.zeros((1,), dtype=torch.int32)
         if "local_decoder" not in spec.without:
             prefix = torch.full((1, dims.n_vq - 1), dims.audio_pad, dtype=torch.int32)
-            _export(
+            export_graph(
                 tm.LocalDecoder(model),
                 (hidden, one, prefix),
                 out / TTS_FILES["local_decoder"],
@@ -253,7 +234,7 @@ def export_tts(model, out: Path, spec: StandIn) -> list[str]:
             for name in io["local_cached_output_names"][2:]:
                 cached_dyn[name] = {0: "batch", 1: "local_total_seq"}
             local_past = tuple(torch.zeros(local_kv) for _ in range(2 * dims.local_layers))
-            _export(
+            export_graph(
                 tm.LocalCachedStep(model),
                 (
                     hidden,
@@ -274,7 +255,7 @@ def export_tts(model, out: Path, spec: StandIn) -> list[str]:
         if "local_fixed_sampled_frame" not in spec.without:
             names = io["local_fixed_sampled_frame_input_names"]
             outputs = io["local_fixed_sampled_frame_output_names"]
-            _export(
+            export_graph(
                 tm.LocalFixedSampledFrame(model),
                 (hidden, seen, torch.full((1,), 0.5), torch.full((1, dims.n_vq), 0.5)),
                 out / TTS_FILES["local_fixed_sampled_frame"],
@@ -286,7 +267,7 @@ def export_tts(model, out: Path, spec: StandIn) -> list[str]:
         if spec.greedy_frame:
             names = ["global_hidden", "repetition_seen_mask", "repetition_penalty"]
             outputs = ["should_continue", "frame_token_ids"]
-            _export(
+            export_graph(
                 tm.LocalGreedyFrame(model),
                 (hidden, seen, torch.full((1,), 1.2)),
                 out / GREEDY_FRAME_FILE,
@@ -407,7 +388,7 @@ def export_codec(codec, out: Path) -> None:
     lengths = torch.full((1,), frames, dtype=torch.int32)
     with torch.no_grad():
         waveform = torch.zeros((1, dims.channels, frames * dims.downsample))
-        _export(
+        export_graph(
             cm.Encode(codec),
             (waveform, torch.full((1,), frames * dims.downsample, dtype=torch.int32)),
             out / CODEC_FILES["encode"],
@@ -420,7 +401,7 @@ def export_codec(codec, out: Path) -> None:
                 "audio_code_lengths": {0: "batch"},
             },
         )
-        _export(
+        export_graph(
             cm.DecodeFull(codec),
             (codes, lengths),
             out / CODEC_FILES["decode_full"],
@@ -428,7 +409,7 @@ def export_codec(codec, out: Path) -> None:
             meta["decode_output_names"],
             {"audio_codes": {1: "code_length"}, "audio": {2: "audio_length"}},
         )
-        _export(
+        export_graph(
             cm.DecodeStep(codec),
             (codes, lengths, *initial_codec_state(dims)),
             out / CODEC_FILES["decode_step"],
@@ -436,31 +417,6 @@ def export_codec(codec, out: Path) -> None:
             meta["decode_step_output_names"],
             {"audio_codes": {1: "code_length"}, "audio": {2: "audio_length"}},
         )
-
-
-# -- external data --------------------------------------------------------------------------
-def share_external_data(graphs: Sequence[Path], data_name: str) -> None:
-    """Move every initializer of >= 1 KiB of `graphs` into one `data_name` file beside them,
-    each distinct tensor (by sha256 of its bytes) stored once."""
-    import onnx
-
-    from onnx_tts.tools.external_data import save_sharing_data
-
-    models = [(path, onnx.load(str(path), load_external_data=True)) for path in graphs]
-    directory = graphs[0].parent
-    for path in graphs:
-        for stale in directory.glob(f"{path.name}*.data"):
-            stale.unlink()
-    save_sharing_data(models, data_name, EXTERNAL_THRESHOLD)
-
-
-def _remove_torch_sidecars(directory: Path, keep: Iterable[str]) -> None:
-    """torch writes large graphs with per-tensor sidecars; keep only the shared files."""
-    keep = set(keep)
-    for item in directory.iterdir():
-        ours = item.suffix in (".onnx", ".json", ".model") or item.name in keep
-        if item.is_file() and not ours:
-            item.unlink()
 
 
 # -- metadata -------------------------------------------------------------------------------
@@ -591,8 +547,8 @@ def build(parent: str | os.PathLike[str], spec: StandIn | None = None) -> Path:
             [codec_dir / CODEC_FILES["decode_full"], codec_dir / CODEC_FILES["decode_step"]],
             DECODE_DATA,
         )
-        _remove_torch_sidecars(tts_dir, (GLOBAL_DATA, LOCAL_DATA))
-        _remove_torch_sidecars(codec_dir, (ENCODE_DATA, DECODE_DATA))
+        remove_torch_sidecars(tts_dir, (GLOBAL_DATA, LOCAL_DATA))
+        remove_torch_sidecars(codec_dir, (ENCODE_DATA, DECODE_DATA))
 
         tokenizer = train_tokenizer()
         (tts_dir / TOKENIZER).write_bytes(tokenizer)

@@ -11,6 +11,12 @@ So before a scheduler batches a model, `batch_invariance_problem` decodes a shor
 then the same row beside a longer one, and compares their outputs bit for bit (the longer row
 too, against itself alone). If anything differs, the model's requests run on KV caches of
 their own in the same scheduler, and `info()["batching"]["why"]` says so.
+
+Some kernels compute a lone row by another path than a row among others (ONNX Runtime's
+MatMulNBits on CPUs without VNNI: one vector against the weights, versus a matrix product
+whose rows agree bit for bit for any count from two up). Such a model is probed again with
+every step at least two rows wide (`min_span` 2: a lone row steps beside a spare one); when
+that is invariant, the model batches that way.
 """
 
 from __future__ import annotations
@@ -51,23 +57,38 @@ def _probe_inputs(program: DecodeProgram, lengths: tuple[int, ...]) -> list[np.n
     return out
 
 
-def batch_invariance_problem(program: DecodeProgram, pool: KVPool) -> str | None:
-    """None when a row's LM output does not depend on the rows beside it (checked bit for bit
-    on one probe step), else why the model's requests must not share a batched step."""
+def batch_invariance_problem(program: DecodeProgram, pool: KVPool) -> tuple[str | None, int]:
+    """(None, min_span) when a row's LM output does not depend on the rows beside it with LM
+    runs at least `min_span` request rows wide (checked bit for bit on one probe step), else
+    (why the model's requests must not share a batched step, 1)."""
     inputs = _probe_inputs(program, (SHORT_ROW, 1, LONG_ROW, 1))
     if inputs is None:
-        return "the LM's input size is not fixed, so batching cannot be checked"
+        return "the LM's input size is not fixed, so batching cannot be checked", 1
+    for min_span in (1, 2):
+        problem = _probe(program, pool, inputs, min_span)
+        if problem is None:
+            return None, min_span
+        if problem != NOT_INVARIANT:
+            break
+    return problem, 1
+
+
+def _probe(
+    program: DecodeProgram, pool: KVPool, inputs: list[np.ndarray], min_span: int
+) -> str | None:
     short, short_step, long, long_step = inputs
     policy = pool.capacity
     capacity = CapacityPolicy(policy.fixed or PROBE_CAPACITY, policy.fixed or PROBE_CAPACITY)
-    rows = np.array([0, 1])
+    # The two requests in rows 0 and 2 with a free row between them: a lone row's run
+    # `min_span` wide takes that spare row, never the other request.
+    rows = np.array([0, 2])
 
     def prefilled() -> SlotRows:
-        slots = SlotRows(program, pool.layout, capacity, max_rows=2)
-        for row, prefill in enumerate((short, long)):
-            if not slots.reserve(row, capacity.limit):
+        slots = SlotRows(program, pool.layout, capacity, max_rows=3, min_span=min_span)
+        for row, prefill in zip(rows, (short, long), strict=True):
+            if not slots.reserve(int(row), capacity.limit):
                 raise MemoryError("the probe's slot rows do not fit the byte budget")
-            slots.prefill(row, Admission(prefill, capacity.limit), None)
+            slots.prefill(int(row), Admission(prefill, capacity.limit), None)
         return slots
 
     try:

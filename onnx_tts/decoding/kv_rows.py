@@ -215,11 +215,16 @@ class SlotRows(_RowHomeBase):
         capacity: CapacityPolicy,
         max_rows: int,
         budget_bytes: int = DEFAULT_SLOT_BYTES,
+        min_span: int = 1,
     ) -> None:
         self.program, self.layout, self.policy = program, layout, capacity
         self.max_rows = max_rows  # request rows
         self.budget_bytes = budget_bytes
         self.lm_rows = program.lm_rows
+        # Request rows of the smallest LM run: 2 when the LM's kernels compute one row alone
+        # differently from a row among others (batch_probe.py), so a lone row steps beside a
+        # spare one and every request sees the same kernels alone and in company.
+        self.min_span = min_span
         self.slots: KVSlots | None = None
         self.rows = 0  # request rows the buffer holds now
         self.capacity = 0
@@ -253,7 +258,9 @@ class SlotRows(_RowHomeBase):
         if needed > ceiling:
             return False
         held_rows, held_capacity = self._growth_size or (self.rows, self.capacity)
-        rows = max(held_rows, min(self.max_rows, _power_of_two_at_least(row + 1)))
+        rows = max(
+            held_rows, min(self.max_rows, _power_of_two_at_least(max(row + 1, self.min_span)))
+        )
         capacity = held_capacity
         if needed > capacity:
             capacity = min(ceiling, max(MIN_SLOT_CAPACITY, _power_of_two_at_least(needed)))
@@ -410,6 +417,9 @@ class SlotRows(_RowHomeBase):
         itself may go on in another thread while rows that left the step are released."""
         lm = self.lm_rows
         first, last = int(rows[0]), int(rows[-1])
+        if last - first + 1 < self.min_span:  # a lone row steps beside a spare one
+            last = min(first + self.min_span - 1, self.rows - 1)
+            first = max(0, last - self.min_span + 1)
         span = (last - first + 1) * lm
         inputs = inputs.astype(self._dtype, copy=False)
         positions = ((rows - first)[:, None] * lm + np.arange(lm)[None, :]).reshape(-1)

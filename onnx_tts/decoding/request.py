@@ -23,11 +23,16 @@ import numpy as np
 
 from onnx_tts.decoding.policy import Urgency
 from onnx_tts.decoding.sampling import SamplingOptions
+from onnx_tts.errors import InputError, checked_integer, checked_number, shown
 
 # A request without a deadline waits this long behind requests that have one (a batch job
 # yields to a live stream, but is never starved: its urgency still grows with its age).
 NO_DEADLINE_SLACK_SECONDS = 10.0
 _arrivals = itertools.count()
+# A deadline is an instant of time.monotonic(); one further ahead than this is a mistake.
+MAX_DEADLINE_AHEAD_SECONDS = 366 * 86400.0
+# Priorities are small integers in practice; the bound keeps them machine integers.
+MAX_PRIORITY = 2**31 - 1
 
 
 class CancelToken:
@@ -49,12 +54,21 @@ class CancelToken:
     def cancelled(self) -> bool:
         if self._event.is_set():
             return True
-        if any(condition() for condition in self._watches):
+        if any(_holds(condition) for condition in self._watches):
             self._event.set()
             return True
         return False
 
     def __bool__(self) -> bool:  # a token is an object, never falsy by accident
+        return True
+
+
+def _holds(condition: Callable[[], bool]) -> bool:
+    """A watch's answer; one that fails cannot vouch for its consumer, so it cancels (the
+    scheduler's worker asks every round: a raising watch must never reach it)."""
+    try:
+        return bool(condition())
+    except Exception:
         return True
 
 
@@ -131,6 +145,29 @@ class Handoff:
         return item
 
 
+def checked_timing(
+    deadline: Any, priority: Any, cancel: Any, clock: Any
+) -> tuple[float | None, int]:
+    """A request's timing checked where it is given (the API, a server, a direct submit):
+    the scheduler's worker orders and stops requests by these values, so a bad one must fail
+    its own call, never the worker (InputError naming it). Returns (deadline, priority)."""
+    if deadline is not None:
+        latest = time.monotonic() + MAX_DEADLINE_AHEAD_SECONDS
+        try:
+            deadline = checked_number("deadline", deadline, 0.0, latest)
+        except InputError as error:
+            raise InputError(
+                f"{error} (an instant of time.monotonic(), in seconds; e.g. time.monotonic() "
+                "+ 2 for audio within two seconds)"
+            ) from None
+    priority = checked_integer("priority", priority, -MAX_PRIORITY, MAX_PRIORITY)
+    if cancel is not None and not isinstance(cancel, CancelToken):
+        raise InputError(f"cancel must be an onnx_tts.CancelToken (or None), got {shown(cancel)}")
+    if clock is not None and not isinstance(clock, PlaybackClock):
+        raise InputError(f"clock must be an onnx_tts.PlaybackClock (or None), got {shown(clock)}")
+    return deadline, priority
+
+
 @dataclass(eq=False)
 class Request:
     """One text chunk to generate and everything the stages need to serve it.
@@ -158,12 +195,34 @@ class Request:
     marks: list[int] | None = None
     arrival: float = field(default_factory=time.monotonic)
     order: int = field(default_factory=lambda: next(_arrivals))
+    # Why the request stopped, when it failed outside the worker's own work (`fail`).
+    error: BaseException | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        self.deadline, self.priority = checked_timing(
+            self.deadline, self.priority, self.cancel, self.clock
+        )
+        if self.cancel is None:
+            self.cancel = CancelToken()
+
+    def fail(self, error: BaseException) -> None:
+        """Stop this request with `error` (its first): the token is cancelled, and the worker
+        ends the request's frames with the error rather than as a normal end."""
+        if self.error is None:
+            self.error = error
+        self.cancel.cancel()
 
     def due(self) -> float:
         """When this request next needs compute: its player running dry once audio flows,
-        else its first-audio deadline, else its arrival plus the no-deadline slack."""
+        else its first-audio deadline, else its arrival plus the no-deadline slack. Never
+        raises: a player's clock that fails fails its own request (`fail`), not the stage
+        that asked."""
         if self.clock is not None:
-            dry = self.clock.runs_dry_at()
+            try:
+                dry = self.clock.runs_dry_at()
+            except Exception as error:
+                self.fail(error)
+                dry = None
             if dry is not None:
                 return dry
         if self.deadline is not None and math.isfinite(self.deadline):
@@ -209,10 +268,13 @@ class FrameStream:
 
 
 __all__ = [
+    "MAX_DEADLINE_AHEAD_SECONDS",
+    "MAX_PRIORITY",
     "NO_DEADLINE_SLACK_SECONDS",
     "CancelToken",
     "FrameStream",
     "Handoff",
     "PlaybackClock",
     "Request",
+    "checked_timing",
 ]

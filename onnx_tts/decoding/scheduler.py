@@ -44,10 +44,8 @@ log = logging.getLogger("onnx_tts.decoding")
 
 MAX_BATCH_LIMIT = 256
 MAX_PREFILL_WORKERS = 64  # threads running prompts apart: far above any machine's cores
-# After a round in which nothing could run, the policy looks again this soon (due times move).
-IDLE_ROUND_SECONDS = 0.005
-# Requests waiting for a row beyond this many are refused (QueueFull) instead of queued.
-DEFAULT_MAX_WAITING = 1024
+IDLE_ROUND_SECONDS = 0.005  # after a round that ran nothing, the policy looks again this soon
+DEFAULT_MAX_WAITING = 1024  # requests waiting for a row beyond this many are refused (QueueFull)
 # A scheduler without work for this long lets its slot buffers go: a burst grew them, and a
 # long-running server would otherwise hold them until it exits. (None: kept.)
 IDLE_RELEASE_SECONDS: float | None = 60.0
@@ -91,12 +89,14 @@ class DecodeScheduler:
         self.layout = pool.layout
         self.prefix_cache = prefix_cache
         self.max_waiting = max_waiting
-        self.batching_unavailable = batching_support(pool)
+        self.batching_unavailable, min_span = batching_support(pool), 1
         if self.batching_unavailable is None and max_batch > 1:  # rows would share steps
-            self.batching_unavailable = batch_invariance_problem(program, pool)
+            self.batching_unavailable, min_span = batch_invariance_problem(program, pool)
         self.slots: SlotRows | None = None
         if self.batching_unavailable is None:
-            self.slots = SlotRows(program, self.layout, pool.capacity, max_batch, slot_bytes)
+            self.slots = SlotRows(
+                program, self.layout, pool.capacity, max_batch, slot_bytes, min_span
+            )
             self.slots.on_grown = self.wake
         self.own = OwnCaches(program, pool, self.layout)
         self.state = program.new_state(max_batch)
@@ -149,6 +149,8 @@ class DecodeScheduler:
                 self.prefilling.start_workers()
                 if self.slots is not None:
                     self.slots.start_grower()
+                if self._helper is not None:  # (its thread too: a burst starts none)
+                    self._helper.submit(time.monotonic)
                 self._thread = threading.Thread(
                     target=self._run, name="onnx-tts-decode", daemon=True
                 )
@@ -355,7 +357,7 @@ class DecodeScheduler:
     @staticmethod
     def _cancelled(request: Request) -> bool:
         if request.cancel.cancelled:
-            _tell(request.sink.end, None)
+            _tell(request.sink.end, request.error)
             return True
         return False
 
@@ -367,13 +369,12 @@ class DecodeScheduler:
         home = self.homes[row]
         if home is not None:
             home.release(row)
-        self.requests[row] = None
-        self.homes[row] = None
-        self.finishing[row] = False
+        self.requests[row], self.homes[row], self.finishing[row] = None, None, False
 
     def _drop_cancelled(self) -> None:
-        for row in [r for r, q in enumerate(self.requests) if q is not None and q.cancel.cancelled]:
-            self._free(row)
+        for row, request in enumerate(self.requests):
+            if request is not None and request.cancel.cancelled:
+                self._free(row, request.error)
 
     def _start_prefills(self, rows: list[int]) -> list[int]:
         """Start the prefills of the rows admitted this round, in the plan's order: admission
@@ -434,7 +435,7 @@ class DecodeScheduler:
         assert request is not None
         try:
             if request.cancel.cancelled:
-                self._free(row)
+                self._free(row, request.error)
                 return None
             admission = self.program.admit(self.state, row, request)
             if admission.inputs.shape[0] != self.program.lm_rows:

@@ -17,7 +17,15 @@ from typing import Any
 
 from onnx_tts.bundle import MANIFEST, Bundle
 from onnx_tts.errors import ModelError
-from onnx_tts.families import chatterbox, codec_lm, moss_tts_nano, phoneme_mel, piper
+from onnx_tts.families import (
+    chatterbox,
+    codec_lm,
+    higgs,
+    moss_tts,
+    moss_tts_nano,
+    phoneme_mel,
+    piper,
+)
 from onnx_tts.families.base import Detection, Family, FolderModel, LoadSettings, Model, Option
 
 FAMILIES: dict[str, Family] = {
@@ -27,6 +35,8 @@ FAMILIES: dict[str, Family] = {
         phoneme_mel.REGISTRY_ENTRY,
         *chatterbox.REGISTRY_ENTRIES,
         moss_tts_nano.REGISTRY_ENTRY,
+        moss_tts.REGISTRY_ENTRY,
+        higgs.REGISTRY_ENTRY,
         piper.REGISTRY_ENTRY,
     )
 }

@@ -27,9 +27,10 @@ from __future__ import annotations
 import math
 import numbers
 import os
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
@@ -40,9 +41,10 @@ from onnx_tts.cache.result import directory_hashes
 from onnx_tts.decoding import SAMPLING_KEYS, DecodeProgram, KVPool, SamplingOptions
 from onnx_tts.decoding.direct import DirectProgram
 from onnx_tts.encoder import VoiceEncoder
-from onnx_tts.errors import AudioError, InputError
+from onnx_tts.errors import AudioError, InputError, checked_number, shown
 from onnx_tts.families.files import ModelFiles
 from onnx_tts.families.loader import LoadedGraphs, LoadSettings, Stage
+from onnx_tts.frontend.sentences import UNIT_SPACE
 from onnx_tts.graph_io import KVLayout
 
 Scope = Literal["load", "request", "both"]
@@ -78,29 +80,27 @@ class Option:
         """`value` checked against the option's type and range; InputError naming the option."""
         if self.kind is bool:
             if not isinstance(value, bool):
-                raise InputError(f"{self.name} must be true or false, got {value!r}")
+                raise InputError(f"{self.name} must be true or false, got {shown(value)}")
             return value
         if self.kind is str:
             if not isinstance(value, str) or not value:
-                raise InputError(f"{self.name} must be a non-empty string, got {value!r}")
+                raise InputError(f"{self.name} must be a non-empty string, got {shown(value)}")
             if self.choices and value not in self.choices:
                 raise InputError(
-                    f"{self.name} must be one of {', '.join(self.choices)}, got {value!r}"
+                    f"{self.name} must be one of {', '.join(self.choices)}, got {shown(value)}"
                 )
             return value
-        if self.kind is int and (
-            isinstance(value, bool) or not isinstance(value, numbers.Integral)
-        ):
-            raise InputError(f"{self.name} must be an integer, got {value!r}")
-        if isinstance(value, bool) or not isinstance(value, numbers.Real):
-            raise InputError(f"{self.name} must be a number, got {value!r}")
-        number = self.kind(value)
-        if not math.isfinite(number) or (
-            (self.low is not None and number < self.low)
-            or (self.high is not None and number > self.high)
-        ):
-            raise InputError(f"{self.name} must be in [{self.low:g}, {self.high:g}], got {value!r}")
-        return number
+        low = -math.inf if self.low is None else self.low
+        high = math.inf if self.high is None else self.high
+        if self.kind is int:
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                raise InputError(f"{self.name} must be an integer, got {shown(value)}")
+            if not low <= value <= high:  # (exact for integers of any size)
+                raise InputError(
+                    f"{self.name} must be an integer in [{low:g}, {high:g}], got {shown(value)}"
+                )
+            return int(value)
+        return checked_number(self.name, value, low, high)
 
 
 @dataclass(frozen=True)
@@ -126,12 +126,41 @@ class WordSpan:
     first: int | None = None
     last: int | None = None
     weight: float = 1.0
+    written: str = ""  # as the sentence writes it, punctuation included (captions); "" = text
+    joins_next: bool = False  # it and the next word are one spoken unit ("nine" "thirty")
+
+
+_WORD_RE = re.compile(r"(\S+)(\s*)")
+_AROUND_WORDS = ".,;:!?\"'()[]{}"
 
 
 def spoken_words(text: str) -> list[WordSpan]:
-    """The words of `text` (punctuation around them dropped), weighted by their letters."""
-    words = (word.strip(".,;:!?\"'()[]{}") for word in text.split())
-    return [WordSpan(word, weight=max(1, len(word))) for word in words if word]
+    """The words of `text` (punctuation around them dropped; kept in `written`), weighted by
+    their letters. Words the reader joined as one spoken unit (`normalize_text(...,
+    keep_units=True)`: a number, a time, an amount) say so in `joins_next`; punctuation
+    standing alone ("-", "—") is written with the word before it."""
+    words: list[WordSpan] = []
+    lead = ""
+    for match in _WORD_RE.finditer(text):
+        token, space = match.groups()
+        joins = bool(space) and not space.strip(UNIT_SPACE)
+        word = token.strip(_AROUND_WORDS)
+        if not any(ch.isalnum() for ch in word):  # punctuation on its own
+            if words:
+                last = words[-1]
+                words[-1] = replace(
+                    last,
+                    written=f"{last.written} {token}",
+                    joins_next=last.joins_next and joins,
+                )
+            else:
+                lead += token + " "
+            continue
+        words.append(
+            WordSpan(word, weight=max(1, len(word)), written=lead + token, joins_next=joins)
+        )
+        lead = ""
+    return words
 
 
 class TextFrontend(ABC):
@@ -147,6 +176,13 @@ class TextFrontend(ABC):
     def chunks(self, text: str, options: Mapping[str, Any]) -> list[Any]:
         """`text` (checked) as chunks, each one request of the scheduler; InputError when
         nothing in it is speakable. `options`: the request's family options (checked)."""
+
+    def sentence_chunks(self, text: str, options: Mapping[str, Any]) -> list[Any]:
+        """`text` as chunks that never hold two sentences (a request with a silence of its own
+        between sentences: `sentence_silence`). By default `chunks()`, whose chunks are
+        sentences (or pieces of a long one); a family that joins sentences into one chunk
+        keeps them apart here."""
+        return self.chunks(text, options)
 
     def phoneme_chunks(self, ipa: str, text: str, options: Mapping[str, Any]) -> list[Any] | None:
         """IPA phonemes to speak as given (`text`: what they stand for) as chunks, or None when

@@ -8,7 +8,8 @@ names), `roman` (roman numerals in context), `letters` (letters read one by one,
 `measures` (multipliers, dimensions, feet and inches, signs, ranges), `abbreviations`,
 `sentences` (sentence ends and splitting), `normalize` (the English pipeline); `segments`
 (typed segments), `ssml` (the SSML subset), `say_as`, `markup` (SSML or [[ ]] spans);
-`tokenizer` and `phonemes`. docs/TEXT.md describes what the reader and the markup do.
+`tokenizer`, `phonemes` and `word_phonemes` (each word's phonemes in a sentence's, for word
+timings). docs/TEXT.md describes what the reader and the markup do.
 """
 
 from __future__ import annotations

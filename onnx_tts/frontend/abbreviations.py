@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from collections.abc import Collection
 
-from onnx_tts.frontend.numerals import _HOUR_RE, _TIME_RE, _time
+from onnx_tts.frontend.numerals import _HOUR_RE, _RATIO_RE, _TIME_RE, _time, ratio
 from onnx_tts.frontend.sentences import (
     _CAPITAL_NEXT,
     _ends_sentence,
@@ -167,6 +167,7 @@ def _initial(match: re.Match[str]) -> str:
 def expand_abbreviations(text: str) -> str:
     """Abbreviations to words, keeping a period only where the sentence also ends, so that
     split_sentences does not cut at "U.S." or "Dr." inside a sentence."""
+    text = _RATIO_RE.sub(ratio, text)  # "16:9" before the times: it is none
     text = rewrite(_TIME_RE, _time, text)  # "3:30 p.m.": the meridiem's period is the time's
     text = rewrite(_HOUR_RE, _time, text)
     text = _NUMBER_SIGN_RE.sub("number ", text)

@@ -3,6 +3,7 @@ and the day written first ("15 March 2024" -> "the fifteenth of March, twenty tw
 
 from __future__ import annotations
 
+import calendar
 import re
 
 from onnx_tts.frontend.numbers import _ONES, number_to_words, ordinal_to_words, year_to_words
@@ -47,8 +48,8 @@ def date_words(
 ) -> str | None:
     """A date as spoken: (3, 3, "2024") "March third, twenty twenty four"; with day_first
     "the third of March, twenty twenty four"; without a day "March twenty twenty four".
-    None for an impossible month or day."""
-    if not 1 <= month <= 12 or (day is not None and not 1 <= day <= 31):
+    None for an impossible month or day ("2024-02-30", "April 31", "2023-02-29")."""
+    if not 1 <= month <= 12 or (day is not None and not 1 <= day <= _days_in(month, year)):
         return None
     name = MONTHS[month - 1]
     if day is None:
@@ -60,6 +61,14 @@ def date_words(
     if year is None:
         return words
     return f"{words}, {year_words(year)}" if day is not None else f"{words} {year_words(year)}"
+
+
+def _days_in(month: int, year: str | None) -> int:
+    """Days of a month; February has 29 unless a four-digit year says it has not."""
+    if month == 2:
+        leap = year is None or len(year) != 4 or calendar.isleap(int(year))
+        return 29 if leap else 28
+    return 30 if month in (4, 6, 9, 11) else 31
 
 
 def _iso_date(match: re.Match[str]) -> str:

@@ -12,7 +12,7 @@ import re
 
 from onnx_tts.errors import MarkupError
 from onnx_tts.frontend.checks import check_text
-from onnx_tts.frontend.segments import Document, Phonemes, Text
+from onnx_tts.frontend.segments import Document, Phonemes, Text, fold_marks
 from onnx_tts.frontend.ssml import is_ssml, line_column, parse_ssml
 
 _SPAN_RE = re.compile(r"\[\[|\]\]")
@@ -56,8 +56,9 @@ def split_phoneme_spans(text: str) -> list[Text | Phonemes]:
 def parse_markup(text: str, ssml: bool | None = None) -> Document:
     """A text's Document: SSML when `ssml` is True, or when it is None and the text starts
     with <speak> (is_ssml); otherwise plain text with ``[[ ]]`` phoneme spans (`ssml=False`
-    reads even a <speak> text as plain text). Raises SsmlError / MarkupError, and InputError
+    reads even a <speak> text as plain text). Punctuation left on its own beside markup joins
+    the text before it (`segments.fold_marks`). Raises SsmlError / MarkupError, and InputError
     for a text check_text refuses (empty, too long, not Unicode)."""
     if ssml or (ssml is None and is_ssml(text)):
         return parse_ssml(text)
-    return Document(tuple(split_phoneme_spans(check_text(text))))
+    return Document(fold_marks(split_phoneme_spans(check_text(text))))

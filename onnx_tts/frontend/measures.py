@@ -1,8 +1,8 @@
 """Numbers with a sign or a letter that says how they measure: multipliers ("3x faster"),
 dimensions ("3x4", "1920x1080"), feet and inches ("5'11\"", "6 ft 2 in", "12\""), scale
 letters ("1.5M users", "7B"), "±5", "~5", "≈5", "3 × 4", ranges joined by a dash to a unit
-or a meridiem ("40-60°C", "9am-5pm"), weekday ranges ("Mon-Fri"), and a name's number
-after a hyphen ("GPT-4", "COVID-19").
+or a meridiem ("40-60°C", "9am-5pm") or between times ("10:30-11:45"), weekday ranges
+("Mon-Fri"), and a name's number after a hyphen ("GPT-4", "COVID-19").
 
 Runs before expand_numbers, which then reads the numbers left as digits.
 """
@@ -50,6 +50,13 @@ _DASH_RANGE_RE = re.compile(
     re.IGNORECASE,
 )
 _TIME_RANGE_RE = re.compile(r"(?<=[ap]m)\s?[-–]\s?(?=\d)", re.IGNORECASE)
+# "10:30-11:45", "9-10:30am", "9:30 - 11": a dash between two times of day, or an hour and a
+# time, is "to" (the times are read by expand_numbers).
+_CLOCK = r"\d{1,2}(?::\d{2})?"
+_CLOCK_RANGE_RE = re.compile(
+    rf"(?<![\w.:,])({_CLOCK})\s?[-–]\s?({_CLOCK})(?=\s?[ap]\.?m\b|(?![\w:]|[.,]\d))",
+    re.IGNORECASE,
+)
 _WEEKDAYS = {
     "mon": "Monday",
     "tue": "Tuesday",
@@ -133,6 +140,18 @@ def _weekday_range(match: re.Match[str]) -> str:
     return f"{first} to {last}{period}"
 
 
+def _is_clock(written: str) -> bool:
+    hours, _, minutes = written.partition(":")
+    return int(hours) <= 24 and (not minutes or int(minutes) <= 59)
+
+
+def _clock_range(match: re.Match[str]) -> str:
+    first, second = match.groups()
+    if ":" not in first + second or not (_is_clock(first) and _is_clock(second)):
+        return match.group(0)
+    return f"{first}{pad('to')}{second}"
+
+
 def expand_measures(text: str) -> str:
     """Multipliers, dimensions, feet and inches, scale letters, ±/~/≈/×, dash ranges before a
     unit or meridiem, weekday ranges, and hyphenated name numbers, as words or plain
@@ -147,7 +166,8 @@ def expand_measures(text: str) -> str:
     text = _RESOLUTION_RE.sub(lambda m: pad(f"{year_to_words(int(m.group(1)))} P"), text)
     text = _PLUS_MINUS_RE.sub(pad("plus or minus"), text)
     text = _ABOUT_RE.sub(pad("about"), text)
-    text = _DASH_RANGE_RE.sub(r"\1 to ", text)
+    text = _DASH_RANGE_RE.sub(lambda m: m.group(1) + pad("to"), text)
     text = _TIME_RANGE_RE.sub(pad("to"), text)
+    text = _CLOCK_RANGE_RE.sub(_clock_range, text)
     text = _WEEKDAY_RANGE_RE.sub(_weekday_range, text)
     return _NAME_NUMBER_RE.sub(r"\1 ", text)

@@ -12,7 +12,7 @@ from onnx_tts.frontend.letters import expand_letters
 from onnx_tts.frontend.measures import expand_measures
 from onnx_tts.frontend.numerals import expand_numbers
 from onnx_tts.frontend.roman import expand_roman
-from onnx_tts.frontend.sentences import PAD, pad
+from onnx_tts.frontend.sentences import PAD, UNIT_SPACE, pad
 from onnx_tts.frontend.web import expand_web
 
 _SYMBOLS = {
@@ -58,12 +58,15 @@ _QUOTES = str.maketrans(
 )
 
 
-def normalize_text(text: str) -> str:
+def normalize_text(text: str, keep_units: bool = False) -> str:
     """Unicode, punctuation, abbreviation, symbol and number normalisation for English.
 
     Letters of other scripts and emoji are dropped with an UnspeakableTextWarning, and an
     InputError is raised when that leaves nothing to speak. Blank text gives "" (callers
     refuse it, see check_text); text that is not valid Unicode is an InputError.
+    `keep_units`: the words of one spoken unit (a number, a time, a date, an amount with its
+    unit, an address) are joined by `sentences.UNIT_SPACE` instead of a space, so that
+    captions never split them.
     """
     if not isinstance(text, str):
         raise InputError(f"text must be a string, got {type(text).__name__}")
@@ -88,11 +91,22 @@ def normalize_text(text: str) -> str:
     # A period (or ! ? ;) the writer glued to what follows cannot end a sentence, though a
     # rule's reading now stands after it with a PAD between: "7.%" reads "seven percent".
     text = _GLUED_STOP_RE.sub("", text)
-    text = re.sub(r"\s+", " ", text).strip()
+    text = _WHITESPACE_RE.sub(_one_space, text).strip()
     # A space before punctuation or a closing bracket, after an opening one, or before the
     # hyphen of "5-year-old", comes from a replacement above, never from the writer.
-    text = re.sub(r" (?=[,.;:!?)\]]|-[A-Za-z])|(?<=[(\[]) ", "", text)
-    return _tidy_quotes(text)
+    text = re.sub(rf"[ {UNIT_SPACE}](?=[,.;:!?)\]]|-[A-Za-z])|(?<=[(\[])[ {UNIT_SPACE}]", "", text)
+    text = _tidy_quotes(text)
+    return text if keep_units else text.replace(UNIT_SPACE, " ")
+
+
+_WHITESPACE_RE = re.compile(r"\s+")
+
+
+def _one_space(match: re.Match[str]) -> str:
+    """A run of spaces as one: a writer's space (" ") where the writer put one, else the space
+    inside a spoken unit (a rule's words, or a rule's words the writer wrote against other
+    words: "5%", "$5/mo")."""
+    return " " if " " in match.group(0) else UNIT_SPACE
 
 
 def _tidy_quotes(text: str) -> str:

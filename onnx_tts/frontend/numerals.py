@@ -18,6 +18,7 @@ from onnx_tts.frontend.numbers import (
 )
 from onnx_tts.frontend.sentences import (
     _LOWER_WORD_NEXT,
+    _SENTENCE_OPENERS,
     _ends_sentence,
     _sentence_initial,
     pad,
@@ -148,6 +149,16 @@ _TIME_RE = re.compile(
     rf"(?<![\d:])(?P<hours>[01]?\d|2[0-3]):(?P<minutes>[0-5]\d)(?![\d:]){_MERIDIEM}?",
     re.IGNORECASE,
 )
+# "1:2 ratio", "16:9", "3:1": two numbers with a colon that are no time of day are a ratio,
+# "one to two"; so is a time-shaped pair before or after a word that names a ratio ("a 2:30
+# mix"). After a name ("Genesis 1:1") they are a reference, read as two numbers.
+_RATIO_RE = re.compile(r"(?<![\w.:,])(\d{1,4}):(\d{1,4})(?![\w:]|[.,]\d)")
+_RATIO_CUE_RE = re.compile(
+    r"^\W*(?:\w+\W+){0,2}?(?:ratio|ratios|aspect|odds|scale|mix|mixture|split|contrast)\b",
+    re.IGNORECASE,
+)
+_RATIO_CUE_BEFORE_RE = re.compile(r"\b(?:ratio|odds|scale|mix|mixture|split)\s+(?:of\s+)?$", re.I)
+_NAME_BEFORE_RE = re.compile(r"\b([A-Z][a-z]+)\s+$")
 _HOUR_RE = re.compile(rf"(?<![\w.:,])(?P<hours>1[0-2]|0?[1-9]){_MERIDIEM}", re.IGNORECASE)
 # Phone numbers, read digit by digit in their groups: (555) 123-4567, 555-123-4567,
 # 1-800-555-1234, 555.123.4567, +1 555 123 4567, +44 20 7946 0958, 555-1234.
@@ -185,10 +196,44 @@ _DIALED_RE = re.compile(
 _MIXED_FRACTION_RE = re.compile(r"(?<![\w./])(\d+)\s(\d{1,2})/(\d{1,3})(?![\w/]|[.,]\d)")
 _SLASH_RE = re.compile(r"(?<![\w./])(\d{1,3})/(\d{1,3})(?![\w/]|[.,]\d)")
 _NUMBER_RE = re.compile(rf"(?<!\d){_NUMBER}")
-# "$5/month", "20 km/day": a slash before a unit of time or count is "per".
+# "$5/month", "$5.99/mo", "20 km/day": a slash before a unit of time or count is "per", and
+# the unit is said whole ("/yr" per year, "/hr" per hour).
+_PER_UNITS = {
+    "second": "second",
+    "sec": "second",
+    "s": "second",
+    "minute": "minute",
+    "min": "minute",
+    "hour": "hour",
+    "hr": "hour",
+    "h": "hour",
+    "day": "day",
+    "night": "night",
+    "week": "week",
+    "wk": "week",
+    "month": "month",
+    "mo": "month",
+    "mth": "month",
+    "year": "year",
+    "yr": "year",
+    "person": "person",
+    "head": "head",
+    "unit": "unit",
+    "item": "item",
+    "user": "user",
+    "seat": "seat",
+    "kg": "kilogram",
+    "lb": "pound",
+    "oz": "ounce",
+    "gallon": "gallon",
+    "gal": "gallon",
+    "liter": "liter",
+    "litre": "litre",
+    "mile": "mile",
+    "km": "kilometer",
+}
 _PER_RE = re.compile(
-    r"(?<=\w)\s?/\s?(?=(?:second|sec|minute|min|hour|hr|day|night|week|month|mo|year|yr|person|"
-    r"head|unit|item|kg|lb|gallon|liter|litre|mile|km)\b)",
+    r"(?<=\w)\s?/\s?(" + "|".join(sorted(_PER_UNITS, key=len, reverse=True)) + r")\b",
     re.IGNORECASE,
 )
 _NEGATIVE_RE = re.compile(r"(?<![\w.,])-(?=\.?\d)")
@@ -252,6 +297,21 @@ def clock_words(hours: int, minutes: int, meridiem: str | None = None) -> str:
     else:
         words = f"{number_to_words(hours)} {number_to_words(minutes)}"
     return f"{words} {meridiem.upper()}M" if meridiem else words
+
+
+def ratio(match: re.Match[str]) -> str:
+    """A match of _RATIO_RE as words (left as it is when it is a time of day)."""
+    first, second = match.groups()
+    text, start, end = match.string, match.start(), match.end()
+    before = text[max(0, start - 40) : start]
+    cued = bool(_RATIO_CUE_RE.match(text, end, end + 40) or _RATIO_CUE_BEFORE_RE.search(before))
+    is_time = len(second) == 2 and int(first) <= 23 and int(second) <= 59
+    if is_time and not cued:
+        return match.group(0)  # a time of day (_TIME_RE)
+    name = _NAME_BEFORE_RE.search(before)
+    if not cued and name and name.group(1).lower() not in _SENTENCE_OPENERS:
+        return pad(f"{integer_words(first)} {integer_words(second)}")
+    return pad(f"{integer_words(first)} to {integer_words(second)}")
 
 
 def _time(match: re.Match[str]) -> str:
@@ -393,5 +453,5 @@ def expand_numbers(text: str) -> str:
     text = rewrite(_RANGE_RE, _range, text)
     text = _DIALED_RE.sub(lambda m: m.group(1) + digits_to_words(m.group(2)), text)
     text = rewrite(_YEAR_RE, _year, text)
-    text = _PER_RE.sub(pad("per"), text)
+    text = _PER_RE.sub(lambda m: pad(f"per {_PER_UNITS[m.group(1).lower()]}"), text)
     return rewrite(_NUMBER_RE, lambda m: number_text_to_words(m.group(0)), text)

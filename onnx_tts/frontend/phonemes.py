@@ -7,11 +7,13 @@ import os
 import re
 import threading
 import unicodedata
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from onnx_tts.errors import ModelError
+from onnx_tts.errors import InputError, ModelError, UnspeakableTextWarning, shown
 from onnx_tts.frontend.clause_marks import clause_end
+from onnx_tts.frontend.word_phonemes import is_sound
 
 # Clause punctuation is kept in the phoneme string: it tells the model where to pause and how
 # to intone. A comma-like mark is followed by a space, as a word boundary.
@@ -193,3 +195,28 @@ class PhonemeTable:
     def encode(self, phonemes: str) -> list[int]:
         """Ids of the known symbols; symbols the model never saw are dropped."""
         return [self._ids[ch] for ch in phonemes if ch in self._ids]
+
+    def encode_given(self, ipa: str) -> list[int]:
+        """Ids of phonemes a writer gave (``[[ ]]``, ``<phoneme ph>``), NFD as espeak-ng
+        writes them. InputError naming the symbols when none of them is a sound this model
+        knows ("[[ 1 2 3 ]]" would be spoken as silence, without a word); symbols it does not
+        know beside known sounds are dropped with an UnspeakableTextWarning naming them."""
+        phonemes = unicodedata.normalize("NFD", ipa)
+        unknown = list(dict.fromkeys(ch for ch in phonemes if ch not in self._ids and ch != " "))
+        listed = " ".join(unknown[:12]) + (" ..." if len(unknown) > 12 else "")
+        if not any(is_sound(ch) and ch in self._ids for ch in phonemes):
+            verb = "is" if len(unknown) == 1 else "are"
+            detail = f" ({listed} {verb} not among its phonemes)" if unknown else ""
+            raise InputError(
+                f"phonemes {shown(ipa)} hold no sound this model knows{detail}; write IPA as "
+                "espeak-ng does, such as [[ h ə l ˈoʊ ]]"
+            )
+        if unknown:
+            warnings.warn(
+                UnspeakableTextWarning(
+                    f"phonemes {shown(ipa)}: dropped {listed}, not among this model's phonemes",
+                    dropped={"phonemes": unknown},
+                ),
+                stacklevel=3,
+            )
+        return self.encode(phonemes)

@@ -8,8 +8,9 @@ rendered to the words a listener hears, ``<sub>`` replaced by its alias). A segm
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass
+import unicodedata
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -72,3 +73,50 @@ class Document:
     @property
     def has_phonemes(self) -> bool:
         return any(isinstance(segment, Phonemes) for segment in self.segments)
+
+
+# Marks that make no sound of their own: sentence and clause punctuation, quotes, brackets,
+# dashes. (Signs the reader says, "%", "&", "@", "+", are not among them.)
+_SILENT_PUNCTUATION = frozenset(".,;:!?…¡¿'\"·")
+_SILENT_CATEGORIES = frozenset({"Pd", "Ps", "Pe", "Pi", "Pf"})
+
+
+def marks_only(text: str) -> bool:
+    """Whether `text` holds punctuation and nothing that is spoken ("." or ")," or " — ")."""
+    return all(
+        ch.isspace() or ch in _SILENT_PUNCTUATION or unicodedata.category(ch) in _SILENT_CATEGORIES
+        for ch in text
+    )
+
+
+def fold_marks(segments: Sequence[Segment]) -> tuple[Segment, ...]:
+    """Punctuation the markup left on its own ("<prosody>relax</prosody>.", "[[ ... ]].")
+    joins the words before it (across breaks: "relax.", and the words a <phoneme> stands
+    for), or is dropped when ``[[ ]]`` or nothing come before it; the sentence or paragraph
+    it started passes to what follows.
+    A document with nothing but punctuation is left as it is (nothing in it is speakable)."""
+    if all(isinstance(s, Break) or (isinstance(s, Text) and marks_only(s.text)) for s in segments):
+        return tuple(segments)
+    out: list[Segment] = []
+    carried: dict[str, bool] = {}
+    for segment in segments:
+        if isinstance(segment, Break):
+            out.append(segment)
+            continue
+        if isinstance(segment, Text) and marks_only(segment.text):
+            before = next((s for s in reversed(out) if not isinstance(s, Break)), None)
+            if isinstance(before, Text) or (isinstance(before, Phonemes) and before.text):
+                index = len(out) - 1 - out[::-1].index(before)
+                out[index] = replace(before, text=before.text + "".join(segment.text.split()))
+            elif segment.sentence_start:
+                carried = {"sentence_start": True, "paragraph_start": segment.paragraph_start}
+            continue
+        if carried:
+            segment = replace(
+                segment,
+                sentence_start=True,
+                paragraph_start=segment.paragraph_start or carried["paragraph_start"],
+            )
+            carried = {}
+        out.append(segment)
+    return tuple(out)

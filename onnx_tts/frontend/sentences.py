@@ -18,8 +18,14 @@ _SENTENCE_OPENERS = frozenset(
 # (str.isspace), but unlike a writer's space it never makes a period before it a sentence
 # end: "v.2" or ".5" rewritten must not become "v. two"; normalize_text turns it into " ".
 PAD = "\u2028"
+# The space between two words of one spoken unit a rule wrote ("nine thirty AM", "five
+# dollars per month"): a no-break space, which no sentence end, long-sentence cut or
+# caption cue falls on. Only `normalize_text(..., keep_units=True)` keeps it; a writer's own
+# no-break spaces are ordinary spaces by then.
+UNIT_SPACE = "\u00a0"
 # Where split_sentences cuts: after ".", "!", "?" or ";" followed by whitespace.
 SENTENCE_END = re.compile(r"(?<=[.!?;])\s+")
+_SENTENCE_END_OUTSIDE_UNITS = re.compile(r"(?<=[.!?;])[^\S\u00a0]\s*")
 _LOWER_WORD_NEXT = re.compile(r"\s+[a-z]")
 _CAPITAL_NEXT = re.compile(r"\s+([A-Z])")
 _NEXT_WORD = re.compile(r"\s+[\"'(]*([A-Za-z]+)")
@@ -53,8 +59,9 @@ def _sentence_initial(text: str, start: int) -> bool:
 
 
 def pad(words: str) -> str:
-    """Words a rule writes in place of what it read, with PAD on both sides."""
-    return f"{PAD}{words}{PAD}"
+    """Words a rule writes in place of what it read, as one unit (UNIT_SPACE between them),
+    with PAD on both sides."""
+    return f"{PAD}{words.replace(' ', UNIT_SPACE)}{PAD}"
 
 
 def rewrite(pattern: re.Pattern[str], replace: Callable[[re.Match[str]], str], text: str) -> str:
@@ -64,13 +71,16 @@ def rewrite(pattern: re.Pattern[str], replace: Callable[[re.Match[str]], str], t
 
 
 def split_sentences(text: str, max_chars: int = 200) -> list[str]:
-    """Split on sentence ends; sentences longer than `max_chars` are cut at commas or spaces."""
-    sentences = [s.strip() for s in SENTENCE_END.split(text) if s.strip()]
+    """Split on sentence ends; sentences longer than `max_chars` are cut at commas or spaces
+    (inside a spoken unit only when it alone is longer)."""
+    sentences = [s.strip() for s in _SENTENCE_END_OUTSIDE_UNITS.split(text) if s.strip()]
     chunks: list[str] = []
     for sentence in sentences:
         while len(sentence) > max_chars:
             cut = sentence.rfind(", ", 0, max_chars)
             cut = cut + 1 if cut > max_chars // 3 else sentence.rfind(" ", 0, max_chars)
+            if cut <= 0:
+                cut = sentence.rfind(UNIT_SPACE, 0, max_chars)
             if cut <= 0:
                 cut = max_chars
             chunks.append(sentence[:cut].strip())

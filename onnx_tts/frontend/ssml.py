@@ -3,8 +3,10 @@ segments (`segments.Document`). Markup is never spoken: only character data and 
 ``<say-as>``/``<sub>`` stand for reach a Text segment.
 
 Elements: ``<speak>`` (the root; a text that does not start with it is read as its content
-when SSML is forced), ``<p>``, ``<s>``, ``<break time strength>``, ``<prosody rate>``,
-``<say-as interpret-as format>``, ``<sub alias>``, ``<phoneme alphabet="ipa" ph>``;
+when SSML is forced; a byte-order mark, whitespace, an XML declaration, comments and
+processing instructions may come before it, as editors and cloud consoles export them),
+``<p>``, ``<s>``, ``<break time strength>``, ``<prosody rate>``, ``<say-as interpret-as
+format>``, ``<sub alias>``, ``<phoneme alphabet="ipa" ph>``;
 ``xml:lang`` is accepted (and ignored) on every element.
 
 Safety: a DOCTYPE is refused, so no entity can be declared (no "billion laughs", no external
@@ -23,7 +25,7 @@ from xml.parsers import expat
 from onnx_tts.errors import SsmlError
 from onnx_tts.frontend.checks import check_text
 from onnx_tts.frontend.say_as import FORMATS, RENDERERS, render_say_as
-from onnx_tts.frontend.segments import Break, Document, Phonemes, Segment, Text
+from onnx_tts.frontend.segments import Break, Document, Phonemes, Segment, Text, fold_marks
 
 # Break strength -> seconds. "medium" (the default of a bare <break/>) is about the pause
 # between two sentences read aloud, "weak" a comma's, "strong" a paragraph's, "x-strong" a
@@ -37,7 +39,9 @@ BREAK_STRENGTHS = {
     "x-strong": 1.2,
 }
 MAX_BREAK_SECONDS = 10.0  # one break; a longer one is cut to this
-MAX_TOTAL_BREAK_SECONDS = 600.0  # all breaks of a document; more is an error
+# All silence one text may ask for (its breaks, and `sentence_silence` between its sentences:
+# the planner adds those); more is an error, exactly this much is fine.
+MAX_TOTAL_BREAK_SECONDS = 600.0
 MAX_DEPTH = 32  # nested elements, <speak> included
 # Prosody rate keywords -> speed multiplier (absolute); numbers and percentages are relative
 # to the enclosing rate. The result must lie in the API's speed range.
@@ -61,17 +65,55 @@ _UNSUPPORTED = frozenset(
 )
 _TIME_RE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s)\s*", re.IGNORECASE)
 _RELATIVE_RE = re.compile(r"([+-]?)(\d+(?:\.\d+)?|\.\d+)(%?)")
-_XML_DECLARATION_RE = re.compile(r"\ufeff?\s*(?:<\?xml\b[^>]*\?>\s*)?")
+# What may come before the root element of a document (its prolog): a byte-order mark,
+# whitespace, the XML declaration, comments and processing instructions, in any order.
+_BOM = "\ufeff"
+_XML_DECLARATION = r"<\?xml(?=\s)[^>]*\?>"
+_PROLOG_ITEM_RE = re.compile(
+    rf"\s+|{_BOM}|(?P<declaration>{_XML_DECLARATION})|<!--.*?-->|<\?.*?\?>", re.DOTALL
+)
 _SPEAK_RE = re.compile(r"<speak(?=[\s>/])")
 _CLOSING_TAG_RE = re.compile(r"</\s*([^\s>]+)")
 _DOCTYPE_RE = re.compile(r"<!DOCTYPE", re.IGNORECASE)
+_DECLARATION_RE = re.compile(r"<!(?:ENTITY|ELEMENT|ATTLIST|NOTATION)\b", re.IGNORECASE)
+
+
+def _prolog(text: str) -> tuple[int, bool]:
+    """(where the prolog of `text` ends, whether it holds markup: a declaration, a comment or
+    a processing instruction)."""
+    end, markup = 0, False
+    while match := _PROLOG_ITEM_RE.match(text, end):
+        if match.end() == end:
+            break
+        markup = markup or match.group(0).startswith("<")
+        end = match.end()
+    return end, markup
 
 
 def is_ssml(text: str) -> bool:
-    """Whether a text is SSML: it starts (after whitespace and an optional XML declaration)
-    with a <speak> tag. "if a < b then" is plain text."""
-    start = _XML_DECLARATION_RE.match(text)
-    return bool(_SPEAK_RE.match(text, start.end() if start else 0))
+    """Whether a text is SSML: it starts with a <speak> tag or a DOCTYPE (which the parser
+    refuses), after a byte-order mark, whitespace, an XML declaration, comments and
+    processing instructions, or it starts with one of those XML constructs (an XML document
+    is parsed, never read aloud). "if a < b then" is plain text."""
+    head, markup = _prolog(text)
+    if markup or text.startswith(("<!", "<?"), head):  # (an unclosed one: the parser says so)
+        return True
+    return bool(_SPEAK_RE.match(text, head) or _DOCTYPE_RE.match(text, head))
+
+
+def ssml_undecided(start: str) -> bool:
+    """Whether the first characters of a text still arriving do not yet show if it is SSML:
+    after the complete parts of a prolog, nothing, or the beginning of "<speak" or of a
+    DOCTYPE, or a comment or processing instruction not closed yet."""
+    head, markup = _prolog(start)
+    if markup:
+        return False  # an XML document already
+    rest = start[head:]
+    return (
+        rest.startswith(("<!--", "<?"))
+        or any(opening.startswith(rest) for opening in ("<speak", "<!--"))
+        or "<!DOCTYPE".startswith(rest.upper())
+    )
 
 
 @dataclass
@@ -238,11 +280,7 @@ class _Parser:
     def _check_attributes(self, name: str, attributes: dict[str, str]) -> None:
         allowed = _ATTRIBUTES[name]
         for key in attributes:
-            if (
-                key in allowed
-                or key == "xml:lang"
-                or (name == "speak" and key.startswith("xmlns:"))
-            ):
+            if key in allowed or key == "xml:lang" or (name == "speak" and _header(key)):
                 continue
             takes = ", ".join(sorted(allowed)) if allowed else "no attributes"
             raise self.error(f"<{name}> has no attribute {key!r} (it takes {takes}); remove it")
@@ -277,7 +315,7 @@ class _Parser:
         else:
             seconds = BREAK_STRENGTHS[strength or "medium"]
         seconds = round(min(seconds, MAX_BREAK_SECONDS), 6)  # microseconds: exact in to_ssml
-        self.pause += seconds
+        self.pause = round(self.pause + seconds, 6)  # a sum of exact microseconds
         if self.pause > MAX_TOTAL_BREAK_SECONDS:
             raise self.error(
                 f"the breaks add up to more than {MAX_TOTAL_BREAK_SECONDS:g} s; shorten them or "
@@ -363,7 +401,7 @@ class _Parser:
             self.parser.Parse(xml, True)
         except expat.ExpatError as error:
             raise self._expat_error(error, xml) from None
-        return Document(tuple(self.segments))
+        return Document(fold_marks(self.segments))
 
     def _expat_error(self, error: expat.ExpatError, xml: str) -> SsmlError:
         at = self._position(error.lineno, error.offset)
@@ -396,6 +434,14 @@ class _Parser:
                 "such as &#233; are allowed (write & as &amp;)",
                 at,
             )
+        offset = _offset(xml, error.lineno, error.offset)
+        declared = xml.rfind("<!", max(0, offset - 2), offset + 1)
+        if declared >= 0 and _DECLARATION_RE.match(xml, declared):
+            return self.error(
+                "markup declarations (<!ENTITY>, <!ELEMENT>, ...) are not allowed (no DTDs or "
+                "entity declarations); remove it",
+                self._position(error.lineno, error.offset - (offset - declared)),
+            )
         if code == codes[expat.errors.XML_ERROR_INVALID_TOKEN]:
             return self.error(
                 "not well-formed: a '<' or '&' in text must be written &lt; or &amp;", at
@@ -405,6 +451,13 @@ class _Parser:
         if code == codes[expat.errors.XML_ERROR_UNCLOSED_TOKEN]:
             return self.error("a tag is not finished; end it with '>'", at)
         return self.error(f"{expat.errors.messages[code]}; check the markup there", at)
+
+
+def _header(attribute: str) -> bool:
+    """An attribute of the W3C header of <speak> that changes nothing spoken: a namespace
+    declaration (W3C's, or a vendor's such as xmlns:mstts), and XML Schema's hints
+    (xsi:schemaLocation, as the specification's examples write)."""
+    return attribute.startswith(("xmlns:", "xsi:"))
 
 
 def line_column(text: str, index: int) -> tuple[int, int]:
@@ -434,12 +487,24 @@ def parse_ssml(text: str) -> Document:
     content of one ("Hello <break time="1s"/> world."). SsmlError names the line and column
     of what is wrong and how to fix it."""
     text = check_text(text)
-    start = _XML_DECLARATION_RE.match(text)
-    head = start.end() if start else 0
+    head, _ = _prolog(text)
+    # expat takes a declaration only as a document's very first characters, a byte-order
+    # mark only before it: both become spaces (the same length, so every position in an
+    # error is still the writer's), and a declaration after whitespace or a comment is no
+    # error. A DOCTYPE stays for the parser to refuse.
+    source = _blank_prolog(text, head)
     if _SPEAK_RE.match(text, head) or _DOCTYPE_RE.match(text, head):
-        return _Parser(text, None).parse(text)  # a DOCTYPE is refused by the parser
-    wrapped = f"{text[:head]}<speak>{text[head:]}</speak>"
+        return _Parser(text, None).parse(source)
+    wrapped = f"{source[:head]}<speak>{source[head:]}</speak>"
     return _Parser(text, head).parse(wrapped)
+
+
+def _blank_prolog(text: str, head: int) -> str:
+    """`text` with the byte-order marks and XML declarations of its prolog (before `head`)
+    written as spaces, newlines kept."""
+    prolog = text[:head].replace(_BOM, " ")
+    prolog = re.sub(_XML_DECLARATION, lambda m: re.sub(r"[^\n]", " ", m.group(0)), prolog)
+    return prolog + text[head:]
 
 
 def _escape(text: str) -> str:

@@ -39,6 +39,13 @@ _V_VERSION_RE = re.compile(
 _CUED_VERSION_RE = re.compile(
     rf"(?<![\w.])(?P<cue>(?i:{_VERSION_CUES})[\s/]+)(?P<parts>\d+\.\d+){_TAG}(?![\w]|\.\d)"
 )
+# "HTTP/2", "PS/2", "Python/3": a whole-number version after a cue word or an acronym and a
+# slash (the slash is not read: "HTTP two", as "HTTP/1.1" is "HTTP one point one").
+_SLASH_MAJOR_RE = re.compile(
+    rf"(?<![\w./])(?P<cue>(?i:{_VERSION_CUES})|[A-Z]{{2,6}})/(?P<major>\d{{1,3}})(?![\w/]|[.,]\d)"
+)
+# "IPv4", "IPv6": the protocol's letters, then its version.
+_IP_VERSION_RE = re.compile(r"(?<![\w.])IPv([46])(?!\w|\.\d)")
 # Four parts of at most three digits: an IP address when a part is 100 or more, or after a
 # word that names one; otherwise a dotted number like "1.2.3.4".
 _IP_RE = re.compile(
@@ -111,10 +118,12 @@ def _ip(match: re.Match[str]) -> str:
 def expand_versions(text: str) -> str:
     """Versions, IP addresses and other dotted numbers as words (before plain numbers, which
     would read "2.0" of "v2.0.1" as a decimal and leave ".1" behind)."""
+    text = _SLASH_MAJOR_RE.sub(lambda m: pad(f"{m['cue']} {integer_words(m['major'])}"), text)
     # A dot between a letter and a digit ("a.0", "3.x") is no sentence end: it is said.
     text = _LETTER_DOT_DIGIT_RE.sub(pad("dot"), text)
     text = _V_VERSION_RE.sub(lambda match: pad(_v_version(match)), text)
     text = _CUED_VERSION_RE.sub(lambda match: pad(_cued_version(match)), text)
-    text = _IP_RE.sub(_ip, text)
+    text = _IP_RE.sub(_ip, text)  # (before "IPv4" is read: it names an address)
+    text = _IP_VERSION_RE.sub(lambda m: pad(f"I-P-V {integer_words(m.group(1))}"), text)
     text = _DOTTED_RE.sub(lambda m: pad(version_words(m["parts"]) + _tag_words(m)), text)
     return _DIGIT_DOT_LETTER_RE.sub(pad("point"), text)

@@ -1,7 +1,7 @@
 """Web addresses, e-mail addresses and file names as a listener says them:
 "https://example.com/path?q=1" -> "example dot com slash path question mark q equals one",
 "first.last@example.co.uk" -> "first dot last at example dot co dot U-K", "config.toml" ->
-"config dot toml".
+"config dot toml", "@openai" -> "at open A-I", "#speech" -> "hashtag speech".
 
 The scheme ("https://") is not read, as people leave it out when they say an address. The
 dots of an address never end a sentence.
@@ -133,11 +133,33 @@ def _file(match: re.Match[str]) -> str:
     return pad(f"{_address_words(match['stem'])} dot {match['ext']}")
 
 
+# Social handles and hashtags: "@openai" at open A-I, "#speech" hashtag speech. The words of
+# a name are read as written (the voice splits "MeToo" and "OpenAI" itself), an underscore is
+# a space, and "ai" run onto a lower-case word is the letters A-I ("openai", "stabilityai").
+_HANDLE_RE = re.compile(r"(?<![\w@.#&/])([@#])(\d*[A-Za-z_][A-Za-z0-9_]{0,49})(?![\w@#]|\.\w)")
+_RUN_ON_AI_RE = re.compile(r"(?<=[a-z]{3})ai$")
+_WORDS_ENDING_IN_AI = frozenset(
+    "bonsai samurai shanghai mumbai dubai chennai hawaii thai chai bai kai tai sai".split()
+)
+
+
+def _handle(match: re.Match[str]) -> str:
+    sign, name = match.groups()
+    words = []
+    for part in re.split(r"_+", name):
+        if part.islower() and part not in _WORDS_ENDING_IN_AI:
+            part = _RUN_ON_AI_RE.sub(" A-I", part)
+        if part:
+            words.append(part)
+    return pad(("hashtag " if sign == "#" else "at ") + " ".join(words))
+
+
 def expand_web(text: str) -> str:
-    """URLs, e-mail addresses, bare domains ("example.com") and file names as words. Runs
-    first: the other rules would read an address's dots and digits as sentence ends and
-    decimals."""
+    """URLs, e-mail addresses, bare domains ("example.com"), file names, social handles and
+    hashtags as words. Runs first: the other rules would read an address's dots and digits as
+    sentence ends and decimals."""
     text = _URL_RE.sub(_url, text)
     text = _EMAIL_RE.sub(_email, text)
     text = _DOMAIN_RE.sub(_domain, text)
-    return _FILE_RE.sub(_file, text)
+    text = _FILE_RE.sub(_file, text)
+    return _HANDLE_RE.sub(_handle, text)

@@ -39,7 +39,9 @@ def available_cores() -> int:
 
 
 def _path_or_none(name: str, value: Any) -> str | None:
-    if value is None:
+    """A directory keyword: None, or the string "none" as the flags and ONNX_TTS_* variables
+    take it (no directory; write "./none" for a directory of that name), else its path."""
+    if value is None or (isinstance(value, str) and value.strip().lower() == "none"):
         return None
     if not isinstance(value, (str, os.PathLike)):
         raise InputError(f"{name} must be a directory path or None, got {value!r}")

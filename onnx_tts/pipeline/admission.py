@@ -66,13 +66,15 @@ class Admission:
         max_streams: int,
         max_waiting: int,
         target_utilisation: float = 0.65,
-        lead: Callable[[], float | None] = lambda: None,
+        lead: Callable[[float | None], float | None] = lambda arrived: None,
         cores: int = 1,
         stalls: Callable[[], int] = lambda: 0,
         policy: SchedulingPolicy | None = None,
     ) -> None:
         """`busy_seconds`: each stage's busy seconds so far; `audio_seconds`: seconds of audio
-        the stages made so far; `cores`: the CPUs the stages share."""
+        the stages made so far; `cores`: the CPUs the stages share; `lead(arrived)`: seconds
+        until the first listener that was playing at `arrived` (a request's arrival, on the
+        listeners' clock; None: any listener) runs dry, None when none plays."""
         self.busy_seconds, self.audio_seconds, self.lead = busy_seconds, audio_seconds, lead
         self.cores = max(1, cores)
         self.max_streams, self.max_waiting = max_streams, max_waiting
@@ -82,6 +84,7 @@ class Admission:
         self.waiting = 0
         self._tickets = itertools.count()
         self._queue: list[int] = []  # waiting tickets, first come first served
+        self._arrived: dict[int, float | None] = {}  # of the waiting tickets
         self._admitted_at_once: set[int] = set()
         self._lock = threading.Lock()
         self._sample: tuple[float, tuple[float, ...], float] | None = None
@@ -168,12 +171,16 @@ class Admission:
         return max(1, min(limit, math.floor(self._capacity)))
 
     # -- admitting ---------------------------------------------------------------------------
-    def enqueue(self) -> int | None:
+    def enqueue(self, arrived: float | None = None) -> int | None:
         """A ticket to wait for admission (admitted at once when nobody waits and there is
-        room: try_admit then says so), or None when `max_waiting` already wait."""
+        room: try_admit then says so), or None when `max_waiting` already wait. `arrived`:
+        when the request came (the listeners' clock); a listener that started playing after
+        it never holds it back: requests that arrive together start together (otherwise each
+        stream of a burst waited for the one admitted before it to get ahead of its player:
+        the last of 8 clients that started at once heard its first audio ~0.3 s late)."""
         with self._lock:
             ticket = next(self._tickets)
-            if not self._queue and self._room():
+            if not self._queue and self._room(arrived):
                 self._admit()
                 self._admitted_at_once.add(ticket)
                 return ticket
@@ -181,6 +188,7 @@ class Admission:
                 self._stats["refused_queue_full"] += 1
                 return None
             self._queue.append(ticket)
+            self._arrived[ticket] = arrived
             self.waiting = len(self._queue)
             return ticket
 
@@ -190,17 +198,21 @@ class Admission:
             if ticket in self._admitted_at_once:
                 self._admitted_at_once.discard(ticket)
                 return True
-            if not self._queue or self._queue[0] != ticket or not self._room():
+            if not self._queue or self._queue[0] != ticket:
+                return False
+            if not self._room(self._arrived.get(ticket)):
                 return False
             self._queue.pop(0)
+            self._arrived.pop(ticket, None)
             self.waiting = len(self._queue)
             self._admit()
             return True
 
-    def _room(self) -> bool:
-        """(under the lock) whether one more stream may start now."""
+    def _room(self, arrived: float | None) -> bool:
+        """(under the lock) whether one more stream, of a request that arrived at `arrived`,
+        may start now."""
         self._measure()
-        load = StreamLoad(self.active, self._capacity_now(), self.lead(), self._real_time())
+        load = StreamLoad(self.active, self._capacity_now(), self.lead(arrived), self._real_time())
         return self.policy.stream_may_start(load)
 
     def _admit(self) -> None:
@@ -210,6 +222,7 @@ class Admission:
     def abandon(self, ticket: int, timed_out: bool = False) -> None:
         """`ticket` stops waiting (its client left, or it waited too long)."""
         with self._lock:
+            self._arrived.pop(ticket, None)
             if ticket in self._queue:
                 self._queue.remove(ticket)
                 self.waiting = len(self._queue)

@@ -30,10 +30,11 @@ from onnx_tts.decoding.policy import SchedulingPolicy
 from onnx_tts.decoding.prefill import DEFAULT_PREFILL_MODE
 from onnx_tts.decoding.request import CancelToken, PlaybackClock, Request
 from onnx_tts.decoding.scheduler import DEFAULT_MAX_WAITING, DecodeScheduler, FrameStream
+from onnx_tts.errors import InputError, shown
 from onnx_tts.families import FAMILIES
 from onnx_tts.families.base import Family, Model
 from onnx_tts.pipeline.caching import ResultCaching
-from onnx_tts.pipeline.execution import AudioStream, Executor, Progress, ReadyChunks
+from onnx_tts.pipeline.execution import AudioStream, Executor, Progress, ReadyChunks, cancelled
 from onnx_tts.pipeline.planner import Planner, Timing
 from onnx_tts.pipeline.timings import WordTiming
 from onnx_tts.pipeline.voices import VoiceLike, VoiceResolver
@@ -202,6 +203,8 @@ class Engine:
         Closing the iterator stops generation and frees its row."""
         cancel = CancelToken()
         if should_stop is not None:
+            if not callable(should_stop):
+                raise InputError(f"should_stop must be callable, got {shown(should_stop)}")
             cancel.watch(should_stop)
         request = Request(
             chunk,
@@ -242,6 +245,9 @@ class Engine:
         cached). `deadline` (time.monotonic() seconds), `priority` (lower first) and `cancel`
         (a CancelToken the caller may fire) order and stop the work in the scheduler."""
         timing = Timing(deadline=deadline, priority=priority, cancel=cancel)
+        if progress is not None and not callable(progress):
+            raise InputError(f"progress must be callable (done, total), got {shown(progress)}")
+        _refuse_cancelled(timing)
         shaping = {"ssml": ssml, "speed": speed, "sentence_silence": sentence_silence}
         if timestamps is True:
             cache = False  # cached audio carries no word timings
@@ -328,6 +334,7 @@ class Engine:
             priority=priority,
             cancel=cancel,
         )
+        _refuse_cancelled(timing)
         shaping = {"ssml": ssml, "speed": speed, "sentence_silence": sentence_silence}
         if timestamps is True:
             cache = False  # cached audio carries no word timings
@@ -348,6 +355,12 @@ class Engine:
         if stream_key is not None:
             stream.on_complete = lambda samples: self.caching.store_stream(stream_key, samples)
         return _owned(stream, self)
+
+
+def _refuse_cancelled(timing: Timing) -> None:
+    """A request whose token already fired is cancelled, not run (nor replayed)."""
+    if timing.cancel is not None and timing.cancel.cancelled:
+        raise cancelled()
 
 
 def _stop_workers(

@@ -7,7 +7,7 @@ window (`stream`); the sentences are joined by the vocoder's pause. A plan in se
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 import numpy as np
 
@@ -15,7 +15,7 @@ from onnx_tts.audio import check_finite
 from onnx_tts.decoding.direct import DirectScheduler
 from onnx_tts.decoding.request import Request
 from onnx_tts.decoding.scheduler import DecodeScheduler, FrameStream
-from onnx_tts.errors import EmptyAudioError, OnnxTTSError
+from onnx_tts.errors import CancelledError, EmptyAudioError, OnnxTTSError
 from onnx_tts.families.base import Model
 from onnx_tts.pipeline.planner import Plan, Timing
 from onnx_tts.pipeline.stages import VocoderStage, VocoderStream
@@ -62,6 +62,10 @@ class Executor:
             seconds = 0.0 if last else self.model.vocoder.pause_seconds(requests[index].chunk)
         return self.silence(int(seconds * self.sample_rate))
 
+    def no_audio(self, requests: list[Request]) -> EmptyAudioError:
+        """The error for a text none of whose chunks made any audio."""
+        return no_audio([self.model.text.describe(request.chunk) for request in requests])
+
     def timings(self, request: Request, samples: int, rate: float, offset: int) -> list[WordTiming]:
         """The word timings of one chunk of `samples` (as made), played at `rate` from output
         sample `offset` on."""
@@ -104,6 +108,9 @@ class Executor:
         `made(index, samples)` is told each sentence that was."""
         known = known or {}
         requests = plan.requests(voice, timing)
+        cancel = requests[0].cancel  # shared by every chunk of the text
+        if cancel.cancelled:
+            raise cancelled()
         streams = _OneShotStreams(self, requests, sequential=plan.sequential)
         if not plan.sequential:  # every sentence at once, each decoding as its own row
             for index in range(len(requests)):
@@ -111,6 +118,7 @@ class Executor:
                     streams.start(index)
         pieces: list[np.ndarray] = [self.silence(round(plan.lead * self.sample_rate))]
         words: list[WordTiming] = []
+        spoken = False
         try:
             for index, request in enumerate(requests):
                 if index in known:
@@ -118,12 +126,13 @@ class Executor:
                 else:
                     parts = [piece for piece in streams.get(index) if len(piece)]
                     samples = np.concatenate([self.silence(), *parts])
-                    if not samples.size:
-                        raise no_audio(
-                            self.model.text.describe(request.chunk), index, len(requests)
-                        )
-                    if made is not None:
+                    if cancel.cancelled:  # its frames may have been cut short
+                        raise streams.failure() or cancelled()
+                    # A sentence the model ended at once adds nothing (its pause stays, as the
+                    # published runtimes do) and is never stored as a sentence of its own.
+                    if made is not None and samples.size:
                         made(index, samples)
+                spoken = spoken or bool(samples.size)
                 rate = plan.rate(index)
                 played = stretch(samples, rate, self.sample_rate) if rate != 1.0 else samples
                 if plan.timestamps:
@@ -134,6 +143,8 @@ class Executor:
                     progress(index + 1, len(requests))
         finally:
             streams.close()  # on an error, the others stop at once
+        if not spoken:
+            raise self.no_audio(requests)
         samples = np.concatenate(pieces) if pieces else self.silence()
         return samples.astype(np.float32, copy=False), words
 
@@ -173,6 +184,13 @@ class _OneShotStreams:
     def get(self, index: int) -> VocoderStream:
         self.start(index)  # (already started unless the consumer is ahead of the LM)
         return self.streams[index]
+
+    def failure(self) -> BaseException | None:
+        """The first error a chunk failed with (it cancelled its siblings: that error, not
+        the cancellation, is what the caller is told)."""
+        with self._lock:
+            streams = list(self.streams.values())
+        return first_failure(streams)
 
     def close(self) -> None:
         with self._lock:
@@ -214,6 +232,10 @@ class AudioStream:
         self._failure: BaseException | None = None
         self._produced = 0  # samples of the current sentence as made (before its speed)
         self._emitted = 0  # samples handed out so far
+        # Silence (a lead, pauses) is held back until the first sound: a text with no audio
+        # at all is an error before anything went out, never silence and then an error.
+        self._spoken = False
+        self._held = 0
         self._stretcher: TimeStretcher | None = None
         self._lead = round(plan.lead * executor.sample_rate)
         if requests:
@@ -267,16 +289,29 @@ class AudioStream:
         while True:
             if self._closed:
                 raise StopIteration
+            if self.requests and self.requests[0].cancel.cancelled:
+                # Cancelled by its token's holder (or a failed sentence cancelled the rest):
+                # an error, never a stream that ends early as if it were whole.
+                failure = first_failure(self._streams)
+                self.close()
+                raise failure or cancelled()
             if self._lead:
                 lead, self._lead = self._lead, 0
-                return self._keep(self.executor.silence(lead))
+                self._held += lead
+                continue
             if self._pause_due:
                 self._pause_due = False
                 pause = self.executor.pause(self.plan, self.requests, self._index - 1)
-                if len(pause):
+                if len(pause) and self._spoken and not self._held:
                     return self._keep(pause)
+                self._held += len(pause)
                 continue
             if self._index >= len(self.requests):
+                if not self._spoken:  # no sentence made a sound
+                    self.close()
+                    raise self.executor.no_audio(self.requests)
+                if self._held:
+                    return self._keep(self._after_held(self.executor.silence()))
                 self._finish()
                 raise StopIteration
             stream = self._streams[self._index]
@@ -289,18 +324,12 @@ class AudioStream:
             try:
                 chunk = stream.next_chunk(block)
             except StopIteration:
-                if not self._produced:  # a sentence with no sound is an error, never silence
-                    cancelled = self.requests[self._index].cancel.cancelled
-                    self.close()
-                    if cancelled:  # its consumer stopped it: the stream just ends
-                        raise StopIteration from None
-                    chunk = self.requests[self._index].chunk
-                    raise no_audio(
-                        self.executor.model.text.describe(chunk), self._index, len(self.requests)
-                    ) from None
+                if self.requests[self._index].cancel.cancelled:
+                    continue  # (said at the top of the loop)
+                # (a sentence without sound adds nothing but its pause, as published)
                 tail = self._end_chunk()
                 if len(tail):
-                    return self._keep(tail)
+                    return self._keep(self._after_held(tail))
                 continue
             except BaseException:
                 self.close()
@@ -308,10 +337,18 @@ class AudioStream:
             if chunk is None:
                 return None
             self._produced += len(chunk)
+            self._spoken = self._spoken or bool(len(chunk))
             played = self._played(chunk)
             if not len(played):
                 continue
-            return self._keep(played)
+            return self._keep(self._after_held(played))
+
+    def _after_held(self, samples: np.ndarray) -> np.ndarray:
+        """`samples`, after the silence held back until now (see `_held`)."""
+        if not self._held:
+            return samples
+        held, self._held = self.executor.silence(self._held), 0
+        return np.concatenate([held, samples])
 
     def _played(self, chunk: np.ndarray) -> np.ndarray:
         """`chunk` at its sentence's speed (time-stretched when the plan asks for one)."""
@@ -331,7 +368,7 @@ class AudioStream:
             tail, self._stretcher = self._stretcher.finish(), None
         if self.plan.timestamps:
             rate = self.plan.rate(self._index)
-            start = self._emitted + len(tail) - round(self._produced / rate)
+            start = self._emitted + self._held + len(tail) - round(self._produced / rate)
             request = self.requests[self._index]
             self.words += self.executor.timings(request, self._produced, rate, start)
         self._index += 1
@@ -392,16 +429,40 @@ class ReadyChunks:
             close()
 
 
-def no_audio(chunk: str, index: int, count: int) -> EmptyAudioError:
-    """The error for a sentence the model ended without any audio (`chunk`: the sentence as
-    the family describes it, or ""): an utterance with no sound is never returned, written or
-    cached as if it were speech."""
-    which = f"sentence {index + 1} of {count}"
-    if chunk:
-        which += f" ({chunk[:40]!r}{'...' if len(chunk) > 40 else ''})"
+def cancelled() -> CancelledError:
+    return CancelledError(
+        "the request was cancelled (its CancelToken fired) before its audio was complete; "
+        "nothing was returned or cached"
+    )
+
+
+def first_failure(streams: Iterable[VocoderStream | None]) -> BaseException | None:
+    """The first error one of a text's sentence streams failed with, other than a
+    cancellation."""
+    for stream in streams:
+        failed = None if stream is None else stream.failed
+        if failed is not None and not isinstance(failed, CancelledError):
+            return failed
+    return None
+
+
+def no_audio(chunks: list[str]) -> EmptyAudioError:
+    """The error for a text the model ended without any audio in any of its sentences
+    (`chunks`: each as the family describes it, or ""): an utterance with no sound is never
+    returned, written or cached as if it were speech. A sentence without audio among others
+    that have some is no error: it adds nothing but its pause, as the published runtimes
+    give it."""
+    if len(chunks) == 1:
+        which = "the text"
+        if chunks[0]:
+            which += f" ({chunks[0][:40]!r}{'...' if len(chunks[0]) > 40 else ''})"
+        how = "it stopped at its first step"
+    else:
+        which = f"any of the {len(chunks)} sentences of the text"
+        how = "each stopped at its first step"
     return EmptyAudioError(
-        f"the model produced no audio for {which}: it stopped at its first step; rephrase "
-        "the text, or when sampling try another seed"
+        f"the model produced no audio for {which}: {how}; rephrase the text, or when "
+        "sampling try another seed"
     )
 
 
@@ -410,5 +471,6 @@ __all__ = [
     "Executor",
     "Progress",
     "ReadyChunks",
+    "cancelled",
     "no_audio",
 ]

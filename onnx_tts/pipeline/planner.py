@@ -16,10 +16,11 @@ from typing import Any
 import numpy as np
 
 from onnx_tts.decoding import SAMPLING_KEYS, SamplingOptions, check_seed
-from onnx_tts.decoding.request import CancelToken, PlaybackClock, Request
+from onnx_tts.decoding.request import CancelToken, PlaybackClock, Request, checked_timing
 from onnx_tts.errors import InputError, checked_number
 from onnx_tts.families.base import ChunkOrder, Family, Model
 from onnx_tts.frontend import Break, Phonemes, Text, check_text, is_ssml, parse_markup
+from onnx_tts.frontend.ssml import MAX_TOTAL_BREAK_SECONDS
 from onnx_tts.pipeline.timestretch import MAX_SPEED, MIN_SPEED
 
 # Silence a request may ask for between its sentences (`sentence_silence`), seconds.
@@ -36,6 +37,13 @@ class Timing:
     clock: PlaybackClock | None = None
     priority: int = 0
     cancel: CancelToken | None = None
+
+    def __post_init__(self) -> None:
+        """Checked at the call: the scheduler's worker orders and stops requests by these, so
+        a bad one must never reach it (InputError naming it)."""
+        deadline, priority = checked_timing(self.deadline, self.priority, self.cancel, self.clock)
+        object.__setattr__(self, "deadline", deadline)
+        object.__setattr__(self, "priority", priority)
 
     @staticmethod
     def now() -> float:
@@ -201,6 +209,8 @@ class Planner:
                             f"words of [[ {segment.ipa} ]] instead"
                         )
                     made = frontend.chunks(segment.text, options)
+            elif sentence_silence is not None:  # a silence between sentences: one each
+                made = frontend.sentence_chunks(segment.text, options)
             else:
                 made = frontend.chunks(segment.text, options)
             for chunk in made:
@@ -211,6 +221,13 @@ class Planner:
                 pauses.append(None)
         if not chunks:
             raise InputError("text has nothing speakable: its markup holds no words")
+        asked = round(lead + sum(p for p in pauses if p is not None), 6)
+        if asked > MAX_TOTAL_BREAK_SECONDS:
+            raise InputError(
+                f"the text asks for {asked:g} s of silence in all (its breaks and "
+                f"sentence_silence between its {len(chunks)} sentences); at most "
+                f"{MAX_TOTAL_BREAK_SECONDS:g} s: lower sentence_silence or split the text"
+            )
         return chunks, rates, pauses, lead
 
 

@@ -277,6 +277,10 @@ class VocoderStage:
                     target=self._run, name="onnx-tts-vocoder", daemon=True
                 )
                 self._thread.start()
+                if self.stateful and self.lm_idle is not None:
+                    # Its thread starts now, with the stage's: a burst starts no thread.
+                    self._beside = ThreadPoolExecutor(1, thread_name_prefix="onnx-tts-vocoder")
+                    self._beside.submit(_nothing)
                 _LIVE.add(self)
         return stream
 
@@ -336,8 +340,7 @@ class VocoderStage:
             batches = self._batches(work)
             taken = 2 if self._second_decoder_free(batches) else 1
             if taken == 2:
-                if self._beside is None:
-                    self._beside = ThreadPoolExecutor(1, thread_name_prefix="onnx-tts-vocoder")
+                assert self._beside is not None  # (made with the stage's thread)
                 beside = self._beside.submit(self._decode, batches[1])
                 self._decode(batches[0])
                 beside.result()
@@ -475,6 +478,10 @@ class VocoderStage:
                     self._due.add(stream)  # more was due than one window
         if failed:
             self.scheduler_wake()
+
+
+def _nothing() -> None:
+    return None
 
 
 __all__ = [

@@ -19,7 +19,6 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response
 
@@ -43,6 +42,7 @@ from onnx_tts.server.speech import (
     store_error,
     unknown_model,
 )
+from onnx_tts.server.threads import blocking, trim_idle_threads
 from onnx_tts.server.voice_names import VoiceNameError, check_new_name, reserved_names
 from onnx_tts.server.voices import VoiceExists, VoiceStoreError
 from onnx_tts.server.web import add_routes
@@ -101,13 +101,15 @@ def create_app(config: ServerConfig, registry: ModelRegistry | None = None) -> F
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         loading = None
         if not registry.ready.is_set():
-            loading = asyncio.get_running_loop().run_in_executor(None, _load_models, registry)
+            loading = asyncio.create_task(blocking(_load_models, registry))
+        trimming = asyncio.create_task(trim_idle_threads())
         yield
         state.draining = True
         if loading is not None:
             await loading  # a stop during loading lets the load finish, then exits cleanly
         for model in registry.models.values():  # stop each engine's scheduler and vocoder
-            await run_in_threadpool(model.engine.close)
+            await blocking(model.engine.close)
+        trimming.cancel()
 
     # FastAPI's /docs and /redoc load their assets from a CDN (blank offline): web.py serves
     # a page of ours at /docs instead, beside the web page at /.
@@ -155,7 +157,7 @@ def create_app(config: ServerConfig, registry: ModelRegistry | None = None) -> F
     @app.get("/v1/models/{model_id}")
     async def get_model(model_id: str) -> dict[str, Any]:
         _require_ready(state)
-        model = await run_in_threadpool(registry.get, model_id)  # (a folder's: loaded now)
+        model = await blocking(registry.get, model_id)  # (a folder's: loaded now)
         if model is None:
             raise unknown_model(model_id, registry)
         return _model_card(model)
@@ -163,7 +165,7 @@ def create_app(config: ServerConfig, registry: ModelRegistry | None = None) -> F
     @app.get("/v1/audio/voices")
     async def list_voices() -> dict[str, Any]:
         try:
-            listed = await run_in_threadpool(state.voices.list)
+            listed = await blocking(state.voices.list)
         except VoiceStoreError as error:
             raise store_error(error) from None
         stored = [{"id": v.id, "name": v.name} for v in listed]
@@ -187,11 +189,11 @@ def create_app(config: ServerConfig, registry: ModelRegistry | None = None) -> F
         except VoiceNameError as error:
             raise name_error(error, "name") from None
         trims: list[ReferenceTrimmedWarning] = []
-        audio = await run_in_threadpool(decode_upload, model, audio_bytes, trims.append)
+        audio = await blocking(decode_upload, model, audio_bytes, trims.append)
         try:
             # Encode once now: a clip the encoder rejects fails here, not on first use.
-            await run_in_threadpool(model.encode_voice, audio)
-            voice, created = await run_in_threadpool(
+            await blocking(model.encode_voice, audio)
+            voice, created = await blocking(
                 state.voices.add, name, audio, model.voice_rate, reserved
             )
         except OverflowError as error:
@@ -214,10 +216,22 @@ def create_app(config: ServerConfig, registry: ModelRegistry | None = None) -> F
             )
         return JSONResponse(voice.public(), status_code=201 if created else 200, headers=headers)
 
+    @app.get("/v1/audio/voices/{voice_id}")
+    async def get_voice(voice_id: str) -> dict[str, Any]:
+        try:
+            voice = await blocking(state.voices.get, voice_id)
+        except VoiceStoreError as error:
+            raise store_error(error) from None
+        if voice is None:
+            raise APIError(
+                404, f"no voice with id {voice_id!r}", param="voice_id", code="voice_not_found"
+            )
+        return voice.public()
+
     @app.delete("/v1/audio/voices/{voice_id}")
     async def delete_voice(voice_id: str) -> dict[str, Any]:
         try:
-            deleted = await run_in_threadpool(state.voices.delete, voice_id)
+            deleted = await blocking(state.voices.delete, voice_id)
         except VoiceStoreError as error:
             raise store_error(error) from None
         if not deleted:

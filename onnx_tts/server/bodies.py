@@ -28,7 +28,7 @@ from onnx_tts.server.errors import NO_SPACE_ERRNOS, APIError, one_line
 from onnx_tts.server.schemas import (
     nests_deeper_than,
 )
-from onnx_tts.server.voices import MAX_NAME_CHARS
+from onnx_tts.server.voice_names import MAX_NAME_CHARS
 
 log = logging.getLogger("onnx_tts.server")
 

@@ -16,7 +16,6 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import Request
-from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse, Response
 
 from onnx_tts.server.errors import APIError
@@ -31,6 +30,7 @@ from onnx_tts.server.speech import (
     encode,
     word_json,
 )
+from onnx_tts.server.threads import blocking
 
 
 def _line(audio: bytes, audio_format: str, words: list[dict[str, Any]] | None) -> bytes:
@@ -55,7 +55,7 @@ async def respond_captioned(
                 audio += await encode(encoder, payload)
         if started.record.outcome != "done":  # the client left before the audio was complete
             return Response(status_code=499)
-        audio += await run_in_threadpool(encoder.close)
+        audio += await blocking(encoder.close)
         body = {
             "audio": b64(bytes(audio)),
             "audio_format": audio_format,
@@ -74,7 +74,7 @@ async def respond_captioned(
                 if data:  # a codec that holds samples back gives nothing yet: words wait
                     yield _line(data, audio_format, pending)
                     pending = []
-            tail = await run_in_threadpool(encoder.close)
+            tail = await blocking(encoder.close)
             if tail or pending:
                 yield _line(tail, audio_format, pending)
         except APIError as error:

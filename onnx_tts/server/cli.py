@@ -21,6 +21,7 @@ from onnx_tts.config import (
 from onnx_tts.errors import InputError, OnnxTTSError
 from onnx_tts.flags import add_engine_flags, add_folder_flags
 from onnx_tts.server.settings import ServeSettings, add_arguments, serve_settings
+from onnx_tts.signals import handled_signals
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -99,6 +100,10 @@ def run(args: argparse.Namespace, on_ray: Callable[[ServeSettings], int] | None 
         forced = False
 
         def handle_exit(self, sig: int, frame: Any) -> None:
+            if not self.should_exit:
+                logging.getLogger("onnx_tts.server").info(
+                    "%s: finishing the requests in flight, then stopping", _signal_name(sig)
+                )
             if self.should_exit:
                 # Not uvicorn's force_exit, which abandons tasks mid-flight (tracebacks at
                 # exit): the generations stop and their responses end, so the drain that is
@@ -115,7 +120,9 @@ def run(args: argparse.Namespace, on_ray: Callable[[ServeSettings], int] | None 
         @contextlib.contextmanager
         def capture_signals(self) -> Iterator[None]:
             # uvicorn re-raises the signal after a drain (exit 143); a clean drain is exit 0.
-            previous = {s: signal.signal(s, self.handle_exit) for s in _STOP_SIGNALS}
+            # Every terminating signal drains as SIGTERM does (SIGHUP of a closed terminal,
+            # SIGQUIT, ...), but one the server was started with ignored (nohup).
+            previous = {s: signal.signal(s, self.handle_exit) for s in handled_signals()}
             try:
                 yield
             finally:
@@ -151,7 +158,10 @@ def run(args: argparse.Namespace, on_ray: Callable[[ServeSettings], int] | None 
     return 0
 
 
-_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+def _signal_name(signum: int) -> str:
+    from onnx_tts.signals import TerminatedBySignal
+
+    return TerminatedBySignal(signum).name
 
 
 def listen(host: str, port: int) -> socket.socket:

@@ -77,11 +77,16 @@ class SpeechModel:
         jobs = list(self.jobs.values())
         return self._stalls_done + sum(job.clock.long_underruns for job in jobs)
 
-    def lead(self) -> float | None:
-        """Seconds until the first of this model's listeners runs dry (None: none plays)."""
+    def lead(self, arrived: float | None = None) -> float | None:
+        """Seconds until the first of this model's listeners that played at `arrived`
+        (perf_counter; None: any) runs dry; None when none plays."""
         now = time.perf_counter()
-        dry = [job.clock.runs_dry_at() for job in list(self.jobs.values())]
-        times = [t for t in dry if t is not None]
+        clocks = [job.clock for job in list(self.jobs.values())]
+        times = [
+            clock.runs_dry_at()
+            for clock in clocks
+            if clock.start is not None and (arrived is None or clock.start <= arrived)
+        ]
         return min(times) - now if times else None
 
     def track(self, job: Any) -> None:

@@ -24,6 +24,7 @@ from onnx_tts.audio import downmix
 from onnx_tts.decoding.request import CancelToken, PlaybackClock
 from onnx_tts.errors import SessionError
 from onnx_tts.server.engines import SpeechModel
+from onnx_tts.server.threads import blocking
 
 # Events a Generation posts to its queue.
 START, AUDIO, WORDS, END, ERROR = "start", "audio", "words", "end", "error"
@@ -78,7 +79,7 @@ class Generation:
         """Wait (first come, first served) until the model's admission lets this stream
         start; Busy when the queue is full or the wait exceeds `timeout`."""
         admission = self.model.admission
-        ticket = admission.enqueue()
+        ticket = admission.enqueue(self.received_at)
         if ticket is None:
             raise Busy(
                 f"the server is busy ({admission.max_waiting} requests waiting); retry shortly",
@@ -113,9 +114,9 @@ class Generation:
         stream = None
         self.started_at = time.perf_counter()
         try:
-            voice = await asyncio.to_thread(self.model.encode_voice, self.voice_audio)
+            voice = await blocking(self.model.encode_voice, self.voice_audio)
             deadline = time.monotonic() + FIRST_AUDIO_BUDGET_SECONDS
-            stream = await asyncio.to_thread(
+            stream = await blocking(
                 self.model.stream,
                 self.text,
                 voice,

@@ -15,7 +15,6 @@ from typing import Any
 
 import numpy as np
 from fastapi import Request
-from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
@@ -44,6 +43,7 @@ from onnx_tts.server.jobs import (
 )
 from onnx_tts.server.metrics import SynthesisRecord
 from onnx_tts.server.schemas import SpeechRequest
+from onnx_tts.server.threads import blocking
 from onnx_tts.server.voice_names import VoiceNameError
 from onnx_tts.server.voices import VoiceStoreError, voice_to_speak
 
@@ -121,9 +121,9 @@ async def start_speech(
     """Plan, admit and start `speech`, and wait for its first audio: a Started, or a 499
     Response when the client left first. Refusals are APIErrors (400, 404, 429, ...)."""
     # Off the event loop: resolving a voice reads the voice store (files or Redis).
-    job, styling = await run_in_threadpool(plan_speech, state, speech, received)
+    job, styling = await blocking(plan_speech, state, speech, received)
     try:
-        encoder = await run_in_threadpool(
+        encoder = await blocking(
             StreamEncoder, speech.response_format, job.output_rate, job.output_channels
         )
     except FormatUnavailable as error:
@@ -233,7 +233,7 @@ async def respond(
                     yield _sse({"type": "speech.audio.delta", "audio": b64(data)})
             elif data:
                 yield data
-        tail = await run_in_threadpool(encoder.close)
+        tail = await blocking(encoder.close)
         if speech.stream_format == "sse":
             if tail:
                 yield _sse({"type": "speech.audio.delta", "audio": b64(tail)})
@@ -258,7 +258,7 @@ async def encode(encoder: StreamEncoder, samples: np.ndarray) -> bytes:
     raw PCM is a copy, and a format sent whole only keeps the samples."""
     if encoder.cheap_feed:
         return encoder.feed(samples)
-    return await run_in_threadpool(encoder.feed, samples)
+    return await blocking(encoder.feed, samples)
 
 
 def word_json(word: WordTiming) -> dict[str, Any]:

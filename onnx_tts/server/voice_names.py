@@ -32,6 +32,14 @@ from onnx_tts.server.schemas import OPENAI_VOICES
 
 DEFAULT_VOICE_NAMES = ("default",)
 ID_PATTERN = re.compile(r"^voice_[0-9a-f]{24}$")
+# A name holds at most this many characters, as typed and as stored (composed: NFC, which can
+# make a name longer: U+0958 is two characters composed), and its compared form (name_key:
+# compatibility forms such as U+FDFA are many letters) at most NAME_KEY_CHARS.
+MAX_NAME_CHARS = 100
+NAME_KEY_CHARS = 4 * MAX_NAME_CHARS
+# What a stored record's name may hold when read back: a name of MAX_NAME_CHARS typed
+# characters stored by an older version, composed without a bound (NFC triples a text at most).
+MAX_STORED_NAME_CHARS = 3 * MAX_NAME_CHARS
 
 
 def display_name(name: str) -> str:
@@ -69,13 +77,29 @@ def reserved_names(builtin: Mapping[str, Sequence[str]]) -> dict[str, str]:
     return reserved
 
 
+def _too_long(why: str) -> VoiceNameError:
+    return VoiceNameError(
+        400,
+        f"name: at most {MAX_NAME_CHARS} characters ({why}, {NAME_KEY_CHARS} once normalised); "
+        "choose a shorter name",
+        "too_long",
+    )
+
+
 def check_new_name(name: str, reserved: Mapping[str, str]) -> tuple[str, str]:
     """(stored form, key) of a name for a new voice; VoiceNameError when it is empty once
-    normalised, shaped like an id, or `reserved` (see :func:`reserved_names`)."""
+    normalised, longer than MAX_NAME_CHARS as typed or as stored (NFC), or NAME_KEY_CHARS in
+    its compared form, shaped like an id, or `reserved` (see :func:`reserved_names`)."""
+    if len(name) > MAX_NAME_CHARS:
+        raise _too_long(f"this one has {len(name)}")
     shown = display_name(name)
     key = name_key(shown)
     if not key:
         raise VoiceNameError(400, "name: it has no visible characters", "invalid_value")
+    if len(shown) > MAX_NAME_CHARS:
+        raise _too_long(f"composed (NFC), as it is stored, this one has {len(shown)}")
+    if len(key) > NAME_KEY_CHARS:
+        raise _too_long(f"in the compatibility form names are compared in it has {len(key)}")
     if ID_PATTERN.match(key):
         raise VoiceNameError(
             409,
@@ -149,6 +173,9 @@ def resolve_voice(
 __all__ = [
     "DEFAULT_VOICE_NAMES",
     "ID_PATTERN",
+    "MAX_NAME_CHARS",
+    "MAX_STORED_NAME_CHARS",
+    "NAME_KEY_CHARS",
     "VoiceChoice",
     "VoiceNameError",
     "check_new_name",

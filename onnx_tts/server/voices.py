@@ -42,6 +42,7 @@ from onnx_tts.regular_files import RefusedFile, read_regular_file, unlink_below
 from onnx_tts.server.errors import NO_SPACE_ERRNOS, one_line
 from onnx_tts.server.voice_names import (
     ID_PATTERN,
+    MAX_STORED_NAME_CHARS,
     check_new_name,
     name_key,
     reserved_names,
@@ -51,7 +52,6 @@ from onnx_tts.server.voice_names import (
 log = logging.getLogger("onnx_tts.server")
 
 MAX_VOICES = 1000
-MAX_NAME_CHARS = 100
 # A stored clip is a reference voice (seconds), never more than this many samples.
 MAX_STORED_SAMPLES = 10 * 60 * 48_000
 MAX_META_BYTES = 4096
@@ -170,7 +170,7 @@ def parse_meta(
         return None, "its metadata is not a voice record", {}
     checks = (
         voice.id == ident,
-        isinstance(voice.name, str) and 0 < len(voice.name) <= MAX_NAME_CHARS,
+        isinstance(voice.name, str) and 0 < len(voice.name) <= MAX_STORED_NAME_CHARS,
         isinstance(voice.created_at, int) and not isinstance(voice.created_at, bool),
         isinstance(voice.sample_rate, int) and 8000 <= voice.sample_rate <= 384_000,
     )

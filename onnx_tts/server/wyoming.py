@@ -30,7 +30,6 @@ import argparse
 import asyncio
 import contextlib
 import logging
-import signal
 import sys
 import time
 import uuid
@@ -46,13 +45,14 @@ from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, Synthesize
 
 from onnx_tts.audio import to_pcm16
 from onnx_tts.config import WyomingConfig
-from onnx_tts.errors import OnnxTTSError
+from onnx_tts.errors import InputError, OnnxTTSError
 from onnx_tts.server.engines import ModelRegistry, SpeechModel
 from onnx_tts.server.errors import one_line
 from onnx_tts.server.jobs import AUDIO, END, ERROR, Busy, Generation
 from onnx_tts.server.metrics import SynthesisRecord
 from onnx_tts.server.schemas import MAX_INPUT_CHARS
 from onnx_tts.server.text_stream import Piece, StreamedText
+from onnx_tts.server.threads import blocking, trim_idle_threads
 from onnx_tts.server.voice_names import VoiceNameError
 from onnx_tts.server.voices import VoiceStoreError, voice_to_speak
 from onnx_tts.server.wyoming_events import (
@@ -63,6 +63,7 @@ from onnx_tts.server.wyoming_events import (
     read_event,
 )
 from onnx_tts.server.wyoming_requests import ATTRIBUTION, Speech, error_code, event_options
+from onnx_tts.signals import handled_signals
 
 log = logging.getLogger("onnx_tts.server.wyoming")
 
@@ -224,7 +225,8 @@ class WyomingHandler(AsyncEventHandler):
     def __init__(self, service: WyomingService, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.service = service
-        self._stream_options: dict[str, Any] = {}  # voice, markup, speed of the open stream
+        # Voice, markup, speed of the open stream (None: it was refused at its start).
+        self._stream_options: dict[str, Any] | None = {}
         self._stream_text: StreamedText | None = None  # not None while a streamed text is open
         self._stream_chars = 0  # characters received in the open streamed text
         # What to say goes through one queue to one speaker task, in order, so that this
@@ -348,6 +350,8 @@ class WyomingHandler(AsyncEventHandler):
         if problem:  # one error event; the connection stays open (the event was whole)
             log.info("wyoming client sent a malformed %s event: %s", event.type, problem)
             await self._error(f"malformed {event.type} event: {problem}", "bad_event")
+            if SynthesizeStart.is_type(event.type) and self._stream_text is None:
+                self._refuse_stream()
             return True
         if Describe.is_type(event.type):
             await self._send(self.service.info().event())
@@ -356,9 +360,14 @@ class WyomingHandler(AsyncEventHandler):
             if self._stream_text is not None:
                 await self._error("synthesize-start while a streamed text is open", "bad_order")
                 return True
-            self._stream_options = event_options(event.data or {})
-            self._stream_text = StreamedText(self._stream_options["ssml"])
             self._stream_chars = 0
+            try:
+                self._stream_options = event_options(event.data or {})
+            except InputError as error:
+                self._refuse_stream()
+                await self._error(str(error), error_code(error))
+                return True
+            self._stream_text = StreamedText(self._stream_options["ssml"])
             return True
         if SynthesizeChunk.is_type(event.type):
             if self._stream_text is None:
@@ -371,6 +380,8 @@ class WyomingHandler(AsyncEventHandler):
                 await self._error(f"a streamed text holds at most {MAX_STREAM_CHARS} characters")
                 self._stream_text = None
                 return True
+            if self._stream_options is None:
+                return True  # a refused stream: its error was sent at its start
             self._enqueue_pieces(self._stream_text.add(chunk))
             if self._stream_text.ssml and self._stream_text.pending > MAX_INPUT_CHARS:
                 # An SSML document is spoken whole, so it is bounded like one text.
@@ -388,16 +399,31 @@ class WyomingHandler(AsyncEventHandler):
                 await self._error("synthesize-stop before synthesize-start", "bad_order")
                 return True
             text, self._stream_text = self._stream_text, None
-            self._enqueue_pieces(text.finish())
+            if self._stream_options is not None:
+                self._enqueue_pieces(text.finish())
+                if self._stream_chars and not text.spoken:  # only whitespace: said so
+                    self._enqueue(Speech("", **self._stream_options))
             self._enqueue(None)
             return not self._client_gone
         if Synthesize.is_type(event.type):
             if self._stream_text is not None:
                 return True  # sent beside a stream for older servers; the stream speaks
             synthesize = Synthesize.from_event(event)
-            self._enqueue(Speech(synthesize.text, **event_options(event.data or {})))
+            try:
+                options = event_options(event.data or {})
+            except InputError as error:
+                await self._error(str(error), error_code(error))
+                return True
+            self._enqueue(Speech(synthesize.text, **options))
             return not self._client_gone
         return True  # events for other services are not ours
+
+    def _refuse_stream(self) -> None:
+        """A stream whose start was refused (its error sent): open, so that its chunks are
+        dropped quietly and its stop is answered with synthesize-stopped."""
+        self._stream_options = None
+        self._stream_text = StreamedText()
+        self._stream_chars = 0
 
     async def _error(self, text: str, code: str = "invalid_request") -> None:
         await self._send(Error(text=text, code=code).event())
@@ -413,7 +439,7 @@ class WyomingHandler(AsyncEventHandler):
             return True
         service = self.service
         try:
-            job = await asyncio.to_thread(service.plan, speech)
+            job = await blocking(service.plan, speech)
         except VoiceRefused as error:
             log.info("wyoming voice refused: %s", error)
             await self._error(str(error), error.code)
@@ -479,8 +505,6 @@ def _check_uri(uri: str) -> None:
     """InputError unless `uri` is tcp://HOST:PORT with a port in 0-65535."""
     from urllib.parse import urlsplit
 
-    from onnx_tts.errors import InputError
-
     try:
         parts = urlsplit(uri)
         port = parts.port
@@ -541,12 +565,14 @@ async def _serve(service: WyomingService, uri: str) -> int:
     assert isinstance(server, AsyncTcpServer)
     await server.start(lambda reader, writer: WyomingHandler(service, reader, writer))
     log.info("wyoming: listening on %s (model %s)", uri, service.model.name)
+    trimming = asyncio.create_task(trim_idle_threads())
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in handled_signals():  # as SIGTERM, but one started ignored (nohup)
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     log.info("wyoming: stopping")
+    trimming.cancel()
     await server.stop()
     service.stop()
     return 0

@@ -8,12 +8,17 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any
+import sys
+from collections.abc import Awaitable
+from typing import Any, TypeVar
 
 from wyoming.event import Event
 
+from onnx_tts.errors import shown
 from onnx_tts.server.bodies import MAX_JSON_DEPTH
 from onnx_tts.server.schemas import nests_deeper_than
+
+T = TypeVar("T")
 
 # Bounds on what a client sends: one event header line (asyncio's default stream limit),
 # its JSON data and payload.
@@ -46,6 +51,16 @@ def _length(header: dict[str, Any], key: str, limit: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= limit:
         raise BadEvent(f"{key} must be an integer from 0 to {limit}, got {value!r:.40}")
     return value
+
+
+async def _within(seconds: float, awaitable: Awaitable[T]) -> T:
+    """`awaitable`'s result, or asyncio.TimeoutError after `seconds`. asyncio.timeout (3.11+)
+    where there is one: wait_for makes a task of every call, which a client sending events by
+    the hundred thousand (one character each) pays for in CPU."""
+    if sys.version_info >= (3, 11):
+        async with asyncio.timeout(seconds):
+            return await awaitable
+    return await asyncio.wait_for(awaitable, seconds)
 
 
 async def _read_event(reader: asyncio.StreamReader, first: bytes) -> Event:
@@ -83,7 +98,7 @@ async def read_event(
         if not first:
             return None
     try:
-        return await asyncio.wait_for(_read_event(reader, first), header_timeout)
+        return await _within(header_timeout, _read_event(reader, first))
     except asyncio.TimeoutError:
         raise BadEvent(
             f"the event did not arrive whole within {header_timeout:g} s of its first byte"
@@ -98,6 +113,11 @@ async def first_byte(
     """The first byte of the next event (b"" at the end of the stream). While `busy()` (the
     connection is being spoken to) the client may stay silent as long as it likes; once idle
     (`idle` set), IdleTimeout after `idle_timeout` seconds without a byte."""
+    if not busy():  # nothing is queued, and nothing can be until this read returns
+        try:
+            return await _within(idle_timeout, reader.read(1))
+        except asyncio.TimeoutError:
+            raise IdleTimeout(f"nothing received for {idle_timeout:g} s") from None
     read = asyncio.ensure_future(reader.read(1))
     try:
         while busy():  # the clock starts when the last queued text has been spoken
@@ -139,10 +159,8 @@ def malformed(event: Event) -> str:
     if event.type in _VOICE_EVENTS:
         if data.get("text_format") not in (None, "text", "ssml"):
             return '"text_format" must be "text" or "ssml"'
-        for key in SHAPING_FIELDS:  # onnx-tts extensions; the engine checks their ranges
+        for key in SHAPING_FIELDS:  # onnx-tts extensions (event_options checks their ranges)
             value = data.get(key)
-            if value is not None and (
-                isinstance(value, bool) or not isinstance(value, int | float)
-            ):
-                return f'"{key}" must be a number'
+            if key in data and (isinstance(value, bool) or not isinstance(value, int | float)):
+                return f'"{key}" must be a number, got {"null" if value is None else shown(value)}'
     return ""

@@ -9,7 +9,9 @@ from typing import Any
 
 from wyoming.info import Attribution
 
-from onnx_tts.errors import MarkupError, SsmlError
+from onnx_tts.errors import MarkupError, SsmlError, checked_number
+from onnx_tts.pipeline.planner import MAX_SENTENCE_SILENCE
+from onnx_tts.pipeline.timestretch import MAX_SPEED, MIN_SPEED
 from onnx_tts.server.wyoming_events import SHAPING_FIELDS
 
 
@@ -41,9 +43,14 @@ class Speech:
     sentence_silence: float | None = None
 
 
+# The ranges of the onnx-tts extensions, as on HTTP.
+SHAPING_RANGES = {"speed": (MIN_SPEED, MAX_SPEED), "sentence_silence": (0.0, MAX_SENTENCE_SILENCE)}
+
+
 def event_options(data: dict[str, Any]) -> dict[str, Any]:
     """What a synthesize or synthesize-start event asks beyond its text: voice, language,
-    markup and the onnx-tts extensions (checked for their types by `malformed`)."""
+    markup and the onnx-tts extensions (their types checked by `malformed`); InputError naming
+    an extension out of its range (an integer of any size included)."""
     voice = data.get("voice") or {}
     options: dict[str, Any] = {
         "voice": voice.get("name"),
@@ -54,7 +61,7 @@ def event_options(data: dict[str, Any]) -> dict[str, Any]:
     }
     for key in SHAPING_FIELDS:
         if data.get(key) is not None:
-            options[key] = float(data[key])
+            options[key] = checked_number(key, data[key], *SHAPING_RANGES[key])
     return options
 
 

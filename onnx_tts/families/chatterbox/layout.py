@@ -13,6 +13,7 @@ import numpy as np
 
 from onnx_tts.errors import ModelError
 from onnx_tts.graph_io import GraphSpec, KVLayout, kv_layout, read_graph_spec
+from onnx_tts.regular_files import real_path
 
 FAMILY_TURBO = "chatterbox-turbo"
 FAMILY_ORIGINAL = "chatterbox"
@@ -278,7 +279,7 @@ def inspect_layout(model_dir: Path, precision: str | None = None) -> ChatterboxL
         spec = read_graph_spec(path)
         for sidecar in spec.external_data:
             sidecar_path = path.parent / sidecar
-            inside_dir = sidecar_path.resolve().parent == path.parent.resolve()
+            inside_dir = real_path(sidecar_path).parent == real_path(path.parent)
             if not inside_dir:
                 problems.append(
                     f"{path.name} keeps its weights in {sidecar!r}, outside its directory"

@@ -9,7 +9,6 @@ published) and this module hands out [N, 2] float32, the layout audio files use.
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -26,6 +25,7 @@ from onnx_tts.encoder import VoiceEncoder
 from onnx_tts.errors import AudioError, InputError, ModelError, NonFiniteAudioError
 from onnx_tts.families.moss_tts_nano.layout import MossLayout
 from onnx_tts.session import LazySession, StateChain
+from onnx_tts.state_streams import ChainedStream, StatePool
 
 PROMPT_CODES = "prompt_audio_codes"
 REFERENCE_MIN_SECONDS = 0.5
@@ -170,8 +170,10 @@ class CodecDecoder:
         self.n_q = layout.codec.quantizers
         self.codebook = layout.config.codebook
         self.state_mode = state_mode
-        self._idle: list[StateChain] = []
-        self._idle_lock = threading.Lock()  # streams open and close on several threads
+        state = layout.state
+        self.states = StatePool(
+            step, [(s.input, s.output) for s in state], [s.initial() for s in state], state_mode
+        )
 
     def _codes(self, frames: np.ndarray) -> np.ndarray:
         codes = np.asarray(frames)
@@ -199,64 +201,21 @@ class CodecDecoder:
         )
         return _audio_rows(out["audio"], out["audio_lengths"], self.channels, self.full.path.name)
 
-    def stream(self) -> CodecStream:
+    def stream(self) -> ChainedStream:
         """A fresh streaming decoder (state zeroed, positions -1); use it as a context
         manager (or close it) so its state is reused by the next stream."""
-        with self._idle_lock:
-            chain = self._idle.pop() if self._idle else None
-        if chain is None:
-            chain = self._new_chain()
-        chain.reset()
-        return CodecStream(self, chain)
+        return ChainedStream(self.states, self._push)
 
-    def _new_chain(self) -> StateChain:
-        state = self.layout.state
-        return StateChain(
-            self.step.get(),
-            [(s.input, s.output) for s in state],
-            [s.initial() for s in state],
-            self.state_mode,
-        )
-
-    def _release(self, chain: StateChain) -> None:
-        chain.reset()
-        with self._idle_lock:
-            if len(self._idle) < 4:
-                self._idle.append(chain)
-
-
-class CodecStream:
-    """Streaming decode of one clip: push frames as they come, get their audio."""
-
-    def __init__(self, decoder: CodecDecoder, chain: StateChain) -> None:
-        self.decoder = decoder
-        self.chain: StateChain | None = chain
-
-    def push(self, frames: np.ndarray) -> np.ndarray:
+    def _push(self, chain: StateChain, frames: np.ndarray) -> np.ndarray:
         """Audio [len(frames) x downsample, channels] of the next frames."""
-        if self.chain is None:
-            raise InputError("this codec stream is closed")
-        codes = self.decoder._codes(frames)
+        codes = self._codes(frames)
         if codes.shape[1] == 0:
-            return np.zeros((0, self.decoder.channels), np.float32)
-        out = self.chain.step(
+            return np.zeros((0, self.channels), np.float32)
+        out = chain.step(
             {"audio_codes": codes, "audio_code_lengths": np.array([codes.shape[1]], np.int32)},
             ["audio", "audio_lengths"],
         )
-        return _audio_rows(
-            out["audio"], out["audio_lengths"], self.decoder.channels, self.decoder.step.path.name
-        )
-
-    def close(self) -> None:
-        if self.chain is not None:
-            self.decoder._release(self.chain)
-            self.chain = None
-
-    def __enter__(self) -> CodecStream:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        return _audio_rows(out["audio"], out["audio_lengths"], self.channels, self.step.path.name)
 
 
 def stream_budget(first_audio: float | None, emitted_seconds: float, now: float) -> int:
@@ -282,7 +241,6 @@ def concat_audio(pieces: Sequence[np.ndarray], channels: int) -> np.ndarray:
 __all__ = [
     "PROMPT_CODES",
     "CodecDecoder",
-    "CodecStream",
     "ReferenceEncoder",
     "check_reference",
     "concat_audio",

@@ -51,6 +51,7 @@ from onnx_tts.families.moss_tts_nano.local import (
 from onnx_tts.families.moss_tts_nano.program import POSITION_LIMIT, MossProgram, MossRequest
 from onnx_tts.families.moss_tts_nano.sampling import MossSampling
 from onnx_tts.families.moss_tts_nano.text import DEFAULT_CHUNK_TOKENS, MossText, pause_seconds
+from onnx_tts.session import LazySession
 
 SAMPLING_NAMES = (
     "text_temperature",
@@ -62,6 +63,13 @@ SAMPLING_NAMES = (
     "audio_repetition_penalty",
 )
 MAX_VOICE_CODES = 1 << 22
+# The graph of each local path.
+LOCAL_ROLES = {
+    "greedy_frame": "local_greedy_frame",
+    "fixed_frame": "local_fixed_sampled_frame",
+    "cached_step": "local_cached_step",
+    "decoder": "local_decoder",
+}
 
 
 class MossVoices(Voices):
@@ -145,10 +153,14 @@ class MossTTSNano(Model):
 
     def __init__(self, layout: MossLayout, settings: LoadSettings, **options: Any) -> None:
         self.layout = layout
-        # The global transformer loads now; local paths and codec graphs on first use (most
-        # requests need one local path of three, and only cloning needs the encoder). Each
-        # stage's graphs get its share of the cores (`--threads 0`): the LM and the codec run
-        # at the same time on their own threads.
+        # What a request with the load options needs loads now: the global transformer, the
+        # local path of the published dispatch and the codec's decoders, so the first request
+        # runs as fast as the next (measured: loading them on its way cost the first one-shot
+        # request ~0.6 s idle, 2.4 s of CPU under load). The other local paths and the encoder
+        # (cloning only) load on first use. Each stage's graphs get its share of the cores
+        # (`--threads 0`): the LM and the codec run at the same time on their own threads.
+        eager = {"prefill", "decode_step", "codec_decode_full", "codec_decode_step"}
+        eager.add(LOCAL_ROLES.get(self._default_path(layout, options), "local_decoder"))
         declared = {
             role: Graph(spec.path, "decode", lazy=role not in ("prefill", "decode_step"), spec=spec)
             for role, spec in layout.tts_graphs.items()
@@ -168,6 +180,9 @@ class MossTTSNano(Model):
         )
         local_mode = "copy" if graphs.kv_mode == "copy" else "chain"
         sessions = graphs.sessions
+        for role in eager:
+            if isinstance(sessions.get(role), LazySession):
+                sessions[role].get()
         paths: dict[str, LocalPath] = {}
         if "local_greedy_frame" in sessions:
             paths["greedy_frame"] = GreedyFrame(layout, sessions["local_greedy_frame"])
@@ -202,6 +217,15 @@ class MossTTSNano(Model):
         )
         self.base_sampling = MossSampling.from_defaults(layout.defaults).checked()
         self.load_options = self._checked(options)
+
+    @staticmethod
+    def _default_path(layout: MossLayout, options: Mapping[str, Any]) -> str:
+        """The local path a request with the (unchecked) load options takes by default."""
+        requested = options.get("local_path")
+        if requested not in (None, "auto"):
+            return str(requested)
+        present = [path for path, role in LOCAL_ROLES.items() if role in layout.tts_graphs]
+        return dispatch(present, str(options.get("sample_mode") or layout.defaults.sample_mode))
 
     # -- options --------------------------------------------------------------------------
     def _checked(self, options: Mapping[str, Any]) -> dict[str, Any]:

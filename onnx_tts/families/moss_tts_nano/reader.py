@@ -27,6 +27,7 @@ from onnx_tts.families.moss_tts_nano.tts_meta import (
     generation_defaults,
     inspect_tts,
 )
+from onnx_tts.regular_files import real_path
 
 
 def find_manifest(root: Path) -> Path | None:
@@ -52,7 +53,7 @@ def inspect_layout(root: Path) -> MossLayout:
             f"{root} has no {MANIFEST} (tried {', '.join(MANIFEST_CANDIDATES)}); {DOWNLOAD_HINT}"
         )
     fix = f"download {MANIFEST} again ({DOWNLOAD_HINT})"
-    manifest = JsonFile.read(manifest_path.resolve(), fix)
+    manifest = JsonFile.read(real_path(manifest_path), fix)
     version = manifest.get("format_version", None)
     if version != 1:
         raise ModelError(

@@ -124,14 +124,22 @@ class MossText(TextFrontend):
     def chunks(self, text: str, options: Mapping[str, Any]) -> list[str]:
         return self.split(text, options.get("voice_clone_max_text_tokens", DEFAULT_CHUNK_TOKENS))
 
+    def sentence_chunks(self, text: str, options: Mapping[str, Any]) -> list[str]:
+        """The published chunking without its merging: one chunk per sentence (a sentence
+        over the token budget still cut as published), so a silence asked for between
+        sentences falls between them."""
+        budget = options.get("voice_clone_max_text_tokens", DEFAULT_CHUNK_TOKENS)
+        return self.split(text, budget, merge=False)
+
     def encode(self, text: str) -> list[int]:
         return [int(t) for t in self.sp.encode(text, out_type=int)]
 
     def count(self, text: str) -> int:
         return len(self.encode(text))
 
-    def split(self, text: str, budget: int = DEFAULT_CHUNK_TOKENS) -> list[str]:
-        """The published chunks of `text` (InputError for text with nothing to speak)."""
+    def split(self, text: str, budget: int = DEFAULT_CHUNK_TOKENS, merge: bool = True) -> list[str]:
+        """The published chunks of `text` (InputError for text with nothing to speak);
+        `merge=False`: its pieces (sentences, or parts of a long one) are not joined."""
         text = text.strip()
         if not speakable(text):
             raise InputError(
@@ -144,6 +152,9 @@ class MossText(TextFrontend):
             pieces += self._fitted(sentence, budget)
         chunks: list[str] = []
         current, tokens = "", 0
+        if not merge:
+            chunks = [piece.strip() for _, piece in pieces if piece.strip()]
+            return chunks if len(chunks) > 1 else [text]
         for count, piece in pieces:
             if not current:
                 current, tokens = piece, count

@@ -10,7 +10,6 @@ See export/voice/train.py for the model and docs/ARCHITECTURE.md for the graph c
 
 from __future__ import annotations
 
-import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -42,6 +41,8 @@ from onnx_tts.families.base import (
 from onnx_tts.families.bundled import BundledModel, bundle_encoder, bundle_files
 from onnx_tts.families.loader import Graph, GraphSet, LoadedGraphs, load_graphs
 from onnx_tts.frontend import PhonemeTable, Phonemizer, normalize_text, split_sentences
+from onnx_tts.frontend.sentences import UNIT_SPACE
+from onnx_tts.frontend.word_phonemes import word_positions
 from onnx_tts.graph_io import check_graph_io
 from onnx_tts.session import Session
 from onnx_tts.vocoder import decode_in_batches
@@ -52,6 +53,7 @@ PAD_ID = 0  # phoneme-window id outside the sentence; symbol i has id i + 1
 # A pointer that stays this many steps on one phoneme is moved on: a runaway guard, far
 # beyond any real phoneme (2 s at 25 steps/s).
 MAX_STEPS_ON_ONE_SYMBOL = 50
+MAX_KNOWN_WORDS = 20_000  # words whose own phonemes are kept (word timings)
 SECTIONS = ("graphs", "kv", "frames", "text", "pointer", "lm", "streaming", "vocoder")
 
 
@@ -179,10 +181,12 @@ class PhonemeMelProgram(DecodeProgram):
 
 @dataclass(frozen=True)
 class PhonemeChunk:
-    """A sentence as the LM walks it: [start] + phoneme ids + [end], and its words."""
+    """A sentence as the LM walks it: [start] + phoneme ids + [end], and its words; `given`:
+    phonemes the writer gave (their words are the space-separated groups)."""
 
     ids: tuple[int, ...]
     text: str
+    given: bool = False
 
 
 class PhonemeText(TextFrontend):
@@ -196,7 +200,7 @@ class PhonemeText(TextFrontend):
     ) -> None:
         self.table, self.phonemizer = table, phonemizer
         self.start_id, self.end_id, self.max_chunk_chars = start, end, chars
-        self.space_ids = set(table.encode(" "))
+        self._known_words: dict[str, list[str]] = {}
 
     def phoneme_ids(self, sentence: str) -> list[int]:
         """[start] + phoneme ids of `sentence` + [end]; only the boundaries if nothing is
@@ -204,45 +208,64 @@ class PhonemeText(TextFrontend):
         return self.start_id + self.table.encode(self.phonemizer.phonemize(sentence)) + self.end_id
 
     def chunks(self, text: str, options: Mapping[str, Any]) -> list[PhonemeChunk]:
-        sentences = split_sentences(normalize_text(text), self.max_chunk_chars)
-        chunks = [PhonemeChunk(tuple(self.phoneme_ids(s)), s) for s in sentences]
+        # The sentences keep the reader's units (captions never split "nine thirty AM").
+        sentences = split_sentences(normalize_text(text, keep_units=True), self.max_chunk_chars)
+        chunks = [
+            PhonemeChunk(tuple(self.phoneme_ids(s.replace(UNIT_SPACE, " "))), s) for s in sentences
+        ]
         chunks = [chunk for chunk in chunks if len(chunk.ids) > 2]
         if not chunks:
             raise InputError("text has nothing speakable after normalisation")
         return chunks
 
     def phoneme_chunks(self, ipa: str, text: str, options: Mapping[str, Any]) -> list[PhonemeChunk]:
-        symbols = self.table.encode(unicodedata.normalize("NFD", ipa))
-        if not symbols:
-            raise InputError(
-                f"phonemes {ipa!r} hold no symbol this model knows; use IPA as espeak-ng writes it"
-            )
-        return [PhonemeChunk(tuple(self.start_id + symbols + self.end_id), text or ipa)]
+        symbols = self.table.encode_given(ipa)
+        return [PhonemeChunk(tuple(self.start_id + symbols + self.end_id), text or ipa, True)]
 
     def describe(self, chunk: Any) -> str:
-        return chunk.text if isinstance(chunk, PhonemeChunk) else ""
+        return chunk.text.replace(UNIT_SPACE, " ") if isinstance(chunk, PhonemeChunk) else ""
 
     def words(self, chunk: Any) -> list[WordSpan]:
-        """The sentence's words on its phoneme groups (positions in `ids`, so the program's
-        pointer marks time them); when espeak grouped them otherwise, estimated."""
+        """The sentence's words on its phonemes (positions in `ids`, so the program's pointer
+        marks time them). Where espeak-ng wrote words together ("in the": ``ɪnðə``), each
+        word's own phonemes, aligned to the sentence's, split the group
+        (`frontend.word_phonemes`); a word with no sound of its own there is estimated."""
         words = spoken_words(chunk.text)
-        groups: list[tuple[int, int]] = []
-        start = None
-        for position, symbol in enumerate(chunk.ids[1:-1], 1):
-            if symbol in self.space_ids:
-                if start is not None:
-                    groups.append((start, position))
-                start = None
-            elif start is None:
-                start = position
-        if start is not None:
-            groups.append((start, len(chunk.ids) - 1))
-        if len(groups) != len(words):
-            return words
+        sentence = [self.table.symbols[i - 1] for i in chunk.ids[1:-1]]
+        if chunk.given:  # the writer's phonemes: their groups are the words
+            groups = _groups(sentence)
+            if len(groups) != len(words):
+                return words
+            pairs = zip(words, groups, strict=True)
+            return [replace(word, first=a + 1, last=b + 1) for word, (a, b) in pairs]
+        spans = word_positions(sentence, [self._word_phonemes(word.text) for word in words])
         return [
-            WordSpan(word.text, first, last, word.weight)
-            for word, (first, last) in zip(words, groups, strict=True)
+            replace(word, first=span[0] + 1, last=span[1] + 1) if span else word
+            for word, span in zip(words, spans, strict=True)
         ]
+
+    def _word_phonemes(self, word: str) -> list[str]:
+        """A word's own phoneme symbols (those of the bundle's table), kept for the next time."""
+        found = self._known_words.get(word)
+        if found is None:
+            if len(self._known_words) >= MAX_KNOWN_WORDS:
+                self._known_words.clear()
+            ids = self.table.encode(self.phonemizer.phonemize(word))
+            found = self._known_words[word] = [self.table.symbols[i - 1] for i in ids]
+        return found
+
+
+def _groups(symbols: Sequence[str]) -> list[tuple[int, int]]:
+    """[first, last) of each space-separated group of `symbols`."""
+    groups, start = [], None
+    for position, symbol in enumerate([*symbols, " "]):
+        if symbol == " ":
+            if start is not None:
+                groups.append((start, position))
+            start = None
+        elif start is None:
+            start = position
+    return groups
 
 
 class MelVocoder(Vocoder):

@@ -10,6 +10,8 @@ from pathlib import Path
 from onnx_tts.errors import InputError, OnnxTTSError
 from onnx_tts.tools.convert.inplace_kv import convert_bundle_inplace_kv, convert_inplace_kv
 
+MAX_CHECK_STEPS = 1000  # decode steps of the logits check (each runs both graphs)
+
 
 def add_convert_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
@@ -55,8 +57,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def run_convert(args: argparse.Namespace) -> int:
-    if args.check_steps < 1:
-        raise InputError(f"--check-steps must be at least 1, got {args.check_steps}")
+    if not 1 <= args.check_steps <= MAX_CHECK_STEPS:
+        raise InputError(
+            f"--check-steps must be from 1 to {MAX_CHECK_STEPS}, got {args.check_steps}"
+        )
     if Path(args.source).is_dir():
         reports = convert_bundle_inplace_kv(
             args.source, args.output, check=not args.no_check, check_steps=args.check_steps

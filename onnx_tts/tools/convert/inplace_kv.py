@@ -7,10 +7,11 @@ and (with ``check``) its logits match the source's, so a failure leaves nothing 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import shutil
-import tempfile
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,16 +19,22 @@ import onnx
 from onnx import TensorProto, external_data_helper
 
 from onnx_tts.errors import InputError, ModelError
-from onnx_tts.graph_io import GQA_OP, PAST_VALID_LENGTHS, read_graph_spec
+from onnx_tts.graph_io import GQA_OP, PAST_VALID_LENGTHS, graph_spec_of, read_graph_spec
+from onnx_tts.regular_files import file_kind
+from onnx_tts.signals import committing, deferred
 from onnx_tts.tools.convert.rewrite import rewrite_inplace_kv
 from onnx_tts.tools.convert.verify import LayerAttention, LogitsCheck, compare_logits
 from onnx_tts.tools.model_dir import (
-    check_new_output,
+    check_graph_file,
     copy_model,
     files_of,
     model_files,
+    new_output,
     place_output,
+    real_path,
     rewrite_manifest,
+    staging_beside,
+    write_failure,
 )
 from onnx_tts.tools.quantize.rows import RowChanges, independent_rows
 
@@ -114,21 +121,35 @@ def _save(model: onnx.ModelProto, path: Path, external: bool) -> list[Path]:
     return [path]
 
 
-def _resolve_paths(src: Path, dst: Path) -> tuple[Path, Path]:
+def _resolve_paths(src: Path, dst: Path) -> tuple[Path, Path, onnx.ModelProto]:
+    """The source graph (a regular file, or a link to one), the file to write and the source
+    parsed without its weights (checked by `check_graph_file`): InputError when the output
+    would replace the source or a file the source reads, or cannot be written there."""
     src, dst = Path(src), Path(dst)
-    if not src.is_file():
-        raise InputError(f"source graph not found: {src}")
+    real = real_path(src)
+    try:
+        mode = os.lstat(real).st_mode
+    except OSError:
+        raise InputError(f"source graph not found: {src}") from None
+    if not stat.S_ISREG(mode):
+        raise InputError(f"the source graph {src} is {file_kind(mode)}, not an ONNX file")
+    model = check_graph_file(src, real_path(src.parent))
+    reads = {real} | {
+        real_path(src.parent / name) for name in graph_spec_of(model, src).external_data
+    }
     if dst.is_dir():
         dst = dst / src.name
-    if dst.resolve() == src.resolve():
-        raise InputError(
-            f"refusing to overwrite the source {src}: write the converted graph to another path"
-        )
     if dst.suffix != ".onnx":
         raise InputError(f"the output must be an .onnx file, got {dst}")
     if not dst.parent.is_dir():
         raise InputError(f"output directory does not exist: {dst.parent}")
-    return src, dst
+    target = real_path(dst.parent, dst) / dst.name
+    if {target, target.with_name(target.name + "_data")} & reads:
+        raise InputError(
+            f"refusing to overwrite the source {src} or its weights: write the converted graph "
+            "to another path"
+        )
+    return src, dst, model
 
 
 def _external_entries(model: onnx.ModelProto) -> dict[str, dict[str, str]]:
@@ -177,6 +198,7 @@ def convert_inplace_kv(
     check_steps: int = 20,
     external_data: bool | None = None,
     keep_external: bool = False,
+    commit: bool = True,
 ) -> ConvertReport:
     """Convert the Concat-KV LM `src` into a GroupQueryAttention LM at `dst` (a file, or a
     directory to write `src`'s file name into). Files are written atomically; with `check`
@@ -185,14 +207,30 @@ def convert_inplace_kv(
     `external_data`: None writes a `.onnx_data` sidecar when the source had one or the graph
     is over 1 GiB. `keep_external`: the weights stay in the external-data files the source
     reads (shared with other graphs, which keep reading them), which must already lie beside
-    `dst`; only the graph file is written."""
-    src, dst = _resolve_paths(src, dst)
+    `dst`; only the graph file is written. `commit`: putting the files in place is the
+    command's last step (termination signals held for it: `onnx_tts.signals.committing`);
+    False when `dst` lies in a staging directory of a larger output."""
+    src, dst, model = _resolve_paths(src, dst)
     try:
-        # Parsed once: where its weights are stored is read before they are loaded.
-        model = onnx.load(str(src), load_external_data=False)
-        stored = _external_entries(model)
+        return _convert(src, dst, model, check, check_steps, external_data, keep_external, commit)
+    except OSError as error:  # a full or read-only directory, a name too long: one line
+        raise write_failure(dst, "converted graph", error) from None
+
+
+def _convert(
+    src: Path,
+    dst: Path,
+    model: onnx.ModelProto,
+    check: bool,
+    check_steps: int,
+    external_data: bool | None,
+    keep_external: bool,
+    commit: bool,
+) -> ConvertReport:
+    stored = _external_entries(model)  # where its weights are stored, before they are loaded
+    try:
         external_data_helper.load_external_data_for_model(model, os.path.dirname(str(src)))
-    except Exception as error:  # onnx raises DecodeError, OSError, ...
+    except Exception as error:  # onnx raises DecodeError, OSError, ValueError, ...
         raise ModelError(f"cannot read {src} as an ONNX graph: {error}") from None
     nodes_before = len(model.graph.node)
     inputs = {i.name for i in model.graph.input}
@@ -207,7 +245,7 @@ def convert_inplace_kv(
             )
     notes: list[str] = []
 
-    staging = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", dir=dst.parent))
+    staging = staging_beside(dst, "converted graph")
     # Kept external data is found beside the graph: that graph is staged in its directory.
     staged_graph = dst.parent / f"{staging.name}.onnx" if keep_external else staging / dst.name
     try:
@@ -246,15 +284,17 @@ def convert_inplace_kv(
         if check:
             result = compare_logits(reference, staged_graph, decode_steps=check_steps)
         notes.extend(_notes(inputs, unused))
-        for path in staged:  # sidecar first, so the graph never points at a missing file
-            path.chmod(0o644)
-            os.replace(path, dst.parent / (dst.name if path == staged_graph else path.name))
-        stale = dst.with_name(dst.name + "_data")
-        if not external_data and stale.exists():
-            stale.unlink()
+        with committing() if commit else contextlib.nullcontext():
+            for path in staged:  # sidecar first, so the graph never points at a missing file
+                path.chmod(0o644)
+                os.replace(path, dst.parent / (dst.name if path == staged_graph else path.name))
+            stale = dst.with_name(dst.name + "_data")
+            if not external_data and stale.exists():
+                stale.unlink()
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
-        staged_graph.unlink(missing_ok=True)
+        with deferred():  # a signal now (the output may be in place) lets the cleanup end
+            shutil.rmtree(staging, ignore_errors=True)
+            staged_graph.unlink(missing_ok=True)
     return ConvertReport(
         source=src,
         destination=dst,
@@ -280,45 +320,45 @@ def convert_bundle_inplace_kv(
     `dst`, a new directory that receives the model (a model of several directories gets them
     side by side), appears in one rename once every graph has converted (and passed the
     logits check), so a failure leaves nothing behind."""
-    src, dst = Path(src), check_new_output(Path(dst), "converted model")
+    src, dst = Path(src), Path(dst)
     if not src.is_dir():
         raise InputError(f"model directory not found: {src}")
-    _, files = model_files(src)
-    lms = [
-        graph
-        for graph in files.graphs
-        if graph.step_lm and not read_graph_spec(files.source(graph.path)).uses(GQA_OP)
-    ]
-    if not lms:
-        raise ModelError(
-            f"{src}: no step LM of this model grows its KV cache by Concat (its LMs already "
-            "use GroupQueryAttention, which writes the cache in place); nothing to convert"
-        )
-    converted = {graph.path for graph in lms}
-    needed = files_of(g for g in files.graphs if g.path not in converted)
-    # The converted graphs are written anew with sidecars of their own; shared data stays.
-    rewritten = {path for g in lms for path in (g.path, *g.sidecar_files())} - needed
-    staging = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", dir=dst.parent))
-    reports: list[ConvertReport] = []
-    try:
-        copy_model(files, staging, rewritten)
-        for graph in lms:
-            reports.append(
-                convert_inplace_kv(
-                    files.source(graph.path),
-                    staging / graph.path,
-                    check=check,
-                    check_steps=check_steps,
-                    # A manifest lists every file: a graph it lists stays one file.
-                    external_data=False if files.manifest else None,
-                    keep_external=bool(graph.data),
-                )
+    what = "converted model"
+    with new_output(dst, what, source=src) as staging:
+        _, files = model_files(src)
+        lms = [
+            graph
+            for graph in files.graphs
+            if graph.step_lm and not read_graph_spec(files.source(graph.path)).uses(GQA_OP)
+        ]
+        if not lms:
+            raise ModelError(
+                f"{src}: no step LM of this model grows its KV cache by Concat (its LMs "
+                "already use GroupQueryAttention, which writes the cache in place); nothing to "
+                "convert"
             )
-        rewrite_manifest(files, staging)
-        place_output(staging, dst)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        converted = {graph.path for graph in lms}
+        needed = files_of(g for g in files.graphs if g.path not in converted)
+        # The converted graphs are written anew with sidecars of their own; shared data stays.
+        rewritten = {path for g in lms for path in (g.path, *g.sidecar_files())} - needed
+        out = staging / "out"
+        copy_model(files, out, rewritten)
+        reports = [
+            convert_inplace_kv(
+                files.source(graph.path),
+                out / graph.path,
+                check=check,
+                check_steps=check_steps,
+                # A manifest lists every file: a graph it lists stays as it was (one file,
+                # or with its own sidecar).
+                external_data=False if files.manifest and not graph.sidecars else None,
+                keep_external=bool(graph.data),
+                commit=False,
+            )
+            for graph in lms
+        ]
+        rewrite_manifest(files, out)
+        place_output(out, dst, what)
     return [
-        dataclasses.replace(r, destination=dst / r.destination.relative_to(staging))
-        for r in reports
+        dataclasses.replace(r, destination=dst / r.destination.relative_to(out)) for r in reports
     ]

@@ -338,7 +338,7 @@ def compare_logits(
     The source runs with numpy-fed growing past tensors (what published scripts do); the
     converted graph runs with `KVCache` in 'inplace' (one fixed buffer) and 'chain' mode.
     Raises ModelError when some |diff| exceeds `tolerance` + rtol x |logit| (rtol 1e-4 for
-    float32 graphs, 3e-2 with float16 or int8-quantized activations inside; default
+    float32 graphs, 3e-2 with float16 inside, 1e-1 with int8-quantized activations; default
     tolerance: rtol x median |logit|)."""
     source_model = onnx.load(str(source), load_external_data=False)
     spec = FeedSpec.of(source_model)
@@ -354,8 +354,11 @@ def compare_logits(
         for t in source_model.graph.initializer
     ) or any(spec.kv_dtype(name) == np.float16 for name in past_names)
     # Activations quantized to int8 inside the graph turn float-rounding differences upstream
-    # (the rewritten attention's) into whole quantization steps: checked like fp16.
-    half = half or any(n.op_type in INT8_ACTIVATION_OPS for n in source_model.graph.node)
+    # (the rewritten attention's) into whole quantization steps, which the next layers carry
+    # on: on CPUs without VNNI (u8s8 products that saturate, e.g. AVX2 only) a step flip was
+    # measured at 4.6% of the typical logit on a 24-layer stand-in. A broken rewrite is off by
+    # the logit's own size.
+    int8 = any(n.op_type in INT8_ACTIVATION_OPS for n in source_model.graph.node)
     output_name = "logits" if any(o.name == "logits" for o in source_model.graph.output) else None
     if output_name is None:
         output_name = next(
@@ -388,7 +391,7 @@ def compare_logits(
     # Tolerance as in np.allclose: atol from the typical logit size (huge masking biases
     # such as -1e4 would make a max-based scale meaningless), rtol for the large entries.
     typical = max(1.0, float(np.median(np.abs(np.concatenate([r.ravel() for r in expected])))))
-    rtol = 3e-2 if half else 1e-4
+    rtol = 1e-1 if int8 else 3e-2 if half else 1e-4
     limit = tolerance if tolerance is not None else rtol * typical
 
     converted_session = Session(converted)

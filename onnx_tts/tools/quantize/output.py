@@ -1,11 +1,12 @@
 """Writing a quantized model in its family's own layout, from the files the family declares
 (`ModelFiles`): quantized graphs that share an external-data file are written sharing it again
 (each distinct tensor once); a graph of a model whose manifest lists its files stays one file
-and the manifest is written again (new sha256 of every file, a "quantized" section); otherwise
-a quantized graph takes the published variant name of its weights kind (`X<suffix>.onnx`, or
-its own name when the family has no variant names) with its weights in `<name>_data`. Variants
-of the source are not copied (the quantized model's default variant is then the quantized
-one), graphs left float keep their files, and every other file is copied as it is."""
+(or keeps its own sidecar, under the same name) and the manifest is written again (new sha256
+of every file, a "quantized" section); otherwise a quantized graph takes the published variant
+name of its weights kind (`X<suffix>.onnx`, or its own name when the family has no variant
+names) with its weights in `<name>_data`. Variants of the source are not copied (the quantized
+model's default variant is then the quantized one), graphs left float keep their files, and
+every other file is copied as it is."""
 
 from __future__ import annotations
 
@@ -54,8 +55,11 @@ def _write_graphs(
         )
         return
     for graph, model in zip(graphs, models, strict=True):
-        if files.manifest:  # the manifest lists each graph as one file
-            save_model(model, out / graph.path)
+        if files.manifest:  # the manifest lists each graph: one file, or with its sidecar
+            if graph.sidecars:
+                save_sharing_data([(out / graph.path, model)], graph.sidecars[0])
+            else:
+                save_model(model, out / graph.path)
             continue
         name = variant_path(graph.path, suffix)
         save_sharing_data([(out / name, model)], posixpath.basename(name) + "_data")
@@ -76,8 +80,10 @@ def write_output(
         graphs = [float_graphs[role] for role in result.job.roles]
         _write_graphs(files, out, graphs, result, suffix)
 
+    already = {role for r in results if r.job.already for role in r.job.roles}
+
     def record(manifest: dict[str, Any]) -> None:
-        manifest["quantized"] = {**spec.describe(), "graphs": sorted(kept_roles)}
+        manifest["quantized"] = {**spec.describe(), "graphs": sorted(kept_roles | already)}
         lm = manifest.get("lm")
         if isinstance(lm, dict) and "weights" in lm and "lm" in kept_roles:
             manifest["lm"] = {**lm, "weights": spec.kind}

@@ -12,11 +12,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from onnx_tts.errors import InputError, ModelError
+from onnx_tts.errors import InputError, ModelError, checked_number
 from onnx_tts.families.files import CHECK_KINDS, Check, GraphFile, ModelFiles
+from onnx_tts.graph_io import matmul_nbits_settings, read_graph_proto, weights_kind
 from onnx_tts.tools.quantize.agreement import Agreement
+from onnx_tts.tools.quantize.weights import INT8_COMPUTE, WeightsSpec
 
 VOICE_NOTE = "runs once per reference voice (its result is cached), not on the decode path"
+MAX_SPEED_RATIO = 1e9  # --max-speed-ratio: anything this large keeps a graph however slow
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,7 @@ class GraphJob:
     checks: tuple[Check, ...] = ()
     note: str = ""
     per_step: bool = False
+    already: str = ""  # the weights kind it already has (left as it is), or ""
 
     def __post_init__(self) -> None:
         if len(self.roles) != len(self.sources):
@@ -55,10 +59,11 @@ class Thresholds:
     max_speed_ratio: float = 1.05
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.min_cosine <= 1.0 or not 0.0 <= self.min_top1 <= 1.0:
-            raise InputError("--min-cosine and --min-top1 must be between 0 and 1")
-        if self.max_speed_ratio <= 0:
-            raise InputError("--max-speed-ratio must be positive")
+        checked_number("--min-cosine", self.min_cosine, 0.0, 1.0)
+        checked_number("--min-top1", self.min_top1, 0.0, 1.0)
+        checked_number(
+            "--max-speed-ratio", self.max_speed_ratio, 0.0, MAX_SPEED_RATIO, open_low=True
+        )
 
     def problems(self, agreement: Agreement) -> list[str]:
         found = []
@@ -136,7 +141,19 @@ def decide(
     return True, f"quantized: outputs agree, {timing}"
 
 
-def _job(files: ModelFiles, graphs: Sequence[GraphFile]) -> GraphJob:
+def _already(graphs: Sequence[GraphFile], files: ModelFiles, spec: WeightsSpec | None) -> str:
+    """The weights kind of graphs that are all quantized as `spec` asks already (every
+    MatMulNBits node of each at its bits, block size and int8 compute), else ""."""
+    if spec is None:
+        return ""
+    wanted = {(spec.bits, spec.block_size, INT8_COMPUTE)}
+    models = [read_graph_proto(files.source(g.path)) for g in graphs]
+    if all(matmul_nbits_settings(model) == wanted for model in models):
+        return weights_kind(models[0])
+    return ""
+
+
+def _job(files: ModelFiles, graphs: Sequence[GraphFile], spec: WeightsSpec | None) -> GraphJob:
     first = graphs[0]
     # Graphs sharing an external-data file are one job, named after the file.
     name = posixpath.splitext(posixpath.basename(first.data[0]))[0] if first.data else first.role
@@ -144,14 +161,21 @@ def _job(files: ModelFiles, graphs: Sequence[GraphFile]) -> GraphJob:
     sources = tuple(files.source(g.path) for g in graphs)
     if any(g.runs == "voice" for g in graphs):
         return GraphJob(name, roles, sources, note=VOICE_NOTE)
+    already = _already(graphs, files, spec)
+    if already:
+        return GraphJob(name, roles, sources, note=f"already {already}", already=already)
     checks = tuple(g.check for g in graphs if g.check is not None)
     per_step = any(g.runs == "step" for g in graphs)
     return GraphJob(name, roles, sources, checks, per_step=per_step)
 
 
-def plan_jobs(files: ModelFiles) -> list[GraphJob]:
+def plan_jobs(
+    files: ModelFiles, spec: WeightsSpec | None = None, selected: Sequence[str] | None = None
+) -> list[GraphJob]:
     """The jobs of a model: its float graphs (variants are not sources), those that share an
-    external-data file together, in the order the family lists them."""
+    external-data file together, in the order the family lists them. Graphs quantized as
+    `spec` already are left as they are; with `selected` (job names; InputError for one the
+    model does not have) the others are left out."""
     graphs = [g for g in files.graphs if not g.variant]
     missing = sorted({g.role for g in files.graphs} - {g.role for g in graphs})
     if missing:
@@ -162,16 +186,45 @@ def plan_jobs(files: ModelFiles) -> list[GraphJob]:
     groups: dict[str, list[GraphFile]] = {}
     for graph in graphs:
         name = posixpath.basename(graph.path)
-        if files.manifest and (graph.data or graph.sidecars):
+        if files.manifest and graph.data:
             raise ModelError(
-                f"{name} keeps its weights in an external-data file; bundles with external "
-                "data cannot be quantized (re-export it with inline weights)"
+                f"{name} shares an external-data file with other graphs; bundles with shared "
+                "data cannot be quantized (re-export it with a data file per graph)"
             )
         if len(graph.data) > 1:
             raise ModelError(f"{name} ({graph.role}) keeps its weights in several data files")
         key = graph.data_files()[0] if graph.data else graph.path
         groups.setdefault(key, []).append(graph)
-    return [_job(files, group) for group in groups.values()]
+    jobs = [_job(files, group, spec) for group in groups.values()]
+    if not selected:
+        return jobs
+    names = {job.name for job in jobs}
+    unknown = sorted(set(selected) - names)
+    if unknown:
+        raise InputError(
+            f"--graphs {', '.join(unknown)}: this model has {', '.join(sorted(names))}"
+        )
+    return [
+        job
+        if job.name in selected
+        else GraphJob(job.name, job.roles, job.sources, note="not selected (--graphs)")
+        for job in jobs
+    ]
+
+
+def nothing_to_quantize(source: Path, jobs: Sequence[GraphJob]) -> str:
+    """Why a model whose jobs try nothing is refused (one line): what it already is."""
+    already = [job for job in jobs if job.already]
+    if already:
+        kinds = sorted({job.already for job in already})
+        return (
+            f"{source} is already quantized ({'; '.join(kinds)}: "
+            f"{', '.join(job.name for job in already)}) and nothing else of it can be: "
+            "quantize its float model, or ask for other --weights or --block-size"
+        )
+    return f"nothing of {source} can be quantized: " + "; ".join(
+        f"{job.name} {job.note}" for job in jobs
+    )
 
 
 def settle(files: ModelFiles, results: Sequence[GraphResult]) -> None:
@@ -201,6 +254,7 @@ __all__ = [
     "GraphResult",
     "Thresholds",
     "decide",
+    "nothing_to_quantize",
     "plan_jobs",
     "settle",
 ]

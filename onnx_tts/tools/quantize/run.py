@@ -9,8 +9,6 @@ rename after it loads as the same family, so a failure leaves nothing behind.
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +20,7 @@ from onnx_tts.bundle import write_file
 from onnx_tts.errors import InputError, ModelError, SessionError
 from onnx_tts.families.files import ModelFiles
 from onnx_tts.tools.external_data import save_sharing_data
-from onnx_tts.tools.model_dir import check_new_output, model_files, place_output
+from onnx_tts.tools.model_dir import model_files, new_output, place_output
 from onnx_tts.tools.quantize.agreement import Agreement, compare_stateless, compare_with_cache
 from onnx_tts.tools.quantize.output import write_output
 from onnx_tts.tools.quantize.plan import (
@@ -31,6 +29,7 @@ from onnx_tts.tools.quantize.plan import (
     GraphResult,
     Thresholds,
     decide,
+    nothing_to_quantize,
     plan_jobs,
     settle,
 )
@@ -42,6 +41,7 @@ from onnx_tts.tools.quantize.weights import (
 
 REPORT = "quantize_report.json"
 MIN_STEPS = 20  # decode steps (or calls) the agreement is measured over, at least
+MAX_STEPS = 1000  # and at most (each one runs both graphs)
 PREFILL_TOKENS = 8
 
 
@@ -102,22 +102,6 @@ def _model(source: Path) -> tuple[str, ModelFiles]:
     return detection.family, files
 
 
-def _check_paths(source: Path, destination: Path) -> tuple[Path, Path]:
-    source, destination = Path(source), Path(destination)
-    if not source.is_dir():
-        raise InputError(
-            f"{source} is not a model directory: pass a model directory that onnx_tts.load "
-            "takes (a bundle.json bundle or a published layout onnx-tts recognises)"
-        )
-    inside = source.resolve()
-    if destination.resolve() == inside or inside in destination.resolve().parents:
-        raise InputError(
-            f"the output {destination} is inside the model {source}: write the quantized model "
-            "to a new directory outside it"
-        )
-    return source, check_new_output(destination)
-
-
 def _directory_bytes(root: Path) -> int:
     return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
 
@@ -160,6 +144,8 @@ def _quantize_job(
     """Quantize the job's graphs, check them against the float graphs and decide. A source
     that is already quantized (MatMulNBits) is compared through its weights read back as
     float: the report always measures against float."""
+    if job.already:  # quantizing it again would write the same graph
+        return GraphResult(job, False, f"left as it is: {job.note}")
     if not job.checks:
         return GraphResult(job, False, f"kept float: {job.note}")
     directory = work / job.name
@@ -212,27 +198,22 @@ def quantize_model(
     """Quantize the model directory `source` into the new directory `destination` (same
     family, same layout). `graphs`: the job names to try (default: all the family offers);
     `steps`: decode steps (or calls) of the agreement check, at least 20."""
-    if steps < MIN_STEPS:
-        raise InputError(f"--check-steps must be at least {MIN_STEPS}, got {steps}")
+    if not MIN_STEPS <= steps <= MAX_STEPS:
+        raise InputError(
+            f"--check-steps must be at least {MIN_STEPS} and at most {MAX_STEPS}, got {steps}"
+        )
     thresholds = thresholds or Thresholds()
-    source, destination = _check_paths(source, destination)
-    family, files = _model(source)
-    jobs = plan_jobs(files)
-    if graphs:
-        names = {job.name for job in jobs}
-        unknown = sorted(set(graphs) - names)
-        if unknown:
-            raise InputError(
-                f"--graphs {', '.join(unknown)}: this {family} model has {', '.join(sorted(names))}"
-            )
-        jobs = [
-            job
-            if job.name in graphs
-            else GraphJob(job.name, job.roles, job.sources, note="not selected (--graphs)")
-            for job in jobs
-        ]
-    staging = Path(tempfile.mkdtemp(prefix=f".{destination.name}.", dir=destination.parent))
-    try:
+    source, destination = Path(source), Path(destination)
+    if not source.is_dir():
+        raise InputError(
+            f"{source} is not a model directory: pass a model directory that onnx_tts.load "
+            "takes (a bundle.json bundle or a published layout onnx-tts recognises)"
+        )
+    with new_output(destination, "quantized model", source=source) as staging:
+        family, files = _model(source)
+        jobs = plan_jobs(files, spec, graphs)
+        if not any(job.checks for job in jobs):
+            raise InputError(nothing_to_quantize(source, jobs))
         work, out = staging / "work", staging / "out"
         work.mkdir()
         results = []
@@ -256,9 +237,7 @@ def quantize_model(
         text = json.dumps(report.as_dict(), indent=2) + "\n"
         write_file(out / REPORT, text.encode("utf-8"))
         _check_loads_as(out, family)
-        place_output(out, destination)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        place_output(out, destination, "quantized model")
     return report
 
 

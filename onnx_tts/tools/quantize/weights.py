@@ -17,6 +17,7 @@ is bit-identical alone or in a batch of any size (blocks of 64 and 128 are not, 
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -225,7 +226,9 @@ def quantize_weights(model: onnx.ModelProto, spec: WeightsSpec) -> QuantizedGrap
         MatMulNBitsQuantizer,
     )
 
-    work = onnx.ModelProto.FromString(model.SerializeToString())  # the quantizer edits its input
+    # The quantizer edits its input: a copy (not a serialized round trip, which a graph with
+    # more than 2 GB of weights cannot make).
+    work = copy.deepcopy(model)
     dequantize_matmul_nbits(work)
     read_weights_directly(work)
     gemm_as_matmul(work)
