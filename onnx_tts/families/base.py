@@ -308,6 +308,12 @@ class Vocoder(ABC):
         """A decoder with its own state for one stream (only when `stateful_streams`)."""
         raise NotImplementedError(f"{type(self).__name__} has no stateful streaming decoder")
 
+    def whole_chunks(self, options: Mapping[str, Any]) -> bool:
+        """Whether a request with these (checked) family options is vocoded with all of its
+        chunk's frames at once even when streamed, because its samples depend on the whole
+        chunk (e.g. scaled to the chunk's peak). Default: never (windows as they are due)."""
+        return False
+
     def pause_seconds(self, chunk: Any) -> float:
         """Silence after `chunk` when another chunk follows (the family's pause rule)."""
         return SENTENCE_PAUSE_SECONDS

@@ -247,9 +247,12 @@ class AudioStream:
         with self._lock:
             if self._closed or index >= len(self.requests) or self._streams[index] is not None:
                 return
+            request = self.requests[index]
+            # A chunk whose samples depend on all of it (the family says) is vocoded whole.
+            whole = self.executor.model.vocoder.whole_chunks(request.options)
             try:
                 stream = self.executor.vocoder.open(
-                    self.requests[index], self.window, self.executor.hop_length
+                    request, None if whole else self.window, self.executor.hop_length
                 )
             except OnnxTTSError as error:  # the engine is closing
                 self._failure = error
