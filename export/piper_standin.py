@@ -3,7 +3,7 @@
 speaker) cannot show: other languages and multi-speaker voices.
 
     python -m export.piper_standin OUT_DIR NAME [--espeak-voice de] [--language de_DE]
-        [--speakers a,b,c] [--sample-rate 22050]
+        [--speakers a,b,c] [--sample-rate 22050] [--decoder]
 
 The graph takes what a Piper graph takes (`input` int64 [B, T], `input_lengths` int64 [B],
 `scales` float32 [3] = noise, length, noise_w; `sid` int64 [B] for several speakers) and gives
@@ -12,6 +12,12 @@ times the length scale, `Ceil`ed: the durations the family times words with), ea
 256-sample tone of its id's pitch, the speaker's pitch factor, plus noise scaled by
 `noise_scale` (RandomNormalLike, as Piper's graphs draw their noise). Only the interface and
 the config are Piper's; the audio is a tone sequence, not speech.
+
+With `decoder`, the frames go through a small HiFi-GAN-shaped decoder instead, as in Piper's
+graphs: latent frames [1, 2, F] (pitch and its square, plus the noise) into `dec.conv_pre`
+(kernel 7), the speaker's embedding added after it (VITS's `dec.cond`), LeakyReLU, a
+transposed convolution upsampling by 256, a last convolution (kernel 7) and Tanh: the graph the
+family cuts in two and streams in windows.
 """
 
 from __future__ import annotations
@@ -35,7 +41,9 @@ SYMBOLS = (
 )
 
 
-def standin_graph(num_symbols: int, num_speakers: int, seed: int = 0) -> onnx.ModelProto:
+def standin_graph(
+    num_symbols: int, num_speakers: int, seed: int = 0, decoder: bool = False
+) -> onnx.ModelProto:
     """The stand-in graph (module docstring)."""
     rng = np.random.default_rng(seed)
     b = GraphBuilder("piper_standin", opset=15)
@@ -105,6 +113,9 @@ def standin_graph(num_symbols: int, num_speakers: int, seed: int = 0) -> onnx.Mo
                 ),
             ],
         )
+    if decoder:
+        _decoder(b, rng, pitch, scale(0), sid if num_speakers > 1 else None, num_speakers)
+        return b.build("stand-in with a Piper voice's I/O and decoder; not speech")
     # samples: each frame HOP samples of a tone at its pitch
     per_sample = b.node(
         "Reshape",
@@ -132,6 +143,44 @@ def standin_graph(num_symbols: int, num_speakers: int, seed: int = 0) -> onnx.Mo
     audio = b.node("Add", [audio, noise])
     b.node("Reshape", [audio, b.const([1, 1, 1, -1])], output_names=["output"])
     return b.build("stand-in with a Piper voice's I/O; not speech")
+
+
+def _decoder(
+    b: GraphBuilder, rng: np.random.Generator, pitch: str, noise: str, sid: str | None, n: int
+) -> None:
+    """The frames' pitch -> latent frames -> audio through a HiFi-GAN-shaped decoder
+    (module docstring), into the graph's `output`."""
+    width = 8
+    level = b.node("Div", [pitch, b.const(500.0, np.float32)])
+    level = b.node("Unsqueeze", [level, b.const([0, 1])])  # [1, 1, F]
+    latent = b.node("Concat", [level, b.node("Mul", [level, level])], axis=1)
+    drawn = b.node("Mul", [b.node("RandomNormalLike", [latent]), noise])
+    latent = b.node("Add", [latent, b.node("Mul", [drawn, b.const(0.05, np.float32)])])
+
+    def weight(name: str, shape: tuple[int, ...], spread: float) -> str:
+        return b.initializer(name, rng.normal(0, spread, shape).astype(np.float32))
+
+    x = b.node(
+        "Conv",
+        [latent, weight("dec.conv_pre.weight", (width, 2, 7), 0.5), weight("dec.b", (width,), 0.1)],
+        kernel_shape=[7],
+        pads=[3, 3],
+    )
+    if sid is not None:
+        embedding = b.node("Gather", [weight("emb_g.weight", (n, width), 0.5), sid])
+        x = b.node("Add", [x, b.node("Unsqueeze", [embedding, b.const([2])])])
+    x = b.node("LeakyRelu", [x], alpha=0.1)
+    x = b.node(
+        "ConvTranspose",
+        [x, weight("dec.ups.weight", (width, 1, 2 * HOP), 0.05)],
+        kernel_shape=[2 * HOP],
+        strides=[HOP],
+        pads=[HOP // 2, HOP // 2],
+    )
+    x = b.node(
+        "Conv", [x, weight("dec.conv_post.weight", (1, 1, 7), 0.4)], kernel_shape=[7], pads=[3, 3]
+    )
+    b.node("Unsqueeze", [b.node("Tanh", [x]), b.const([1])], output_names=["output"])
 
 
 def standin_config(espeak_voice: str, language: str, speakers: list[str], sample_rate: int) -> dict:
@@ -162,12 +211,13 @@ def write_standin(
     language: str = "en_US",
     speakers: list[str] | None = None,
     sample_rate: int = 22050,
+    decoder: bool = False,
 ) -> Path:
     """Write OUT/NAME.onnx and OUT/NAME.onnx.json; returns the .onnx path."""
     speakers = list(speakers or [])
     out.mkdir(parents=True, exist_ok=True)
     config = standin_config(espeak_voice, language, speakers, sample_rate)
-    model = standin_graph(config["num_symbols"], config["num_speakers"])
+    model = standin_graph(config["num_symbols"], config["num_speakers"], decoder=decoder)
     onnx.checker.check_model(model)
     path = out / f"{name}.onnx"
     onnx.save(model, str(path))
@@ -183,11 +233,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--language", default="en_US")
     parser.add_argument("--speakers", default="", help="comma-separated speaker names")
     parser.add_argument("--sample-rate", type=int, default=22050)
+    parser.add_argument("--decoder", action="store_true", help="frames through a decoder")
     args = parser.parse_args(argv)
     speakers = [s for s in args.speakers.split(",") if s]
     print(
         write_standin(
-            args.out, args.name, args.espeak_voice, args.language, speakers, args.sample_rate
+            args.out,
+            args.name,
+            args.espeak_voice,
+            args.language,
+            speakers,
+            args.sample_rate,
+            args.decoder,
         )
     )
     return 0

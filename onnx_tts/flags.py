@@ -21,12 +21,11 @@ def add_engine_flags(parser: argparse.ArgumentParser, exclude: tuple[str, ...] =
     for option in all_options().values():
         takers = ", ".join(name for name, f in FAMILIES.items() if f.option(option.name))
         extra = f" [{takers}]"
-        if option.kind is bool:
+        if option.kind is bool:  # --x sets it, --no-x clears it (a default of true too)
             family_flags.add_argument(
                 option.flag,
                 dest=option.name,
-                action="store_const",
-                const=True,
+                action=argparse.BooleanOptionalAction,
                 help=option.help + extra,
             )
         else:

@@ -243,6 +243,28 @@ def test_stream_without_normalisation_vocodes_windows_inside_the_first_sentence(
     assert len(pieces) > 2 * 5  # several windows per sentence
 
 
+def test_cli_turns_normalisation_off_and_gives_the_api_s_audio(engine, tmp_path):
+    import soundfile
+
+    text = "Turn left at the second light."
+    out = tmp_path / "raw.wav"
+    command = [sys.executable, "-m", "onnx_tts", "synth", text, "--model", str(JOE)]
+    command += ["-o", str(out), "--cache-dir", str(tmp_path / "cache")]
+    command += ["--no-normalize-audio", "--noise-scale", "0", "--noise-w", "0"]
+    cli = subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert cli.returncode == 0, cli.stderr
+    heard, rate = soundfile.read(out, dtype="float32")
+    raw = engine.synthesize(text, normalize_audio=False, cache=False, **QUIET).samples
+    assert rate == 22050 and heard.shape == raw.shape
+    assert np.abs(heard - raw).max() <= 2 / 32768  # 16-bit PCM of the same samples
+    assert np.abs(heard).max() < 0.99  # not scaled to full range
+
+
 def test_word_timings_from_the_graph_durations(engine):
     audio = engine.synthesize("Turn left at the second traffic light.", timestamps=True, **QUIET)
     words = audio.words
@@ -274,6 +296,47 @@ def test_multi_speaker_voice_speaks_each_speaker_by_name(voices):
         assert np.array_equal(anna, default) and not np.array_equal(anna, bernd)
         with pytest.raises(onnx_tts.errors.AudioError, match="anna, bernd, carla"):
             german.synthesize("Guten Tag.", voice="nobody")
+
+
+def test_multi_speaker_voice_with_a_decoder_streams_each_speaker_in_windows(tmp_path):
+    """A graph with a Piper decoder (`dec.conv_pre`, the speaker's embedding added after it)
+    is cut in two: its one-shot audio is the whole graph's on the same ids, for each speaker,
+    and its windowed stream equals that within float rounding."""
+    import onnxruntime
+
+    path = write_standin(
+        tmp_path, "de_DE-split-medium", "de", "de_DE", ["anna", "bernd"], 22050, True
+    )
+    whole_graph = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    text = " ".join(sentences("de")[:3])
+    heard = {}
+    with onnx_tts.load(str(path), cache_dir=None) as german:
+        assert "windows" in german.info()["streaming"]
+        chunks = german.planner.plan(text, None, {}).chunks
+        for sid, name in enumerate(("anna", "bernd")):
+            options = {"voice": name, "normalize_audio": False, "cache": False, **QUIET}
+            ours = german.synthesize(text, **options).samples
+            theirs = np.concatenate(
+                [
+                    whole_graph.run(
+                        None,
+                        {
+                            "input": np.asarray([chunk.ids], np.int64),
+                            "input_lengths": np.asarray([len(chunk.ids)], np.int64),
+                            "scales": np.asarray([0.0, 1.0, 0.0], np.float32),
+                            "sid": np.asarray([sid], np.int64),
+                        },
+                    )[0].reshape(-1)
+                    for chunk in chunks
+                ]
+            )
+            assert ours.shape == theirs.shape
+            assert np.abs(ours - theirs).max() <= 1e-5
+            pieces = list(german.stream(text, **options))
+            assert len(pieces) > len(chunks)  # windows inside the sentences
+            assert np.abs(np.concatenate(pieces) - ours).max() <= 1e-5
+            heard[name] = ours
+    assert np.abs(heard["anna"] - heard["bernd"]).max() > 0.01
 
 
 def test_bad_voices_are_one_line_errors(tmp_path, voices):

@@ -7,9 +7,10 @@ The cut is the input of the decoder's first convolution (`dec.conv_pre`, the nam
 export gives its weight). The decoder is then checked to be local in time: only convolutions
 of stride 1 with "same" padding, transposed convolutions that upsample exactly (kernel - pads
 = stride) and element-wise operations touch the frames. Its receptive field (`reach`, in
-frames on each side) is summed from those convolutions; a window with at least that many
-frames of context on both sides decodes the samples of its middle as the whole sentence does
-(measured on joe: 1e-6 at 10 frames, float rounding; the bound computed is 11.2).
+frames on each side) is summed from those convolutions (11.2, rounded up to 12, on joe); a
+window with at least that many frames of context on both sides decodes the samples of its
+middle as the whole sentence does, within float rounding (9.1e-7 measured on joe, over a
+5-sentence text; tests/test_piper.py holds it to 1e-5).
 A graph without such a cut runs whole (`split_voice` returns None).
 """
 
