@@ -78,15 +78,14 @@ def files_identity(paths: Iterable[Path]) -> str:
 
 
 def resolve_model_dir(model: str | os.PathLike[str] | None) -> Path:
-    """The model directory to load: the argument, or the bundled default voice."""
+    """The model to load: the argument (a directory, or a model file some family reads
+    alone), or the bundled default voice."""
     if model is None:
         return DEFAULT_MODEL_DIR
     path = Path(model).expanduser()
     if not path.exists():
         raise ModelError(f"model directory not found: {path}")
-    if not path.is_dir():
-        raise ModelError(f"--model must be a directory holding a model, got the file {path}")
-    return path
+    return path  # a directory, or a file a layout detector may take (families.detect)
 
 
 def inside(root: Path, relative: Any, what: str) -> Path:

@@ -21,12 +21,11 @@ def add_engine_flags(parser: argparse.ArgumentParser, exclude: tuple[str, ...] =
     for option in all_options().values():
         takers = ", ".join(name for name, f in FAMILIES.items() if f.option(option.name))
         extra = f" [{takers}]"
-        if option.kind is bool:
+        if option.kind is bool:  # --x sets it, --no-x clears it (a default of true too)
             family_flags.add_argument(
                 option.flag,
                 dest=option.name,
-                action="store_const",
-                const=True,
+                action=argparse.BooleanOptionalAction,
                 help=option.help + extra,
             )
         else:
@@ -37,6 +36,39 @@ def add_engine_flags(parser: argparse.ArgumentParser, exclude: tuple[str, ...] =
                 choices=option.choices or None,
                 help=option.help + extra,
             )
+
+
+def add_folder_flags(parser: argparse.ArgumentParser) -> None:
+    """The servers' flags for the folders of models families declare (`Family.folder`):
+    `--NAME DIR`, each voice of the folder a model of its own, loaded when first asked for."""
+    from onnx_tts.families import FAMILIES
+
+    group = parser.add_argument_group("model folders")
+    for family in FAMILIES.values():
+        if family.folder is not None:
+            env = "ONNX_TTS_" + family.folder.option.upper()
+            group.add_argument(
+                family.folder.flag,
+                dest=family.folder.option,
+                metavar="DIR",
+                help=f"{family.folder.help} (env {env})",
+            )
+
+
+def folder_options(args: argparse.Namespace) -> dict[str, str]:
+    """Folder flag -> directory, from the command line, then `ONNX_TTS_<FLAG>`."""
+    import os
+
+    from onnx_tts.families import FAMILIES
+
+    folders = {}
+    for family in FAMILIES.values():
+        if family.folder is not None:
+            option = family.folder.option
+            value = getattr(args, option, None) or os.environ.get("ONNX_TTS_" + option.upper())
+            if value:
+                folders[option] = value
+    return folders
 
 
 def engine_configs(args: argparse.Namespace, **overrides: Any) -> tuple[EngineConfig, CacheConfig]:
@@ -61,4 +93,11 @@ def load_engine(args: argparse.Namespace) -> Any:
     return build_engine(config, caches, family_options=family_options(args))
 
 
-__all__ = ["add_engine_flags", "engine_configs", "family_options", "load_engine"]
+__all__ = [
+    "add_engine_flags",
+    "add_folder_flags",
+    "engine_configs",
+    "family_options",
+    "folder_options",
+    "load_engine",
+]

@@ -4,8 +4,8 @@ directory (a package whose `REGISTRY_ENTRY` is its `Family`) and listing it in `
 
 Detection reads each thing once: a directory with `bundle.json` is parsed and checked as the
 family its manifest names; any other directory is offered to the layout detectors of
-third-party exports (MOSS-TTS-Nano, Chatterbox), which read its graph
-specs. The loader gets what detection
+third-party exports (MOSS-TTS-Nano, Chatterbox, Piper voices), which read its graph
+specs (a Piper voice may also be given as its `.onnx` file). The loader gets what detection
 read.
 """
 
@@ -17,8 +17,16 @@ from typing import Any
 
 from onnx_tts.bundle import MANIFEST, Bundle
 from onnx_tts.errors import ModelError
-from onnx_tts.families import chatterbox, codec_lm, higgs, moss_tts, moss_tts_nano, phoneme_mel
-from onnx_tts.families.base import Detection, Family, LoadSettings, Model, Option
+from onnx_tts.families import (
+    chatterbox,
+    codec_lm,
+    higgs,
+    moss_tts,
+    moss_tts_nano,
+    phoneme_mel,
+    piper,
+)
+from onnx_tts.families.base import Detection, Family, FolderModel, LoadSettings, Model, Option
 
 FAMILIES: dict[str, Family] = {
     family.name: family
@@ -29,6 +37,7 @@ FAMILIES: dict[str, Family] = {
         moss_tts_nano.REGISTRY_ENTRY,
         moss_tts.REGISTRY_ENTRY,
         higgs.REGISTRY_ENTRY,
+        piper.REGISTRY_ENTRY,
     )
 }
 # The family of bundle manifests written before "family" existed.
@@ -37,6 +46,7 @@ FAMILY_OF_UNNAMED_BUNDLES = codec_lm.REGISTRY_ENTRY.name
 LAYOUT_DETECTORS: tuple[Callable[[Path, Mapping[str, Any]], Detection | None], ...] = (
     moss_tts_nano.detect,
     chatterbox.detect,
+    piper.detect,
 )
 
 
@@ -45,6 +55,15 @@ def detect(model_dir: Path | str, options: Mapping[str, Any] | None = None) -> D
     e.g. the precision whose files it should inspect). Raises ModelError saying what is
     missing or mismatched when the directory is no model this onnx-tts runs."""
     root = Path(model_dir)
+    if root.is_file():  # a model that is one file (a Piper voice's .onnx)
+        for detector in LAYOUT_DETECTORS:
+            detection = detector(root, options or {})
+            if detection is not None:
+                return detection
+        raise ModelError(
+            f"{root} is a file no model family reads alone; pass --model a model directory, "
+            "or a Piper voice's .onnx (with its .onnx.json beside it)"
+        )
     if not root.is_dir():
         raise ModelError(
             f"model directory {root} does not exist or is not a directory; pass --model "
@@ -68,9 +87,10 @@ def detect(model_dir: Path | str, options: Mapping[str, Any] | None = None) -> D
             return detection
     raise ModelError(
         f"{root} is not a model directory: it has no bundle.json and no Chatterbox graphs "
-        "(onnx/language_model*.onnx, ...), nor a MOSS-TTS-Nano browser_poc_manifest.json. "
-        "Point --model at an onnx-tts bundle, a Chatterbox ONNX download or the parent of "
-        "MOSS-TTS-Nano-100M-ONNX and MOSS-Audio-Tokenizer-Nano-ONNX."
+        "(onnx/language_model*.onnx, ...), nor a MOSS-TTS-Nano browser_poc_manifest.json, nor "
+        "a Piper voice (NAME.onnx + NAME.onnx.json). Point --model at an onnx-tts bundle, a "
+        "Chatterbox ONNX download, the parent of MOSS-TTS-Nano-100M-ONNX and "
+        "MOSS-Audio-Tokenizer-Nano-ONNX, or a Piper voice."
     )
 
 
@@ -83,6 +103,11 @@ def load_model(detection: Detection, settings: LoadSettings, options: Mapping[st
     naming the ones it does."""
     family = family_of(detection)
     return family.loader(detection, settings, family.check_options(options, "load"))
+
+
+def folder_scanners() -> dict[str, Callable[[Path], list[FolderModel]]]:
+    """Each folder flag families declare (`Family.folder`) -> how its models are listed."""
+    return {f.folder.option: f.folder.scan for f in FAMILIES.values() if f.folder is not None}
 
 
 def all_options() -> dict[str, Option]:
@@ -105,5 +130,6 @@ __all__ = [
     "all_options",
     "detect",
     "family_of",
+    "folder_scanners",
     "load_model",
 ]

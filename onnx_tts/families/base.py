@@ -8,6 +8,7 @@ returns a `Model` built from typed parts, each with one job:
       voices   Voices        the default voice, builtin names, reading a reference file, and the
                              reference encoder (canonical batch of 1, through the reference cache)
       program  DecodeProgram prefill, what one step consumes and emits per row, stop rules
+               (or a DirectProgram: all of a chunk's frames in one call, no decode loop)
       vocoder  Vocoder       frames -> samples, with its capabilities declared
                              (`VocoderCapabilities`: rate, channels, hop, exact batching,
                              a state per stream) and its pause rule between chunks
@@ -38,6 +39,7 @@ import numpy as np
 from onnx_tts.audio import load_audio
 from onnx_tts.cache.result import directory_hashes
 from onnx_tts.decoding import SAMPLING_KEYS, DecodeProgram, KVPool, SamplingOptions
+from onnx_tts.decoding.direct import DirectProgram
 from onnx_tts.encoder import VoiceEncoder
 from onnx_tts.errors import AudioError, InputError, checked_number, shown
 from onnx_tts.families.files import ModelFiles
@@ -162,7 +164,13 @@ def spoken_words(text: str) -> list[WordSpan]:
 
 
 class TextFrontend(ABC):
-    """A family's text: normalisation and the chunks its LM generates one by one."""
+    """A family's text: normalisation and the chunks its LM generates one by one.
+
+    `reads_phoneme_spans`: a plain text (not SSML) goes to `chunks` whole, its ``[[ ]]``
+    phoneme spans included, for a frontend that places them itself (inside the sentence
+    around them); otherwise each span is a chunk of its own (`phoneme_chunks`)."""
+
+    reads_phoneme_spans: bool = False
 
     @abstractmethod
     def chunks(self, text: str, options: Mapping[str, Any]) -> list[Any]:
@@ -300,6 +308,12 @@ class Vocoder(ABC):
         """A decoder with its own state for one stream (only when `stateful_streams`)."""
         raise NotImplementedError(f"{type(self).__name__} has no stateful streaming decoder")
 
+    def whole_chunks(self, options: Mapping[str, Any]) -> bool:
+        """Whether a request with these (checked) family options is vocoded with all of its
+        chunk's frames at once even when streamed, because its samples depend on the whole
+        chunk (e.g. scaled to the chunk's peak). Default: never (windows as they are due)."""
+        return False
+
     def pause_seconds(self, chunk: Any) -> float:
         """Silence after `chunk` when another chunk follows (the family's pause rule)."""
         return SENTENCE_PAUSE_SECONDS
@@ -323,7 +337,7 @@ class Model:
         family: str,
         text: TextFrontend,
         voices: Voices,
-        program: DecodeProgram,
+        program: DecodeProgram | DirectProgram,
         vocoder: Vocoder,
         graphs: LoadedGraphs,
         streaming_defaults: Mapping[str, int],
@@ -359,12 +373,12 @@ class Model:
         return self.graphs.kv_mode
 
     @property
-    def kv(self) -> KVLayout:
-        """The step LM's KV layout."""
+    def kv(self) -> KVLayout | None:
+        """The step LM's KV layout (None without a step LM)."""
         return self.graphs.kv
 
     @property
-    def pool(self) -> KVPool:
+    def pool(self) -> KVPool | None:
         return self.graphs.pool
 
     @property
@@ -401,6 +415,33 @@ class Model:
         """Free what the model holds beyond its sessions (nothing by default)."""
 
 
+@dataclass(frozen=True)
+class FolderModel:
+    """One model of a folder that holds many (`ModelFolder`), as a client is told of it before
+    it is loaded: its name, what `--model` would take, its languages and its speakers."""
+
+    name: str
+    path: Path
+    languages: tuple[str, ...]
+    speakers: tuple[str, ...] = ()
+    description: str = ""
+    sample_rate: int = 0
+
+
+@dataclass(frozen=True)
+class ModelFolder:
+    """A folder a family's users keep many models in (each file its own model): the servers'
+    flag that names it (`--option`, `ONNX_TTS_OPTION`) and how its models are listed."""
+
+    option: str
+    help: str
+    scan: Callable[[Path], list[FolderModel]]
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.option.replace("_", "-")
+
+
 Loader = Callable[[Detection, LoadSettings, Mapping[str, Any]], Model]
 # A detected model's files, declared for the offline tools (families/files.py).
 FilesOf = Callable[[Detection], ModelFiles]
@@ -419,6 +460,8 @@ class Family:
     manifest_sections: tuple[str, ...] | None = None
     # Its model files for `convert` and `quantize`; None: the tools cannot rewrite it.
     files: FilesOf | None = None
+    # A folder of many of its models the servers can serve (`ModelFolder`), if its users keep one.
+    folder: ModelFolder | None = None
 
     def option(self, name: str) -> Option | None:
         return next((option for option in self.options if option.name == name), None)
@@ -451,10 +494,12 @@ __all__ = [
     "Detection",
     "Family",
     "FilesOf",
+    "FolderModel",
     "LoadSettings",
     "Loader",
     "Model",
     "ModelFiles",
+    "ModelFolder",
     "Option",
     "Stage",
     "StreamDecoder",

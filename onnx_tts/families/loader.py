@@ -56,24 +56,26 @@ class GraphSet:
     """What a family declares about its graphs: by role, the step LM's role (its KV layout
     decides the KV mode), how many positions one request's cache may hold, the model's
     preferred KV mode (used when the LM can run it), and the LM's KV layout when the family
-    inspected more than its declared I/O shows (e.g. attention inside the graph)."""
+    inspected more than its declared I/O shows (e.g. attention inside the graph). A model with
+    no step LM (`lm` None: one graph call per chunk) has no KV layout, mode or pool."""
 
     graphs: Mapping[str, Graph]
-    lm: str
-    capacity: CapacityPolicy
+    lm: str | None
+    capacity: CapacityPolicy | None = None
     default_kv: str | None = None
     kv: KVLayout | None = None
 
 
 @dataclass
 class LoadedGraphs:
-    """A family's sessions by role, its LM's KV layout, the KV mode and the KV pool."""
+    """A family's sessions by role, its LM's KV layout, the KV mode and the KV pool (none of
+    the four for a model without a step LM; its KV mode is then "none")."""
 
     sessions: dict[str, Session | LazySession]
-    lm: Session
-    kv: KVLayout
+    lm: Session | None
+    kv: KVLayout | None
     kv_mode: str
-    pool: KVPool
+    pool: KVPool | None
     specs: dict[str, GraphSpec] = field(default_factory=dict)
 
     def __getitem__(self, role: str) -> Session:
@@ -107,6 +109,9 @@ def load_graphs(declared: GraphSet, settings: LoadSettings) -> LoadedGraphs:
             sessions[role] = LazySession(graph.spec, options)
         else:
             sessions[role] = Session(graph.path, options)
+    specs = {role: session.spec for role, session in sessions.items()}
+    if declared.lm is None:
+        return LoadedGraphs(sessions, None, None, "none", None, specs)
     lm = sessions[declared.lm]
     assert isinstance(lm, Session)
     layout = declared.kv or kv_layout(lm.spec)
@@ -114,8 +119,8 @@ def load_graphs(declared: GraphSet, settings: LoadSettings) -> LoadedGraphs:
     if default == "inplace" and not layout.in_place:
         default = None  # a default for the model's other LM graph (e.g. a GQA twin)
     mode = resolve_kv_mode(settings.kv, layout, default)
+    assert declared.capacity is not None, "a step LM needs a capacity policy"
     pool = KVPool(lm, layout, mode, declared.capacity)
-    specs = {role: session.spec for role, session in sessions.items()}
     return LoadedGraphs(sessions, lm, layout, mode, pool, specs)
 
 

@@ -1,5 +1,5 @@
 """The markup a text may carry, parsed into one typed Document: SSML when the text starts
-with <speak> (or when asked for), else plain text with Piper's inline phonemes
+with <speak> (or when asked for), else plain text with inline phonemes
 ``[[ h ə l ˈoʊ ]]``.
 
 A plain text's Text segments hold the writer's text unchanged (the family's normaliser reads

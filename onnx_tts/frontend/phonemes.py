@@ -8,9 +8,11 @@ import re
 import threading
 import unicodedata
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 from onnx_tts.errors import InputError, ModelError, UnspeakableTextWarning, shown
+from onnx_tts.frontend.clause_marks import clause_end
 from onnx_tts.frontend.word_phonemes import is_sound
 
 # Clause punctuation is kept in the phoneme string: it tells the model where to pause and how
@@ -24,6 +26,7 @@ _SPELLED = re.compile(
     r"(?<![\w'-])((?=[\w-]*\bA\b)[A-Za-z]+(?:-[A-Za-z]+)+|(?<=[a-z] )AM)(?![\w'-])"
 )
 _ESPEAK_CHARS_UTF8 = 1
+_ESPEAK_CHARS_AUTO = 0
 _ESPEAK_PHONEMES_IPA = 0x02
 _ESPEAK_AUDIO_SYNCHRONOUS = 0x02
 
@@ -78,6 +81,17 @@ class Phonemizer:
             ctypes.c_int,
         ]
         lib.espeak_TextToPhonemes.restype = ctypes.c_char_p
+        # espeak-ng >= 1.52 also says how each clause ended (its punctuation, and whether it
+        # ends a sentence); without it, `clause_end` reads that from the text consumed.
+        terminated = getattr(lib, "espeak_TextToPhonemesWithTerminator", None)
+        if terminated is not None:
+            terminated.argtypes = [
+                ctypes.POINTER(ctypes.c_void_p),
+                ctypes.c_int,
+                ctypes.c_int,
+                ctypes.POINTER(ctypes.c_int),
+            ]
+            terminated.restype = ctypes.c_char_p
         # espeak wants the directory that holds espeak-ng-data.
         root = str(Path(data).parent).encode() if data else None
         if lib.espeak_Initialize(_ESPEAK_AUDIO_SYNCHRONOUS, 0, root, 0) <= 0:
@@ -117,6 +131,51 @@ class Phonemizer:
         # A space after every clause mark: ", " inside a sentence, and between sentences.
         joined = " ".join(c for c in clauses if c)
         return unicodedata.normalize("NFD", re.sub(r"\s+", " ", joined).strip())
+
+    def clauses(self, text: str) -> list[Clause]:
+        """`text` as espeak-ng reads it, clause by clause: each clause's IPA (as espeak gives
+        it: no punctuation, language-switch flags kept), the punctuation that ended it and
+        whether it ends a sentence (espeak's own clause and sentence rules)."""
+        encoded = text.encode("utf-8")
+        buffer = ctypes.create_string_buffer(encoded)
+        base = ctypes.addressof(buffer)
+        pointer = ctypes.c_void_p(base)
+        terminated = getattr(self._lib, "espeak_TextToPhonemesWithTerminator", None)
+        flags = ctypes.c_int(0)
+        clauses: list[Clause] = []
+        with Phonemizer._lock:
+            self._lib.espeak_SetVoiceByName(self.voice.encode())
+            while pointer.value:
+                start = pointer.value - base
+                if terminated is not None:
+                    out = terminated(
+                        ctypes.byref(pointer),
+                        _ESPEAK_CHARS_AUTO,
+                        _ESPEAK_PHONEMES_IPA,
+                        ctypes.byref(flags),
+                    )
+                else:
+                    out = self._lib.espeak_TextToPhonemes(
+                        ctypes.byref(pointer), _ESPEAK_CHARS_AUTO, _ESPEAK_PHONEMES_IPA
+                    )
+                end = pointer.value - base if pointer.value else len(encoded)
+                phonemes = out.decode("utf-8", errors="ignore") if out else ""
+                if terminated is not None:
+                    mark, sentence = clause_end(flags.value)
+                else:
+                    consumed = encoded[start:end].decode("utf-8", errors="ignore")
+                    mark, sentence = clause_end(None, consumed, last=not pointer.value)
+                clauses.append(Clause(phonemes, mark, sentence))
+        return clauses
+
+
+@dataclass(frozen=True)
+class Clause:
+    """One clause as espeak-ng read it (`Phonemizer.clauses`)."""
+
+    phonemes: str
+    terminator: str  # "." "?" "!" "," ":" ";" or "" (none espeak names so)
+    ends_sentence: bool
 
 
 class PhonemeTable:

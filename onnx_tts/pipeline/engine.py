@@ -24,6 +24,7 @@ from onnx_tts.cache.reference import ReferenceCache
 from onnx_tts.cache.result import ResultCache, replay_chunks
 from onnx_tts.cache.tiered import TieredCache
 from onnx_tts.decoding import SamplingOptions
+from onnx_tts.decoding.direct import DirectProgram, DirectScheduler
 from onnx_tts.decoding.kv_rows import DEFAULT_SLOT_BYTES
 from onnx_tts.decoding.policy import SchedulingPolicy
 from onnx_tts.decoding.prefill import DEFAULT_PREFILL_MODE
@@ -91,18 +92,23 @@ class Engine:
         # A bundle whose streaming defaults are invalid fails at load (ModelError), not at the
         # first stream after it passed every non-streaming test.
         self.streaming_options()
-        self.scheduler = DecodeScheduler(
-            model.program,
-            model.pool,
-            max_batch,
-            prefixes,
-            slot_bytes,
-            max_waiting,
-            lookahead,
-            prefill_workers,
-            policy,
-            prefill,
-        )
+        self.scheduler: DecodeScheduler | DirectScheduler
+        if isinstance(model.program, DirectProgram):  # one call per chunk, no decode loop
+            self.scheduler = DirectScheduler(model.program, max_waiting, policy)
+        else:
+            assert model.pool is not None, "a model with a step LM has a KV pool"
+            self.scheduler = DecodeScheduler(
+                model.program,
+                model.pool,
+                max_batch,
+                prefixes,
+                slot_bytes,
+                max_waiting,
+                lookahead,
+                prefill_workers,
+                policy,
+                prefill,
+            )
         self.planner = Planner(model, self.family)
         self.voices = VoiceResolver(model.voices, cache)
         self.caching = ResultCaching(model, results)
@@ -229,7 +235,7 @@ class Engine:
         """Speak `text` (in the voice of `voice` when given). Same seed -> same samples.
 
         `text` may carry markup: SSML when it starts with <speak> (or `ssml=True`; False reads
-        it as plain text), Piper's ``[[ phonemes ]]`` otherwise. `speed` (0.25-4, pitch kept)
+        it as plain text), inline ``[[ phonemes ]]`` otherwise. `speed` (0.25-4, pitch kept)
         scales every sentence's pace; `sentence_silence` (seconds) replaces the pause between
         sentences; `timestamps` gives `Audio.words` (each word's start and end). `options`:
         sampling (temperature, top_k, top_p, repetition_penalty, where the family takes them)
@@ -357,14 +363,18 @@ def _refuse_cancelled(timing: Timing) -> None:
         raise cancelled()
 
 
-def _stop_workers(scheduler: DecodeScheduler, executor: Executor, model: Model) -> None:
+def _stop_workers(
+    scheduler: DecodeScheduler | DirectScheduler, executor: Executor, model: Model
+) -> None:
     """Close a dropped engine's workers. From a thread of its own: the garbage collector may
     run this on one of those workers, maybe holding a stage lock the closing waits for."""
     parts = (scheduler, executor, model)
     threading.Thread(target=_close_parts, args=parts, name="onnx-tts-close", daemon=True).start()
 
 
-def _close_parts(scheduler: DecodeScheduler, executor: Executor, model: Model) -> None:
+def _close_parts(
+    scheduler: DecodeScheduler | DirectScheduler, executor: Executor, model: Model
+) -> None:
     scheduler.close()
     executor.close()
     model.close()

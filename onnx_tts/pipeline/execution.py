@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 import numpy as np
 
 from onnx_tts.audio import check_finite
+from onnx_tts.decoding.direct import DirectScheduler
 from onnx_tts.decoding.request import Request
 from onnx_tts.decoding.scheduler import DecodeScheduler, FrameStream
 from onnx_tts.errors import CancelledError, EmptyAudioError, OnnxTTSError
@@ -28,7 +29,7 @@ Progress = Callable[[int, int], None]
 class Executor:
     """Runs the plans of one model through its scheduler and its vocoder stage."""
 
-    def __init__(self, model: Model, scheduler: DecodeScheduler) -> None:
+    def __init__(self, model: Model, scheduler: DecodeScheduler | DirectScheduler) -> None:
         self.model, self.scheduler = model, scheduler
         self.vocoder = VocoderStage(
             model.vocoder,
@@ -246,9 +247,12 @@ class AudioStream:
         with self._lock:
             if self._closed or index >= len(self.requests) or self._streams[index] is not None:
                 return
+            request = self.requests[index]
+            # A chunk whose samples depend on all of it (the family says) is vocoded whole.
+            whole = self.executor.model.vocoder.whole_chunks(request.options)
             try:
                 stream = self.executor.vocoder.open(
-                    self.requests[index], self.window, self.executor.hop_length
+                    request, None if whole else self.window, self.executor.hop_length
                 )
             except OnnxTTSError as error:  # the engine is closing
                 self._failure = error

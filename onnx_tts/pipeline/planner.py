@@ -1,7 +1,7 @@
 """Text planning: everything a request gives is checked before any work, then split into the
 chunks the model generates one by one (each becomes one `Request` of the scheduler).
 
-A text may carry markup (SSML when it starts with <speak> or `ssml=True`; Piper's
+A text may carry markup (SSML when it starts with <speak> or `ssml=True`; inline
 ``[[ phonemes ]]`` otherwise): its text goes through the family's chunking, its phonemes to
 models that take them, its breaks become the pauses after chunks and its prosody rates each
 chunk's speed (times the request's `speed`)."""
@@ -19,7 +19,7 @@ from onnx_tts.decoding import SAMPLING_KEYS, SamplingOptions, check_seed
 from onnx_tts.decoding.request import CancelToken, PlaybackClock, Request, checked_timing
 from onnx_tts.errors import InputError, checked_number
 from onnx_tts.families.base import ChunkOrder, Family, Model
-from onnx_tts.frontend import Break, Phonemes, check_text, parse_markup
+from onnx_tts.frontend import Break, Phonemes, Text, check_text, is_ssml, parse_markup
 from onnx_tts.frontend.ssml import MAX_TOTAL_BREAK_SECONDS
 from onnx_tts.pipeline.timestretch import MAX_SPEED, MIN_SPEED
 
@@ -190,7 +190,10 @@ class Planner:
         rates: list[float] = []
         pauses: list[float | None] = []
         lead = 0.0
-        for segment in parse_markup(text, ssml):
+        segments = parse_markup(text, ssml)  # (checks the spans of a plain text too)
+        if frontend.reads_phoneme_spans and not (ssml or (ssml is None and is_ssml(text))):
+            segments = (Text(text),)  # the frontend places its [[ ]] spans itself
+        for segment in segments:
             if isinstance(segment, Break):
                 if not chunks:
                     lead += segment.seconds

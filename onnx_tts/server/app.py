@@ -140,6 +140,11 @@ def create_app(config: ServerConfig, registry: ModelRegistry | None = None) -> F
     async def list_models() -> dict[str, Any]:
         _require_ready(state)
         cards = [_model_card(m) for m in registry.models.values()]
+        cards += [  # a folder's models not loaded yet (loaded when first asked for)
+            {"id": name, "object": "model", "created": 0, "owned_by": "onnx-tts", "loaded": False}
+            for name in registry.folder_models
+            if name not in registry.models
+        ]
         default = registry.default
         assert default is not None
         aliases = [
@@ -152,7 +157,7 @@ def create_app(config: ServerConfig, registry: ModelRegistry | None = None) -> F
     @app.get("/v1/models/{model_id}")
     async def get_model(model_id: str) -> dict[str, Any]:
         _require_ready(state)
-        model = registry.get(model_id)
+        model = await blocking(registry.get, model_id)  # (a folder's: loaded now)
         if model is None:
             raise unknown_model(model_id, registry)
         return _model_card(model)

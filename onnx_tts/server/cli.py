@@ -19,7 +19,7 @@ from onnx_tts.config import (
     add_flags,
 )
 from onnx_tts.errors import InputError, OnnxTTSError
-from onnx_tts.flags import add_engine_flags
+from onnx_tts.flags import add_engine_flags, add_folder_flags
 from onnx_tts.server.settings import ServeSettings, add_arguments, serve_settings
 from onnx_tts.signals import handled_signals
 
@@ -34,6 +34,7 @@ def add_wyoming_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentP
     """`onnx-tts wyoming` (onnx_tts.server.wyoming): Home Assistant's protocol."""
     add_flags(parser.add_argument_group("wyoming"), WyomingConfig)
     add_engine_flags(parser)
+    add_folder_flags(parser)
     return parser
 
 
@@ -82,6 +83,7 @@ def run(args: argparse.Namespace, on_ray: Callable[[ServeSettings], int] | None 
         settings.family,
         max_streams=config.max_streams,
         max_waiting=config.max_queue,
+        folders=settings.folders,
     )
     try:
         app = create_app(config, registry)  # opens the voice store: a bad --voices-dir is here

@@ -19,6 +19,7 @@ import numpy as np
 import onnx_tts
 from onnx_tts.audio import Trimmed, load_audio
 from onnx_tts.config import CacheConfig, EngineConfig
+from onnx_tts.families.base import FolderModel
 from onnx_tts.pipeline import available_cores, build_engine
 from onnx_tts.pipeline.admission import Admission, retry_after_seconds
 from onnx_tts.pipeline.execution import ReadyChunks
@@ -26,6 +27,9 @@ from onnx_tts.vocoder import STREAMING_KEYS
 
 # Names OpenAI clients send for "the server's default model".
 DEFAULT_MODEL_ALIASES = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts", "onnx-tts", "default")
+# Models of a folder (a family's folder flag) loaded at once at most, besides the default:
+# the least recently used idle one is let go for the next (a joe-size voice holds ~150 MB).
+MAX_LOADED_FOLDER_MODELS = 3
 
 
 @dataclass(eq=False)
@@ -195,7 +199,10 @@ def model_options(engine: onnx_tts.Engine) -> dict[str, type]:
 
 class ModelRegistry:
     """Models by name; the first one loaded is the default. Loading runs in the background so
-    /health can say 503 until every model is ready."""
+    /health can say 503 until every model is ready. Models of a folder (`folders`: a family's
+    folder flag -> its directory, e.g. a Home Assistant voices folder) are listed at once and
+    loaded when first asked for (`get`), at most MAX_LOADED_FOLDER_MODELS of them at a time;
+    without --model the folder's first model is the default."""
 
     def __init__(
         self,
@@ -205,8 +212,12 @@ class ModelRegistry:
         family_options: dict[str, Any] | None = None,
         max_streams: int = 64,
         max_waiting: int = 64,
+        folders: dict[str, str] | None = None,
     ) -> None:
+        self.folders = dict(folders or {})
         self.model_dirs = list(model_dirs) or [None]
+        if self.folders and self.model_dirs == [None]:
+            self.model_dirs = []  # the folder's first model is the default, not the bundled one
         self.max_streams, self.max_waiting = max_streams, max_waiting
         self.engine_config = engine or EngineConfig()
         self.caches = caches or CacheConfig()
@@ -215,26 +226,42 @@ class ModelRegistry:
         self.default: SpeechModel | None = None
         self.error: str | None = None
         self.ready = threading.Event()
+        self.folder_models: dict[str, FolderModel] = {}  # by name, loaded or not
+        self._folder_lock = threading.Lock()
+        self._last_used: dict[str, float] = {}
+
+    def _load(self, model_dir: str | None, name: str | None = None) -> SpeechModel:
+        config = dataclasses.replace(self.engine_config, model=model_dir)
+        engine = build_engine(config, self.caches, family_options=self.family_options)
+        name = name or str(engine.info().get("name") or Path(str(model_dir)).name)
+        if name in self.models:  # two bundles with one name: keep both reachable
+            name = f"{name}-{len(self.models)}"
+        model = SpeechModel(
+            name=name,
+            engine=engine,
+            path=str(engine.info().get("path", model_dir or "")),
+            created=int(time.time()),
+            options=model_options(engine),
+        )
+        model.admit_streams(self.max_streams, self.max_waiting)
+        self.models[name] = model
+        if self.default is None:
+            self.default = model
+        return model
 
     def load_all(self) -> None:
         try:
+            from onnx_tts.families import folder_scanners
+
+            scanners = folder_scanners()
+            for option, folder in self.folders.items():
+                for entry in scanners[option](Path(folder)):
+                    self.folder_models.setdefault(entry.name, entry)
             for model_dir in self.model_dirs:
-                config = dataclasses.replace(self.engine_config, model=model_dir)
-                engine = build_engine(config, self.caches, family_options=self.family_options)
-                name = str(engine.info().get("name") or Path(str(model_dir)).name)
-                if name in self.models:  # two bundles with one name: keep both reachable
-                    name = f"{name}-{len(self.models)}"
-                model = SpeechModel(
-                    name=name,
-                    engine=engine,
-                    path=str(engine.info().get("path", model_dir or "")),
-                    created=int(time.time()),
-                    options=model_options(engine),
-                )
-                model.admit_streams(self.max_streams, self.max_waiting)
-                self.models[name] = model
-                if self.default is None:
-                    self.default = model
+                self._load(model_dir)
+            if self.default is None and self.folder_models:
+                first = next(iter(self.folder_models.values()))
+                self._load(str(first.path), first.name)
         except Exception as error:  # reported by /health, the server keeps answering
             self.error = f"{type(error).__name__}: {error}"
             raise
@@ -246,14 +273,41 @@ class ModelRegistry:
         return self.ready.is_set() and self.error is None and self.default is not None
 
     def get(self, name: str) -> SpeechModel | None:
+        """The model of `name` (an alias: the default); a folder's model is loaded now if it is
+        not yet (blocking: call from a worker thread)."""
         if name in self.models:
+            self._last_used[name] = time.monotonic()
             return self.models[name]
         if name in DEFAULT_MODEL_ALIASES:
             return self.default
-        return None
+        entry = self.folder_models.get(name)
+        if entry is None:
+            return None
+        with self._folder_lock:
+            if name not in self.models:
+                self._make_room()
+                self._load(str(entry.path), name)
+            self._last_used[name] = time.monotonic()
+            return self.models[name]
+
+    def _make_room(self) -> None:
+        """(under the folder lock) let the least recently used idle folder models go until one
+        more fits; models serving requests, and the default, stay."""
+        loaded = [
+            n for n in self.models if n in self.folder_models and self.models[n] is not self.default
+        ]
+        while len(loaded) >= MAX_LOADED_FOLDER_MODELS:
+            idle = [n for n in loaded if not self.models[n].jobs]
+            if not idle:
+                return  # every one is speaking: this one joins them, the bound waits for them
+            oldest = min(idle, key=lambda n: self._last_used.get(n, 0.0))
+            model = self.models.pop(oldest)
+            loaded.remove(oldest)
+            model.engine.close()
 
     def names(self) -> list[str]:
-        return list(self.models)
+        """The models clients may ask for: those loaded and every folder model."""
+        return list(dict.fromkeys([*self.models, *self.folder_models]))
 
     def stage_stats(self) -> dict[str, dict[str, Any]]:
         """model -> its engine's stage counters (and its admission's), for /metrics."""

@@ -16,7 +16,13 @@ from onnx_tts.config import (
     check_ray,
     from_flags,
 )
-from onnx_tts.flags import add_engine_flags, engine_configs, family_options
+from onnx_tts.flags import (
+    add_engine_flags,
+    add_folder_flags,
+    engine_configs,
+    family_options,
+    folder_options,
+)
 
 
 @dataclass(frozen=True)
@@ -29,6 +35,7 @@ class ServeSettings:
     caches: CacheConfig
     ray: RayConfig
     family: dict[str, Any] = field(default_factory=dict)
+    folders: dict[str, str] = field(default_factory=dict)  # folder flag -> its directory
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -36,6 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     caches' and Ray's, all from the typed configuration (`onnx_tts.config`)."""
     add_flags(parser.add_argument_group("server"), ServerConfig)
     add_engine_flags(parser, exclude=("model",))
+    add_folder_flags(parser)
     add_flags(
         parser.add_argument_group(
             "Ray Serve (--ray)",
@@ -51,4 +59,11 @@ def serve_settings(args: argparse.Namespace) -> ServeSettings:
     what every Ray replica is built from. InputError names the first bad flag."""
     engine, caches = engine_configs(args)
     ray = check_ray(from_flags(RayConfig, args))
-    return ServeSettings(from_flags(ServerConfig, args), engine, caches, ray, family_options(args))
+    return ServeSettings(
+        from_flags(ServerConfig, args),
+        engine,
+        caches,
+        ray,
+        family_options(args),
+        folder_options(args),
+    )

@@ -1,7 +1,7 @@
 """A text that arrives in pieces (Wyoming's synthesize-chunk events), cut into what can be
 spoken as it completes, with its markup intact.
 
-- A plain text (with Piper's ``[[ phonemes ]]``) is spoken sentence by sentence as sentences
+- A plain text (with inline ``[[ phonemes ]]``) is spoken sentence by sentence as sentences
   complete; a sentence never ends inside an open ``[[ ... ]]`` span, so phonemes with a "."
   in them reach the engine whole.
 - An SSML text (it starts with <speak>, or the stream was declared SSML) is one XML document:

@@ -5,10 +5,10 @@ reads `info` (a TTS program and its voices), then `synthesize` (one text) or a s
 `synthesize-start`, `synthesize-chunk`..., `synthesize-stop`. Audio goes back as
 `audio-start`, `audio-chunk` (16-bit mono PCM at the model's rate) as it is generated, and
 `audio-stop`; a streamed text is spoken sentence by sentence as the sentences complete, and
-ends with `synthesize-stopped` (the order wyoming-piper uses, which Home Assistant expects).
+ends with `synthesize-stopped` (the order Home Assistant expects).
 
 Markup: a text that starts with <speak> is SSML (`text_format` "ssml" forces it, "text" reads
-it as plain text), else plain text with Piper's ``[[ phonemes ]]``; a streamed SSML text is
+it as plain text), else plain text with inline ``[[ phonemes ]]``; a streamed SSML text is
 kept until `synthesize-stop` and spoken whole (text_stream.py). Invalid markup is an `error`
 event naming its line and column. `speed` and `sentence_silence` in `synthesize` /
 `synthesize-start` are onnx-tts extensions; `voice.language` must be one the model speaks.
@@ -39,7 +39,7 @@ import numpy as np
 from wyoming.audio import AudioChunk, AudioStart, AudioStop
 from wyoming.error import Error
 from wyoming.event import Event, async_write_event
-from wyoming.info import Describe, Info, TtsProgram, TtsVoice
+from wyoming.info import Describe, Info, TtsProgram, TtsVoice, TtsVoiceSpeaker
 from wyoming.server import AsyncEventHandler, AsyncServer, AsyncTcpServer
 from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop
 
@@ -92,8 +92,9 @@ class WyomingService:
         self.config = config or WyomingConfig()
 
     def stop(self) -> None:
-        for job in list(self.model.jobs.values()):
-            job.cancel()
+        for model in list(self.registry.models.values()):
+            for job in list(model.jobs.values()):
+                job.cancel()
 
     @property
     def model(self) -> SpeechModel:
@@ -120,6 +121,7 @@ class WyomingService:
             )
             for name, description in listed
         ]
+        voices += self._folder_voices()
         return Info(
             tts=[
                 TtsProgram(
@@ -134,17 +136,56 @@ class WyomingService:
             ]
         )
 
+    def _folder_voices(self) -> list[TtsVoice]:
+        """Each model of a folder (a family's folder flag) as a voice of its own: its name,
+        its languages and its speakers, as the reference Wyoming TTS server lists its data
+        directory."""
+        return [
+            TtsVoice(
+                name=name,
+                description=entry.description or name,
+                attribution=ATTRIBUTION,
+                installed=True,
+                version=None,
+                languages=list(entry.languages),
+                speakers=[TtsVoiceSpeaker(name=s) for s in entry.speakers] or None,
+            )
+            for name, entry in self.registry.folder_models.items()
+        ]
+
+    def _chosen(self, speech: Speech) -> tuple[SpeechModel, str | None]:
+        """The model a request names (a folder's model by its name, loaded now if need be;
+        else the default) and the voice to ask it for (the speaker of a model by name)."""
+        name = speech.voice
+        if name and name != self.model.name and name in self.registry.folder_models:
+            model = self.registry.get(name)
+            assert model is not None
+        elif name and name == self.model.name:
+            model = self.model
+        else:
+            return self.model, speech.speaker if speech.speaker and not name else name
+        if speech.speaker and speech.speaker not in model.builtin_voices:
+            speakers = ", ".join(model.builtin_voices[:10]) or "none: it has one speaker"
+            raise VoiceRefused(
+                f"voice {name!r} has no speaker {speech.speaker!r}; its speakers: {speakers}",
+                "voice_not_found",
+            )
+        return model, speech.speaker
+
     def plan(self, speech: Speech) -> Generation:
         """A generation of `speech` (voice None: the model's default voice); reads the voice
         store, so it runs in a worker thread. VoiceRefused with a one-line reason for a voice
         that reaches nothing, several voices, or a stored voice that is refused, and for a
         language the model does not speak."""
-        model = self.model
-        options = self._language_options(speech.language)
+        try:
+            model, voice = self._chosen(speech)
+        except OnnxTTSError as error:  # a folder's model that fails to load
+            raise VoiceRefused(one_line(error), "voice_refused") from None
+        options = self._language_options(model, speech.language)
         voice_audio = None
-        if speech.voice:
+        if voice:
             try:
-                voice_audio = voice_to_speak(self.voices, self.registry, model, speech.voice)
+                voice_audio = voice_to_speak(self.voices, self.registry, model, voice)
             except (VoiceNameError, VoiceStoreError) as error:
                 raise VoiceRefused(str(error), error.code) from None
             except OnnxTTSError as error:
@@ -161,12 +202,11 @@ class WyomingService:
             sentence_silence=speech.sentence_silence,
         )
 
-    def _language_options(self, language: str | None) -> dict[str, Any]:
+    def _language_options(self, model: SpeechModel, language: str | None) -> dict[str, Any]:
         """The model options for a requested language: a multilingual model takes it as its
         `language` option (the engine checks it); any other must speak it already."""
         if not language:
             return {}
-        model = self.model
         if "language" in model.options:
             return {"language": language}
         spoken = model.languages
@@ -480,7 +520,7 @@ def run(args: argparse.Namespace) -> int:
     cannot load or an address in use."""
     from onnx_tts.cache.codec import resolve_cache_secret
     from onnx_tts.config import from_flags
-    from onnx_tts.flags import engine_configs, family_options
+    from onnx_tts.flags import engine_configs, family_options, folder_options
     from onnx_tts.server.app import default_voices_dir
     from onnx_tts.server.cli import configure_logging
     from onnx_tts.server.redis_voices import open_voice_store
@@ -500,7 +540,12 @@ def run(args: argparse.Namespace) -> int:
         return 2
     configure_logging(config.log_level, config.log_json)
     registry = ModelRegistry(
-        [engine.model], engine, caches, family_options(args), max_streams=config.max_streams
+        [engine.model],
+        engine,
+        caches,
+        family_options(args),
+        max_streams=config.max_streams,
+        folders=folder_options(args),
     )
     try:
         registry.load_all()

@@ -37,6 +37,7 @@ class Speech:
     text: str
     voice: str | None = None
     language: str | None = None
+    speaker: str | None = None  # a speaker of the voice (a multi-speaker model's builtin voice)
     ssml: bool | None = None  # None: SSML when the text starts with <speak>
     speed: float = 1.0
     sentence_silence: float | None = None
@@ -55,6 +56,7 @@ def event_options(data: dict[str, Any]) -> dict[str, Any]:
         "voice": voice.get("name"),
         # The library's SynthesizeVoice drops the language when a name is given: read it here.
         "language": voice.get("language"),
+        "speaker": voice.get("speaker"),
         "ssml": {"ssml": True, "text": False}.get(data.get("text_format")),  # type: ignore[arg-type]
     }
     for key in SHAPING_FIELDS:
