@@ -386,6 +386,15 @@ def test_a_bad_codec_json_is_one_clear_model_error(exported, tmp_path, edit, mes
         read_codec(_edit_meta(exported, tmp_path, edit))
 
 
+def test_a_graph_linked_from_outside_the_directory_is_refused(exported, tmp_path):
+    copy = _edit_meta(exported, tmp_path, lambda m: None)
+    outside = tmp_path / "elsewhere.onnx"
+    (copy / "encode.onnx").rename(outside)
+    (copy / "encode.onnx").symlink_to(outside)
+    with pytest.raises(ModelError, match="lies outside the model directories"):
+        read_codec(copy)
+
+
 def test_a_truncated_weights_file_is_refused(exported, tmp_path):
     copy = _edit_meta(exported, tmp_path, lambda m: None)
     data = copy / "decoder.data"

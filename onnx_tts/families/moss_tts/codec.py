@@ -25,7 +25,7 @@ import numpy as np
 
 from onnx_tts.audio import check_finite
 from onnx_tts.errors import AudioError, InputError, ModelError
-from onnx_tts.families.json_meta import JsonFile, checked_number, listed_graph
+from onnx_tts.families.json_meta import JsonFile, checked_number, inside, listed_graph
 from onnx_tts.families.loader import Graph
 from onnx_tts.graph_io import GraphSpec, check_graph_io
 from onnx_tts.regular_files import real_path
@@ -142,6 +142,8 @@ def read_codec(codec_dir: str | Path) -> CodecLayout:
     """The exported codec at `codec_dir`: codec.json read (bounded) and checked, each graph's
     declared I/O read without a session. ModelError naming the file and the fix otherwise."""
     root = real_path(codec_dir)
+    if (root / CODEC_JSON).is_symlink():
+        inside(real_path(root / CODEC_JSON), [root], str(root), CODEC_JSON)
     meta = JsonFile.read(root / CODEC_JSON, EXPORT_HINT, MAX_JSON_BYTES)
     version = meta.get("format_version", None)
     if version != FORMAT_VERSION:
@@ -169,6 +171,8 @@ def read_codec(codec_dir: str | Path) -> CodecLayout:
         name, listed, spec = listed_graph(
             meta, files, external, role, root, f"codec {role}", EXPORT_HINT
         )
+        for file in (name, *listed):  # a link may not lead out of the directory
+            inside((root / file).resolve(), [root], str(meta.path), f"files.{role}")
         check_graph_io(spec, f"codec {role}", *expected[role], meta.path.name)
         graphs[role], data[name] = spec, listed
     return CodecLayout(root=root, graphs=graphs, data=data, state=state, **values)
