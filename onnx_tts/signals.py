@@ -168,6 +168,7 @@ def keep_status_on_late_signals(status: int) -> None:
     and a line when it was 0 (the outputs are whole), instead of the default action, whose
     128 + N would say the run failed. Signals the process was started with ignored stay so.
     For the process's own entry point only (the handlers stay installed)."""
+    import atexit
     import os
     import sys
 
@@ -185,6 +186,7 @@ def keep_status_on_late_signals(status: int) -> None:
 
     if threading.current_thread() is not threading.main_thread():
         return
+    installed = []
     for sig in DEFAULT_SIGNALS:
         if signal.getsignal(sig) is signal.SIG_IGN:
             continue
@@ -192,3 +194,14 @@ def keep_status_on_late_signals(status: int) -> None:
             signal.signal(sig, end)
         except (OSError, ValueError, RuntimeError):
             continue
+        installed.append(sig)
+
+    def ignore_while_ending() -> None:
+        for sig in installed:
+            signal.signal(sig, signal.SIG_IGN)
+
+    # The interpreter's finalization puts the default action back for a signal with a Python
+    # handler before it tears the modules down (ONNX Runtime's sessions among them), and any
+    # thread may take a signal sent to the process: from the exit handlers on, the signals are
+    # ignored instead (finalization keeps that), so the process ends with its own status.
+    atexit.register(ignore_while_ending)
