@@ -471,6 +471,23 @@ def attention_context(
     return AttentionContext(allowed, lowest, cos, sin, scale)
 
 
+def grow_cache(b, i: int, k: str, v: str, name: str) -> tuple[str, str]:
+    """Layer `i`'s new keys and values [B, Hkv, S, D] appended to its past by Concat; the
+    results are the graph's `present.{i}.*` outputs."""
+    grown = []
+    for kind, new in (("key", k), ("value", v)):
+        grown.append(
+            b.node(
+                "Concat",
+                [PAST.format(i=i, kind=kind), new],
+                axis=2,
+                output_names=[PRESENT.format(i=i, kind=kind)],
+                name=f"{name}/{kind.capitalize()}Concat",
+            )[0]
+        )
+    return grown[0], grown[1]
+
+
 def attention_block(
     b, config: Qwen3Config, weights, i: int, h: str, ctx: AttentionContext, qk_norm: bool = True
 ) -> str:
@@ -511,20 +528,7 @@ def attention_block(
     if ctx.cos:
         q = _rotate(b, q, ctx.cos, ctx.sin, half, f"{a}/q_rotary")
         k = _rotate(b, k, ctx.cos, ctx.sin, half, f"{a}/k_rotary")
-    k = b.node(
-        "Concat",
-        [PAST.format(i=i, kind="key"), k],
-        axis=2,
-        output_names=[PRESENT.format(i=i, kind="key")],
-        name=f"{a}/KeyConcat",
-    )[0]
-    v = b.node(
-        "Concat",
-        [PAST.format(i=i, kind="value"), v],
-        axis=2,
-        output_names=[PRESENT.format(i=i, kind="value")],
-        name=f"{a}/ValueConcat",
-    )[0]
+    k, v = grow_cache(b, i, k, v, a)
     # Query head h reads kv head h // G: [B, Hkv, G, S, D] against [B, Hkv, 1, T, D].
     q5 = b.node(
         "Reshape",

@@ -28,15 +28,13 @@ from pathlib import Path
 
 import numpy as np
 
-from export.backbones.qwen3 import RopeTables, build_backbone_graph
+from export.backbones.qwen3 import PAST, PRESENT, RopeTables, build_backbone_graph, grow_cache
 from export.external_weights import StreamingBuilder, save_streamed
 from export.moss_tts.config import MossConfig
 from export.moss_tts.modules import interleaved_rope_tables
 from onnx_tts.tools.graph_builder import FLOAT, INT64, layer_norm, linear, rms_norm, silu
 
 Weights = Callable[[str], np.ndarray]
-PAST = "past_key_values.{i}.{kind}"
-PRESENT = "present.{i}.{kind}"
 
 
 def table_names(config: MossConfig) -> list[str]:
@@ -241,20 +239,7 @@ def write_local_v15(config: MossConfig, weights: Weights, out_dir: Path, rope: R
                 b.node("Transpose", [t], perm=[0, 2, 1, 3], name=f"{p}/{n}T")
                 for t, n in ((q, "q"), (k, "k"), (v, "v"))
             )
-            k = b.node(
-                "Concat",
-                [PAST.format(i=i, kind="key"), k],
-                axis=2,
-                output_names=[PRESENT.format(i=i, kind="key")],
-                name=f"{p}/KeyConcat",
-            )[0]
-            v = b.node(
-                "Concat",
-                [PAST.format(i=i, kind="value"), v],
-                axis=2,
-                output_names=[PRESENT.format(i=i, kind="value")],
-                name=f"{p}/ValueConcat",
-            )[0]
+            k, v = grow_cache(b, i, k, v, p)
             kt = b.node("Transpose", [k], perm=[0, 1, 3, 2], name=f"{p}/kT")
             scores = b.node("Mul", [b.node("MatMul", [q, kt], name=f"{p}/QK"), scale])
             scores = b.node("Where", [allowed, scores, lowest], name=f"{p}/Mask")
