@@ -166,6 +166,61 @@ def test_streams_with_decoders_of_their_own_decode_two_at_once_while_the_lm_idle
     stage.close()
 
 
+class _Windows(Vocoder):
+    """A batching stand-in vocoder: records each call's window count and how many calls run
+    at once; a call of first windows waits (bounded) for another call to run beside it."""
+
+    def __init__(self) -> None:
+        self.meeting = threading.Barrier(2, timeout=WAIT_BOUND_SECONDS)
+        self.lock = threading.Lock()
+        self.running = self.most = 0
+        self.calls: list[int] = []
+        self.capabilities = VocoderCapabilities(16000, 4, batches_exactly=True)
+
+    def vocode(self, frames: np.ndarray, voice: Any) -> np.ndarray:
+        return self.vocode_windows([frames], [voice])[0]
+
+    def vocode_windows(self, windows: Any, voices: Any) -> list[np.ndarray]:
+        with self.lock:
+            self.running += 1
+            self.most = max(self.most, self.running)
+            self.calls.append(len(windows))
+            first_round = len(self.calls) <= 2
+        try:
+            if first_round:
+                self.meeting.wait()
+        finally:
+            with self.lock:
+                self.running -= 1
+        return [np.full(len(w) * 4, float(w[0, 0]), np.float32) for w in windows]
+
+
+def test_a_burst_s_first_windows_decode_in_two_halves_at_once():
+    """Four streams whose first windows are due together (a burst that started at once): the
+    stage decodes them as two calls of two that run at the same time, and each stream still
+    gets its own samples; later windows of the same streams go back to one shared call."""
+    vocoder = _Windows()
+    stage = VocoderStage(vocoder, lm_idle=lambda: False)
+    window = StreamingOptions(2, 2, 0, 0, 0)
+    with stage.lock:  # the four first windows are due in the stage's first round
+        streams = [stage.open(_one_shot_request(f"s{i}"), window, hop_length=4) for i in range(4)]
+        for index, stream in enumerate(streams):
+            stream.put(np.full(3, index, np.float32))
+            stream.put(np.full(3, index, np.float32))
+    wait_until(lambda: len(vocoder.calls) >= 2, "the first windows were decoded")
+    with stage.lock:  # the second windows: due together again, but none is a first
+        for index, stream in enumerate(streams):
+            stream.put(np.full(3, index, np.float32))
+            stream.put(np.full(3, index, np.float32))
+            stream.end()
+    audio = [np.concatenate(list(stream)) for stream in streams]
+    assert vocoder.calls[:2] == [2, 2] and vocoder.most == 2
+    assert vocoder.calls[2:] == [4]
+    for index, samples in enumerate(audio):
+        np.testing.assert_array_equal(samples, np.full(16, index, np.float32))
+    stage.close()
+
+
 def test_many_clients_coming_and_going_leave_nothing_behind(codec_engine):
     """64 concurrent streams, a third of them abandoned at a random point: afterwards no row,
     no stream of the vocoder stage and no extra thread remains."""

@@ -114,24 +114,8 @@ class Generation:
         stream = None
         self.started_at = time.perf_counter()
         try:
-            voice = await blocking(self.model.encode_voice, self.voice_audio)
-            deadline = time.monotonic() + FIRST_AUDIO_BUDGET_SECONDS
-            stream = await blocking(
-                self.model.stream,
-                self.text,
-                voice,
-                self.seed,
-                {
-                    **self.options,
-                    "speed": self.speed,
-                    "ssml": self.ssml,
-                    "sentence_silence": self.sentence_silence,
-                    "timestamps": self.timestamps,
-                },
-                deadline=deadline,
-                clock=self.clock,
-                cancel=self.cancel_token,
-            )
+            # One trip to the worker pool: the voice (cached encode) and the stream's start.
+            stream = await blocking(self._open_stream)
             self.cache_hit = self.model.replayed(stream)
             self.events.put_nowait((START, None))
 
@@ -146,6 +130,25 @@ class Generation:
             if stream is not None:
                 stream.close()  # stops the LM and frees its rows at once
             self.model.untrack(self)
+
+    def _open_stream(self) -> Any:
+        """(on a worker thread) the voice's encoder outputs, then the engine's stream."""
+        voice = self.model.encode_voice(self.voice_audio)
+        return self.model.stream(
+            self.text,
+            voice,
+            self.seed,
+            {
+                **self.options,
+                "speed": self.speed,
+                "ssml": self.ssml,
+                "sentence_silence": self.sentence_silence,
+                "timestamps": self.timestamps,
+            },
+            deadline=time.monotonic() + FIRST_AUDIO_BUDGET_SECONDS,
+            clock=self.clock,
+            cancel=self.cancel_token,
+        )
 
     async def _pump(self, stream: Any, ready: asyncio.Event) -> None:
         model = self.model
