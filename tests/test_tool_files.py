@@ -318,7 +318,11 @@ def test_two_runs_into_one_output_cannot_both_claim_it(model, tmp_path) -> None:
 
 def test_a_signal_before_the_output_is_in_place_leaves_nothing(model, tmp_path) -> None:
     out = tmp_path / "out"
-    run = _start("quantize", str(model), str(out), "--graphs", "language_model")
+    # The most check steps: the agreement check after the staged graph is written lasts
+    # seconds, so the signal lands before the output is in place even on a loaded machine.
+    run = _start(
+        "quantize", str(model), str(out), "--graphs", "language_model", "--check-steps", "1000"
+    )
     try:
         # the staging directory beside the output has files: the run is working
         wait_until(
