@@ -536,6 +536,28 @@ def de_delay(rows: list[list[int]], n_vq: int, pad: int) -> list[list[int]]:
     return [f for f in frames.tolist() if not all(x == pad for x in f)]
 
 
+def continuation_prompt(loop: Published, prompt_text: str, text: str, codes, fields=None):
+    """Local v1.5 streaming `build_processor_inputs` in mode "continuation" with a prompt
+    audio: the text is `prompt_text + text` (as written there), the prompt audio's codes follow
+    as assistant-slot rows (`_build_continuation_codes`)."""
+    return loop.prompt_v15(prompt_text + text, fields=fields, continuation=np.array(codes))
+
+
+@torch.no_grad()
+def primed_stream_decode(codec, prime, frames) -> np.ndarray:
+    """The published streaming codec worker (`synthesize_stream._codec_worker`) on the torch
+    codec (export/moss_audio_tokenizer `decode_step`): one stream decodes the prompt audio's
+    codes first, that audio dropped, then the generated frames. [samples, channels]."""
+
+    def codes(rows) -> torch.Tensor:
+        return torch.as_tensor(np.asarray(rows, np.int64)).T[:, None, :].contiguous()
+
+    offsets, caches = codec.initial_state()
+    _, offsets, caches = codec.decode_step(codes(prime), offsets, caches)
+    audio, _, _ = codec.decode_step(codes(frames), offsets, caches)
+    return audio[0].T.numpy()
+
+
 def load(checkpoint_dir: Path, rope: str | None = "auto") -> Published:
     """The stand-in at `checkpoint_dir` as the paraphrase runs it. `rope` "auto": tables
     rounded through the checkpoint's stored dtype when it is bfloat16 (as the exporter does)."""
@@ -557,4 +579,13 @@ def load(checkpoint_dir: Path, rope: str | None = "auto") -> Published:
     return Published(config, module, tokenizer, chat)
 
 
-__all__ = ["Published", "de_delay", "load", "sample_delay", "sample_hf", "sample_v15"]
+__all__ = [
+    "Published",
+    "continuation_prompt",
+    "de_delay",
+    "load",
+    "primed_stream_decode",
+    "sample_delay",
+    "sample_hf",
+    "sample_v15",
+]

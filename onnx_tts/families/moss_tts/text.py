@@ -200,4 +200,44 @@ class MossText(TextFrontend):
         return Prompt(rows, prefix)
 
 
-__all__ = ["DEFAULT_CHUNK_CHARS", "FIELDS", "MAX_CHUNK_CHARS", "MossText", "Prompt"]
+def continuation_options(given: Mapping[str, Any], variant: str) -> dict[str, Any]:
+    """A request's `continuation` and `reference_text`, checked: a continuation (Local v1.5:
+    the reference audio is the start of the speech) needs the reference's transcript, as the
+    published apps require; the transcript alone means nothing. {} when it does not continue."""
+    reference_text = given.get("reference_text")
+    if not given.get("continuation"):
+        if reference_text is not None:
+            raise InputError(
+                "reference_text is the transcript a continuation starts from; add "
+                "continuation=True (--continuation) or drop it"
+            )
+        return {}
+    if variant != "local-v1.5":
+        raise InputError(
+            f"continuation is built for MOSS-TTS Local v1.5 only; this model is {variant} "
+            "(clone the voice instead: drop continuation)"
+        )
+    if reference_text is None or not reference_text.strip():
+        raise InputError(
+            "continuation needs reference_text, the transcript of the reference audio (it "
+            "goes before the text, as the published apps require)"
+        )
+    if len(reference_text) > MAX_CHUNK_CHARS:
+        raise InputError(f"reference_text is longer than {MAX_CHUNK_CHARS} characters")
+    found = CONTROL.search(reference_text)
+    if found:
+        raise InputError(
+            f"reference_text contains {found.group(0)!r}, a control token of the model's "
+            "prompt; remove it"
+        )
+    return {"continuation": True, "reference_text": reference_text}
+
+
+__all__ = [
+    "DEFAULT_CHUNK_CHARS",
+    "FIELDS",
+    "MAX_CHUNK_CHARS",
+    "MossText",
+    "Prompt",
+    "continuation_options",
+]
