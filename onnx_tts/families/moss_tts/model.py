@@ -2,7 +2,13 @@
 backbone stepping every request's row in one run (its KV kept by the engine's scheduler), the
 release's per-frame part, host embedding tables, the published prompt and sampling, and the
 MOSS audio tokenizer as reference encoder and streaming vocoder (`codec/`, when exported with
-one: without it the model makes code frames only, `Engine.generate`)."""
+one: without it the model makes code frames only, `Engine.generate`).
+
+Continuation (Local v1.5, options `continuation` + `reference_text`): the reference voice's
+codes are the start of the speech. The prompt speaks `reference_text + chunk` with the codes as
+assistant rows (text.py); the vocoder decodes the new frames after those codes (a stream primed
+with them, as the published codec worker; one-shot, decoded as one sequence and the codes'
+samples cut, as the published `decode`), so the audio is only the new speech."""
 
 from __future__ import annotations
 
@@ -107,7 +113,7 @@ class MossVocoder(Vocoder):
     def open_stream(self) -> StreamDecoder:
         return _Stream(self._require().open_stream(), self._shaped, self.layout.n_vq)
 
-    # Continuation: the reference's codes are the start of the speech (model docstring).
+    # Continuation: the reference's codes are the start of the speech (module docstring).
     def prime_frames(
         self, voice: Mapping[str, Any], options: Mapping[str, Any]
     ) -> np.ndarray | None:

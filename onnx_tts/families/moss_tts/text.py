@@ -214,7 +214,7 @@ def continuation_options(given: Mapping[str, Any], variant: str) -> dict[str, An
         return {}
     if variant != "local-v1.5":
         raise InputError(
-            f"continuation is built for MOSS-TTS Local v1.5 only; this model is {variant} "
+            f"continuation is built for Local v1.5 only; this model is {variant} "
             "(clone the voice instead: drop continuation)"
         )
     if reference_text is None or not reference_text.strip():
