@@ -7,7 +7,9 @@ the audio of the codec worker primed with the reference's codes; through `synthe
 
 from __future__ import annotations
 
+import dataclasses
 import io
+import json
 import subprocess
 import sys
 
@@ -33,81 +35,96 @@ from tests.test_moss_tts import (  # noqa: F401 - the module's fixtures, shared
 )
 
 VARIANT = "local-v1.5"
+LOCAL = ("local-v1.5", "local-v1")  # the releases that continue (Delay refuses)
 REFERENCE_TEXT = "This is what the reference says. "
-STEPS = 12
+STEPS = {"local-v1.5": 12, "local-v1": 6}  # (Local v1's paraphrase is the slow one)
+RATES = {"local-v1.5": 48000, "local-v1": 24000}
 
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    """A stereo reference file at the model's rate (what `voice=` takes)."""
+    """A stereo reference file at Local v1.5's rate (what `voice=` takes; Local v1 reads it at
+    its codec's 24 kHz, mono)."""
     path = tmp_path_factory.mktemp("continuation") / "reference.wav"
     samples = speechlike(1.2, 48000, seed=5)
     soundfile.write(path, np.stack([samples, samples], axis=1), 48000, subtype="FLOAT")
     return path
 
 
-def expected_frames(loop, codes, *, seed=0, greedy=False, text=TEXT, steps=STEPS):
+def expected_frames(loop, codes, *, seed=0, greedy=False, text=TEXT, steps=None, **options):
+    """The paraphrase's frames of a continuation of `codes` (transcript REFERENCE_TEXT)."""
+    variant = loop.config.variant
+    steps = steps or STEPS[variant]
     prompt = published.continuation_prompt(loop, REFERENCE_TEXT, text, codes)
-    extra = {"do_sample": False} if greedy else {}
-    return loop.generate_v15(prompt, seed=seed, max_new_frames=steps, **extra)
+    if variant == "local-v1.5":
+        extra = {"do_sample": False} if greedy else {}
+        return loop.generate_v15(prompt, seed=seed, max_new_frames=steps, **extra, **options)
+    extra = {"text_temperature": 0.0, "audio_temperature": 0.0} if greedy else {}
+    rows = loop.generate_v1(prompt, seed=seed, max_new_tokens=steps, **extra, **options)
+    return [row[1:] for row in rows]
 
 
-def torch_codec(codecs):  # noqa: F811
+def torch_codec(codecs, variant):  # noqa: F811
     from export.moss_audio_tokenizer import load_codec
 
-    return load_codec(codecs(*CODECS[VARIANT])[0])
+    return load_codec(codecs(*CODECS[variant])[0])
 
 
 def continued(**more):
     return {"continuation": True, "reference_text": REFERENCE_TEXT, **more}
 
 
-def test_prompt_and_frames_are_the_published_continuations(engines, loops):  # noqa: F811
-    loop, engine = loops(VARIANT), engines(VARIANT)
+@pytest.mark.parametrize("variant", LOCAL)
+def test_prompt_and_frames_are_the_published_continuations(engines, loops, models, variant):  # noqa: F811
+    loop, engine = loops(variant), engines(variant)
+    steps = STEPS[variant]
     codes = np.random.default_rng(11).integers(0, 1024, (7, loop.config.n_vq))
     rows = engine.model.text.prompt(REFERENCE_TEXT + TEXT, {}, continuation=codes).rows
     expected_rows = published.continuation_prompt(loop, REFERENCE_TEXT, TEXT, codes).numpy()
     assert np.array_equal(rows, expected_rows)
     assert (rows[-len(codes) :, 1:] == codes).all()  # the reference ends the prompt
+    if variant == "local-v1":  # the export renders the user message without the generation
+        chat = json.loads((models(variant)[1] / "bundle.json").read_text())["text"]["chat"]
+        assert chat["user_end"] == loop.user_end  # prompt with the checkpoint's template
     voice = {"codes": codes}
     greedy = expected_frames(loop, codes, greedy=True)
     assert len(greedy) > 3
     for kind in ("default", "solo"):
         ours = frames_of(
-            engines(VARIANT, kind), voice=voice, greedy=True, **continued(max_new_frames=STEPS)
+            engines(variant, kind), voice=voice, greedy=True, **continued(max_new_frames=steps)
         )
         assert ours == greedy, kind
-    # A repetition penalty counts the generated frames only, as published (not the prompt's).
+    # Local v1.5's repetition penalty counts the generated frames only, Local v1's the prompt's
+    # codes too (each as published).
     for seed, penalty in ((1, 1.0), (2, 1.3)):
-        options = continued(audio_repetition_penalty=penalty, max_new_frames=STEPS)
-        theirs = loop.generate_v15(
-            published.continuation_prompt(loop, REFERENCE_TEXT, TEXT, codes),
-            seed=seed,
-            max_new_frames=STEPS,
-            audio_repetition_penalty=penalty,
-        )
+        options = continued(audio_repetition_penalty=penalty, max_new_frames=steps)
+        theirs = expected_frames(loop, codes, seed=seed, audio_repetition_penalty=penalty)
         assert frames_of(engine, seed=seed, voice=voice, **options) == theirs, seed
     # Not the clone's frames: the mode changes the prompt.
-    assert frames_of(engine, seed=1, voice=voice, max_new_frames=STEPS) != frames_of(
-        engine, seed=1, voice=voice, max_new_frames=STEPS, **continued()
+    assert frames_of(engine, seed=1, voice=voice, max_new_frames=steps) != frames_of(
+        engine, seed=1, voice=voice, max_new_frames=steps, **continued()
     )
 
 
+@pytest.mark.parametrize("variant", LOCAL)
 def test_audio_is_the_primed_codec_worker_one_shot_and_streamed(
     engines,  # noqa: F811
     loops,  # noqa: F811
     codecs,  # noqa: F811
     reference,
+    variant,
 ):
     """The reference file's codes (its canonical encode, through the reference cache) start the
     speech: the audio is the new frames decoded by a codec stream primed with those codes."""
-    engine = engines(VARIANT)
+    engine = engines(variant)
     codes = engine.voice(str(reference))["codes"]
-    frames = expected_frames(loops(VARIANT), codes, seed=4)
+    frames = expected_frames(loops(variant), codes, seed=4)
     assert len(frames) > 3
-    want = published.primed_stream_decode(torch_codec(codecs), codes, frames)
-    options = continued(max_new_frames=STEPS)
+    want = published.primed_stream_decode(torch_codec(codecs, variant), codes, frames)
+    want = want[:, 0] if want.shape[1] == 1 else want
+    options = continued(max_new_frames=STEPS[variant])
     one_shot = engine.synthesize(TEXT, voice=str(reference), seed=4, **options)
+    assert one_shot.sample_rate == RATES[variant]
     assert_close_audio(one_shot.samples, want)
     assert len(one_shot.samples) == len(frames) * engine.model.hop_length
     for first, stride in ((1, 4), (3, 2)):
@@ -157,9 +174,14 @@ def test_refusals_are_one_clear_input_error(engines, reference):  # noqa: F811
             engine.synthesize(TEXT, voice=voice, seed=1, max_new_frames=4, **options)
         with pytest.raises(InputError, match=message):
             engine.stream(TEXT, voice=voice, seed=1, max_new_frames=4, **options)
-    for variant in ("local-v1", "delay"):  # their published processors continue too: not built
-        with pytest.raises(InputError, match=r"Local v1\.5 only"):
-            continuation_options(continued(), variant)
+    # Delay's published processor continues too (not built here: module docstring).
+    delay = dataclasses.replace(engine.model.layout, variant="delay")
+    with pytest.raises(InputError, match="built for the Local releases"):
+        continuation_options(continued(), delay)
+    # A Local v1 export from before continuation lacks the user message's end.
+    old = dataclasses.replace(engine.model.layout, variant="local-v1", chat={})
+    with pytest.raises(InputError, match="export it again"):
+        continuation_options(continued(), old)
 
 
 def test_the_result_cache_keeps_continuation_apart_from_cloning(models, reference, tmp_path):  # noqa: F811
@@ -203,7 +225,7 @@ def _synth_cli(out, *args: str) -> subprocess.CompletedProcess[str]:
 def test_cli_continues_a_reference(models, engines, reference, tmp_path):  # noqa: F811
     _, out, _ = models(VARIANT)
     wav = tmp_path / "out.wav"
-    common = ["--seed", "3", "--max-new-frames", str(STEPS), "--threads", "1"]
+    common = ["--seed", "3", "--max-new-frames", str(STEPS[VARIANT]), "--threads", "1"]
     common += ["--cache-dir", str(tmp_path / "cache"), "--voice", str(reference)]
     done = _synth_cli(
         out, "-o", str(wav), "--continuation", "--reference-text", REFERENCE_TEXT, *common
@@ -211,7 +233,7 @@ def test_cli_continues_a_reference(models, engines, reference, tmp_path):  # noq
     assert done.returncode == 0, done.stderr
     ours, rate = soundfile.read(wav, dtype="int16")
     expected = engines(VARIANT).synthesize(
-        TEXT, voice=str(reference), seed=3, max_new_frames=STEPS, **continued()
+        TEXT, voice=str(reference), seed=3, max_new_frames=STEPS[VARIANT], **continued()
     )
     assert rate == 48000 and ours.shape == expected.samples.shape
     assert np.abs(ours.astype(int) - pcm16(expected.samples).astype(int)).max() <= 1
@@ -236,7 +258,7 @@ def test_server_continues_an_uploaded_voice(models, engines, reference, tmp_path
                 timeout=300,
             )
         assert made.status_code in (200, 201), made.text
-        body = {"input": TEXT, "voice": "ref", "seed": 2, "max_new_frames": STEPS}
+        body = {"input": TEXT, "voice": "ref", "seed": 2, "max_new_frames": STEPS[VARIANT]}
         body |= {"response_format": "wav", **continued()}
         reply = httpx.post(live.url + "/v1/audio/speech", json=body, timeout=300)
         missing = {**body, "reference_text": None}
@@ -249,7 +271,7 @@ def test_server_continues_an_uploaded_voice(models, engines, reference, tmp_path
     # The server keeps an uploaded voice mono: the same reference, duplicated to stereo.
     mono = soundfile.read(reference, dtype="float32")[0][:, 0]
     expected = engines(VARIANT).synthesize(
-        TEXT, voice=mono, seed=2, max_new_frames=STEPS, **continued()
+        TEXT, voice=mono, seed=2, max_new_frames=STEPS[VARIANT], **continued()
     )
     assert rate == 48000 and samples.shape == expected.samples.shape
     assert np.abs(samples.astype(int) - pcm16(expected.samples).astype(int)).max() <= 1

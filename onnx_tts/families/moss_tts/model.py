@@ -4,11 +4,11 @@ release's per-frame part, host embedding tables, the published prompt and sampli
 MOSS audio tokenizer as reference encoder and streaming vocoder (`codec/`, when exported with
 one: without it the model makes code frames only, `Engine.generate`).
 
-Continuation (Local v1.5, options `continuation` + `reference_text`): the reference voice's
-codes are the start of the speech. The prompt speaks `reference_text + chunk` with the codes as
-assistant rows (text.py); the vocoder decodes the new frames after those codes (a stream primed
-with them, as the published codec worker; one-shot, decoded as one sequence and the codes'
-samples cut, as the published `decode`), so the audio is only the new speech."""
+Continuation (Local v1.5 and v1, options `continuation` + `reference_text`): the reference
+voice's codes are the start of the speech. The prompt speaks `reference_text + chunk` with the
+codes as assistant rows (text.py); the vocoder decodes the new frames after those codes (a
+stream primed with them, as the published codec worker; one-shot, decoded as one sequence and
+the codes' samples cut, as the published `decode`), so the audio is only the new speech."""
 
 from __future__ import annotations
 
@@ -235,7 +235,7 @@ class MossTTS(BundledModel):
         stop_at = given.get("stop_at", "im_end")
         if stop_at != "im_end" and c.variant != "delay":
             raise InputError("stop_at is Delay's (its text channel runs on after the audio)")
-        continuation = continuation_options(given, c.variant)
+        continuation = continuation_options(given, c)
         return {
             **continuation,
             "sampling": sampling,
