@@ -138,6 +138,7 @@ TEMPLATE = (
     "{tokens}\n- Quality:\n{quality}\n- Sound Event:\n{sound_event}\n- Ambient Sound:\n"
     "{ambient_sound}\n- Language:\n{language}\n- Text:\n{text}\n</user_inst>"
 )
+TEMPLATE_FIELDS = ("instruction", "tokens", "quality", "sound_event", "ambient_sound", "language")
 
 
 def after_reference(fields: dict) -> str:
@@ -171,6 +172,8 @@ class Published:
     tokenizer: Tokenizer
     chat: tuple[str, str, str, str]  # user prefix, user suffix + generation prompt, assistant
     threads: int = 1  # torch intra-op threads of the loops
+    # What the Qwen3 chat template renders after a user message without the generation prompt.
+    user_end: str = "<|im_end|>\n"
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False).ids
@@ -536,6 +539,46 @@ def de_delay(rows: list[list[int]], n_vq: int, pad: int) -> list[list[int]]:
     return [f for f in frames.tolist() if not all(x == pad for x in f)]
 
 
+def continuation_prompt(loop: Published, prompt_text: str, text: str, codes, fields=None):
+    """Mode "continuation" with a prompt audio. Local v1.5 (streaming `build_processor_inputs`):
+    the text is `prompt_text + text` (as written there), the prompt audio's codes follow as
+    assistant-slot rows (`_build_continuation_codes`). Local v1 (the app's "Continuation": the
+    transcript written before the text): the user message rendered without the generation
+    prompt, then the assistant message `<|audio|>` as `_get_unified_codes` makes it with
+    truncation: its ids up to audio_start, the codes under generation-slot rows, the text cut
+    to the codes' length (audio_end and the message's end dropped)."""
+    codes = np.array(codes)
+    if loop.config.variant == "local-v1.5":
+        return loop.prompt_v15(prompt_text + text, fields=fields, continuation=codes)
+    c, t = loop.config, loop.config.tokens
+    content = TEMPLATE.format(
+        reference="None",
+        text=prompt_text + text,
+        **{k: str((fields or {}).get(k)) for k in TEMPLATE_FIELDS},
+    )
+    user = loop.encode(loop.chat[0] + content + loop.user_end)
+    assistant = [*loop.encode(loop.chat[2]), t.audio_start]
+    ids = torch.tensor(user + assistant + [t.assistant_slot] * len(codes))
+    audio = torch.full((len(ids), c.n_vq), c.audio_pad, dtype=torch.long)
+    audio[len(user) + len(assistant) :] = torch.as_tensor(codes)
+    return torch.cat([ids[:, None], audio], dim=1)
+
+
+@torch.no_grad()
+def primed_stream_decode(codec, prime, frames) -> np.ndarray:
+    """The published streaming codec worker (`synthesize_stream._codec_worker`) on the torch
+    codec (export/moss_audio_tokenizer `decode_step`): one stream decodes the prompt audio's
+    codes first, that audio dropped, then the generated frames. [samples, channels]."""
+
+    def codes(rows) -> torch.Tensor:
+        return torch.as_tensor(np.array(rows, np.int64)).T[:, None, :].contiguous()
+
+    offsets, caches = codec.initial_state()
+    _, offsets, caches = codec.decode_step(codes(prime), offsets, caches)
+    audio, _, _ = codec.decode_step(codes(frames), offsets, caches)
+    return audio[0].T.numpy()
+
+
 def load(checkpoint_dir: Path, rope: str | None = "auto") -> Published:
     """The stand-in at `checkpoint_dir` as the paraphrase runs it. `rope` "auto": tables
     rounded through the checkpoint's stored dtype when it is bfloat16 (as the exporter does)."""
@@ -557,4 +600,13 @@ def load(checkpoint_dir: Path, rope: str | None = "auto") -> Published:
     return Published(config, module, tokenizer, chat)
 
 
-__all__ = ["Published", "de_delay", "load", "sample_delay", "sample_hf", "sample_v15"]
+__all__ = [
+    "Published",
+    "continuation_prompt",
+    "de_delay",
+    "load",
+    "primed_stream_decode",
+    "sample_delay",
+    "sample_hf",
+    "sample_v15",
+]

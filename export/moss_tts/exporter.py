@@ -106,7 +106,7 @@ def chat_strings(checkpoint: Checkpoint) -> dict[str, str]:
         template = found if isinstance(found, str) else None
     if template is None:
         return dict.fromkeys(
-            ("user_prefix", "user_suffix", "assistant_prefix", "assistant_suffix"), ""
+            ("user_prefix", "user_suffix", "assistant_prefix", "assistant_suffix", "user_end"), ""
         )
     from jinja2.ext import loopcontrols
     from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -127,19 +127,27 @@ def chat_strings(checkpoint: Checkpoint) -> dict[str, str]:
         assistant = compiled.render(
             messages=[{"role": "assistant", "content": marker}], add_generation_prompt=False
         )
+        # A user message before an assistant one (Local v1's continuation), no generation prompt.
+        alone = compiled.render(
+            messages=[{"role": "user", "content": marker}], add_generation_prompt=False
+        )
     except CheckpointError:
         raise
     except Exception as error:  # a template that does not render is a broken checkpoint
         raise CheckpointError(f"the checkpoint's chat template does not render: {error}") from None
-    if user.count(marker) != 1 or assistant.count(marker) != 1:
+    if any(rendered.count(marker) != 1 for rendered in (user, assistant, alone)):
         raise CheckpointError("the chat template does not place the message content once")
     user_prefix, user_suffix = user.split(marker)
     assistant_prefix, assistant_suffix = assistant.split(marker)
+    alone_prefix, user_end = alone.split(marker)
+    if alone_prefix != user_prefix:
+        raise CheckpointError("the chat template renders a user message's start two ways")
     return {
         "user_prefix": user_prefix,
         "user_suffix": user_suffix,
         "assistant_prefix": assistant_prefix,
         "assistant_suffix": assistant_suffix,
+        "user_end": user_end,
     }
 
 

@@ -193,6 +193,8 @@ class Request:
     sink: Any = None
     generator: np.random.Generator | None = None
     marks: list[int] | None = None
+    # Frames the vocoder decodes before this chunk's, their audio dropped (`Vocoder.prime_frames`).
+    prime: np.ndarray | None = None
     arrival: float = field(default_factory=time.monotonic)
     order: int = field(default_factory=lambda: next(_arrivals))
     # Why the request stopped, when it failed outside the worker's own work (`fail`).

@@ -308,6 +308,26 @@ class Vocoder(ABC):
         """A decoder with its own state for one stream (only when `stateful_streams`)."""
         raise NotImplementedError(f"{type(self).__name__} has no stateful streaming decoder")
 
+    # Priming: speech that continues a reference's (its frames decoded first, their audio
+    # dropped). A vocoder that primes has `stateful_streams`; the others keep these defaults.
+    def prime_frames(
+        self, voice: Mapping[str, np.ndarray], options: Mapping[str, Any]
+    ) -> np.ndarray | None:
+        """The frames a request with this voice and these (checked) family options is primed
+        with, or None (the default: no priming); InputError when the options ask for priming
+        the voice cannot give. Called before any work."""
+        return None
+
+    def open_primed_stream(self, prime: np.ndarray) -> StreamDecoder:
+        """`open_stream()` whose state has decoded `prime` first (that audio dropped)."""
+        raise InputError(f"{type(self).__name__} cannot continue from frames given before")
+
+    def vocode_after(
+        self, prime: np.ndarray, frames: np.ndarray, voice: Mapping[str, np.ndarray]
+    ) -> np.ndarray:
+        """All frames of one chunk as they sound after `prime` (the one-shot priming)."""
+        raise InputError(f"{type(self).__name__} cannot continue from frames given before")
+
     def whole_chunks(self, options: Mapping[str, Any]) -> bool:
         """Whether a request with these (checked) family options is vocoded with all of its
         chunk's frames at once even when streamed, because its samples depend on the whole

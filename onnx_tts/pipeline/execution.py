@@ -107,7 +107,7 @@ class Executor:
         sentences (from the result cache, as made, before any speed) are not generated;
         `made(index, samples)` is told each sentence that was."""
         known = known or {}
-        requests = plan.requests(voice, timing)
+        requests = self.requests(plan, voice, timing)
         cancel = requests[0].cancel  # shared by every chunk of the text
         if cancel.cancelled:
             raise cancelled()
@@ -156,7 +156,14 @@ class Executor:
         timing: Timing | None = None,
     ) -> AudioStream:
         """The text's audio as windows of frames are vocoded (see AudioStream)."""
-        return AudioStream(self, plan, plan.requests(voice, timing), window)
+        return AudioStream(self, plan, self.requests(plan, voice, timing), window)
+
+    def requests(
+        self, plan: Plan, voice: Mapping[str, np.ndarray], timing: Timing | None
+    ) -> list[Request]:
+        """The plan's requests, each primed as the vocoder says for this voice and these
+        options (checked now: a request that cannot be primed fails before any work)."""
+        return plan.requests(voice, timing, self.model.vocoder.prime_frames(voice, plan.options))
 
 
 class _OneShotStreams:

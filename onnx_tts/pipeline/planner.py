@@ -69,11 +69,15 @@ class Plan:
     timestamps: bool = False
 
     def requests(
-        self, voice: Mapping[str, np.ndarray], timing: Timing | None = None
+        self,
+        voice: Mapping[str, np.ndarray],
+        timing: Timing | None = None,
+        prime: np.ndarray | None = None,
     ) -> list[Request]:
         """One scheduler request per chunk; all share one cancel token, so cancelling the text
         stops every chunk. Parallel order: chunk i samples with seed + i. Sequential order:
-        every chunk draws, in order, from one generator seeded with the text's seed."""
+        every chunk draws, in order, from one generator seeded with the text's seed. `prime`:
+        the frames each chunk's vocoding starts from (`Vocoder.prime_frames`)."""
         timing = timing or Timing()
         cancel = timing.cancel or CancelToken()
         shared = np.random.default_rng(self.sampling.seed) if self.sequential else None
@@ -89,6 +93,7 @@ class Plan:
                 cancel=cancel,
                 generator=shared,
                 marks=[] if self.timestamps else None,
+                prime=prime,
             )
             for index, chunk in enumerate(self.chunks)
         ]

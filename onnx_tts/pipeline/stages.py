@@ -18,6 +18,11 @@ A vocoder that streams with a state of its own (a codec with causal caches:
 `VocoderCapabilities.stateful_streams`) gives each streamed request one decoder
 (`Vocoder.open_stream()`: `push(frames) -> samples`, `close()`), fed each window's new frames
 in order (no overlap, no crossfade: the state carries the context), on the stage's thread.
+
+A request with frames to start from (`Request.prime`: speech that continues a reference) is
+decoded after them, their audio dropped: its stream's decoder is opened primed
+(`Vocoder.open_primed_stream`), its one-shot window decoded by `Vocoder.vocode_after`, never
+batched with other streams' windows.
 """
 
 from __future__ import annotations
@@ -79,6 +84,9 @@ class VocoderStream:
         hop_length: int,
     ) -> None:
         self.stage, self.request = stage, request
+        self.prime = request.prime
+        if self.prime is not None and window is not None and not stage.stateful:
+            raise OnnxTTSError("a primed request streams through a decoder with a state only")
         # A windowed stream of a model with a stateful decoder feeds it only new frames.
         self.stateful = window is not None and stage.stateful
         if self.stateful:
@@ -179,7 +187,10 @@ class VocoderStream:
     def decode_stateful(self, codes: np.ndarray) -> np.ndarray:
         """(on the stage's thread) the next frames through this stream's own decoder."""
         if self._state is None:
-            self._state = self.stage.vocoder.open_stream()
+            vocoder, prime = self.stage.vocoder, self.prime
+            self._state = (
+                vocoder.open_stream() if prime is None else vocoder.open_primed_stream(prime)
+            )
         return self._state.push(codes)
 
     def release_state(self) -> None:
@@ -415,8 +426,9 @@ class VocoderStage:
         if not self.batches:
             return [[item] for item in work]
         rank = {id(item): index for index, item in enumerate(work)}
-        stateful = [[item] for item in work if item[0].stateful]  # each has its own state
-        work = [item for item in work if not item[0].stateful]
+        # Each has its own state, or frames of its own to start from.
+        alone = [[item] for item in work if item[0].stateful or item[0].prime is not None]
+        work = [item for item in work if not (item[0].stateful or item[0].prime is not None)]
         groups: dict[int, list[tuple]] = {}
         order: list[list[tuple]] = []
         for item in work:
@@ -430,7 +442,7 @@ class VocoderStage:
                 group = groups[len(codes)] = []
                 order.append(group)
             group.append(item)
-        return sorted(order + stateful, key=lambda batch: rank[id(batch[0])])
+        return sorted(order + alone, key=lambda batch: rank[id(batch[0])])
 
     def _decode(self, batch: list[tuple[VocoderStream, Any]]) -> None:
         codes = [w.codes if isinstance(w, Window) else w for _, w in batch]
@@ -445,6 +457,8 @@ class VocoderStage:
                 stream = batch[index][0]
                 if stream.stateful:  # a stream with its own decoder
                     return stream.decode_stateful(codes[index])
+                if stream.prime is not None:
+                    return self.vocoder.vocode_after(stream.prime, codes[index], voices[index])
                 return self.vocoder.vocode(codes[index], voices[index])
             except Exception as error:
                 return error

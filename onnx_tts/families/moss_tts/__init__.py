@@ -92,6 +92,18 @@ _OPTIONS = (
     Option(
         "max_chunk_chars", int, "longest text chunk generated at once", "both", 16, MAX_CHUNK_CHARS
     ),
+    Option(
+        "continuation",
+        bool,
+        "Local v1.5 / v1: the reference voice is the start of the speech (needs reference_text)",
+        "both",
+    ),
+    Option(
+        "reference_text",
+        str,
+        "transcript of the reference a continuation starts from (prepended to the text)",
+        "both",
+    ),
     *_fields(),
 )
 

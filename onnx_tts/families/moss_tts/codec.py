@@ -328,10 +328,21 @@ class AudioTokenizerCodec:
         out = self._decode.run({"audio_codes": self._graph_codes(checked)})
         return _audio(out["audio"], self.channels, frames * self.hop_length, "decode.onnx")
 
-    def open_stream(self) -> ChainedStream:
+    def open_stream(self, prime: Any = None) -> ChainedStream:
         """A stream with a fresh state: `push(codes [F, Q]) -> [F * hop, C]` as frames come,
-        `close()` (or a `with` block) when done."""
-        return ChainedStream(self.states, self._push)
+        `close()` (or a `with` block) when done. `prime` codes [P, Q], when given, are decoded
+        first and their audio dropped (the published streaming worker's continuation: the state
+        then carries the prompt's audio), in pieces of whole_decode_frames."""
+        stream = ChainedStream(self.states, self._push)
+        if prime is not None:
+            checked, piece = self.check_codes(prime), self.layout.whole_decode_frames
+            try:
+                for start in range(0, checked.shape[0], piece):
+                    stream.push(checked[start : start + piece])
+            except BaseException:
+                stream.close()
+                raise
+        return stream
 
     def _push(self, chain: StateChain, codes: Any) -> np.ndarray:
         checked = self.check_codes(codes)

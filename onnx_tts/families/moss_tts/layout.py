@@ -38,6 +38,7 @@ TOKEN_NAMES = (
     "assistant_slot",
 )
 CHAT_KEYS = ("user_prefix", "user_suffix", "assistant_prefix", "assistant_suffix")
+USER_END = "user_end"
 SAMPLING_FLOATS = (
     "text_temperature",
     "text_top_p",
@@ -100,6 +101,17 @@ class MossLayout:
         return list(self.bundle.section("graphs"))
 
 
+def _chat(chat: Any) -> dict[str, str]:
+    """text.chat's strings; `user_end` (a user message without the generation prompt, for
+    Local v1's continuation) only when the export wrote it (older exports did not)."""
+    if not isinstance(chat, dict):
+        return {}
+    strings = {k: str(chat.get(k, "")) for k in CHAT_KEYS}
+    if isinstance(chat.get(USER_END), str):
+        strings[USER_END] = chat[USER_END]
+    return strings
+
+
 def read_layout(bundle: Bundle) -> MossLayout:
     """The typed layout of a validated bundle (ModelError naming any value out of bounds)."""
     b = bundle
@@ -149,7 +161,7 @@ def read_layout(bundle: Bundle) -> MossLayout:
         local_head_dim=b.value("model", "local_head_dim", int, 0, 4096, 0),
         max_positions=b.value("kv", "max_positions", int, 16, 1 << 22),
         tokens=tokens,
-        chat={k: str(chat.get(k, "")) for k in CHAT_KEYS} if isinstance(chat, dict) else {},
+        chat=_chat(chat),
         sampling=sampling,
         codec_dir=codec_dir,
         sample_rate=b.sample_rate,
@@ -169,4 +181,13 @@ def describe(layout: MossLayout) -> dict[str, Any]:
     }
 
 
-__all__ = ["FAMILY", "SECTIONS", "VARIANTS", "MossLayout", "Tokens", "describe", "read_layout"]
+__all__ = [
+    "FAMILY",
+    "SECTIONS",
+    "USER_END",
+    "VARIANTS",
+    "MossLayout",
+    "Tokens",
+    "describe",
+    "read_layout",
+]

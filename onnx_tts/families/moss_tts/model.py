@@ -2,7 +2,13 @@
 backbone stepping every request's row in one run (its KV kept by the engine's scheduler), the
 release's per-frame part, host embedding tables, the published prompt and sampling, and the
 MOSS audio tokenizer as reference encoder and streaming vocoder (`codec/`, when exported with
-one: without it the model makes code frames only, `Engine.generate`)."""
+one: without it the model makes code frames only, `Engine.generate`).
+
+Continuation (Local v1.5 and v1, options `continuation` + `reference_text`): the reference
+voice's codes are the start of the speech. The prompt speaks `reference_text + chunk` with the
+codes as assistant rows (text.py); the vocoder decodes the new frames after those codes (a
+stream primed with them, as the published codec worker; one-shot, decoded as one sequence and
+the codes' samples cut, as the published `decode`), so the audio is only the new speech."""
 
 from __future__ import annotations
 
@@ -30,7 +36,12 @@ from onnx_tts.families.moss_tts.program import MossProgram, MossRequest
 from onnx_tts.families.moss_tts.reference import ReferenceEncoder, codec_parts
 from onnx_tts.families.moss_tts.sampling import NAMES, MossSampling
 from onnx_tts.families.moss_tts.tables import InputTables
-from onnx_tts.families.moss_tts.text import DEFAULT_CHUNK_CHARS, FIELDS, MossText
+from onnx_tts.families.moss_tts.text import (
+    DEFAULT_CHUNK_CHARS,
+    FIELDS,
+    MossText,
+    continuation_options,
+)
 from onnx_tts.frontend import TextTokenizer
 
 CODES = "codes"
@@ -101,6 +112,43 @@ class MossVocoder(Vocoder):
 
     def open_stream(self) -> StreamDecoder:
         return _Stream(self._require().open_stream(), self._shaped, self.layout.n_vq)
+
+    # Continuation: the reference's codes are the start of the speech (module docstring).
+    def prime_frames(
+        self, voice: Mapping[str, Any], options: Mapping[str, Any]
+    ) -> np.ndarray | None:
+        return continued_codes(voice, options, self.layout)
+
+    def open_primed_stream(self, prime: np.ndarray) -> StreamDecoder:
+        codes = np.asarray(prime, np.int64).reshape(-1, self.layout.n_vq)
+        return _Stream(self._require().open_stream(codes), self._shaped, self.layout.n_vq)
+
+    def vocode_after(
+        self, prime: np.ndarray, frames: np.ndarray, voice: Mapping[str, np.ndarray]
+    ) -> np.ndarray:
+        """As the published non-streaming path: the prompt's codes and the new frames decoded
+        as one sequence, the prompt's samples cut off."""
+        codes = np.asarray(frames, np.int64).reshape(-1, self.layout.n_vq)
+        if not len(codes):
+            return self._shaped(np.zeros((0, self.layout.channels), np.float32))
+        whole = self.vocode(np.concatenate([np.asarray(prime, np.int64), codes]), voice)
+        return whole[len(prime) * self.layout.hop_length :]
+
+
+def continued_codes(
+    voice: Mapping[str, Any], options: Mapping[str, Any], layout: MossLayout
+) -> np.ndarray | None:
+    """The reference codes a continuation request's speech starts from (None when the request
+    does not continue), or InputError when it has no reference to continue."""
+    if not options.get("continuation"):
+        return None
+    codes = voice.get(CODES) if voice else None
+    if codes is None:
+        raise InputError(
+            "continuation continues a reference: give one as the voice (voice=AUDIO file, "
+            "--voice FILE); its transcript goes in reference_text"
+        )
+    return checked_codes(codes, layout)
 
 
 class _Stream:
@@ -187,7 +235,9 @@ class MossTTS(BundledModel):
         stop_at = given.get("stop_at", "im_end")
         if stop_at != "im_end" and c.variant != "delay":
             raise InputError("stop_at is Delay's (its text channel runs on after the audio)")
+        continuation = continuation_options(given, c)
         return {
+            **continuation,
             "sampling": sampling,
             "max_new_frames": int(given.get("max_new_frames", c.sampling["max_new_frames"])),
             "n_vq_for_inference": used,
@@ -213,7 +263,12 @@ class MossTTS(BundledModel):
         sampling: MossSampling = options["sampling"]
         voice = self.voices.check_encoded(request.voice)
         text: MossText = self.text  # type: ignore[assignment]
-        prompt = text.prompt(str(request.chunk), options["fields"], voice.get(CODES))
+        continued = continued_codes(voice, options, self.layout)
+        if continued is None:
+            prompt = text.prompt(str(request.chunk), options["fields"], voice.get(CODES))
+        else:  # the transcript and the chunk as one text, exactly as published (no space)
+            spoken = options["reference_text"] + str(request.chunk)
+            prompt = text.prompt(spoken, options["fields"], continuation=continued)
         if len(prompt.rows) + int(options["max_new_frames"]) + 1 > self.layout.max_positions:
             raise InputError(
                 f"this chunk's prompt ({len(prompt.rows)} rows) and max_new_frames "

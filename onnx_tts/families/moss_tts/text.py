@@ -32,7 +32,7 @@ import numpy as np
 
 from onnx_tts.errors import InputError
 from onnx_tts.families.base import TextFrontend
-from onnx_tts.families.moss_tts.layout import MossLayout
+from onnx_tts.families.moss_tts.layout import USER_END, MossLayout
 from onnx_tts.families.moss_tts.normalize import normalize_text
 from onnx_tts.frontend import TextTokenizer, split_sentences
 
@@ -109,9 +109,11 @@ class MossText(TextFrontend):
         continuation: np.ndarray | None = None,
     ) -> Prompt:
         """The prompt of `text` with the voice's `reference` codes [F, n_vq] (None: no
-        reference), or `continuation` codes the speech continues (Local v1.5)."""
+        reference), or `continuation` codes the speech continues (Local v1.5 and v1)."""
         if self.layout.variant == "local-v1.5":
             return self._prompt_v15(text, fields, reference, continuation)
+        if continuation is not None:
+            return self._continuation_v1(text, fields, continuation)
         return self._prompt_chat(text, fields, reference)
 
     def _prompt_v15(self, text, fields, reference, continuation) -> Prompt:
@@ -161,6 +163,19 @@ class MossText(TextFrontend):
             rows = np.concatenate([rows, self._audio(continuation, t.assistant_slot)])
         return Prompt(rows, 0)
 
+    def _continuation_v1(self, text, fields, codes) -> Prompt:
+        """Local v1's mode "continuation": the user message without the generation prompt,
+        then the assistant message holding the codes as generation-slot rows after its
+        audio_start, cut after them (the processor's truncation)."""
+        chat, t = self.layout.chat, self.layout.tokens
+        content = TEMPLATE.format(
+            reference="None", text=text, **{key: str(fields.get(key)) for key in FIELDS}
+        )
+        user = self.encode(chat["user_prefix"] + content + chat[USER_END])
+        head = [*self.encode(chat["assistant_prefix"]), t.audio_start]
+        rows = [self._rows(user), self._rows(head), self._audio(codes, t.assistant_slot)]
+        return Prompt(np.concatenate(rows), 0)
+
     def _prompt_chat(self, text, fields, reference) -> Prompt:
         layout, t = self.layout, self.layout.tokens
         delay = layout.variant == "delay"
@@ -200,4 +215,51 @@ class MossText(TextFrontend):
         return Prompt(rows, prefix)
 
 
-__all__ = ["DEFAULT_CHUNK_CHARS", "FIELDS", "MAX_CHUNK_CHARS", "MossText", "Prompt"]
+def continuation_options(given: Mapping[str, Any], layout: MossLayout) -> dict[str, Any]:
+    """A request's `continuation` and `reference_text`, checked: a continuation (Local v1.5
+    and v1: the reference audio is the start of the speech) needs the reference's transcript,
+    as the published apps require; the transcript alone means nothing. {} when it does not
+    continue."""
+    variant = layout.variant
+    reference_text = given.get("reference_text")
+    if not given.get("continuation"):
+        if reference_text is not None:
+            raise InputError(
+                "reference_text is the transcript a continuation starts from; add "
+                "continuation=True (--continuation) or drop it"
+            )
+        return {}
+    if variant == "delay":
+        raise InputError(
+            "continuation is built for the Local releases; this model is Delay (clone the "
+            "voice instead: drop continuation)"
+        )
+    if variant == "local-v1" and USER_END not in layout.chat:
+        raise InputError(
+            f"{layout.root} was exported before continuation was built: export it again "
+            "(its bundle.json lacks text.chat.user_end)"
+        )
+    if reference_text is None or not reference_text.strip():
+        raise InputError(
+            "continuation needs reference_text, the transcript of the reference audio (it "
+            "goes before the text, as the published apps require)"
+        )
+    if len(reference_text) > MAX_CHUNK_CHARS:
+        raise InputError(f"reference_text is longer than {MAX_CHUNK_CHARS} characters")
+    found = CONTROL.search(reference_text)
+    if found:
+        raise InputError(
+            f"reference_text contains {found.group(0)!r}, a control token of the model's "
+            "prompt; remove it"
+        )
+    return {"continuation": True, "reference_text": reference_text}
+
+
+__all__ = [
+    "DEFAULT_CHUNK_CHARS",
+    "FIELDS",
+    "MAX_CHUNK_CHARS",
+    "MossText",
+    "Prompt",
+    "continuation_options",
+]
