@@ -28,6 +28,20 @@ class ServerFailed(RuntimeError):
     """The server exited or never became healthy; the message holds its log."""
 
 
+# `python -m MODULE ARGS` as a user's shell starts it: the signals a user sends at their default
+# action. A test run started under `nohup`, or as a script's background job, passes SIGHUP,
+# SIGINT or SIGQUIT on ignored, and the servers rightly keep an inherited SIG_IGN (tested on
+# its own), so a live server would otherwise ignore the very signal its test sends.
+AS_FROM_A_SHELL = (
+    "import runpy, signal, sys; "
+    "signal.signal(signal.SIGHUP, signal.SIG_DFL); "
+    "signal.signal(signal.SIGQUIT, signal.SIG_DFL); "
+    "signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "module = sys.argv.pop(1); "
+    "runpy.run_module(module, run_name='__main__', alter_sys=True)"
+)
+
+
 class LiveServer:
     """A server whose voices, reference cache and log live in `workdir`; `extra` arguments
     come last, so they override those defaults."""
@@ -61,7 +75,7 @@ class LiveServer:
     def _command(self) -> tuple[list[str], dict[str, str] | None, Path | None]:
         """The interpreter command that starts the server, its environment and directory
         (None: this process's); a subclass runs another checkout's server."""
-        return [sys.executable, "-m", "onnx_tts.server"], None, None
+        return [sys.executable, "-c", AS_FROM_A_SHELL, "onnx_tts.server"], None, None
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -86,7 +100,8 @@ class LiveWyoming:
         self.uri = f"tcp://127.0.0.1:{self.port}"
         workdir.mkdir(parents=True, exist_ok=True)
         self.log_path = workdir / f"wyoming-{self.port}.log"
-        command = [sys.executable, "-m", "onnx_tts.server.wyoming", "--uri", self.uri]
+        command = [sys.executable, "-c", AS_FROM_A_SHELL, "onnx_tts.server.wyoming"]
+        command += ["--uri", self.uri]
         command += ["--voices-dir", str(workdir / "voices"), "--cache-dir", str(workdir / "cache")]
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
         self.process = subprocess.Popen([*command, *extra], stdout=self._log, stderr=self._log)

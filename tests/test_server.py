@@ -701,27 +701,12 @@ def test_health_is_503_until_the_model_is_loaded(tmp_path: Path) -> None:
 
 
 # -- issue 43: SIGHUP, SIGQUIT and the other terminating signals ---------------------------------
-class _StartedFromAShell(LiveServer):
-    """`onnx-tts serve` started with every signal at its default action, as a shell's
-    foreground command starts it, however this test run itself was started (under `nohup`, or
-    in the background of a script, SIGHUP or SIGQUIT come ignored, and the server rightly keeps
-    an inherited SIG_IGN: tested below)."""
-
-    def _command(self) -> tuple[list[str], dict[str, str] | None, Path | None]:
-        start = ("import runpy, signal, sys; "
-                 "[signal.signal(s, signal.SIG_DFL) for s in "
-                 "(signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1)]; "
-                 "sys.argv[0] = 'onnx_tts.server'; "
-                 "runpy.run_module('onnx_tts.server', run_name='__main__')")  # fmt: skip
-        return [sys.executable, "-c", start], None, None
-
-
 @pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1])
 def test_every_terminating_signal_drains_as_sigterm_does(tmp_path: Path, sig: int) -> None:
     """SIGHUP or SIGQUIT to `onnx-tts serve` was logged as a traceback and the server kept
     running. Each now drains the streams in flight and ends the server with exit 0, one log
     line naming it."""
-    live = _StartedFromAShell(tmp_path)
+    live = LiveServer(tmp_path)
     try:
         text = " ".join(["A sentence to finish after the signal."] * 6)
         expected = pcm(speech(live, input=text, response_format="pcm").content)
