@@ -58,15 +58,17 @@ CHANNEL_OPS = {"Split", "Concat", "Slice"}
 
 @dataclass(frozen=True)
 class SplitVoice:
-    """The two graphs (`onnx.ModelProto`) and what the engine needs to know of them."""
+    """The graphs (`onnx.ModelProto`) and what the engine needs to know of them."""
 
-    frames: Any  # inputs: the voice's; outputs: latent, durations (when found)
+    # inputs: the voice's; outputs: latent (or, with `flow`, its sample and mask), durations
+    # (when found)
+    frames: Any
     decoder: Any  # inputs: latent (+ sid for a multi-speaker voice); output: audio
-    latent: str  # the cut tensor's name: [1, channels, frames]
+    latent: str  # the decoder's input: [1, channels, frames]
     channels: int
-    reach: int  # frames of context each side that make a window exact
+    reach: int  # the decoder's frames of context each side that make a window exact
     decoder_sid: bool  # the decoder takes the speaker too (its conditioning)
-    flow: FlowCut | None = None  # the flow cut off the frames graph (then its outputs: prior)
+    flow: FlowCut | None = None  # the flow cut off the frames graph
 
 
 @dataclass(frozen=True)
