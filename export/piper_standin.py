@@ -13,11 +13,14 @@ times the length scale, `Ceil`ed: the durations the family times words with), ea
 `noise_scale` (RandomNormalLike, as Piper's graphs draw their noise). Only the interface and
 the config are Piper's; the audio is a tone sequence, not speech.
 
-With `decoder`, the frames go through a small HiFi-GAN-shaped decoder instead, as in Piper's
-graphs: latent frames [1, 2, F] (pitch and its square, plus the noise) into `dec.conv_pre`
-(kernel 7), the speaker's embedding added after it (VITS's `dec.cond`), LeakyReLU, a
-transposed convolution upsampling by 256, a last convolution (kernel 7) and Tanh: the graph the
-family cuts in two and streams in windows.
+With `decoder`, the frames go through a small reverse flow and HiFi-GAN-shaped decoder
+instead, as in Piper's graphs: prior frames [1, 2, F] (pitch and its square, plus the noise)
+and a mask of ones [1, 1, F] into one coupling layer (a channel flip, the half split,
+`flow.flows.0.pre`, the speaker's embedding added (VITS's `cond`), a kernel-5 convolution,
+Tanh, `post`, the other half shifted), then `dec.conv_pre` (kernel 7), the speaker's embedding
+added after it (VITS's `dec.cond`), LeakyReLU, a transposed convolution upsampling by 256, a
+last convolution (kernel 7) and Tanh: the graph the family cuts in three and streams in
+windows.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -160,6 +164,11 @@ def _decoder(
     def weight(name: str, shape: tuple[int, ...], spread: float) -> str:
         return b.initializer(name, rng.normal(0, spread, shape).astype(np.float32))
 
+    mask = b.node(
+        "Add", [b.node("Mul", [level, b.const(0.0, np.float32)]), b.const(1.0, np.float32)]
+    )
+    latent = _coupling(b, weight, latent, mask, sid, n)
+
     x = b.node(
         "Conv",
         [latent, weight("dec.conv_pre.weight", (width, 2, 7), 0.5), weight("dec.b", (width,), 0.1)],
@@ -181,6 +190,30 @@ def _decoder(
         "Conv", [x, weight("dec.conv_post.weight", (1, 1, 7), 0.4)], kernel_shape=[7], pads=[3, 3]
     )
     b.node("Unsqueeze", [b.node("Tanh", [x]), b.const([1])], output_names=["output"])
+
+
+def _coupling(b: GraphBuilder, weight: Any, x: str, mask: str, sid: str | None, n: int) -> str:
+    """One reverse coupling layer of VITS's flow on [1, 2, F] (module docstring)."""
+    flipped = b.node(
+        "Slice", [x, b.const([-1]), b.const([-(2**63) + 1]), b.const([1]), b.const([-1])]
+    )
+    x0, x1 = b.node("Split", [flipped, b.const([1, 1])], num_outputs=2, axis=1)
+
+    def conv(h: str, name: str, shape: tuple[int, int, int]) -> str:
+        pad = shape[2] // 2
+        out = b.node(
+            "Conv", [h, weight(name, shape, 0.5)], kernel_shape=[shape[2]], pads=[pad, pad]
+        )
+        return b.node("Mul", [out, mask])
+
+    h = conv(x0, "flow.flows.0.pre.weight", (4, 1, 1))
+    if sid is not None:
+        embedding = b.node("Gather", [weight("flow.flows.0.enc.cond.weight", (n, 4), 0.5), sid])
+        h = b.node("Add", [h, b.node("Unsqueeze", [embedding, b.const([2])])])
+    h = b.node("Tanh", [conv(h, "flow.flows.0.enc.in_layers.0.weight", (4, 4, 5))])
+    shift = conv(h, "flow.flows.0.post.weight", (1, 4, 1))
+    x1 = b.node("Mul", [b.node("Sub", [x1, shift]), mask])
+    return b.node("Mul", [b.node("Concat", [x0, x1], axis=1), mask])
 
 
 def standin_config(espeak_voice: str, language: str, speakers: list[str], sample_rate: int) -> dict:

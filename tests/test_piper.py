@@ -226,11 +226,11 @@ def test_stream_equals_one_shot_and_starts_before_the_text_is_done(engine):
 
 
 def test_stream_without_normalisation_vocodes_windows_inside_the_first_sentence(engine):
-    """Not peak-normalised, a sentence streams in windows of the decoder (reach frames of
-    context each side): its first audio is a small part of the first sentence, and the whole
-    stream equals the one-shot audio within float rounding (stated tolerance 1e-5; measured
-    9.1e-7 on joe)."""
-    assert "windows" in engine.info()["streaming"]
+    """Not peak-normalised, a sentence streams in windows of the flow and the decoder (the
+    frames graph stops at the prior sample; reach frames of context each side): its first
+    audio is a small part of the first sentence, and the whole stream equals the one-shot
+    audio within float rounding (stated tolerance 1e-5; measured 9.1e-7 on joe)."""
+    assert "windows of the flow and decoder" in engine.info()["streaming"]
     text = " ".join(sentences("en")[:5])
     whole = engine.synthesize(text, normalize_audio=False, cache=False, **QUIET).samples
     pieces = list(engine.stream(text, normalize_audio=False, cache=False, **QUIET))
@@ -298,9 +298,10 @@ def test_multi_speaker_voice_speaks_each_speaker_by_name(voices):
 
 
 def test_multi_speaker_voice_with_a_decoder_streams_each_speaker_in_windows(tmp_path):
-    """A graph with a Piper decoder (`dec.conv_pre`, the speaker's embedding added after it)
-    is cut in two: its one-shot audio is the whole graph's on the same ids, for each speaker,
-    and its windowed stream equals that within float rounding."""
+    """A graph with a Piper flow and decoder (`flow.flows.0.pre`, `dec.conv_pre`, the speaker's
+    embedding added in both) is cut in three: its one-shot audio is the whole graph's on the
+    same ids, for each speaker, and its windowed stream (the flow and the decoder in windows,
+    each given the speaker) equals that within float rounding."""
     import onnxruntime
 
     path = write_standin(
@@ -310,7 +311,7 @@ def test_multi_speaker_voice_with_a_decoder_streams_each_speaker_in_windows(tmp_
     text = " ".join(sentences("de")[:3])
     heard = {}
     with onnx_tts.load(str(path), cache_dir=None) as german:
-        assert "windows" in german.info()["streaming"]
+        assert "windows of the flow and decoder" in german.info()["streaming"]
         chunks = german.planner.plan(text, None, {}).chunks
         for sid, name in enumerate(("anna", "bernd")):
             options = {"voice": name, "normalize_audio": False, "cache": False, **QUIET}
