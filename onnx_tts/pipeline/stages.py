@@ -184,6 +184,12 @@ class VocoderStream:
         self._queue(_END)
         return len(samples)
 
+    @property
+    def decodes_alone(self) -> bool:
+        """Never batched with other streams' windows: it has a decoder state of its own, or
+        frames of its own to start from."""
+        return self.stateful or self.prime is not None
+
     def decode_stateful(self, codes: np.ndarray) -> np.ndarray:
         """(on the stage's thread) the next frames through this stream's own decoder."""
         if self._state is None:
@@ -426,9 +432,8 @@ class VocoderStage:
         if not self.batches:
             return [[item] for item in work]
         rank = {id(item): index for index, item in enumerate(work)}
-        # Each has its own state, or frames of its own to start from.
-        alone = [[item] for item in work if item[0].stateful or item[0].prime is not None]
-        work = [item for item in work if not (item[0].stateful or item[0].prime is not None)]
+        alone = [[item] for item in work if item[0].decodes_alone]
+        work = [item for item in work if not item[0].decodes_alone]
         groups: dict[int, list[tuple]] = {}
         order: list[list[tuple]] = []
         for item in work:
