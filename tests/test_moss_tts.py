@@ -337,6 +337,32 @@ def test_quantized_model_loads_and_speaks(models, tmp_path):
         engine.close()
 
 
+def test_sessions_on_several_threads_give_the_published_frames_without_spinning(
+    models, loops, tmp_path, monkeypatch
+):
+    """`load(threads=2)`: Local v1 runs 35 sessions one after another per frame; a spinning
+    pool of each would poll through the next one's run (measured 36x slower on 2 cores), so
+    no session spins, and the frames are still the published loop's."""
+    from onnx_tts import session as session_module
+
+    made: list = []
+    core_session = session_module._core.Session
+
+    def recording(path: str, config):
+        made.append((path, config.intra_op_threads, config.allow_spinning))
+        return core_session(path, config)
+
+    monkeypatch.setattr(session_module._core, "Session", recording)
+    _, out, _ = models("local-v1")
+    engine = onnx_tts.load(out, threads=2, cache_dir=tmp_path / "cache")
+    try:
+        assert frames_of(engine, greedy=True) == reference_frames(loops("local-v1"), greedy=True)
+    finally:
+        engine.close()
+    assert len(made) > 33 and {threads for _, threads, _ in made} == {2}
+    assert [path for path, _, spinning in made if spinning] == []
+
+
 # -- the exporter's CLI ----------------------------------------------------------------------------
 def _cli(*args: str, cwd: str | None = None) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "ONNX_TTS_REPO"}

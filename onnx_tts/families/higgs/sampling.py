@@ -137,8 +137,7 @@ def _advance(state: RowState, row: np.ndarray) -> np.ndarray:
         if (row == state.end).any():
             state.end_seen = True
         state.rows.append(row)
-        stack = np.stack(state.rows)
-        frame = complete_frame(stack[1:], len(stack) - 2) if len(stack) > 1 else None
+        frame = _last_frame(state, first_row=1)  # v2's first row is all begin codes
         codes = None if frame is None else np.clip(frame, 0, state.begin - 1)
     else:
         step = len(state.rows)
@@ -152,11 +151,18 @@ def _advance(state: RowState, row: np.ndarray) -> np.ndarray:
                 else:
                     state.countdown = state.books - 2
         state.rows.append(row)
-        frame = complete_frame(np.stack(state.rows), len(state.rows) - 1)
+        frame = _last_frame(state, first_row=0)
         codes = None if frame is None else np.where(frame >= state.begin, 0, frame)
     if len(state.rows) >= state.limit:
         state.done = True
     return empty if codes is None else codes[None].astype(np.int64)
+
+
+def _last_frame(state: RowState, first_row: int) -> np.ndarray | None:
+    """The frame the newest row completes: only the last `books` rows can hold it, so only
+    those are stacked (stacking every row each step made a long text quadratic)."""
+    tail = state.rows[max(first_row, len(state.rows) - state.books) :]
+    return complete_frame(np.stack(tail), len(tail) - 1) if tail else None
 
 
 def v3_options(options: SamplingOptions) -> SamplingOptions:
