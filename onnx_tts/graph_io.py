@@ -174,13 +174,20 @@ _INTEGER_OPS = frozenset({"MatMulInteger", "ConvInteger", "QLinearMatMul", "QLin
 
 def model_bytes(model: onnx.ModelProto) -> int:
     """The model's size as one protobuf message; past protobuf's 2 GiB limit, where
-    `ByteSize` raises, the size of its initializers (nearly all of such a model)."""
+    `ByteSize` raises, the size of its initializers (nearly all of such a model), each one
+    past the limit by its data's length (one family's text head alone is 2.5 GB)."""
     from google.protobuf.message import EncodeError
+
+    def tensor_bytes(tensor: onnx.TensorProto) -> int:
+        try:
+            return tensor.ByteSize()
+        except EncodeError:
+            return len(tensor.raw_data)
 
     try:
         return model.ByteSize()
     except EncodeError:
-        return sum(tensor.ByteSize() for tensor in model.graph.initializer)
+        return sum(tensor_bytes(tensor) for tensor in model.graph.initializer)
 
 
 def matmul_nbits_settings(model: onnx.ModelProto) -> set[tuple[int, int, int]]:

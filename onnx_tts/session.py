@@ -86,11 +86,12 @@ def ort_version() -> str:
 class SessionOptions:
     """How a graph is run. `shared_thread_pool` makes sessions share ORT's global pool.
 
-    `allow_spinning` is off: a family's stage runs several sessions one after another (MOSS-TTS
-    Local v1: backbone, depth step and 33 heads per frame), and with spinning each finished
-    session's workers keep polling while the next one runs. Measured with 2 intra-op threads on
-    2 cores: 1.2 frames/s with spinning against 23 frames/s without (the tiny stand-in), and
-    0.87 frames/s at the published size without it against 0.62 at one thread."""
+    `allow_spinning` is off: a family's stage may run many sessions one after another (35 per
+    frame for one family: a backbone, a depth step and 33 heads), and with spinning each
+    finished session's workers keep polling while the next one runs. Measured with 2 intra-op
+    threads on 2 cores: 1.2 frames/s with spinning against 23 without (a tiny model), and at a
+    1.7B model's size 0.87 frames/s without it against 0.62 at one thread
+    (docs/BENCHMARKS.md)."""
 
     providers: tuple[str, ...] = ("CPUExecutionProvider",)
     intra_op_threads: int = 0
