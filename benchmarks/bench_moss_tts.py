@@ -18,9 +18,12 @@ Measured, in this order (one big model in memory at a time):
 * memory bandwidth of this CPU (a large numpy copy, best of 5: bytes read + written per s);
 * the int8 backbone's decode step at batch 1 after a 64-position prompt (in place, median of
   32 steps) against its weight-read time (the bytes of its weights / the bandwidth);
-* the Engine (`onnx_tts.load` defaults, int8): frames/s at 1 and at 8 concurrent requests
-  (threads calling `Engine.generate` at once), time to the first frame and the LM's real-time
-  factor (wall seconds per second of audio at 12.5 frames/s), peak RSS;
+* the Engine (int8), each setting in a process of its own: `onnx_tts.load` defaults, and
+  every session on all the cores (`threads=` the cores: codes only, the vocoder idles, so this
+  is the Engine's best setting for this job): frames/s at 1 and at 8 concurrent requests
+  (threads calling `Engine.generate` at once; Delay: audio frames, after the delay pattern's
+  ramp, as for the published loop), time to the first frame and the LM's real-time factor
+  (wall seconds per second of audio at 12.5 frames/s), peak RSS;
 * the published loop (tests/moss_tts_published_loop.py, the paraphrase the tests check against
   the published code; float32 torch) with 1, 2 and 4 threads, in a subprocess of its own: the
   best is the baseline; it serves one request at a time, so at 8 requests its frames/s is the
