@@ -33,7 +33,6 @@ with the batched windows checked equal to the solo ones; ``stream``: first audio
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import sys
 import tempfile
@@ -177,6 +176,7 @@ def stream(engine, rows: int) -> dict[str, Any]:
 
 def run(quick: bool, layers: int, rows: int, rounds: int) -> dict[str, Any]:
     import onnx_tts
+    from onnx_tts.pipeline import available_cores
 
     results: dict[str, Any] = {"machine": machine_info(), "quick": quick, "rows": rows}
     with tempfile.TemporaryDirectory(prefix="higgs-bench-") as scratch:
@@ -189,8 +189,7 @@ def run(quick: bool, layers: int, rows: int, rounds: int) -> dict[str, Any]:
         # The bench decodes codes only (the vocoder stage idles), so the Engine's best setting
         # for it gives every session all the cores, as the torch loop's best thread count is
         # its own; `onnx_tts.load`'s default (the decode stage half of them) is measured too.
-        cores = len(os.sched_getaffinity(0))
-        engines["int8 all cores"] = onnx_tts.load(root / "int8", threads=cores)
+        engines["int8 all cores"] = onnx_tts.load(root / "int8", threads=available_cores())
         for round_index in range(rounds):
             for threads in (1, 2):
                 wall = torch_request(built["reference"], rows, threads, round_index)

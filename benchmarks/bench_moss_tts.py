@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
 import subprocess
 import sys
@@ -281,9 +280,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     # vocoder stage has the rest), then with every session on all cores: this bench decodes
     # codes only, the vocoder idles, so that is the Engine's best setting for this job, as
     # the published loop's best thread count is its own.
-    cores = len(os.sched_getaffinity(0))
-    settings = {"engine_int8": 0, "engine_int8_all_cores": cores}
-    for key, threads in settings.items():
+    from onnx_tts.pipeline import available_cores
+
+    settings = {"": 0, "_all_cores": available_cores()}  # key suffix -> threads
+    for suffix, threads in settings.items():
+        key = f"engine_int8{suffix}"
         result[key] = _subprocess("engine", paths["int8"], args.frames, threads)
         result[key]["threads"] = threads
         _log(f"{key} {result[key]}")
@@ -291,10 +292,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         rates = [v["frames_per_s"] for v in result["published"].values() if "frames_per_s" in v]
         if rates:
             best = max(rates)
-            for key, suffix in (("engine_int8", ""), ("engine_int8_all_cores", "_all_cores")):
-                if "error" not in result[key]:
+            for suffix in settings:
+                engine = result[f"engine_int8{suffix}"]
+                if "error" not in engine:
                     result[f"speedup{suffix}"] = {
-                        c: round(result[key][c]["frames_per_s"] / best, 2) for c in ("1", "8")
+                        c: round(engine[c]["frames_per_s"] / best, 2) for c in ("1", "8")
                     }
             result["goals"] = {str(k): v for k, v in GOALS.items()}
         _log(f"speed-up {result.get('speedup')} all cores {result.get('speedup_all_cores')}")

@@ -303,9 +303,8 @@ class PiperModel(Model):
         with tempfile.TemporaryDirectory(prefix="onnx-tts-piper-") as scratch:
             graphs = self._sessions(proto, spec, split, durations, Path(scratch), settings)
         flow: PiperFlow | None = None
-        self.flow_windows = split is not None and split.flow is not None
         if split is not None:
-            self.reach, latent, durations = split.reach, split.latent, durations
+            self.reach, latent = split.reach, split.latent
             decoder: Session | None = graphs["decoder"]
             if split.flow is not None:
                 flow = PiperFlow(graphs["flow"], split.flow, latent, split.channels)
@@ -442,7 +441,7 @@ class PiperModel(Model):
             "english_reader": self.text.english_reader,  # type: ignore[attr-defined]
             "word_timings": "exact" if self.program.durations else "estimated",  # type: ignore[union-attr]
             "streaming": (
-                f"windows of the {'flow and ' if self.flow_windows else ''}decoder inside a "
+                f"windows of the {'flow and ' if self.program.flow else ''}decoder inside a "  # type: ignore[union-attr]
                 f"sentence ({self.reach} frames of context)"
                 if self.reach
                 else "sentence by sentence"
