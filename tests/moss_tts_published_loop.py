@@ -550,6 +550,8 @@ def continuation_prompt(loop: Published, prompt_text: str, text: str, codes, fie
     codes = np.array(codes)
     if loop.config.variant == "local-v1.5":
         return loop.prompt_v15(prompt_text + text, fields=fields, continuation=codes)
+    if loop.config.variant == "delay":
+        return delay_continuation_prompt(loop, prompt_text + text, codes, fields)
     c, t = loop.config, loop.config.tokens
     content = TEMPLATE.format(
         reference="None",
@@ -562,6 +564,69 @@ def continuation_prompt(loop: Published, prompt_text: str, text: str, codes, fie
     audio = torch.full((len(ids), c.n_vq), c.audio_pad, dtype=torch.long)
     audio[len(user) + len(assistant) :] = torch.as_tensor(codes)
     return torch.cat([ids[:, None], audio], dim=1)
+
+
+def delay_continuation_prompt(loop: Published, text: str, codes, fields=None) -> torch.Tensor:
+    """Delay's processor in mode "continuation" (`__call__`, `_get_unified_codes`): the user
+    message (`build_user_message` normalizes the text) rendered without the generation prompt;
+    the assistant message `<|audio|>` rendered and expanded to audio_start + gen_slot x P +
+    delay_slot x (n_vq - 1) + audio_end; its codes delayed (`apply_delay_pattern`) after pad
+    rows up to audio_start; truncation cuts the last n_vq - 1 rows of the delayed codes, then
+    the ids to the codes' length."""
+    c, t = loop.config, loop.config.tokens
+    content = TEMPLATE.format(
+        reference="None",
+        text=normalize_text(text),
+        **{k: str((fields or {}).get(k)) for k in TEMPLATE_FIELDS},
+    )
+    user = torch.tensor(loop.encode(loop.chat[0] + content + loop.user_end))
+    user_rows = torch.cat(
+        [user[:, None], torch.full((len(user), c.n_vq), c.audio_pad, dtype=torch.long)], dim=1
+    )
+    name = loop.tokenizer.id_to_token
+    block = (
+        name(t.audio_start)
+        + name(t.assistant_slot) * len(codes)
+        + name(t.delay_slot) * (c.n_vq - 1)
+        + name(t.audio_end)
+    )
+    ids = torch.tensor(loop.encode(loop.chat[2] + block + loop.chat[3]))
+    start = int(torch.nonzero(ids == t.audio_start)[0])
+    codes = torch.as_tensor(codes)
+    delayed = torch.full((len(codes) + c.n_vq - 1, c.n_vq), c.audio_pad, dtype=torch.long)
+    for i in range(c.n_vq):
+        delayed[i : i + len(codes), i] = codes[:, i]
+    audio = torch.cat(
+        [torch.full((start + 1, c.n_vq), c.audio_pad, dtype=torch.long), delayed[: -(c.n_vq - 1)]]
+    )
+    assistant = torch.cat([ids[: len(audio), None], audio], dim=1)
+    return torch.cat([user_rows, assistant])
+
+
+@torch.no_grad()
+def delay_continuation_decode(
+    loop: Published, codec, prompt, rows
+) -> tuple[list[list[int]], np.ndarray]:
+    """Delay's `generate` output and processor `decode` after a continuation prompt: the rows
+    from the last im_start + 3 on (the prompt's audio_start row and reference rows, then the
+    generated ones) de-delayed, the first segment of non-pad frames decoded whole by the torch
+    codec and `int(samples * start_length / frames)` samples cut (`start_length` counts the
+    rows from that audio_start row to the prompt's end). (frames, audio [samples, channels])."""
+    c = loop.config
+    n_vq, pad = c.n_vq, c.audio_pad
+    whole = torch.cat([prompt, torch.tensor(rows, dtype=torch.long)])
+    start = int(torch.nonzero(prompt[:, 0] == c.tokens.im_start)[-1]) + 3
+    start_length = len(prompt) - start
+    codes = whole[start:, 1:]
+    count = codes.shape[0] - n_vq + 1
+    frames = torch.stack([codes[i : i + count, i] for i in range(n_vq)], dim=1)
+    real = (frames != pad).any(dim=1).tolist()
+    first = real.index(True)
+    end = real.index(False, first) if False in real[first:] else len(real)
+    segment = frames[first:end]
+    audio = codec.decode(segment.T[:, None, :])[0].T.numpy()
+    ratio = max(0.0, min(float(start_length) / float(len(segment)), 1.0))
+    return segment.tolist(), audio[int(audio.shape[0] * ratio) :]
 
 
 @torch.no_grad()
@@ -604,6 +669,7 @@ __all__ = [
     "Published",
     "continuation_prompt",
     "de_delay",
+    "delay_continuation_decode",
     "load",
     "primed_stream_decode",
     "sample_delay",

@@ -1,9 +1,11 @@
-"""MOSS-TTS Local v1.5 continuation (the reference audio is the start of the speech) on the
-stand-in of tests/test_moss_tts.py, against the published streaming path paraphrased in
+"""MOSS-TTS continuation (the reference audio is the start of the speech) on the stand-ins of
+tests/test_moss_tts.py, against the published paths paraphrased in
 tests/moss_tts_published_loop.py: the prompt (`prompt_text + text`, the reference's codes as
 assistant rows), the frames greedy and sampled (the penalty over generated frames only), and
-the audio of the codec worker primed with the reference's codes; through `synthesize`,
-`stream`, the CLI and a live server; the refusals; result-cache keys apart from cloning."""
+the audio of the codec worker primed with the reference's codes (Delay: its processor's
+truncated delay pattern, the frames that complete the reference's, and its `decode`); through
+`synthesize`, `stream`, the CLI and a live server; the refusals; result-cache keys apart from
+cloning."""
 
 from __future__ import annotations
 
@@ -35,7 +37,7 @@ from tests.test_moss_tts import (  # noqa: F401 - the module's fixtures, shared
 )
 
 VARIANT = "local-v1.5"
-LOCAL = ("local-v1.5", "local-v1")  # the releases that continue (Delay refuses)
+LOCAL = ("local-v1.5", "local-v1")  # (Delay continues inside its delay pattern: below)
 REFERENCE_TEXT = "This is what the reference says. "
 STEPS = {"local-v1.5": 12, "local-v1": 6}  # (Local v1's paraphrase is the slow one)
 RATES = {"local-v1.5": 48000, "local-v1": 24000}
@@ -174,14 +176,11 @@ def test_refusals_are_one_clear_input_error(engines, reference):  # noqa: F811
             engine.synthesize(TEXT, voice=voice, seed=1, max_new_frames=4, **options)
         with pytest.raises(InputError, match=message):
             engine.stream(TEXT, voice=voice, seed=1, max_new_frames=4, **options)
-    # Delay's published processor continues too (not built here: module docstring).
-    delay = dataclasses.replace(engine.model.layout, variant="delay")
-    with pytest.raises(InputError, match="built for the Local releases"):
-        continuation_options(continued(), delay)
-    # A Local v1 export from before continuation lacks the user message's end.
-    old = dataclasses.replace(engine.model.layout, variant="local-v1", chat={})
-    with pytest.raises(InputError, match="export it again"):
-        continuation_options(continued(), old)
+    # A Local v1 or Delay export from before continuation lacks the user message's end.
+    for variant in ("local-v1", "delay"):
+        old = dataclasses.replace(engine.model.layout, variant=variant, chat={})
+        with pytest.raises(InputError, match="export it again"):
+            continuation_options(continued(), old)
 
 
 def test_the_result_cache_keeps_continuation_apart_from_cloning(models, reference, tmp_path):  # noqa: F811
@@ -275,3 +274,51 @@ def test_server_continues_an_uploaded_voice(models, engines, reference, tmp_path
     )
     assert rate == 48000 and samples.shape == expected.samples.shape
     assert np.abs(samples.astype(int) - pcm16(expected.samples).astype(int)).max() <= 1
+
+
+@pytest.mark.parametrize("frames", [None, 40])
+def test_delay_continues_inside_its_pattern_as_published(engines, loops, codecs, reference, frames):  # noqa: F811
+    """Delay's prompt ends inside the delay pattern (the reference's last n_vq - 1 frames only
+    in part): the first frames the engine emits are those frames completed by the model, and
+    the audio is the published `decode`'s (the reference's frames and one more cut), one-shot
+    and streamed. A reference of fewer frames than n_vq - 1 (the file, 1.2 s) and of more
+    (random codes)."""
+    engine, loop = engines("delay"), loops("delay")
+    n_vq, steps = loop.config.n_vq, 48
+    if frames is None:
+        voice: object = str(reference)
+        codes = engine.voice(voice)["codes"]
+    else:
+        codes = np.random.default_rng(12).integers(0, 1024, (frames, n_vq))
+        voice = {"codes": codes}
+    assert (len(codes) < n_vq - 1) == (frames is None)
+    prompt = published.continuation_prompt(loop, REFERENCE_TEXT, TEXT, codes)
+    rows = engine.model.text.prompt(REFERENCE_TEXT + TEXT, {}, continuation=codes).rows
+    assert np.array_equal(rows, prompt.numpy())
+    codec = torch_codec(codecs, "delay")
+    mixed = min(len(codes), n_vq - 1)
+    # (Seed 7 draws one code 8e-9 of the total from a boundary of its distribution: float32
+    # rounding picks either neighbour there.)
+    for seed, greedy in ((0, True), (3, False), (5, False)):
+        extra = {"text_temperature": 0.0, "audio_temperature": 0.0} if greedy else {}
+        generated = loop.generate_delay(prompt, seed=seed, max_new_tokens=steps, **extra)
+        want_frames, want_audio = published.delay_continuation_decode(
+            loop, codec, prompt, generated
+        )
+        assert len(want_frames) > len(codes) + 1, seed  # new speech beyond the cut
+        options = continued(max_new_frames=steps, greedy=greedy)
+        ours = frames_of(engine, seed=seed, voice=voice, **options)
+        assert ours == want_frames[len(codes) - mixed :], seed
+        want_audio = want_audio[:, 0]
+        one_shot = engine.synthesize(TEXT, voice=voice, seed=seed, cache=False, **options)
+        assert_close_audio(one_shot.samples, want_audio)
+        chunks = engine.stream(
+            TEXT,
+            voice=voice,
+            seed=seed,
+            first_chunk_frames=2,
+            stride_frames=3,
+            cache=False,
+            **options,
+        )
+        assert_close_audio(np.concatenate(list(chunks)), want_audio)

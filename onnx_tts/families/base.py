@@ -328,6 +328,11 @@ class Vocoder(ABC):
         """All frames of one chunk as they sound after `prime` (the one-shot priming)."""
         raise InputError(f"{type(self).__name__} cannot continue from frames given before")
 
+    def unheard_frames(self, prime: np.ndarray) -> int:
+        """How many of a primed chunk's first frames are decoded but not heard (their audio
+        dropped too: a model whose first frames complete the prime's last ones). Default 0."""
+        return 0
+
     def whole_chunks(self, options: Mapping[str, Any]) -> bool:
         """Whether a request with these (checked) family options is vocoded with all of its
         chunk's frames at once even when streamed, because its samples depend on the whole

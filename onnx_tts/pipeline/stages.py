@@ -22,7 +22,8 @@ in order (no overlap, no crossfade: the state carries the context), on the stage
 A request with frames to start from (`Request.prime`: speech that continues a reference) is
 decoded after them, their audio dropped: its stream's decoder is opened primed
 (`Vocoder.open_primed_stream`), its one-shot window decoded by `Vocoder.vocode_after`, never
-batched with other streams' windows.
+batched with other streams' windows; the audio of its first `Vocoder.unheard_frames` frames is
+dropped too.
 """
 
 from __future__ import annotations
@@ -85,6 +86,10 @@ class VocoderStream:
     ) -> None:
         self.stage, self.request = stage, request
         self.prime = request.prime
+        # Samples decoded but never heard (`Vocoder.unheard_frames` of a primed request).
+        self.unheard = 0
+        if self.prime is not None:
+            self.unheard = stage.vocoder.unheard_frames(self.prime) * hop_length
         if self.prime is not None and window is not None and not stage.stateful:
             raise OnnxTTSError("a primed request streams through a decoder with a state only")
         # A windowed stream of a model with a stateful decoder feeds it only new frames.
@@ -171,18 +176,24 @@ class VocoderStream:
         handed to the consumer."""
         if self.decoder is not None:
             assert isinstance(window, Window)
-            chunk = self.decoder.accept(window, waveform)
+            chunk = self._heard(self.decoder.accept(window, waveform))
             if len(chunk):
                 self._queue(chunk)
             if self.decoder.done:
                 self.done = True
                 self._queue(_END)
             return len(chunk)
-        samples = np.asarray(waveform, np.float32)
+        samples = self._heard(np.asarray(waveform, np.float32))
         self._queue(samples)
         self.done = True
         self._queue(_END)
         return len(samples)
+
+    def _heard(self, samples: np.ndarray) -> np.ndarray:
+        if self.unheard:
+            cut = min(self.unheard, len(samples))
+            samples, self.unheard = samples[cut:], self.unheard - cut
+        return samples
 
     @property
     def decodes_alone(self) -> bool:

@@ -95,7 +95,7 @@ _OPTIONS = (
     Option(
         "continuation",
         bool,
-        "Local v1.5 / v1: the reference voice is the start of the speech (needs reference_text)",
+        "the reference voice is the start of the speech (needs reference_text)",
         "both",
     ),
     Option(

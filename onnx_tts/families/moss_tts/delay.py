@@ -15,7 +15,9 @@ token is -inf there, and the two slots keep their vocabulary order).
 
 Frames leave the pattern as soon as they are whole: frame t is codebook i of generated row
 t + i, so it is complete with row t + n_vq - 1; frames of pad only (before and after the audio)
-are not audio and are skipped.
+are not audio and are skipped. A continuation's prompt ends inside the pattern (its audio's
+codes delayed, the last n_vq - 1 rows in the history as if generated): its last n_vq - 1
+frames, each partly the prompt's codes and partly generated, leave first.
 """
 
 from __future__ import annotations
@@ -69,6 +71,12 @@ class DelayStep:
         d.is_audio[row] = bool(continuing)
         d.delayed[row] = NOT_DELAYED
         d.generated[row] = 0
+        if continuing:  # the prompt's last rows start the pattern (module docstring)
+            n_vq = self.layout.n_vq
+            tail = prompt[len(prompt) - min(len(prompt), n_vq - 1) :, 1:]
+            d.history[row, : n_vq - 1] = self.layout.audio_pad
+            d.history[row, n_vq - 1 - len(tail) : n_vq - 1] = tail
+            d.generated[row] = n_vq - 1
         d.stop_at_audio_end[row] = stop_at == "audio_end"
 
     @staticmethod

@@ -4,11 +4,13 @@ release's per-frame part, host embedding tables, the published prompt and sampli
 MOSS audio tokenizer as reference encoder and streaming vocoder (`codec/`, when exported with
 one: without it the model makes code frames only, `Engine.generate`).
 
-Continuation (Local v1.5 and v1, options `continuation` + `reference_text`): the reference
-voice's codes are the start of the speech. The prompt speaks `reference_text + chunk` with the
-codes as assistant rows (text.py); the vocoder decodes the new frames after those codes (a
-stream primed with them, as the published codec worker; one-shot, decoded as one sequence and
-the codes' samples cut, as the published `decode`), so the audio is only the new speech."""
+Continuation (options `continuation` + `reference_text`): the reference voice's codes are the
+start of the speech. The prompt speaks `reference_text + chunk` with the codes as assistant
+rows (text.py); the vocoder decodes the new frames after those codes (a stream primed with
+them, as the published codec worker; one-shot, decoded as one sequence and the codes' samples
+cut, as the published `decode`), so the audio is only the new speech. Delay's prompt ends
+inside its delay pattern: its first frames complete the reference's last ones and are decoded
+after the rest of the reference, their audio cut as the published `decode` cuts it."""
 
 from __future__ import annotations
 
@@ -119,9 +121,25 @@ class MossVocoder(Vocoder):
     ) -> np.ndarray | None:
         return continued_codes(voice, options, self.layout)
 
-    def open_primed_stream(self, prime: np.ndarray) -> StreamDecoder:
+    def _decoded_prime(self, prime: np.ndarray) -> np.ndarray:
+        """The prime's frames decoded before the chunk's: all of them, but Delay's last
+        n_vq - 1, which come back as the chunk's first frames, completed by the model."""
         codes = np.asarray(prime, np.int64).reshape(-1, self.layout.n_vq)
-        return _Stream(self._require().open_stream(codes), self._shaped, self.layout.n_vq)
+        return codes[: len(codes) - min(len(codes), self.layout.n_vq - 1)] if self._delay else codes
+
+    @property
+    def _delay(self) -> bool:
+        return self.layout.variant == "delay"
+
+    def unheard_frames(self, prime: np.ndarray) -> int:
+        """Delay: the frames completing the reference's, and one more (the published decode's
+        cut counts the audio_start row)."""
+        return min(len(prime), self.layout.n_vq - 1) + 1 if self._delay else 0
+
+    def open_primed_stream(self, prime: np.ndarray) -> StreamDecoder:
+        before = self._decoded_prime(prime)
+        stream = self._require().open_stream(before if len(before) else None)
+        return _Stream(stream, self._shaped, self.layout.n_vq)
 
     def vocode_after(
         self, prime: np.ndarray, frames: np.ndarray, voice: Mapping[str, np.ndarray]
@@ -131,8 +149,9 @@ class MossVocoder(Vocoder):
         codes = np.asarray(frames, np.int64).reshape(-1, self.layout.n_vq)
         if not len(codes):
             return self._shaped(np.zeros((0, self.layout.channels), np.float32))
-        whole = self.vocode(np.concatenate([np.asarray(prime, np.int64), codes]), voice)
-        return whole[len(prime) * self.layout.hop_length :]
+        before = self._decoded_prime(prime)
+        whole = self.vocode(np.concatenate([before, codes]), voice)
+        return whole[len(before) * self.layout.hop_length :]
 
 
 def continued_codes(

@@ -14,7 +14,9 @@ token ids, channels 1..n_vq the reference codes under the slot rows and the audi
   bundle.json text.chat), the reference as "[S1]:\\n<|audio|>" expanded to audio_start + one
   user-slot row per frame (Delay: + n_vq - 1 more, the delay pattern's tail, with the codes
   delayed: codebook i shifted down i rows) + audio_end. Local v1 appends an audio_start row.
-  Delay's text goes through its robustness clean-up first (normalize.py).
+  Delay's text goes through its robustness clean-up first (normalize.py). Continuation (both):
+  the user message without the generation prompt, then the assistant's audio_start and the
+  prompt audio's codes (Delay's delayed, cut to the frame count) as generation-slot rows.
 
 Special tokens split the tokenizer's input, so encoding the text around an audio block apart
 gives the ids of encoding the whole string. A text that spells one of the model's control
@@ -113,7 +115,7 @@ class MossText(TextFrontend):
         if self.layout.variant == "local-v1.5":
             return self._prompt_v15(text, fields, reference, continuation)
         if continuation is not None:
-            return self._continuation_v1(text, fields, continuation)
+            return self._continuation_chat(text, fields, continuation)
         return self._prompt_chat(text, fields, reference)
 
     def _prompt_v15(self, text, fields, reference, continuation) -> Prompt:
@@ -163,11 +165,16 @@ class MossText(TextFrontend):
             rows = np.concatenate([rows, self._audio(continuation, t.assistant_slot)])
         return Prompt(rows, 0)
 
-    def _continuation_v1(self, text, fields, codes) -> Prompt:
-        """Local v1's mode "continuation": the user message without the generation prompt,
-        then the assistant message holding the codes as generation-slot rows after its
-        audio_start, cut after them (the processor's truncation)."""
-        chat, t = self.layout.chat, self.layout.tokens
+    def _continuation_chat(self, text, fields, codes) -> Prompt:
+        """Mode "continuation" of Local v1 and Delay: the user message without the generation
+        prompt, then the assistant message holding the codes as generation-slot rows after
+        its audio_start, cut after them (the processor's truncation; Delay's codes delayed,
+        so the last n_vq - 1 frames are there only in part and the model completes them)."""
+        layout, chat, t = self.layout, self.layout.chat, self.layout.tokens
+        codes = np.asarray(codes, np.int64)
+        if layout.variant == "delay":
+            text = normalize_text(text)
+            codes = delay_pattern(codes, layout.audio_pad)[: len(codes)]
         content = TEMPLATE.format(
             reference="None", text=text, **{key: str(fields.get(key)) for key in FIELDS}
         )
@@ -193,14 +200,9 @@ class MossText(TextFrontend):
         else:
             before, after = rendered.split(PLACEHOLDER)
             head = self.encode(before)
-            frames = len(reference)
-            tail = layout.n_vq - 1 if delay else 0
             codes = np.asarray(reference, np.int64)
             if delay:
-                delayed = np.full((frames + tail, layout.n_vq), layout.audio_pad, np.int64)
-                for i in range(layout.n_vq):
-                    delayed[i : i + frames, i] = codes[:, i]
-                codes = delayed
+                codes = delay_pattern(codes, layout.audio_pad)
             block = np.concatenate(
                 [
                     self._rows([*head, t.audio_start]),
@@ -215,9 +217,19 @@ class MossText(TextFrontend):
         return Prompt(rows, prefix)
 
 
+def delay_pattern(codes: np.ndarray, pad: int) -> np.ndarray:
+    """Delay's layout of codes [F, n_vq]: codebook i shifted down i rows, [F + n_vq - 1, n_vq]
+    with the pad code around."""
+    frames, n_vq = codes.shape
+    delayed = np.full((frames + n_vq - 1, n_vq), pad, np.int64)
+    for i in range(n_vq):
+        delayed[i : i + frames, i] = codes[:, i]
+    return delayed
+
+
 def continuation_options(given: Mapping[str, Any], layout: MossLayout) -> dict[str, Any]:
-    """A request's `continuation` and `reference_text`, checked: a continuation (Local v1.5
-    and v1: the reference audio is the start of the speech) needs the reference's transcript,
+    """A request's `continuation` and `reference_text`, checked: a continuation (the reference
+    audio is the start of the speech) needs the reference's transcript,
     as the published apps require; the transcript alone means nothing. {} when it does not
     continue."""
     variant = layout.variant
@@ -229,12 +241,7 @@ def continuation_options(given: Mapping[str, Any], layout: MossLayout) -> dict[s
                 "continuation=True (--continuation) or drop it"
             )
         return {}
-    if variant == "delay":
-        raise InputError(
-            "continuation is built for the Local releases; this model is Delay (clone the "
-            "voice instead: drop continuation)"
-        )
-    if variant == "local-v1" and USER_END not in layout.chat:
+    if variant != "local-v1.5" and USER_END not in layout.chat:
         raise InputError(
             f"{layout.root} was exported before continuation was built: export it again "
             "(its bundle.json lacks text.chat.user_end)"
@@ -262,4 +269,5 @@ __all__ = [
     "MossText",
     "Prompt",
     "continuation_options",
+    "delay_pattern",
 ]
