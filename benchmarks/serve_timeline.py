@@ -471,7 +471,7 @@ def main(argv: list[str] | None = None) -> int:
     server = HookedServer(workdir, *common)
     spy = None
     try:
-        warm_up(server.url)
+        warm_up(server.url, args.clients if args.burst else 4)  # (as `bench serve --burst`)
         settle(server.url)
         if args.py_spy:
             spy = subprocess.Popen(
@@ -495,8 +495,11 @@ def main(argv: list[str] | None = None) -> int:
         server.stop()
         if spy is not None:
             spy.wait()
-    summary = summarize(client, json.loads(trace.read_text()))
-    if args.burst:
+    server_trace = json.loads(trace.read_text())
+    summary = summarize(client, server_trace)
+    if args.burst:  # where the first wave's time goes (the clients that start together)
+        first = summarize([r for r in client if r.get("wave") == 0], server_trace)
+        summary["first wave"] = {k: v for k, v in first.items() if isinstance(v, dict)}
         waves = [[r for r in client if r.get("wave") == n] for n in range(args.burst)]
         summary["ttfa by wave p50/max ms"] = [
             [1000 * statistics.median(t), 1000 * max(t)]
