@@ -21,8 +21,10 @@ random model rarely ends early):
 * the Engine (`onnx_tts.load` defaults): ``float`` (Concat cache chained), ``float in place``
   (`onnx-tts convert --inplace-kv`), ``int8`` (`onnx-tts quantize` of the converted model),
   and ``int8 all cores`` (`onnx_tts.load(threads=cores)`: every session on all the cores, the
-  Engine's best setting when only codes are made); 8 requests are 8 threads calling `generate`
-  at once. Each Engine runs in a process of its own in each round, as a user's would.
+  Engine's best setting when only codes are made), and the same two for ``w8a8`` (`onnx-tts
+  quantize --weights w8a8`: int8 weights per column, int8 activations per row, MatMulInteger);
+  8 requests are 8 threads calling `generate` at once. Each Engine runs in a process of its
+  own in each round, as a user's would.
 
 ``windows``: the codec decoder on SGLang-Omni's steady window (68 new + 8 overlap frames, 4
 held back: 80 frames), 1 window alone and 8 windows of 8 streams in one call (ms per window),
@@ -91,6 +93,7 @@ def build(root: Path, quick: bool, layers: int) -> dict[str, Any]:
         ],
         [*onnx_tts, "convert", "--inplace-kv", str(root / "float"), str(root / "inplace")],
         [*onnx_tts, "quantize", str(root / "inplace"), str(root / "int8"), "--weights", "int8"],
+        [*onnx_tts, "quantize", str(root / "inplace"), str(root / "w8a8"), "--weights", "w8a8"],
     ]
     for command in steps:
         _log(" ".join(command[2:5]))
@@ -203,6 +206,16 @@ def run(quick: bool, layers: int, rows: int, rounds: int) -> dict[str, Any]:
         root = Path(scratch)
         built = build(root, quick, layers)
         results["layers"] = built["config"]["num_hidden_layers"]
+        # How each quantized model's graphs agree with the float ones (quantize's own check).
+        results["quantize"] = {
+            kind: {
+                graph["name"]: {"decision": graph["decision"], **graph.get("agreement", {})}
+                for graph in json.loads((root / kind / "quantize_report.json").read_text())[
+                    "graphs"
+                ]
+            }
+            for kind in ("int8", "w8a8")
+        }
         results["hidden"] = built["config"]["hidden_size"]
         samples: dict[str, list[float]] = {}
         # The bench decodes codes only (the vocoder stage idles), so the Engine's best setting
@@ -215,6 +228,8 @@ def run(quick: bool, layers: int, rows: int, rounds: int) -> dict[str, Any]:
             "inplace": ("inplace", 0),
             "int8": ("int8", 0),
             "int8 all cores": ("int8", available_cores()),
+            "w8a8": ("w8a8", 0),
+            "w8a8 all cores": ("w8a8", available_cores()),
         }
         for round_index in range(rounds):
             for threads in (1, 2):

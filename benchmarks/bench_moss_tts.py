@@ -8,7 +8,8 @@ Model: a stand-in checkpoint of `--variant` at the published sizes (export/moss_
 ``dims="published"``; Local v1: Qwen3-1.7B backbone, the 4-layer depth transformer, 33 heads;
 random weights, bf16 as published, its stop margin so high that no run ends before `--frames`),
 exported with `onnx-tts export moss-tts` (no codec: the LM side), converted for the in-place
-cache (`onnx-tts convert --inplace-kv`) and quantized (`onnx-tts quantize`, int8). `--quick`:
+cache (`onnx-tts convert --inplace-kv`) and quantized (`onnx-tts quantize`: int8, and w8a8
+from the same float model, or from int8 read back when the float one was deleted). `--quick`:
 the tiny stand-in, for a smoke run. `--layers N`: the published width with N backbone layers
 (Local v1.5's Qwen3-4B and Delay's Qwen3-8B do not fit this machine's 23 GB as float32 torch
 models; the backbone's share of a frame then shrinks, so the ratios are not the whole model's).
@@ -18,7 +19,7 @@ Measured, in this order (one big model in memory at a time):
 * memory bandwidth of this CPU (a large numpy copy, best of 5: bytes read + written per s);
 * the int8 backbone's decode step at batch 1 after a 64-position prompt (in place, median of
   32 steps) against its weight-read time (the bytes of its weights / the bandwidth);
-* the Engine (int8), each setting in a process of its own: `onnx_tts.load` defaults, and
+* the Engine (int8, then w8a8), each setting in a process of its own: `onnx_tts.load` defaults, and
   every session on all the cores (`threads=` the cores: codes only, the vocoder idles, so this
   is the Engine's best setting for this job): frames/s at 1 and at 8 concurrent requests
   (threads calling `Engine.generate` at once; Delay: audio frames, after the delay pattern's
@@ -92,7 +93,7 @@ def models(work: Path, variant: str, quick: bool, layers: int = 0) -> dict[str, 
     from onnx_tts.tools.convert import convert_bundle_inplace_kv
     from onnx_tts.tools.quantize import Thresholds, WeightsSpec, quantize_model
 
-    paths = {k: work / k for k in ("checkpoint", "float", "inplace", "int8")}
+    paths = {k: work / k for k in ("checkpoint", "float", "inplace", "int8", "w8a8")}
     if not (paths["checkpoint"] / "config.json").is_file():
         _log(f"building the {variant} stand-in into {paths['checkpoint']} ...")
         dims: Any = "tiny" if quick else "published"
@@ -106,7 +107,7 @@ def models(work: Path, variant: str, quick: bool, layers: int = 0) -> dict[str, 
             margin=NEVER_STOP,
         )
     if paths["int8"].is_dir():
-        return paths  # the float and in-place steps may be deleted once int8 exists (disk)
+        return _with_w8a8(paths)  # the float and in-place steps may be gone (disk)
     if not paths["float"].is_dir():
         _log("exporting ...")
         export_moss_tts(paths["checkpoint"], paths["float"], check=quick)
@@ -123,6 +124,21 @@ def models(work: Path, variant: str, quick: bool, layers: int = 0) -> dict[str, 
             WeightsSpec("int8"),
             thresholds=Thresholds(0.0, 0.0),
             log=_log,
+        )
+    return _with_w8a8(paths)
+
+
+def _with_w8a8(paths: dict[str, Path]) -> dict[str, Path]:
+    """The w8a8 model (`quantize --weights w8a8`) beside the int8 one: from the in-place float
+    model, or, when that was deleted, from int8 read back to float (the rounding of both adds
+    up; the bench measures speed)."""
+    from onnx_tts.tools.quantize import Thresholds, WeightsSpec, quantize_model
+
+    if not paths["w8a8"].is_dir():
+        source = paths["inplace"] if paths["inplace"].is_dir() else paths["int8"]
+        _log(f"quantizing (w8a8) from {source.name} ...")
+        quantize_model(
+            source, paths["w8a8"], WeightsSpec("w8a8"), thresholds=Thresholds(0.0, 0.0), log=_log
         )
     return paths
 
@@ -282,24 +298,31 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     # the published loop's best thread count is its own.
     from onnx_tts.pipeline import available_cores
 
-    settings = {"": 0, "_all_cores": available_cores()}  # key suffix -> threads
-    for suffix, threads in settings.items():
-        key = f"engine_int8{suffix}"
-        result[key] = _subprocess("engine", paths["int8"], args.frames, threads)
+    # result key -> (weights, threads); w8a8: `quantize --weights w8a8` (MatMulInteger).
+    cores = available_cores()
+    settings = {
+        "engine_int8": ("int8", 0),
+        "engine_int8_all_cores": ("int8", cores),
+        "engine_w8a8": ("w8a8", 0),
+        "engine_w8a8_all_cores": ("w8a8", cores),
+    }
+    for key, (weights, threads) in settings.items():
+        result[key] = _subprocess("engine", paths[weights], args.frames, threads)
         result[key]["threads"] = threads
         _log(f"{key} {result[key]}")
     if not args.skip_torch:
         rates = [v["frames_per_s"] for v in result["published"].values() if "frames_per_s" in v]
         if rates:
             best = max(rates)
-            for suffix in settings:
-                engine = result[f"engine_int8{suffix}"]
-                if "error" not in engine:
-                    result[f"speedup{suffix}"] = {
+            for key in settings:
+                engine = result[key]
+                if "error" not in engine:  # speedup, speedup_all_cores, speedup_w8a8, ...
+                    name = key.replace("engine_int8", "speedup").replace("engine", "speedup")
+                    result[name] = {
                         c: round(engine[c]["frames_per_s"] / best, 2) for c in ("1", "8")
                     }
             result["goals"] = {str(k): v for k, v in GOALS.items()}
-        _log(f"speed-up {result.get('speedup')} all cores {result.get('speedup_all_cores')}")
+        _log(", ".join(f"{k} {v}" for k, v in result.items() if k.startswith("speedup")))
     result["machine"]["loadavg_end"] = load_average()
     return result
 
@@ -317,7 +340,12 @@ def plot(result: dict[str, Any], path: Path) -> None:
             labels.append(f"torch {threads}t")
             values.append(value["frames_per_s"])
     engines = 0
-    for key, name in (("engine_int8", "int8"), ("engine_int8_all_cores", "int8 all cores")):
+    for key, name in (
+        ("engine_int8", "int8"),
+        ("engine_int8_all_cores", "int8 all cores"),
+        ("engine_w8a8", "w8a8"),
+        ("engine_w8a8_all_cores", "w8a8 all cores"),
+    ):
         for concurrency in ("1", "8"):
             if concurrency in result.get(key, {}):
                 labels.append(f"{name} x{concurrency}")

@@ -170,6 +170,8 @@ def graph_spec_of(model: onnx.ModelProto, path: str | Path) -> GraphSpec:
 NBITS_OP = ("com.microsoft", "MatMulNBits")
 # Operators of dynamic (activation-scaled) integer quantization, as quantize_dynamic writes them.
 _INTEGER_OPS = frozenset({"MatMulInteger", "ConvInteger", "QLinearMatMul", "QLinearConv"})
+# The node names of `onnx-tts quantize --weights w8a8` (tools/quantize/w8a8.py NODE_PREFIX).
+W8A8_PREFIX = "onnx_tts/w8a8/"
 
 
 def model_bytes(model: onnx.ModelProto) -> int:
@@ -208,9 +210,10 @@ def matmul_nbits_settings(model: onnx.ModelProto) -> set[tuple[int, int, int]]:
 
 def weights_kind(model: onnx.ModelProto) -> str:
     """How a graph (parsed without its external data) keeps its weights, in words: MatMulNBits
-    blocks ("int8 (MatMulNBits, blocks of 32, int8 compute)"), dynamic integer quantization
-    ("int8 (dynamic: MatMulInteger)"), else the floating type that holds most of its weight
-    values ("float32", "float16", "bfloat16"); "no weights" when it has none."""
+    blocks ("int8 (MatMulNBits, blocks of 32, int8 compute)"), the per-row integer form of
+    `quantize --weights w8a8`, dynamic integer quantization ("int8 (dynamic: MatMulInteger)"),
+    else the floating type that holds most of its weight values ("float32", "float16",
+    "bfloat16"); "no weights" when it has none."""
     import math
 
     from onnx import TensorProto
@@ -219,7 +222,16 @@ def weights_kind(model: onnx.ModelProto) -> str:
     for bits, block, accuracy in sorted(matmul_nbits_settings(model), reverse=True):
         compute = ", int8 compute" if accuracy == 4 else ""
         kinds.append(f"int{bits} (MatMulNBits, blocks of {block}{compute})")
-    integer = sorted({n.op_type for n in model.graph.node if n.op_type in _INTEGER_OPS})
+    w8a8 = [n for n in model.graph.node if n.name.startswith(W8A8_PREFIX)]
+    if any(n.op_type == "MatMulInteger" for n in w8a8):
+        kinds.append("w8a8 (MatMulInteger, int8 weights per column, int8 activations per row)")
+    integer = sorted(
+        {
+            n.op_type
+            for n in model.graph.node
+            if n.op_type in _INTEGER_OPS and not n.name.startswith(W8A8_PREFIX)
+        }
+    )
     if integer:
         kinds.append(f"int8 (dynamic: {', '.join(integer)})")
     if kinds:

@@ -40,6 +40,30 @@ _LIBC = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
 _released_at = [_PROCESS.memory_info().rss]
 
 
+def at_once(calls: list[Callable[[], Any]]) -> list[Any]:
+    """Each call on a thread of its own, all started together (a barrier); their results in
+    order (the first error raised)."""
+    results: list[Any] = [None] * len(calls)
+    errors: list[BaseException] = []
+    start = threading.Barrier(len(calls))
+
+    def one(index: int) -> None:
+        start.wait()
+        try:
+            results[index] = calls[index]()
+        except BaseException as error:
+            errors.append(error)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(calls))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+    return results
+
+
 def release_memory() -> None:
     """Collect garbage (dropped engines stop their workers from a thread named
     "onnx-tts-close": waited for, then what they held is collected too) and give freed heap

@@ -30,7 +30,7 @@ from onnx_tts.tools.quantize import (
 )
 from onnx_tts.tools.quantize.agreement import compare_with_cache
 from tests import graphs
-from tests.conftest import codec_lm_dir
+from tests.conftest import at_once, codec_lm_dir
 
 ANY_SPEED = Thresholds(max_speed_ratio=1e9)  # decisions by agreement alone (timing is noisy)
 TEXT = "Hello there, how are you?"
@@ -334,20 +334,9 @@ def test_published_quantized_variants_run_in_place_and_batched(
         converted, precision=precision, kv="inplace", max_batch=4, cache_dir=None
     )
     assert engine.info()["kv_mode"] == "inplace" and engine.info()["batching"]["batched"]
-    import threading
-
-    results: list = [None] * len(texts)
-    start = threading.Barrier(len(texts))
-
-    def one(i: int) -> None:
-        start.wait()
-        results[i] = engine.synthesize(texts[i], voice=str(voice_wav), seed=5).samples
-
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(texts))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    results = at_once(
+        [lambda t=t: engine.synthesize(t, voice=str(voice_wav), seed=5).samples for t in texts]
+    )
     for got, want in zip(results, expected, strict=True):
         np.testing.assert_array_equal(got, want)
     assert engine.stats()["mean_batch"] > 1.0

@@ -16,7 +16,7 @@ from onnx_tts.errors import InputError, ModelError, checked_number
 from onnx_tts.families.files import CHECK_KINDS, Check, GraphFile, ModelFiles
 from onnx_tts.graph_io import matmul_nbits_settings, read_graph_proto, weights_kind
 from onnx_tts.tools.quantize.agreement import Agreement
-from onnx_tts.tools.quantize.weights import INT8_COMPUTE, WeightsSpec
+from onnx_tts.tools.quantize.weights import INT8_COMPUTE, W8A8, WeightsSpec
 
 VOICE_NOTE = "runs once per reference voice (its result is cached), not on the decode path"
 MAX_SPEED_RATIO = 1e9  # --max-speed-ratio: anything this large keeps a graph however slow
@@ -143,11 +143,15 @@ def decide(
 
 def _already(graphs: Sequence[GraphFile], files: ModelFiles, spec: WeightsSpec | None) -> str:
     """The weights kind of graphs that are all quantized as `spec` asks already (every
-    MatMulNBits node of each at its bits, block size and int8 compute), else ""."""
+    MatMulNBits node of each at its bits, block size and int8 compute; w8a8: its products
+    alone), else ""."""
     if spec is None:
         return ""
-    wanted = {(spec.bits, spec.block_size, INT8_COMPUTE)}
     models = [read_graph_proto(files.source(g.path)) for g in graphs]
+    if spec.kind == W8A8:
+        done = all(weights_kind(model).startswith(W8A8) for model in models)
+        return weights_kind(models[0]) if done else ""
+    wanted = {(spec.bits, spec.block_size, INT8_COMPUTE)}
     if all(matmul_nbits_settings(model) == wanted for model in models):
         return weights_kind(models[0])
     return ""

@@ -35,8 +35,9 @@ from onnx_tts.tools.quantize.plan import (
     settle,
 )
 from onnx_tts.tools.quantize.weights import (
+    W8A8,
     WeightsSpec,
-    dequantize_matmul_nbits,
+    dequantize_products,
     quantize_weights,
 )
 
@@ -72,9 +73,14 @@ class QuantizeReport:
         }
 
     def summary(self) -> str:
+        how = (
+            "per column, activations per row"
+            if self.spec.kind == W8A8
+            else f"blocks of {self.spec.block_size}"
+        )
         lines = [
             f"quantized {self.source} -> {self.destination} ({self.family}, {self.spec.kind} "
-            f"weights, blocks of {self.spec.block_size})"
+            f"weights, {how})"
         ]
         for result in self.results:
             lines.append(f"  {result.job.name}: {result.reason}")
@@ -143,8 +149,8 @@ def _quantize_job(
     job: GraphJob, spec: WeightsSpec, work: Path, steps: int, thresholds: Thresholds
 ) -> GraphResult:
     """Quantize the job's graphs, check them against the float graphs and decide. A source
-    that is already quantized (MatMulNBits) is compared through its weights read back as
-    float: the report always measures against float."""
+    that is already quantized (MatMulNBits, w8a8) is compared through its weights read back
+    as float: the report always measures against float."""
     if job.already:  # quantizing it again would write the same graph
         return GraphResult(job, False, f"left as it is: {job.note}")
     if not job.checks:
@@ -157,7 +163,7 @@ def _quantize_job(
     for role, source in zip(job.roles, job.sources, strict=True):
         model = onnx.load(str(source), load_external_data=True)
         quantized = quantize_weights(model, spec)
-        if dequantize_matmul_nbits(model):
+        if dequantize_products(model):
             references[role] = directory / "float" / f"{role}.onnx"
             floats.append((references[role], model))
         result.float_bytes += model_bytes(model)

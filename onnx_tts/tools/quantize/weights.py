@@ -1,6 +1,7 @@
-"""Weight-only quantization of one graph: every MatMul with a constant 2-D weight becomes ONNX
+"""Weight quantization of one graph: every MatMul with a constant 2-D weight becomes ONNX
 Runtime's `com.microsoft.MatMulNBits` (8- or 4-bit blocks, symmetric, one float scale per
-block), and the way back (`dequantize_matmul_nbits`) for graphs that arrive quantized.
+block) or, with `w8a8`, an integer product with activations quantized per row (w8a8.py); and
+the way back (`dequantize_products`) for graphs that arrive quantized.
 
 Why MatMulNBits for int8 too, not `quantize_dynamic`'s MatMulInteger: measured on these CPUs
 (benchmarks/bench_quant.py, Turbo-shape MatMul stack, 1 thread) dynamic per-channel int8 is
@@ -28,8 +29,10 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnx_tts.errors import InputError, ModelError
 from onnx_tts.tools.graph_builder import MS_DOMAIN
+from onnx_tts.tools.quantize.w8a8 import dequantize_w8a8, rewrite_w8a8
 
-WEIGHT_KINDS = {"int8": 8, "int4": 4}
+WEIGHT_KINDS = {"int8": 8, "int4": 4, "w8a8": 8}
+W8A8 = "w8a8"  # int8 weights and activations per row through MatMulInteger (w8a8.py)
 BLOCK_SIZES = (32, 64, 128)
 # The only block size whose MatMulNBits rows are batch-invariant on ONNX Runtime's CPU kernels
 # (int8 compute): 64 and 128 give a row other bits beside other rows (bench_quant measures it).
@@ -49,7 +52,12 @@ class WeightsSpec:
     def __post_init__(self) -> None:
         if self.kind not in WEIGHT_KINDS:
             raise InputError(
-                f"unknown weights kind {self.kind!r}; choose {' or '.join(WEIGHT_KINDS)}"
+                f"unknown weights kind {self.kind!r}; choose {', '.join(WEIGHT_KINDS)}"
+            )
+        if self.kind == W8A8 and self.block_size != BATCH_INVARIANT_BLOCK:
+            raise InputError(
+                "--block-size is for int8 and int4 (MatMulNBits blocks); w8a8 scales each "
+                "weight column and each activation row: drop --block-size"
             )
         if self.block_size not in BLOCK_SIZES:
             raise InputError(
@@ -63,9 +71,18 @@ class WeightsSpec:
 
     @property
     def batch_invariant(self) -> bool:
-        return self.block_size == BATCH_INVARIANT_BLOCK
+        return self.kind == W8A8 or self.block_size == BATCH_INVARIANT_BLOCK
 
     def describe(self) -> dict[str, object]:
+        if self.kind == W8A8:
+            return {
+                "kind": self.kind,
+                "op": "MatMulInteger",
+                "bits": 8,
+                "weights": "symmetric, one scale per output column",
+                "activations": "symmetric, one scale per row",
+                "batch_invariant": True,
+            }
         return {
             "kind": self.kind,
             "op": "com.microsoft.MatMulNBits",
@@ -229,7 +246,7 @@ def quantize_weights(model: onnx.ModelProto, spec: WeightsSpec) -> QuantizedGrap
     # The quantizer edits its input: a copy (not a serialized round trip, which a graph with
     # more than 2 GB of weights cannot make).
     work = copy.deepcopy(model)
-    dequantize_matmul_nbits(work)
+    dequantize_products(work)
     read_weights_directly(work)
     gemm_as_matmul(work)
     candidates = constant_matmuls(work)
@@ -239,6 +256,16 @@ def quantize_weights(model: onnx.ModelProto, spec: WeightsSpec) -> QuantizedGrap
     small = [n.name for n in candidates if _weight_elements(work, n) < MIN_WEIGHT_ELEMENTS]
     if len(small) == len(candidates):
         return QuantizedGraph(work, 0, len(candidates))
+    if spec.kind == W8A8:
+        inits = _initializers(work)
+        targets = {
+            n.name
+            for n in candidates
+            if n.name not in small and inits[n.input[1]].data_type == TensorProto.FLOAT
+        }
+        count = rewrite_w8a8(work, targets, inits)
+        _drop_unused_initializers(work)
+        return QuantizedGraph(work, count, len(candidates) - count)
     settings = {
         "block_size": spec.block_size,
         "is_symmetric": True,
@@ -262,6 +289,13 @@ def quantize_weights(model: onnx.ModelProto, spec: WeightsSpec) -> QuantizedGrap
 
 
 # -- back to float -----------------------------------------------------------------------------
+def dequantize_products(model: onnx.ModelProto) -> int:
+    """Every quantized product (MatMulNBits, w8a8) as a float32 MatMul; returns how many."""
+    count = dequantize_matmul_nbits(model) + dequantize_w8a8(model)
+    _drop_unused_initializers(model)
+    return count
+
+
 def _unpack(blob: np.ndarray, bits: int) -> np.ndarray:
     """[N, blocks, bytes] uint8 -> [N, blocks, values] (low nibble first for 4 bits)."""
     if bits == 8:
@@ -328,11 +362,13 @@ def dequantize_matmul_nbits(model: onnx.ModelProto) -> int:
 __all__ = [
     "BATCH_INVARIANT_BLOCK",
     "BLOCK_SIZES",
+    "W8A8",
     "WEIGHT_KINDS",
     "QuantizedGraph",
     "WeightsSpec",
     "constant_matmuls",
     "dequantize_matmul_nbits",
+    "dequantize_products",
     "gemm_as_matmul",
     "quantize_weights",
     "read_weights_directly",

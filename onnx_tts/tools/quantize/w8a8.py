@@ -1,0 +1,182 @@
+"""`--weights w8a8`: int8 weights and int8 activations through ONNX Runtime's integer GEMM
+(`MatMulInteger`), with every row quantized on its own, so a row computes the same bits alone
+or in a batch of any size.
+
+Why: on CPUs without VNNI, 8-bit `MatMulNBits` (int8 compute) is compute-bound at about 25 G
+multiply-adds/s per thread from 8 rows up, and batching does not raise that rate; the integer
+GEMM behind `MatMulInteger` reaches about 2x that at 8 rows and 2-3x for a prompt's rows (and
+1.3x at one row), measured on these machines (docs/BENCHMARKS.md). `quantize_dynamic`'s form of
+it picks one activation scale for the whole tensor, which mixes the rows (rows.py).
+
+Each constant-weight MatMul `x @ W` (W [K, N]) becomes:
+* W: symmetric, one scale per output column (max |W[:, n]| / 127), stored as uint8 with zero
+  point 128 (uint8 x uint8 is the kernel form whose pair sums do not saturate on AVX2);
+* x: symmetric per row, scale max |x_row| / 127 (ReduceMax over the last axis), rounded, + 128,
+  uint8 with zero point 128; one such quantization per activation, shared by the MatMuls that
+  read it (a layer's q/k/v, its gate/up);
+* the int32 product (exact: |(qx - 128)(qw - 128)| <= 127^2 per term), cast to float, times
+  the row's scale and the column's scale.
+
+The rewrite marks its nodes (`NODE_PREFIX`) and each product's node carries the weights it
+replaced (`doc_string`), so a w8a8 graph can be read back to float (`dequantize_w8a8`) and
+quantized another way.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from onnx_tts.graph_io import W8A8_PREFIX as NODE_PREFIX
+
+ZERO_POINT = 128
+LEVELS = 127.0
+# A row of zeros has no scale: any positive one quantizes it to the zero point.
+TINY = 1e-30
+
+
+def _opset(model: onnx.ModelProto) -> int:
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 17)
+
+
+class _Writer:
+    """New nodes and constants with names no other value of the graph has."""
+
+    def __init__(self, model: onnx.ModelProto) -> None:
+        graph = model.graph
+        self.used = {t.name for t in graph.initializer} | {i.name for i in graph.input}
+        for node in graph.node:
+            self.used.update(node.output)
+            self.used.add(node.name)
+        self.constants: list[onnx.TensorProto] = []
+        self.opset = _opset(model)
+
+    def name(self, hint: str) -> str:
+        name, index = f"{NODE_PREFIX}{hint}", 0
+        while name in self.used:
+            index += 1
+            name = f"{NODE_PREFIX}{hint}_{index}"
+        self.used.add(name)
+        return name
+
+    def const(self, hint: str, value: np.ndarray) -> str:
+        name = self.name(hint)
+        self.constants.append(numpy_helper.from_array(value, name))
+        return name
+
+    def node(
+        self, out: list[onnx.NodeProto], kind: str, inputs: list[str], hint: str, **attrs
+    ) -> str:
+        output = attrs.pop("output", None) or self.name(f"{hint}/{kind}")
+        out.append(helper.make_node(kind, inputs, [output], name=self.name(hint), **attrs))
+        return output
+
+
+def quantize_weight(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """W [K, N] float -> (uint8 [K, N] around 128, float32 scale per column [N])."""
+    weight = np.asarray(weight, np.float32)
+    scale = np.abs(weight).max(axis=0) / LEVELS
+    scale = np.where(scale > 0, scale, 1.0).astype(np.float32)
+    levels = np.clip(np.rint(weight / scale), -LEVELS, LEVELS)
+    return (levels + ZERO_POINT).astype(np.uint8), scale
+
+
+def _rows(w: _Writer, out: list[onnx.NodeProto], x: str) -> tuple[str, str]:
+    """Nodes quantizing activation `x` per row: (uint8 values, float row scales)."""
+    hint = f"rows/{x}"
+    magnitude = w.node(out, "Abs", [x], hint)
+    if w.opset >= 18:  # axes became an input
+        last = w.const(f"{hint}/last_axis", np.array([-1], np.int64))
+        peak = w.node(out, "ReduceMax", [magnitude, last], hint, keepdims=1)
+    else:
+        peak = w.node(out, "ReduceMax", [magnitude], hint, axes=[-1], keepdims=1)
+    tiny = w.const(f"{hint}/tiny", np.array(TINY, np.float32))
+    levels = w.const(f"{hint}/levels", np.array(LEVELS, np.float32))
+    scale = w.node(out, "Div", [w.node(out, "Max", [peak, tiny], hint), levels], hint)
+    rounded = w.node(out, "Round", [w.node(out, "Div", [x, scale], hint)], hint)
+    shifted = w.node(
+        out, "Add", [rounded, w.const(f"{hint}/zero", np.array(ZERO_POINT, np.float32))], hint
+    )
+    bounds = [
+        w.const(f"{hint}/low", np.array(0.0, np.float32)),
+        w.const(f"{hint}/high", np.array(255.0, np.float32)),
+    ]
+    clipped = w.node(out, "Clip", [shifted, *bounds], hint)
+    return w.node(out, "Cast", [clipped], hint, to=TensorProto.UINT8), scale
+
+
+def rewrite_w8a8(
+    model: onnx.ModelProto, targets: set[str], weights: dict[str, onnx.TensorProto]
+) -> int:
+    """The MatMuls named in `targets` (input 1 a float [K, N] initializer in `weights`) as
+    w8a8 (module docstring), in place; returns how many."""
+    w = _Writer(model)
+    zero = w.const("zero_point", np.array(ZERO_POINT, np.uint8))
+    rebuilt: list[onnx.NodeProto] = []
+    shared: dict[str, tuple[str, str]] = {}
+    count = 0
+    for node in model.graph.node:
+        if node.name not in targets:
+            rebuilt.append(node)
+            continue
+        x, weight_name = node.input[0], node.input[1]
+        if x not in shared:
+            shared[x] = _rows(w, rebuilt, x)
+        values, row_scale = shared[x]
+        quantized, column_scale = quantize_weight(numpy_helper.to_array(weights[weight_name]))
+        hint = node.name
+        q_name = w.const(f"{hint}/weight", quantized)
+        s_name = w.const(f"{hint}/column_scale", column_scale)
+        product = w.node(rebuilt, "MatMulInteger", [values, q_name, zero, zero], hint)
+        rebuilt[-1].doc_string = json.dumps(
+            {"input": x, "weight": q_name, "scale": s_name, "output": node.output[0]}
+        )
+        real = w.node(rebuilt, "Cast", [product], hint, to=TensorProto.FLOAT)
+        by_row = w.node(rebuilt, "Mul", [real, row_scale], hint)
+        w.node(rebuilt, "Mul", [by_row, s_name], hint, output=node.output[0])
+        count += 1
+    del model.graph.node[:]
+    model.graph.node.extend(rebuilt)
+    model.graph.initializer.extend(w.constants)
+    return count
+
+
+def is_w8a8(node: onnx.NodeProto) -> bool:
+    return node.op_type == "MatMulInteger" and node.name.startswith(NODE_PREFIX)
+
+
+def dequantize_w8a8(model: onnx.ModelProto) -> int:
+    """Every w8a8 product back to a float32 MatMul with the weight it computes with; the
+    rewrite's other nodes go (their initializers stay: the caller drops what no node reads).
+    Returns how many. In place; the model's weights must be loaded."""
+    inits = {t.name: t for t in model.graph.initializer}
+    products = [n for n in model.graph.node if is_w8a8(n)]
+    if not products:
+        return 0
+    replacements: dict[str, onnx.NodeProto] = {}
+    for node in products:
+        marks = json.loads(node.doc_string)
+        levels = numpy_helper.to_array(inits[marks["weight"]]).astype(np.float32) - ZERO_POINT
+        scale = numpy_helper.to_array(inits[marks["scale"]]).astype(np.float32)
+        weight = numpy_helper.from_array(
+            np.ascontiguousarray(levels * scale, np.float32), f"{marks['weight']}/dequantized"
+        )
+        model.graph.initializer.append(weight)
+        replacements[marks["output"]] = helper.make_node(
+            "MatMul", [marks["input"], weight.name], [marks["output"]], name=marks["output"]
+        )
+    rebuilt = []
+    for node in model.graph.node:
+        if not node.name.startswith(NODE_PREFIX):
+            rebuilt.append(node)
+        elif node.output and node.output[0] in replacements:  # a product's last Mul
+            rebuilt.append(replacements[node.output[0]])
+    del model.graph.node[:]
+    model.graph.node.extend(rebuilt)
+    return len(products)
+
+
+__all__ = ["NODE_PREFIX", "dequantize_w8a8", "is_w8a8", "quantize_weight", "rewrite_w8a8"]
