@@ -112,9 +112,14 @@ def rewrite_w8a8(
     model: onnx.ModelProto, targets: set[str], weights: dict[str, onnx.TensorProto]
 ) -> int:
     """The MatMuls named in `targets` (input 1 a float [K, N] initializer in `weights`) as
-    w8a8 (module docstring), in place; returns how many."""
+    w8a8 (module docstring), in place; returns how many. A float weight no other node reads
+    is emptied as soon as it is quantized (the caller drops the initializers no node reads)."""
     w = _Writer(model)
     zero = w.const("zero_point", np.array(ZERO_POINT, np.uint8))
+    readers: dict[str, int] = {}
+    for node in model.graph.node:
+        for name in node.input:
+            readers[name] = readers.get(name, 0) + 1
     rebuilt: list[onnx.NodeProto] = []
     shared: dict[str, tuple[str, str]] = {}
     count = 0
@@ -126,7 +131,10 @@ def rewrite_w8a8(
         if x not in shared:
             shared[x] = _rows(w, rebuilt, x)
         values, row_scale = shared[x]
-        quantized, column_scale = quantize_weight(numpy_helper.to_array(weights[weight_name]))
+        float_weight = weights[weight_name]
+        quantized, column_scale = quantize_weight(numpy_helper.to_array(float_weight))
+        if readers[weight_name] == 1:  # its float bytes go now, not when the graph is done
+            float_weight.ClearField("raw_data")
         hint = node.name
         q_name = w.const(f"{hint}/weight", quantized)
         s_name = w.const(f"{hint}/column_scale", column_scale)
