@@ -8,8 +8,9 @@ Model: a stand-in checkpoint of `--variant` at the published sizes (export/moss_
 ``dims="published"``; Local v1: Qwen3-1.7B backbone, the 4-layer depth transformer, 33 heads;
 random weights, bf16 as published, its stop margin so high that no run ends before `--frames`),
 exported with `onnx-tts export moss-tts` (no codec: the LM side), converted for the in-place
-cache (`onnx-tts convert --inplace-kv`) and quantized (`onnx-tts quantize`: int8, and w8a8
-from the same float model, or from int8 read back when the float one was deleted). `--quick`:
+cache (`onnx-tts convert --inplace-kv`) and quantized (`onnx-tts quantize`: int8; with
+`--w8a8` also w8a8, from the same float model, or from int8 read back when the float one was
+deleted). `--quick`:
 the tiny stand-in, for a smoke run. `--layers N`: the published width with N backbone layers
 (Local v1.5's Qwen3-4B and Delay's Qwen3-8B do not fit this machine's 23 GB as float32 torch
 models; the backbone's share of a frame then shrinks, so the ratios are not the whole model's).
@@ -19,7 +20,7 @@ Measured, in this order (one big model in memory at a time):
 * memory bandwidth of this CPU (a large numpy copy, best of 5: bytes read + written per s);
 * the int8 backbone's decode step at batch 1 after a 64-position prompt (in place, median of
   32 steps) against its weight-read time (the bytes of its weights / the bandwidth);
-* the Engine (int8, then w8a8), each setting in a process of its own: `onnx_tts.load` defaults, and
+* the Engine (int8; `--w8a8`: w8a8 too), each setting in a process of its own: the defaults, and
   every session on all the cores (`threads=` the cores: codes only, the vocoder idles, so this
   is the Engine's best setting for this job): frames/s at 1 and at 8 concurrent requests
   (threads calling `Engine.generate` at once; Delay: audio frames, after the delay pattern's
@@ -81,7 +82,9 @@ def bandwidth_gbs(megabytes: int) -> float:
     return round(2 * source.nbytes / best / 1e9, 2)
 
 
-def models(work: Path, variant: str, quick: bool, layers: int = 0) -> dict[str, Path]:
+def models(
+    work: Path, variant: str, quick: bool, layers: int = 0, w8a8: bool = False
+) -> dict[str, Path]:
     """checkpoint -> float export -> in place -> int8, each made once under `work`; `layers`
     > 0: the published width with that many backbone layers."""
     import dataclasses
@@ -106,8 +109,8 @@ def models(work: Path, variant: str, quick: bool, layers: int = 0) -> dict[str, 
             dtype=torch.bfloat16,
             margin=NEVER_STOP,
         )
-    if paths["int8"].is_dir():
-        return _with_w8a8(paths)  # the float and in-place steps may be gone (disk)
+    if paths["int8"].is_dir():  # the float and in-place steps may be gone (disk)
+        return _with_w8a8(paths) if w8a8 else paths
     if not paths["float"].is_dir():
         _log("exporting ...")
         export_moss_tts(paths["checkpoint"], paths["float"], check=quick)
@@ -125,7 +128,7 @@ def models(work: Path, variant: str, quick: bool, layers: int = 0) -> dict[str, 
             thresholds=Thresholds(0.0, 0.0),
             log=_log,
         )
-    return _with_w8a8(paths)
+    return _with_w8a8(paths) if w8a8 else paths
 
 
 def _with_w8a8(paths: dict[str, Path]) -> dict[str, Path]:
@@ -282,7 +285,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "frames": args.frames,
         "layers": args.layers or None,
     }
-    paths = models(work, args.variant, args.quick, args.layers)
+    paths = models(work, args.variant, args.quick, args.layers, args.w8a8)
     if not args.skip_torch:  # first: the float torch model needs most of the memory (~17 GB)
         result["published"] = {
             str(t): _subprocess("torch", paths["checkpoint"], args.frames, t) for t in (1, 2, 4)
@@ -303,9 +306,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     settings = {
         "engine_int8": ("int8", 0),
         "engine_int8_all_cores": ("int8", cores),
-        "engine_w8a8": ("w8a8", 0),
-        "engine_w8a8_all_cores": ("w8a8", cores),
     }
+    if args.w8a8:
+        settings |= {"engine_w8a8": ("w8a8", 0), "engine_w8a8_all_cores": ("w8a8", cores)}
     for key, (weights, threads) in settings.items():
         result[key] = _subprocess("engine", paths[weights], args.frames, threads)
         result[key]["threads"] = threads
@@ -383,6 +386,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", default=None)
     parser.add_argument("--plot", default=None)
     parser.add_argument("--skip-torch", action="store_true")
+    parser.add_argument(
+        "--w8a8",
+        action="store_true",
+        help="also quantize --weights w8a8 and measure it (quantizing Local v1 at the published "
+        "sizes from its int8 model read back needs more than this machine's 23 GB)",
+    )
     parser.add_argument("--torch-only", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--engine-only", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)

@@ -205,11 +205,14 @@ def _set_nodes(model: onnx.ModelProto, nodes: list[onnx.NodeProto]) -> None:
 
 
 def _drop_unused_initializers(model: onnx.ModelProto) -> None:
+    """In place, one by one: rebuilding the list would copy every weight kept (a transient
+    second copy of a large model)."""
     used = {name for node in model.graph.node for name in node.input}
     used.update(o.name for o in model.graph.output)
-    kept = [t for t in model.graph.initializer if t.name in used]
-    del model.graph.initializer[:]
-    model.graph.initializer.extend(kept)
+    initializers = model.graph.initializer
+    for index in range(len(initializers) - 1, -1, -1):
+        if initializers[index].name not in used:
+            del initializers[index]
 
 
 def constant_matmuls(model: onnx.ModelProto) -> list[onnx.NodeProto]:
@@ -291,9 +294,10 @@ def quantize_weights(model: onnx.ModelProto, spec: WeightsSpec) -> QuantizedGrap
 # -- back to float -----------------------------------------------------------------------------
 def dequantize_products(model: onnx.ModelProto) -> int:
     """Every quantized product (MatMulNBits, w8a8) as a float32 MatMul; returns how many."""
-    count = dequantize_matmul_nbits(model) + dequantize_w8a8(model)
-    _drop_unused_initializers(model)
-    return count
+    products = dequantize_w8a8(model)
+    if products:
+        _drop_unused_initializers(model)
+    return dequantize_matmul_nbits(model) + products
 
 
 def _unpack(blob: np.ndarray, bits: int) -> np.ndarray:
