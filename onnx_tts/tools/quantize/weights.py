@@ -3,16 +3,17 @@ Runtime's `com.microsoft.MatMulNBits` (8- or 4-bit blocks, symmetric, one float 
 block) or, with `w8a8`, an integer product with activations quantized per row (w8a8.py); and
 the way back (`dequantize_products`) for graphs that arrive quantized.
 
-Why MatMulNBits for int8 too, not `quantize_dynamic`'s MatMulInteger: measured on these CPUs
-(benchmarks/bench_quant.py, Turbo-shape MatMul stack, 1 thread) dynamic per-channel int8 is
-the fastest kernel (0.30x fp32 at 1 row against 0.39x for 8-bit MatMulNBits at block 32), but
-8-bit MatMulNBits at block 32 is the only int8 form whose rows do not depend on each other:
-`DynamicQuantizeLinear` picks one activation scale for the whole tensor, so a request decodes
-differently beside others, and the engine must then run every request on its own cache (no
-batching: 8 requests cost 8 weight reads per step instead of one). With `accuracy_level` 4
+Why MatMulNBits for int8 (the default), not `quantize_dynamic`'s MatMulInteger: measured on
+these CPUs (benchmarks/bench_quant.py, Turbo-shape MatMul stack, 1 thread) dynamic per-channel
+int8 is the fastest kernel (0.30x fp32 at 1 row against 0.39x for 8-bit MatMulNBits at block
+32), but `DynamicQuantizeLinear` picks one activation scale for the whole tensor, so a request
+decodes differently beside others, and the engine must then run every request on its own cache
+(no batching: 8 requests cost 8 weight reads per step instead of one). With `accuracy_level` 4
 (int8 compute) MatMulNBits quantizes activations per row and block; at block 32 a row's result
 is bit-identical alone or in a batch of any size (blocks of 64 and 128 are not, measured: see
-`BATCH_INVARIANT_BLOCK`).
+`BATCH_INVARIANT_BLOCK`). `w8a8` keeps MatMulInteger's speed and makes the rows independent
+by quantizing each row in the graph; its one scale per row is coarser than MatMulNBits' per
+block of 32, which is why it is asked for, not the default.
 """
 
 from __future__ import annotations
