@@ -121,20 +121,21 @@ class MossVocoder(Vocoder):
     ) -> np.ndarray | None:
         return continued_codes(voice, options, self.layout)
 
-    def _decoded_prime(self, prime: np.ndarray) -> np.ndarray:
-        """The prime's frames decoded before the chunk's: all of them, but Delay's last
-        n_vq - 1, which come back as the chunk's first frames, completed by the model."""
-        codes = np.asarray(prime, np.int64).reshape(-1, self.layout.n_vq)
-        return codes[: len(codes) - min(len(codes), self.layout.n_vq - 1)] if self._delay else codes
+    def _completed(self, prime: np.ndarray) -> int:
+        """How many of the prime's last frames come back as the chunk's first, completed by
+        the model: Delay's last n_vq - 1 (its prompt ends inside the delay pattern), else 0."""
+        return min(len(prime), self.layout.n_vq - 1) if self.layout.variant == "delay" else 0
 
-    @property
-    def _delay(self) -> bool:
-        return self.layout.variant == "delay"
+    def _decoded_prime(self, prime: np.ndarray) -> np.ndarray:
+        """The prime's frames decoded before the chunk's: all but the completed ones."""
+        codes = np.asarray(prime, np.int64).reshape(-1, self.layout.n_vq)
+        return codes[: len(codes) - self._completed(codes)]
 
     def unheard_frames(self, prime: np.ndarray) -> int:
         """Delay: the frames completing the reference's, and one more (the published decode's
         cut counts the audio_start row)."""
-        return min(len(prime), self.layout.n_vq - 1) + 1 if self._delay else 0
+        completed = self._completed(prime)
+        return completed + 1 if completed else 0
 
     def open_primed_stream(self, prime: np.ndarray) -> StreamDecoder:
         before = self._decoded_prime(prime)
