@@ -155,6 +155,15 @@ def value_info(
     return helper.make_tensor_value_info(name, elem_type, None if shape is None else list(shape))
 
 
+def builder_into(model: onnx.ModelProto) -> GraphBuilder:
+    """A builder for nodes that go into `model`'s graph: its default-domain opset, and no name
+    the graph already uses."""
+    opset = next(
+        (o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), DEFAULT_OPSET
+    )
+    return GraphBuilder(model.graph.name, opset, reserved=reserved_names(model.graph))
+
+
 # small op helpers --------------------------------------------------------------------------
 def reduce_op(
     b: GraphBuilder, op: str, x: str, axes: list[int], keepdims: bool, name: str | None = None

@@ -24,7 +24,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from onnx_tts.tools.graph_builder import MS_DOMAIN
+from onnx_tts.tools.graph_builder import MS_DOMAIN, builder_into, reduce_op
 from onnx_tts.tools.quantize.weights import BATCH_INVARIANT_BLOCK, INT8_COMPUTE
 
 
@@ -74,22 +74,6 @@ def _nbits_int8_compute(model: onnx.ModelProto, changes: RowChanges) -> None:
         changes.int8_compute += 1
 
 
-class _Names:
-    def __init__(self, graph: onnx.GraphProto) -> None:
-        self.used = {t.name for t in graph.initializer} | {n.name for n in graph.node}
-        for node in graph.node:
-            self.used.update(node.output)
-        self.used.update(i.name for i in graph.input)
-
-    def new(self, hint: str) -> str:
-        name, index = hint, 0
-        while name in self.used:
-            index += 1
-            name = f"{hint}_{index}"
-        self.used.add(name)
-        return name
-
-
 def _consumers(graph: onnx.GraphProto) -> dict[str, list[onnx.NodeProto]]:
     found: dict[str, list[onnx.NodeProto]] = {}
     for node in graph.node:
@@ -108,16 +92,9 @@ def _per_row_dql(model: onnx.ModelProto, changes: RowChanges) -> None:
     graph = model.graph
     inits = {t.name: t for t in graph.initializer}
     consumers = _consumers(graph)
-    names = _Names(graph)
-    constants: list[onnx.TensorProto] = []
+    b = builder_into(model)
     rebuilt: list[onnx.NodeProto] = []
     corrections: dict[str, list[onnx.NodeProto]] = {}  # MatMulInteger output -> after it
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 17)
-
-    def const(hint: str, value: np.ndarray) -> str:
-        name = names.new(hint)
-        constants.append(numpy_helper.from_array(value, name))
-        return name
 
     for node in graph.node:
         if node.op_type != "DynamicQuantizeLinear" or node.domain not in ("", "ai.onnx"):
@@ -138,31 +115,22 @@ def _per_row_dql(model: onnx.ModelProto, changes: RowChanges) -> None:
             changes.left.append(f"{node.name}: DynamicQuantizeLinear feeds other nodes; left")
             rebuilt.append(node)
             continue
-        x, p = node.input[0], names.new(f"{node.name}/per_row")
+        x, p = node.input[0], b.unique(f"{node.name}/per_row")
 
         def op(kind: str, inputs: list[str], out: str | None = None, p=p, **attrs) -> str:
-            out = out or names.new(f"{p}/{kind}")
-            rebuilt.append(
-                helper.make_node(kind, inputs, [out], name=names.new(f"{p}/{kind}"), **attrs)
-            )
+            if out is None:
+                return b.node(kind, inputs, name=f"{p}/{kind}", **attrs)
+            b.node(kind, inputs, name=f"{p}/{kind}", output_names=[out], **attrs)
             return out
 
-        zero_f = const(f"{p}/zero", np.array(0.0, np.float32))
-        if opset >= 18:  # axes became an input
-            last = const(f"{p}/last_axis", np.array([-1], np.int64))
-            high = op("ReduceMax", [x, last], keepdims=1)
-            low = op("ReduceMin", [x, last], keepdims=1)
-        else:
-            high = op("ReduceMax", [x], axes=[-1], keepdims=1)
-            low = op("ReduceMin", [x], axes=[-1], keepdims=1)
+        zero_f = b.const(0.0, np.float32)
+        high = reduce_op(b, "ReduceMax", x, [-1], True, name=f"{p}/ReduceMax")
+        low = reduce_op(b, "ReduceMin", x, [-1], True, name=f"{p}/ReduceMin")
         span = op("Sub", [op("Max", [high, zero_f]), op("Min", [low, zero_f])])
-        row_scale = op("Div", [span, const(f"{p}/levels", np.array(255.0, np.float32))])
+        row_scale = op("Div", [span, b.const(255.0, np.float32)])
         # An all-zero row would divide by zero: any scale quantizes it to the zero point.
-        row_scale = op("Max", [row_scale, const(f"{p}/tiny", np.array(1e-30, np.float32))], scale)
-        bounds = [
-            const(f"{p}/q0", np.array(0.0, np.float32)),
-            const(f"{p}/q255", np.array(255.0, np.float32)),
-        ]
+        row_scale = op("Max", [row_scale, b.const(1e-30, np.float32)], scale)
+        bounds = [zero_f, b.const(255.0, np.float32)]
         zero_point = op(
             "Clip",
             [op("Round", [op("Div", [op("Neg", [op("Min", [low, zero_f])]), row_scale])]), *bounds],
@@ -172,6 +140,8 @@ def _per_row_dql(model: onnx.ModelProto, changes: RowChanges) -> None:
         )
         op("Cast", [values], quantized, to=TensorProto.UINT8)
         zero_i32 = op("Cast", [zero_point], to=TensorProto.INT32)
+        rebuilt.extend(b.nodes)
+        b.nodes.clear()
         for user in users:
             weights = numpy_helper.to_array(inits[user.input[1]])
             w_zero = (
@@ -179,22 +149,16 @@ def _per_row_dql(model: onnx.ModelProto, changes: RowChanges) -> None:
                 if len(user.input) > 3 and user.input[3]
                 else np.zeros((), weights.dtype)
             )
-            sums = const(
+            sums = b.initializer(
                 f"{p}/column_sums",
                 _column_sums(weights, np.broadcast_to(w_zero, weights.shape[1:])),
             )
             user.input[2] = ""  # the row's zero point comes back through the correction
-            accumulated = names.new(f"{user.output[0]}/uncorrected")
-            correction = helper.make_node(
-                "Mul", [zero_i32, sums], [names.new(f"{p}/correction")], name=names.new(f"{p}/Mul")
-            )
-            subtract = helper.make_node(
-                "Sub",
-                [accumulated, correction.output[0]],
-                [user.output[0]],
-                name=names.new(f"{p}/Sub"),
-            )
-            corrections[accumulated] = [correction, subtract]
+            accumulated = b.unique(f"{user.output[0]}/uncorrected")
+            correction = op("Mul", [zero_i32, sums])
+            op("Sub", [accumulated, correction], user.output[0])
+            corrections[accumulated] = list(b.nodes)
+            b.nodes.clear()
             user.output[0] = accumulated
         changes.per_row_activations += 1
     ordered: list[onnx.NodeProto] = []
@@ -203,7 +167,7 @@ def _per_row_dql(model: onnx.ModelProto, changes: RowChanges) -> None:
         ordered.extend(corrections.get(node.output[0], []) if node.output else [])
     del graph.node[:]
     graph.node.extend(ordered)
-    graph.initializer.extend(constants)
+    graph.initializer.extend(b.initializers)
 
 
 def independent_rows(model: onnx.ModelProto) -> RowChanges:

@@ -38,6 +38,7 @@ from onnx_tts.tools.quantize.weights import (
     W8A8,
     WeightsSpec,
     dequantize_products,
+    has_quantized_products,
     quantize_weights,
 )
 
@@ -162,11 +163,16 @@ def _quantize_job(
     references = dict(zip(job.roles, job.sources, strict=True))
     for role, source in zip(job.roles, job.sources, strict=True):
         model = onnx.load(str(source), load_external_data=True)
-        quantized = quantize_weights(model, spec)
-        if dequantize_products(model):
+        if has_quantized_products(model):  # the check's reference is its float read-back
+            quantized = quantize_weights(model, spec)
+            dequantize_products(model)
             references[role] = directory / "float" / f"{role}.onnx"
             floats.append((references[role], model))
-        result.float_bytes += model_bytes(model)
+            result.float_bytes += model_bytes(model)
+        else:  # the float source on disk is the reference: its weights in memory can go
+            result.float_bytes += model_bytes(model)
+            quantized = quantize_weights(model, spec, consume=True)
+        model = None
         result.quantized_matmuls += quantized.quantized
         result.float_matmuls += quantized.float_matmuls
         result.quantized_bytes += model_bytes(quantized.model)

@@ -31,48 +31,12 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx_tts.graph_io import W8A8_PREFIX as NODE_PREFIX
+from onnx_tts.tools.graph_builder import GraphBuilder, builder_into, reduce_op
 
 ZERO_POINT = 128
 LEVELS = 127.0
 # A row of zeros has no scale: any positive one quantizes it to the zero point.
 TINY = 1e-30
-
-
-def _opset(model: onnx.ModelProto) -> int:
-    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 17)
-
-
-class _Writer:
-    """New nodes and constants with names no other value of the graph has."""
-
-    def __init__(self, model: onnx.ModelProto) -> None:
-        graph = model.graph
-        self.used = {t.name for t in graph.initializer} | {i.name for i in graph.input}
-        for node in graph.node:
-            self.used.update(node.output)
-            self.used.add(node.name)
-        self.constants: list[onnx.TensorProto] = []
-        self.opset = _opset(model)
-
-    def name(self, hint: str) -> str:
-        name, index = f"{NODE_PREFIX}{hint}", 0
-        while name in self.used:
-            index += 1
-            name = f"{NODE_PREFIX}{hint}_{index}"
-        self.used.add(name)
-        return name
-
-    def const(self, hint: str, value: np.ndarray) -> str:
-        name = self.name(hint)
-        self.constants.append(numpy_helper.from_array(value, name))
-        return name
-
-    def node(
-        self, out: list[onnx.NodeProto], kind: str, inputs: list[str], hint: str, **attrs
-    ) -> str:
-        output = attrs.pop("output", None) or self.name(f"{hint}/{kind}")
-        out.append(helper.make_node(kind, inputs, [output], name=self.name(hint), **attrs))
-        return output
 
 
 def quantize_weight(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -84,28 +48,17 @@ def quantize_weight(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return (levels + ZERO_POINT).astype(np.uint8), scale
 
 
-def _rows(w: _Writer, out: list[onnx.NodeProto], x: str) -> tuple[str, str]:
+def _rows(b: GraphBuilder, x: str) -> tuple[str, str]:
     """Nodes quantizing activation `x` per row: (uint8 values, float row scales)."""
-    hint = f"rows/{x}"
-    magnitude = w.node(out, "Abs", [x], hint)
-    if w.opset >= 18:  # axes became an input
-        last = w.const(f"{hint}/last_axis", np.array([-1], np.int64))
-        peak = w.node(out, "ReduceMax", [magnitude, last], hint, keepdims=1)
-    else:
-        peak = w.node(out, "ReduceMax", [magnitude], hint, axes=[-1], keepdims=1)
-    tiny = w.const(f"{hint}/tiny", np.array(TINY, np.float32))
-    levels = w.const(f"{hint}/levels", np.array(LEVELS, np.float32))
-    scale = w.node(out, "Div", [w.node(out, "Max", [peak, tiny], hint), levels], hint)
-    rounded = w.node(out, "Round", [w.node(out, "Div", [x, scale], hint)], hint)
-    shifted = w.node(
-        out, "Add", [rounded, w.const(f"{hint}/zero", np.array(ZERO_POINT, np.float32))], hint
-    )
-    bounds = [
-        w.const(f"{hint}/low", np.array(0.0, np.float32)),
-        w.const(f"{hint}/high", np.array(255.0, np.float32)),
-    ]
-    clipped = w.node(out, "Clip", [shifted, *bounds], hint)
-    return w.node(out, "Cast", [clipped], hint, to=TensorProto.UINT8), scale
+    hint = f"{NODE_PREFIX}rows/{x}"
+    peak = reduce_op(b, "ReduceMax", b.node("Abs", [x], name=hint), [-1], True, name=hint)
+    floor = b.node("Max", [peak, b.const(TINY, np.float32)], name=hint)
+    scale = b.node("Div", [floor, b.const(LEVELS, np.float32)], name=hint)
+    rounded = b.node("Round", [b.node("Div", [x, scale], name=hint)], name=hint)
+    shifted = b.node("Add", [rounded, b.const(ZERO_POINT, np.float32)], name=hint)
+    bounds = [b.const(0.0, np.float32), b.const(255.0, np.float32)]
+    clipped = b.node("Clip", [shifted, *bounds], name=hint)
+    return b.node("Cast", [clipped], name=hint, to=TensorProto.UINT8), scale
 
 
 def rewrite_w8a8(
@@ -114,41 +67,44 @@ def rewrite_w8a8(
     """The MatMuls named in `targets` (input 1 a float [K, N] initializer in `weights`) as
     w8a8 (module docstring), in place; returns how many. A float weight no other node reads
     is emptied as soon as it is quantized (the caller drops the initializers no node reads)."""
-    w = _Writer(model)
-    zero = w.const("zero_point", np.array(ZERO_POINT, np.uint8))
+    graph = model.graph
+    b = builder_into(model)
+    zero = b.const(ZERO_POINT, np.uint8)
     readers: dict[str, int] = {}
-    for node in model.graph.node:
+    for node in graph.node:
         for name in node.input:
             readers[name] = readers.get(name, 0) + 1
     rebuilt: list[onnx.NodeProto] = []
     shared: dict[str, tuple[str, str]] = {}
     count = 0
-    for node in model.graph.node:
+    for node in graph.node:
         if node.name not in targets:
             rebuilt.append(node)
             continue
         x, weight_name = node.input[0], node.input[1]
         if x not in shared:
-            shared[x] = _rows(w, rebuilt, x)
+            shared[x] = _rows(b, x)
         values, row_scale = shared[x]
         float_weight = weights[weight_name]
         quantized, column_scale = quantize_weight(numpy_helper.to_array(float_weight))
         if readers[weight_name] == 1:  # its float bytes go now, not when the graph is done
             float_weight.ClearField("raw_data")
-        hint = node.name
-        q_name = w.const(f"{hint}/weight", quantized)
-        s_name = w.const(f"{hint}/column_scale", column_scale)
-        product = w.node(rebuilt, "MatMulInteger", [values, q_name, zero, zero], hint)
-        rebuilt[-1].doc_string = json.dumps(
+        hint = f"{NODE_PREFIX}{node.name}"
+        q_name = b.initializer(f"{hint}/weight", quantized)
+        s_name = b.initializer(f"{hint}/column_scale", column_scale)
+        product = b.node("MatMulInteger", [values, q_name, zero, zero], name=hint)
+        b.nodes[-1].doc_string = json.dumps(
             {"input": x, "weight": q_name, "scale": s_name, "output": node.output[0]}
         )
-        real = w.node(rebuilt, "Cast", [product], hint, to=TensorProto.FLOAT)
-        by_row = w.node(rebuilt, "Mul", [real, row_scale], hint)
-        w.node(rebuilt, "Mul", [by_row, s_name], hint, output=node.output[0])
+        real = b.node("Cast", [product], name=hint, to=TensorProto.FLOAT)
+        by_row = b.node("Mul", [real, row_scale], name=hint)
+        b.node("Mul", [by_row, s_name], name=hint, output_names=[node.output[0]])
+        rebuilt.extend(b.nodes)  # in graph order: right where the MatMul was
+        b.nodes.clear()
         count += 1
-    del model.graph.node[:]
-    model.graph.node.extend(rebuilt)
-    model.graph.initializer.extend(w.constants)
+    del graph.node[:]
+    graph.node.extend(rebuilt)
+    graph.initializer.extend(b.initializers)
     return count
 
 
