@@ -155,6 +155,18 @@ def value_info(
     return helper.make_tensor_value_info(name, elem_type, None if shape is None else list(shape))
 
 
+def add_initializer(graph: onnx.GraphProto, array: np.ndarray, name: str) -> onnx.TensorProto:
+    """`array` as a new initializer of `graph`, built in place: appending a made tensor copies
+    it through serialization, which fails past protobuf's 2 GB (a 151,936 x 4096 float head)."""
+    array = np.ascontiguousarray(array)
+    tensor = graph.initializer.add()
+    tensor.name = name
+    tensor.data_type = helper.np_dtype_to_tensor_dtype(array.dtype)
+    tensor.dims.extend(array.shape)
+    tensor.raw_data = array.tobytes()
+    return tensor
+
+
 def builder_into(model: onnx.ModelProto) -> GraphBuilder:
     """A builder for nodes that go into `model`'s graph: its default-domain opset, and no name
     the graph already uses."""

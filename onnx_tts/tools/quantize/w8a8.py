@@ -31,7 +31,12 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx_tts.graph_io import W8A8_PREFIX as NODE_PREFIX
-from onnx_tts.tools.graph_builder import GraphBuilder, builder_into, reduce_op
+from onnx_tts.tools.graph_builder import (
+    GraphBuilder,
+    add_initializer,
+    builder_into,
+    reduce_op,
+)
 
 ZERO_POINT = 128
 LEVELS = 127.0
@@ -125,10 +130,7 @@ def dequantize_w8a8(model: onnx.ModelProto) -> int:
         marks = json.loads(node.doc_string)
         levels = numpy_helper.to_array(inits[marks["weight"]]).astype(np.float32) - ZERO_POINT
         scale = numpy_helper.to_array(inits[marks["scale"]]).astype(np.float32)
-        weight = numpy_helper.from_array(
-            np.ascontiguousarray(levels * scale, np.float32), f"{marks['weight']}/dequantized"
-        )
-        model.graph.initializer.append(weight)
+        weight = add_initializer(model.graph, levels * scale, f"{marks['weight']}/dequantized")
         replacements[marks["output"]] = helper.make_node(
             "MatMul", [marks["input"], weight.name], [marks["output"]], name=marks["output"]
         )

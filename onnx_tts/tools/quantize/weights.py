@@ -29,7 +29,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx_tts.errors import InputError, ModelError
-from onnx_tts.tools.graph_builder import MS_DOMAIN
+from onnx_tts.tools.graph_builder import MS_DOMAIN, add_initializer
 from onnx_tts.tools.quantize.w8a8 import dequantize_w8a8, is_w8a8, rewrite_w8a8
 
 WEIGHT_KINDS = {"int8": 8, "int4": 4, "w8a8": 8}
@@ -139,11 +139,11 @@ def gemm_as_matmul(model: onnx.ModelProto) -> int:
             rebuilt.append(node)
             continue
         if attrs.get("transB", 0):
-            array = numpy_helper.to_array(weight).T
-            transposed = numpy_helper.from_array(
-                np.ascontiguousarray(array), f"{weight.name}/transposed_for_matmul"
+            transposed = add_initializer(
+                model.graph,
+                numpy_helper.to_array(weight).T,
+                f"{weight.name}/transposed_for_matmul",
             )
-            model.graph.initializer.append(transposed)
             inits[transposed.name] = transposed
             weight_name = transposed.name
         else:
@@ -365,9 +365,7 @@ def dequantize_matmul_nbits(model: onnx.ModelProto) -> int:
         zero = _zero_points(inputs, values, n, blocks, bits)
         weight = ((q - zero[..., None]) * scales[..., None]).reshape(n, -1)[:, :k]
         name = f"{inputs[1]}/dequantized"
-        model.graph.initializer.append(
-            numpy_helper.from_array(np.ascontiguousarray(weight.T, np.float32), name)
-        )
+        add_initializer(model.graph, weight.T.astype(np.float32), name)
         rebuilt.extend(_matmul_and_bias(node, name, inputs[5] if len(inputs) > 5 else ""))
         count += 1
     if count:
