@@ -38,6 +38,7 @@ benchmarks/bench_audio_tokenizer.py); the first frame bounds it from below.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import resource
 import subprocess
@@ -67,6 +68,13 @@ def _log(message: str) -> None:
 
 
 def peak_rss_gb() -> float:
+    """This process's peak resident memory. Linux keeps `ru_maxrss` across exec, so a contender
+    started by a parent that once held a big model would report the parent's peak: the
+    high-water mark of this process's own memory map (VmHWM) is read first."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return round(int(line.split()[1]) / 2**20, 2)
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)
 
 
