@@ -17,6 +17,7 @@ import onnx_tts
 from onnx_tts.decoding.request import CancelToken, PlaybackClock, Request
 from onnx_tts.errors import CancelledError, InputError
 from onnx_tts.families.base import Vocoder, VocoderCapabilities
+from onnx_tts.pipeline import stages
 from onnx_tts.pipeline.admission import Admission, retry_after_seconds
 from onnx_tts.pipeline.stages import VocoderStage
 from onnx_tts.vocoder import StreamingOptions
@@ -219,6 +220,83 @@ def test_a_burst_s_first_windows_decode_in_two_halves_at_once():
     for index, samples in enumerate(audio):
         np.testing.assert_array_equal(samples, np.full(16, index, np.float32))
     stage.close()
+
+
+def _first_windows_of(stage: VocoderStage, count: int) -> list[Any]:
+    """`count` streams whose first windows are all due in the stage's first round."""
+    window = StreamingOptions(2, 2, 0, 0, 0)
+    with stage.lock:
+        streams = [
+            stage.open(_one_shot_request(f"s{i}"), window, hop_length=4) for i in range(count)
+        ]
+        for index, stream in enumerate(streams):
+            stream.put(np.full(3, index, np.float32))
+            stream.put(np.full(3, index, np.float32))
+            stream.end()
+    return streams
+
+
+def test_a_burst_bigger_than_one_vocoder_batch_decodes_every_first_window_at_once():
+    """More first windows than one call takes (`max_batch`): all of them are in the two halves
+    of the first round. (Eight first windows of the default voice are more frames than one
+    call takes: the one left over waited for a round of its own, after both halves.)"""
+    vocoder = _Windows()
+    stage = VocoderStage(vocoder, lm_idle=lambda: False, max_batch=2)
+    streams = _first_windows_of(stage, 4)
+    audio = [np.concatenate(list(stream)) for stream in streams]
+    assert vocoder.calls[:2] == [2, 2] and vocoder.most == 2
+    for index, samples in enumerate(audio):
+        np.testing.assert_array_equal(samples, np.full(8, index, np.float32))
+    stage.close()
+
+
+class _HeldWindows(_Windows):
+    """First windows wait until the test releases them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+
+    def vocode_windows(self, windows: Any, voices: Any) -> list[np.ndarray]:
+        with self.lock:
+            self.running += 1
+            self.calls.append(len(windows))
+        try:
+            self.release.wait(WAIT_BOUND_SECONDS)
+        finally:
+            with self.lock:
+                self.running -= 1
+        return [np.full(len(w) * 4, float(w[0, 0]), np.float32) for w in windows]
+
+
+def test_the_decode_step_waits_while_a_burst_s_first_windows_take_both_cores(monkeypatch):
+    """While the two halves of a burst's first windows decode, the decode scheduler's next
+    step waits (`hold_lm`, which the engine gives its scheduler): on two cores a step would
+    take one from listeners still waiting for their first audio. It goes on once they are
+    decoded, and a step never waits while no first windows decode."""
+    monkeypatch.setattr(stages, "FIRST_WINDOWS_HOLD_SECONDS", WAIT_BOUND_SECONDS)
+    vocoder = _HeldWindows()
+    stage = VocoderStage(vocoder, lm_idle=lambda: False)
+    stage.hold_lm()  # nothing decodes: returns at once
+    streams = _first_windows_of(stage, 4)
+    wait_until(lambda: vocoder.running == 2, "both halves are decoding")
+    step = threading.Thread(target=stage.hold_lm)
+    step.start()
+    step.join(0.2)
+    assert step.is_alive(), "the step went on while the first windows decoded"
+    vocoder.release.set()
+    step.join(WAIT_BOUND_SECONDS)
+    assert not step.is_alive()
+    assert [len(np.concatenate(list(stream))) for stream in streams] == [8] * 4
+    stage.close()
+
+
+def test_the_engine_s_decode_steps_wait_for_its_vocoder_stage():
+    engine = onnx_tts.load(cache_dir=None)
+    try:
+        assert engine.scheduler.hold_steps == engine.executor.vocoder.hold_lm
+    finally:
+        engine.close()
 
 
 def test_many_clients_coming_and_going_leave_nothing_behind(codec_engine):

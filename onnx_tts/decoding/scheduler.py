@@ -25,6 +25,7 @@ import logging
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -115,6 +116,9 @@ class DecodeScheduler:
         self._cv = threading.Condition()
         self._closed = False
         self._thread: threading.Thread | None = None
+        # Set by the vocoder stage that decodes this scheduler's frames: waits (bounded) while
+        # it needs both cores for listeners' first audio (`VocoderStage.hold_lm`).
+        self.hold_steps: Callable[[], None] = lambda: None
         self._stats = {
             "requests": 0,
             "steps": 0,
@@ -262,6 +266,7 @@ class DecodeScheduler:
         self._drop_cancelled()
         rows = self._stepping(plan, joined)
         if rows.size:
+            self.hold_steps()
             self._step(rows)
         if not self._active_rows().size:
             self._hand_over_pending()  # nothing to overlap it with

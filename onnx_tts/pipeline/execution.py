@@ -37,6 +37,8 @@ class Executor:
             lm_idle=scheduler.idle,
             policy=scheduler.policy,
         )
+        if isinstance(scheduler, DecodeScheduler):  # (a direct scheduler runs one row)
+            scheduler.hold_steps = self.vocoder.hold_lm
         self.hop_length = int(model.hop_length)
 
     @property

@@ -54,6 +54,9 @@ MAX_VOCODER_BATCH = 16
 # window that becomes urgent meanwhile (a new stream's first); batching saves 10-15% per frame
 # on short windows of the default voice and nothing on long ones (measured).
 MAX_VOCODER_BATCH_FRAMES = 160
+# Longest a decode step waits for a burst's first windows (`VocoderStage.hold_lm`): about
+# three times what 8 first windows of the default voice take on two cores.
+FIRST_WINDOWS_HOLD_SECONDS = 0.1
 _END = object()
 _LIVE: weakref.WeakSet[VocoderStage] = weakref.WeakSet()
 
@@ -284,6 +287,9 @@ class VocoderStage:
         self.streams: set[VocoderStream] = set()
         self._due: set[VocoderStream] = set()
         self._decoding: set[VocoderStream] = set()  # taken by the worker's current round
+        # Cleared while a burst's first windows decode on both cores (`hold_lm`).
+        self._first_windows_done = threading.Event()
+        self._first_windows_done.set()
         self._closed = False
         self._thread: threading.Thread | None = None
         # samples: audio handed to consumers (admission's cost per second of audio).
@@ -311,6 +317,13 @@ class VocoderStage:
                     self._beside.submit(_nothing)
                 _LIVE.add(self)
         return stream
+
+    def hold_lm(self) -> None:
+        """(the decode scheduler, before a step) Wait while a burst's first windows decode as
+        two halves on two cores: the step would take one of them from listeners waiting for
+        their first audio, while the rows it would advance have their first window already
+        (bounded: a step waits at most FIRST_WINDOWS_HOLD_SECONDS)."""
+        self._first_windows_done.wait(FIRST_WINDOWS_HOLD_SECONDS)
 
     def forget(self, stream: VocoderStream) -> None:
         """A stream closed by its consumer: its windows are dropped and its stateful decoder
@@ -369,9 +382,14 @@ class VocoderStage:
             taken = 2 if self._second_decoder_free(batches) else 1
             if taken == 2:
                 assert self._beside is not None  # (made with the stage's thread)
-                beside = self._beside.submit(self._decode, batches[1])
-                self._decode(batches[0])
-                beside.result()
+                if _first_windows(batches[0]):
+                    self._first_windows_done.clear()
+                try:
+                    beside = self._beside.submit(self._decode, batches[1])
+                    self._decode(batches[0])
+                    beside.result()
+                finally:
+                    self._first_windows_done.set()
             elif batches:
                 self._decode(batches[0])
             with self._cv:
@@ -410,15 +428,34 @@ class VocoderStage:
         )
 
     def _split_first_windows(self, batches: list[list[tuple]]) -> list[list[tuple]]:
-        """The most urgent batch cut in two halves when it holds the first windows of several
-        streams (a burst that started together): the halves decode at once, on two cores,
-        while listeners wait for their first audio (measured with `bench serve --burst 8` on
-        the default voice: one batch of 8 first windows took 50 ms of one core while the
-        other core stepped the LM)."""
-        if not batches or len(batches[0]) < 2 or not _first_windows(batches[0]):
+        """The first windows of several streams (a burst that started together) as two
+        halves that decode at once, on two cores, while listeners wait for their first audio
+        (measured with `bench serve --burst 8` on the default voice: one batch of 8 first
+        windows took 50 ms of one core while the other core stepped the LM). The halves take
+        the leading batches of first windows of one length together: 8 first windows of 22
+        frames fill more than one batch (MAX_VOCODER_BATCH_FRAMES), and the window left over
+        used to wait for the next round, alone, after both halves."""
+        if not batches or not self.batches or not _first_windows(batches[0]):
             return batches
-        half = (len(batches[0]) + 1) // 2
-        return [batches[0][:half], batches[0][half:], *batches[1:]]
+        length = _window_frames(batches[0][0])
+        merged: list[tuple] = []
+        taken = 0
+        for batch in batches:
+            count = len(merged) + len(batch)
+            fits = count <= 2 * self.max_batch and count * length <= 2 * MAX_VOCODER_BATCH_FRAMES
+            if (
+                not _first_windows(batch)
+                or batch[0][0].decodes_alone
+                or _window_frames(batch[0]) != length
+                or not fits
+            ):
+                break
+            merged += batch
+            taken += 1
+        if len(merged) < 2:
+            return batches
+        half = (len(merged) + 1) // 2
+        return [merged[:half], merged[half:], *batches[taken:]]
 
     def _take_due(self) -> list[tuple[VocoderStream, Any]]:
         """(under the lock) every due (stream, window), most urgent first; failed streams
@@ -527,6 +564,11 @@ class VocoderStage:
 
 def _nothing() -> None:
     return None
+
+
+def _window_frames(item: tuple) -> int:
+    window = item[1]
+    return len(window.codes if isinstance(window, Window) else window)
 
 
 def _first_windows(batch: list[tuple]) -> bool:
