@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from onnx_tts.decoding.policy import SchedulingPolicy, make_policy
-from onnx_tts.decoding.request import FrameStream, Request
+from onnx_tts.decoding.request import FrameStream, Request, tell_sink
 from onnx_tts.errors import OnnxTTSError
 
 log = logging.getLogger("onnx_tts.decoding")
@@ -152,13 +152,13 @@ class DirectScheduler:
             if self._closed:
                 closed = OnnxTTSError("the engine was closed")
                 for request in self.waiting:
-                    _tell(request.sink.end, closed)
+                    tell_sink(request.sink.end, closed)
                 self.waiting.clear()
                 return None
             first = self.policy.order([r.urgency() for r in self.waiting])[0]
             request = self.waiting.pop(first)
             if request.cancel.cancelled:
-                _tell(request.sink.end, None)
+                tell_sink(request.sink.end, None)
                 continue
             self.running.append(request)
             return request
@@ -185,24 +185,16 @@ class DirectScheduler:
                     self._stats["row_steps"] += 1
                     self._stats["frames"] += len(frames)
             if failure is not None:
-                _tell(request.sink.end, failure)
+                tell_sink(request.sink.end, failure)
             elif request.cancel.cancelled:
-                _tell(request.sink.end, None)
+                tell_sink(request.sink.end, None)
             else:
                 if len(frames):
-                    _tell(request.sink.put, frames)
-                _tell(request.sink.end, None)
+                    tell_sink(request.sink.put, frames)
+                tell_sink(request.sink.end, None)
 
     def __repr__(self) -> str:
         return "DirectScheduler()"
-
-
-def _tell(call: Any, argument: Any) -> None:
-    """Hand frames or the end to a request's sink; a failing consumer never stops the loop."""
-    try:
-        call(argument)
-    except Exception:
-        log.warning("a request's consumer failed to take its frames", exc_info=True)
 
 
 __all__ = ["DirectProgram", "DirectScheduler"]

@@ -11,6 +11,7 @@ next needs compute (`Request.due()`) and its arrival order.
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 import queue
 import threading
@@ -269,6 +270,18 @@ class FrameStream:
         self.close()
 
 
+def tell_sink(call: Callable[[Any], Any], argument: Any) -> None:
+    """Hand frames or the end to a request's sink (`call`: its put or end). A failing consumer
+    is its own problem (it is told through its stream) and never stops the loop that serves
+    the others."""
+    try:
+        call(argument)
+    except Exception:
+        logging.getLogger("onnx_tts.decoding").warning(
+            "a request's consumer failed to take its frames", exc_info=True
+        )
+
+
 __all__ = [
     "MAX_DEADLINE_AHEAD_SECONDS",
     "MAX_PRIORITY",
@@ -279,4 +292,5 @@ __all__ = [
     "PlaybackClock",
     "Request",
     "checked_timing",
+    "tell_sink",
 ]

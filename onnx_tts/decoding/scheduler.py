@@ -38,7 +38,7 @@ from onnx_tts.decoding.kv_rows import DEFAULT_SLOT_BYTES, OwnCaches, RowHome, Sl
 from onnx_tts.decoding.policy import DecodePlan, DecodeView, SchedulingPolicy, make_policy
 from onnx_tts.decoding.prefill import DEFAULT_CHUNK_TOKENS, DEFAULT_PREFILL_MODE, Prefills
 from onnx_tts.decoding.program import Admission, DecodeProgram
-from onnx_tts.decoding.request import FrameStream, Request
+from onnx_tts.decoding.request import FrameStream, Request, tell_sink
 from onnx_tts.errors import InputError, OnnxTTSError, checked_integer
 
 log = logging.getLogger("onnx_tts.decoding")
@@ -116,8 +116,7 @@ class DecodeScheduler:
         self._cv = threading.Condition()
         self._closed = False
         self._thread: threading.Thread | None = None
-        # Set by the vocoder stage that decodes this scheduler's frames: waits (bounded) while
-        # it needs both cores for listeners' first audio (`VocoderStage.hold_lm`).
+        # Before each step: the vocoder stage's `hold_lm` (a burst's first audio goes first).
         self.hold_steps: Callable[[], None] = lambda: None
         self._stats = {
             "requests": 0,
@@ -306,7 +305,7 @@ class DecodeScheduler:
         closed = OnnxTTSError("the engine was closed")
         self.prefilling.abandon_all()
         for request in [*self.waiting, *filter(None, self.requests)]:
-            _tell(request.sink.end, closed)
+            tell_sink(request.sink.end, closed)
         self.waiting.clear()
 
     def _active_rows(self) -> np.ndarray:
@@ -362,7 +361,7 @@ class DecodeScheduler:
     @staticmethod
     def _cancelled(request: Request) -> bool:
         if request.cancel.cancelled:
-            _tell(request.sink.end, request.error)
+            tell_sink(request.sink.end, request.error)
             return True
         return False
 
@@ -370,7 +369,7 @@ class DecodeScheduler:
         self.prefilling.abandon(row)  # its prompt's KV, when done, goes back to its home
         request = self.requests[row]
         if request is not None:
-            _tell(request.sink.end, error)
+            tell_sink(request.sink.end, error)
         home = self.homes[row]
         if home is not None:
             home.release(row)
@@ -578,21 +577,12 @@ class DecodeScheduler:
             if request is None or self.requests[int(row)] is not request:
                 continue  # cancelled meanwhile (and maybe its row already reused)
             for frame in result.frames[index]:
-                _tell(request.sink.put, frame)
+                tell_sink(request.sink.put, frame)
             if result.done[index]:
                 self._free(int(row))
 
     def __repr__(self) -> str:
         return f"DecodeScheduler(max_batch={self.max_batch}, slots={self.slots is not None})"
-
-
-def _tell(call: Any, argument: Any) -> None:
-    """Hand a frame or the end to a request's sink; a failing consumer is its own problem
-    (it is told through its stream) and never stops the loop that serves the others."""
-    try:
-        call(argument)
-    except Exception:
-        log.warning("a request's consumer failed to take its frames", exc_info=True)
 
 
 __all__ = [
