@@ -323,7 +323,8 @@ class VocoderStage:
         two halves on two cores: the step would take one of them from listeners waiting for
         their first audio, while the rows it would advance have their first window already
         (bounded: a step waits at most FIRST_WINDOWS_HOLD_SECONDS)."""
-        self._first_windows_done.wait(FIRST_WINDOWS_HOLD_SECONDS)
+        if not self._first_windows_done.is_set():  # (every step asks: no lock when unheld)
+            self._first_windows_done.wait(FIRST_WINDOWS_HOLD_SECONDS)
 
     def forget(self, stream: VocoderStream) -> None:
         """A stream closed by its consumer: its windows are dropped and its stateful decoder
@@ -437,7 +438,7 @@ class VocoderStage:
         used to wait for the next round, alone, after both halves."""
         if not batches or not self.batches or not _first_windows(batches[0]):
             return batches
-        length = _window_frames(batches[0][0])
+        length = len(_codes(batches[0][0][1]))
         merged: list[tuple] = []
         taken = 0
         for batch in batches:
@@ -446,7 +447,7 @@ class VocoderStage:
             if (
                 not _first_windows(batch)
                 or batch[0][0].decodes_alone
-                or _window_frames(batch[0]) != length
+                or len(_codes(batch[0][1])) != length
                 or not fits
             ):
                 break
@@ -485,7 +486,7 @@ class VocoderStage:
         groups: dict[int, list[tuple]] = {}
         order: list[list[tuple]] = []
         for item in work:
-            codes = item[1].codes if isinstance(item[1], Window) else item[1]
+            codes = _codes(item[1])
             group = groups.get(len(codes))
             if (
                 group is None
@@ -498,7 +499,7 @@ class VocoderStage:
         return sorted(order + alone, key=lambda batch: rank[id(batch[0])])
 
     def _decode(self, batch: list[tuple[VocoderStream, Any]]) -> None:
-        codes = [w.codes if isinstance(w, Window) else w for _, w in batch]
+        codes = [_codes(w) for _, w in batch]
         voices = [stream.request.voice for stream, _ in batch]
         empty = np.zeros(0, np.float32)
         filled = [i for i, c in enumerate(codes) if len(c)]  # a flush may hold no new frames
@@ -566,9 +567,9 @@ def _nothing() -> None:
     return None
 
 
-def _window_frames(item: tuple) -> int:
-    window = item[1]
-    return len(window.codes if isinstance(window, Window) else window)
+def _codes(window: Window | np.ndarray) -> np.ndarray:
+    """The frames a due item decodes: a window's, or a one-shot stream's whole."""
+    return window.codes if isinstance(window, Window) else window
 
 
 def _first_windows(batch: list[tuple]) -> bool:

@@ -123,6 +123,12 @@ class GraphBuilder:
         self.node("Identity", [x], output_names=[output_name], name=f"{output_name}/Identity")
         return output_name
 
+    def take_nodes(self) -> list[onnx.NodeProto]:
+        """The nodes added since the last take (they leave the builder): for rewrites that
+        place new nodes among an existing graph's, in its order."""
+        taken, self.nodes = self.nodes, []
+        return taken
+
     # build -----------------------------------------------------------------------------
     def build(self, doc_string: str = "") -> onnx.ModelProto:
         graph = helper.make_graph(

@@ -140,8 +140,7 @@ def _per_row_dql(model: onnx.ModelProto, changes: RowChanges) -> None:
         )
         op("Cast", [values], quantized, to=TensorProto.UINT8)
         zero_i32 = op("Cast", [zero_point], to=TensorProto.INT32)
-        rebuilt.extend(b.nodes)
-        b.nodes.clear()
+        rebuilt.extend(b.take_nodes())
         for user in users:
             weights = numpy_helper.to_array(inits[user.input[1]])
             w_zero = (
@@ -157,8 +156,7 @@ def _per_row_dql(model: onnx.ModelProto, changes: RowChanges) -> None:
             accumulated = b.unique(f"{user.output[0]}/uncorrected")
             correction = op("Mul", [zero_i32, sums])
             op("Sub", [accumulated, correction], user.output[0])
-            corrections[accumulated] = list(b.nodes)
-            b.nodes.clear()
+            corrections[accumulated] = b.take_nodes()
             user.output[0] = accumulated
         changes.per_row_activations += 1
     ordered: list[onnx.NodeProto] = []

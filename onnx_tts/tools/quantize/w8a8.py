@@ -104,8 +104,7 @@ def rewrite_w8a8(
         real = b.node("Cast", [product], name=hint, to=TensorProto.FLOAT)
         by_row = b.node("Mul", [real, row_scale], name=hint)
         b.node("Mul", [by_row, s_name], name=hint, output_names=[node.output[0]])
-        rebuilt.extend(b.nodes)  # in graph order: right where the MatMul was
-        b.nodes.clear()
+        rebuilt.extend(b.take_nodes())  # in graph order: right where the MatMul was
         count += 1
     del graph.node[:]
     graph.node.extend(rebuilt)
