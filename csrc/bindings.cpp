@@ -290,7 +290,10 @@ PYBIND11_MODULE(_core, m) {
             s.slots->load_prefix(row, values);
           },
           py::arg("row"), py::arg("values"))
-      .def("stats", [](const PyKVSlots& s) { return stats_to_python(s.slots->stats()); });
+      .def("stats", [](const PyKVSlots& s) { return stats_to_python(s.slots->stats()); })
+      .def(
+          "twin", [](const PyKVSlots& s) { return PyKVSlots{s.session, s.slots->twin()}; },
+          py::keep_alive<0, 1>());  // the twin binds the original's buffers
 
   py::class_<PyStateChain>(m, "StateChain")
       .def(py::init([](std::shared_ptr<Session> session, const std::string& mode,

@@ -72,6 +72,17 @@ KVSlots::KVSlots(std::shared_ptr<Session> session, int64_t rows, int64_t capacit
   }
 }
 
+KVSlots::KVSlots(TwinOf of)
+    : session_(of.original.session_), rows_(of.original.rows_), capacity_(of.original.capacity_),
+      pairs_(of.original.pairs_), buffers_(of.original.buffers_), binding_(session_->ort()),
+      length_inputs_(*session_), attention_mask_(of.original.attention_mask_),
+      past_names_(of.original.past_names_), past_set_(of.original.past_set_),
+      present_set_(of.original.present_set_), other_outputs_(of.original.other_outputs_) {}
+
+std::unique_ptr<KVSlots> KVSlots::twin() const {
+  return std::unique_ptr<KVSlots>(new KVSlots(TwinOf{*this}));
+}
+
 KVNames KVSlots::pair_names() const {
   KVNames names;
   for (const auto& pair : pairs_) names.emplace_back(pair.past, pair.present);

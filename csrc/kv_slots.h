@@ -27,6 +27,11 @@ class KVSlots {
 
   KVSlots(std::shared_ptr<Session> session, int64_t rows, int64_t capacity, const KVNames& pairs);
 
+  // A second binding over these same buffers: the twin steps a row range while this one steps
+  // another, disjoint range on another thread (each range's LM run on its own core). The
+  // buffers must outlive the twin (the bindings keep the original alive).
+  std::unique_ptr<KVSlots> twin() const;
+
   int64_t rows() const { return rows_; }
   int64_t capacity() const { return capacity_; }
   KVNames pair_names() const;
@@ -56,6 +61,11 @@ class KVSlots {
   void read(size_t index, int64_t row, int64_t length, void* dst) const;
 
  private:
+  struct TwinOf {
+    const KVSlots& original;
+  };
+  explicit KVSlots(TwinOf of);
+
   void check_rows(int64_t first_row, int64_t count) const;
   int64_t check_feeds(const std::vector<Feed>& feeds, int64_t count) const;
   void check_lengths(const std::vector<int64_t>& lengths, int64_t added) const;

@@ -82,6 +82,14 @@ def ort_version() -> str:
     return _core.ort_version()
 
 
+def available_cores() -> int:
+    """CPUs this process may run on (its affinity, e.g. a container's share)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 @dataclass(frozen=True)
 class SessionOptions:
     """How a graph is run. `shared_thread_pool` makes sessions share ORT's global pool.
@@ -378,6 +386,16 @@ class KVSlots:
     def row_stride(self, index: int) -> int:
         """Bytes from one row to the next in KV tensor `index`'s buffer."""
         return self._core.row_stride(index)
+
+    def twin(self) -> KVSlots:
+        """A second binding over these buffers (made once, kept with them): it steps one row
+        range while this one steps another, disjoint range on another thread."""
+        twin = self.__dict__.get("_twin")
+        if twin is None:
+            twin = object.__new__(KVSlots)
+            twin.session, twin._core = self.session, self._core.twin()
+            self._twin = twin
+        return twin
 
     def step(
         self,

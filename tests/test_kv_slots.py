@@ -280,6 +280,46 @@ def test_batched_first_prefill_matches_solo(gqa_path: Path) -> None:
         np.testing.assert_array_equal(batched[row : row + 1], solo)
 
 
+def test_twin_steps_other_rows_at_the_same_time(gqa_path: Path) -> None:
+    """A twin binds the same buffers: it steps rows 2-3 on another thread while the original
+    steps rows 0-1, and every row's logits and cached KV equal its solo run bit for bit."""
+    import threading
+
+    session = Session(gqa_path)
+    hidden = hidden_of(session)
+    rng = np.random.default_rng(5)
+    seqs = [
+        [rng.standard_normal((1, 3, hidden)).astype(np.float32)]
+        + [rng.standard_normal((1, 1, hidden)).astype(np.float32) for _ in range(6)]
+        for _ in range(4)
+    ]
+    slots = KVSlots(session, rows=4, capacity=16)
+    twin = slots.twin()
+    assert twin is slots.twin()  # made once, kept with the buffers
+    assert twin.past_data_ptrs(0, 4) == slots.past_data_ptrs(0, 4)
+    got: list[list[np.ndarray]] = [[] for _ in seqs]
+    for row, seq in enumerate(seqs):
+        got[row].append(slots.step({"inputs_embeds": seq[0]}, row, np.zeros(1, np.int64))["logits"])
+
+    def step(on: KVSlots, first: int, index: int) -> None:
+        embeds = np.concatenate([seqs[first][index], seqs[first + 1][index]])
+        lengths = np.full(2, 3 + index - 1, np.int64)
+        logits = on.step({"inputs_embeds": embeds}, first, lengths)["logits"]
+        got[first].append(logits[:1])
+        got[first + 1].append(logits[1:])
+
+    for index in range(1, 7):
+        upper = threading.Thread(target=step, args=(twin, 2, index))
+        upper.start()
+        step(slots, 0, index)
+        upper.join()
+    for row, seq in enumerate(seqs):
+        for have, want in zip(got[row], solo_logits(session, seq, 16), strict=True):
+            np.testing.assert_array_equal(have, want)
+    del slots  # the twin keeps the buffers alive
+    assert twin.step({"inputs_embeds": seqs[0][1]}, 0, np.array([3]))["logits"].shape[0] == 1
+
+
 def test_output_names_and_stats(gqa_path: Path) -> None:
     session = Session(gqa_path)
     slots = KVSlots(session, rows=2, capacity=8)

@@ -521,6 +521,22 @@ def test_queue_full_then_disconnect_cancels(strict_server: LiveServer) -> None:
     assert after.status_code == 200
 
 
+def test_a_request_refused_as_its_stream_opens_gives_its_place_back(
+    strict_server: LiveServer,
+) -> None:
+    """Text the engine refuses (checked as its stream opens, in the trip that planned and
+    admitted it) is a 400, and the server's one stream is free again at once."""
+    headers = {"Authorization": "Bearer sekrit"}
+    url = strict_server.url + "/v1/audio/speech"
+    for text in ("Say [[ 1 2 3 ]].", "<speak><break time='-1s'/>Hi.</speak>"):
+        refused = httpx.post(url, json={"input": text}, headers=headers)
+        assert refused.status_code == 400, refused.text
+    text = httpx.get(strict_server.url + "/metrics", headers=headers).text
+    assert metric(text, "onnx_tts_active_generations") == 0
+    after = httpx.post(url, json={"input": "Still free."}, headers=headers)
+    assert after.status_code == 200
+
+
 def test_sigterm_drains_in_flight_streams(tmp_path: Path) -> None:
     live = LiveServer(tmp_path)
     try:

@@ -20,6 +20,7 @@ from onnx_tts.families.base import Vocoder, VocoderCapabilities
 from onnx_tts.pipeline import stages
 from onnx_tts.pipeline.admission import Admission, retry_after_seconds
 from onnx_tts.pipeline.stages import VocoderStage
+from onnx_tts.session import available_cores
 from onnx_tts.vocoder import StreamingOptions
 from tests.conftest import codec_lm_dir
 from tests.waiting import WAIT_BOUND_SECONDS, wait_until
@@ -295,8 +296,37 @@ def test_the_engine_s_decode_steps_wait_for_its_vocoder_stage():
     engine = onnx_tts.load(cache_dir=None)
     try:
         assert engine.scheduler.hold_steps == engine.executor.vocoder.hold_lm
+        # Its one-thread LM takes the vocoder's core for half of a step while that idles.
+        if available_cores() >= 2:
+            assert engine.scheduler.second_core_free == engine.executor.vocoder.idle
     finally:
         engine.close()
+
+
+def test_steps_split_in_halves_on_two_cores_make_the_same_audio():
+    """Six sentences decode as six rows of one step; run as two halves of three rows at once
+    (the vocoder idle) they give the audio of one run of six, sample for sample."""
+    text = " ".join(
+        [
+            "The first row speaks.",
+            "A second one follows.",
+            "Then comes the third.",
+            "Here is the fourth.",
+            "The fifth is short.",
+            "And the sixth ends it.",
+        ]
+    )
+    audio = {}
+    for split in (False, True):
+        engine = onnx_tts.load(cache_dir=None)
+        try:
+            engine.scheduler.second_core_free = lambda split=split: split
+            audio[split] = engine.synthesize(text, seed=3, cache=False).samples
+            slots = engine.scheduler.slots
+            assert (slots.split_runs > 0) == split
+        finally:
+            engine.close()
+    np.testing.assert_array_equal(audio[True], audio[False])
 
 
 def test_many_clients_coming_and_going_leave_nothing_behind(codec_engine):
@@ -659,3 +689,46 @@ def test_one_bad_window_in_a_batched_call_fails_its_stream_alone(fault):
     for i, outcome in enumerate(outcomes):
         if i != 3:
             np.testing.assert_array_equal(outcome, alone[i])
+
+
+def test_short_texts_are_planned_one_at_a_time_and_a_long_one_beside_them(monkeypatch):
+    """A burst's texts plan one after another (each ready as soon as it can be, not all as
+    late as the last); a text over SERIAL_PLAN_CHARS plans beside them."""
+    from onnx_tts.pipeline.planner import SERIAL_PLAN_CHARS
+
+    engine = onnx_tts.load(cache_dir=None)
+    text_of = engine.model.text
+    chunks = text_of.chunks
+    order: list[str] = []
+    first_inside, release, long_inside = threading.Event(), threading.Event(), threading.Event()
+    names = {"First one.": "a", "Second one.": "b"}
+
+    def recorded(text: str, options: Any) -> Any:
+        name = names.get(text, "long")
+        order.append(f"{name} in")
+        if name == "a":
+            first_inside.set()
+            assert release.wait(WAIT_BOUND_SECONDS)
+        if name == "long":
+            long_inside.set()
+        made = chunks(text, options)
+        order.append(f"{name} out")
+        return made
+
+    monkeypatch.setattr(text_of, "chunks", recorded)
+    long_text = "A long text. " * (SERIAL_PLAN_CHARS // 12 + 1)
+    plans = [lambda t=t: engine.planner.plan(t, None, {}) for t in ("Second one.", long_text)]
+    try:
+        with ThreadPoolExecutor(3) as pool:
+            first = pool.submit(engine.planner.plan, "First one.", None, {})
+            assert first_inside.wait(WAIT_BOUND_SECONDS)
+            others = [pool.submit(plan) for plan in plans]
+            assert long_inside.wait(WAIT_BOUND_SECONDS)  # beside the short one in progress
+            time.sleep(0.05)  # room for the second short text to start, were it not held
+            release.set()
+            for future in (first, *others):
+                assert future.result(WAIT_BOUND_SECONDS).chunks
+        assert order.index("b in") > order.index("a out")
+        assert order.index("long in") < order.index("a out")
+    finally:
+        engine.close()

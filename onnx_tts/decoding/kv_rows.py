@@ -38,7 +38,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -52,6 +52,9 @@ from onnx_tts.session import KVCache, KVSlots, Session
 MIN_SLOT_CAPACITY = 256
 # The slot buffers of one scheduler hold at most this many bytes by default.
 DEFAULT_SLOT_BYTES = 2 << 30
+# A step of this many rows or more runs as two halves on two cores when one is free
+# (`SlotRows.prepare`); fewer gain less than the hand-over to the other thread costs.
+SPLIT_MIN_ROWS = 4
 
 
 @dataclass(frozen=True)
@@ -183,6 +186,8 @@ class SlotRun:
     first: int  # first LM row of the span
     lengths: np.ndarray  # cached tokens per LM row of the span
     positions: np.ndarray  # where the step's rows sit in the span
+    # The upper rows' run, on the slots' twin in the helper thread (`prepare(halves=True)`).
+    upper: SlotRun | None = None
 
 
 class _RowHomeBase(ABC):
@@ -231,10 +236,12 @@ class SlotRows(_RowHomeBase):
         self.lengths = np.zeros(max_rows, np.int64)  # cached tokens per request row
         self.live = np.zeros(max_rows, bool)
         self.grown = 0  # reallocations so far (stats)
+        self.split_runs = 0  # steps run as two halves (stats)
         self.needed = np.zeros(max_rows, np.int64)  # KV positions each reserved row needs
         # A buffer being grown beside the steps (reserve(wait=False)) and its size; `on_grown`
         # is told when it is ready (the scheduler's wake).
         self._grower: ThreadPoolExecutor | None = None
+        self._upper: ThreadPoolExecutor | None = None  # the upper half of a split step
         self._growth: Future[KVSlots] | None = None
         self._growth_size: tuple[int, int] | None = None
         self.on_grown: Callable[[], None] | None = None
@@ -290,17 +297,21 @@ class SlotRows(_RowHomeBase):
         """Whether the buffer holds request row `row` as it reserved it."""
         return self.slots is not None and row < self.rows and self.needed[row] <= self.capacity
 
-    def start_grower(self) -> None:
-        """Start the thread that grows buffers beside the steps now, with the decode worker
-        (the engine's threads are all there from its first request)."""
+    def start_threads(self) -> None:
+        """Start the threads that grow buffers beside the steps and run the upper half of a
+        split step now, with the decode worker (the engine's threads are all there from its
+        first request)."""
         if self._grower is None:
             self._grower = ThreadPoolExecutor(1, thread_name_prefix="onnx-tts-grow")
             self._grower.submit(lambda: None).result()
+        if self._upper is None:
+            self._upper = ThreadPoolExecutor(1, thread_name_prefix="onnx-tts-lm")
+            self._upper.submit(lambda: None).result()
 
     def _grow_beside(self, rows: int, capacity: int) -> None:
         if self._growth_size == (rows, capacity):
             return
-        self.start_grower()
+        self.start_threads()
         assert self._grower is not None
         self._growth_size = (rows, capacity)
         growth = self._grower.submit(self._allocate, rows, capacity)
@@ -345,8 +356,9 @@ class SlotRows(_RowHomeBase):
 
     def close(self) -> None:
         """Wait for a buffer being grown (the engine is closing)."""
-        if self._grower is not None:
-            self._grower.shutdown(wait=True)
+        for thread in (self._grower, self._upper):
+            if thread is not None:
+                thread.shutdown(wait=True)
 
     def _lm_rows(self, row: int) -> range:
         return range(row * self.lm_rows, (row + 1) * self.lm_rows)
@@ -410,11 +422,19 @@ class SlotRows(_RowHomeBase):
     def fits_next_step(self, rows: np.ndarray) -> np.ndarray:
         return self.lengths[rows] < self.capacity
 
-    def prepare(self, rows: np.ndarray, inputs: np.ndarray) -> SlotRun:
+    def prepare(self, rows: np.ndarray, inputs: np.ndarray, halves: bool = False) -> SlotRun:
         """The feeds of one LM run over the slot span covering request `rows` (sorted);
         `inputs` holds lm_rows entries per row. Another row inside the span computes a
         throwaway token (see below). Built before the run, so the run
-        itself may go on in another thread while rows that left the step are released."""
+        itself may go on in another thread while rows that left the step are released.
+        `halves` (a core is free): with at least SPLIT_MIN_ROWS rows, the lower and the upper
+        half run as two LM runs at once, on two cores (a row's values do not depend on its
+        batch: `batch_probe.py`). The spans are disjoint: each half holds min_span rows."""
+        half = len(rows) // 2
+        if halves and half >= max(self.min_span, SPLIT_MIN_ROWS // 2):
+            lm = self.lm_rows
+            lower = self.prepare(rows[:half], inputs[: half * lm])
+            return replace(lower, upper=self.prepare(rows[half:], inputs[half * lm :]))
         lm = self.lm_rows
         first, last = int(rows[0]), int(rows[-1])
         if last - first + 1 < self.min_span:  # a lone row steps beside a spare one
@@ -441,15 +461,31 @@ class SlotRows(_RowHomeBase):
         return SlotRun(rows, feeds, first * lm, lengths, positions)
 
     def run(self, prepared: SlotRun) -> np.ndarray:
-        """The prepared LM run; returns the last outputs in the inputs' order."""
+        """The prepared LM run (both halves of a split one); returns the last outputs in the
+        inputs' order."""
         assert self.slots is not None
+        if prepared.upper is None:
+            return self._run_on(self.slots, prepared)
+        self.start_threads()
+        assert self._upper is not None
+        self.split_runs += 1
+        upper = self._upper.submit(self._run_on, self.slots.twin(), prepared.upper)
+        try:
+            lower = self._run_on(self.slots, prepared)
+        finally:
+            outputs = upper.result()  # (never leave a run going on the buffers)
+        return np.concatenate([lower, outputs], axis=0)
+
+    def _run_on(self, slots: KVSlots, prepared: SlotRun) -> np.ndarray:
         name = self.program.output_name
-        result = self.slots.step(prepared.feeds, prepared.first, prepared.lengths, [name])
+        result = slots.step(prepared.feeds, prepared.first, prepared.lengths, [name])
         return _last(result, name)[prepared.positions]
 
     def commit(self, prepared: SlotRun) -> None:
         """The rows of a run that succeeded hold one more token."""
         self.lengths[prepared.rows] += 1
+        if prepared.upper is not None:
+            self.commit(prepared.upper)
 
     def step(self, rows: np.ndarray, inputs: np.ndarray) -> np.ndarray:
         """prepare, run and commit in one go."""

@@ -118,6 +118,8 @@ class DecodeScheduler:
         self._thread: threading.Thread | None = None
         # Before each step: the vocoder stage's `hold_lm` (a burst's first audio goes first).
         self.hold_steps: Callable[[], None] = lambda: None
+        # Whether a core is free for the upper half of a step (the vocoder stage's `idle`).
+        self.second_core_free: Callable[[], bool] = lambda: False
         self._stats = {
             "requests": 0,
             "steps": 0,
@@ -151,7 +153,7 @@ class DecodeScheduler:
             if self._thread is None:
                 self.prefilling.start_workers()
                 if self.slots is not None:
-                    self.slots.start_grower()
+                    self.slots.start_threads()
                 if self._helper is not None:  # (its thread too: a burst starts none)
                     self._helper.submit(time.monotonic)
                 self._thread = threading.Thread(
@@ -487,7 +489,9 @@ class DecodeScheduler:
             prepared = None
             if in_slots.any():
                 chosen = np.flatnonzero(in_slots)
-                prepared = self.slots.prepare(rows[chosen], inputs[self._lm_positions(chosen)])  # type: ignore[union-attr]
+                prepared = self.slots.prepare(  # type: ignore[union-attr]
+                    rows[chosen], inputs[self._lm_positions(chosen)], self.second_core_free()
+                )
         except Exception as error:  # the program failed: every row of the step fails
             self._hand_over_pending()
             for row in rows:

@@ -24,18 +24,10 @@ from onnx_tts.pipeline.engine import Audio, Engine
 from onnx_tts.pipeline.planner import Plan, Planner, Timing
 from onnx_tts.pipeline.stages import threads_per_stage
 from onnx_tts.pipeline.voices import VoiceLike
-from onnx_tts.session import SessionOptions
+from onnx_tts.session import SessionOptions, available_cores
 
 ENGINE_FIELDS = tuple(f.name for f in dataclasses.fields(EngineConfig))
 CACHE_FIELDS = tuple(f.name for f in dataclasses.fields(CacheConfig))
-
-
-def available_cores() -> int:
-    """CPUs this process may run on (its affinity, e.g. a container's share)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 def _path_or_none(name: str, value: Any) -> str | None:

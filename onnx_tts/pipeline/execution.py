@@ -21,6 +21,7 @@ from onnx_tts.pipeline.planner import Plan, Timing
 from onnx_tts.pipeline.stages import VocoderStage, VocoderStream
 from onnx_tts.pipeline.timestretch import TimeStretcher, stretch
 from onnx_tts.pipeline.timings import WordTiming, time_words
+from onnx_tts.session import available_cores
 from onnx_tts.vocoder import StreamingOptions
 
 Progress = Callable[[int, int], None]
@@ -39,6 +40,11 @@ class Executor:
         )
         if isinstance(scheduler, DecodeScheduler):  # (a direct scheduler runs one row)
             scheduler.hold_steps = self.vocoder.hold_lm
+            # While the vocoder idles, its core takes half of each step's rows (when the LM's
+            # threads fit twice in the cores: --threads 0 gives it half of them).
+            threads = scheduler.program.lm.options.intra_op_threads
+            if 0 < 2 * threads <= available_cores():
+                scheduler.second_core_free = self.vocoder.idle
         self.hop_length = int(model.hop_length)
 
     @property

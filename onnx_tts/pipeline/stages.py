@@ -326,6 +326,11 @@ class VocoderStage:
         if not self._first_windows_done.is_set():  # (every step asks: no lock when unheld)
             self._first_windows_done.wait(FIRST_WINDOWS_HOLD_SECONDS)
 
+    def idle(self) -> bool:
+        """Nothing to decode now (read without the lock: a window that becomes due meanwhile
+        only waits for the step under way)."""
+        return not self._due and not self._decoding
+
     def forget(self, stream: VocoderStream) -> None:
         """A stream closed by its consumer: its windows are dropped and its stateful decoder
         goes back to the vocoder's pool (by the worker, if it is decoding for it now)."""

@@ -67,6 +67,9 @@ class Generation:
     started_at: float = 0.0
     cache_hit: bool | None = None  # the result cache replayed this audio (None: not started)
     task: asyncio.Task | None = None
+    _admitted: bool = False
+    _ticket: int | None = None  # its place in the admission's line, while it waits
+    _stream: Any = None  # opened by `open_stream`, before `start`
 
     def cancel(self) -> None:
         self.cancel_token.cancel()
@@ -75,9 +78,10 @@ class Generation:
     def cancelled(self) -> bool:
         return self.cancel_token.cancelled
 
-    async def admit(self, timeout: float) -> None:
-        """Wait (first come, first served) until the model's admission lets this stream
-        start; Busy when the queue is full or the wait exceeds `timeout`."""
+    def admit_at_once(self) -> bool:
+        """(any thread) Take the model's admission now when it has room and nobody waits;
+        otherwise the request takes its place in line for `admit`. Busy when the line is
+        full."""
         admission = self.model.admission
         ticket = admission.enqueue(self.received_at)
         if ticket is None:
@@ -85,6 +89,21 @@ class Generation:
                 f"the server is busy ({admission.max_waiting} requests waiting); retry shortly",
                 self.model.retry_after(),
             )
+        if admission.try_admit(ticket):
+            self._admitted = True
+            return True
+        self._ticket = ticket
+        return False
+
+    async def admit(self, timeout: float) -> None:
+        """Wait (first come, first served) until the model's admission lets this stream
+        start; Busy when the queue is full or the wait exceeds `timeout`."""
+        if self._admitted:
+            return
+        admission = self.model.admission
+        if self._ticket is None and self.admit_at_once():
+            return
+        ticket = self._ticket
         deadline = time.monotonic() + timeout
         try:
             while not admission.try_admit(ticket):
@@ -98,9 +117,35 @@ class Generation:
                         self.model.retry_after(),
                     )
                 await asyncio.sleep(0.01)
+            self._admitted = True
         except BaseException:
             admission.abandon(ticket)
             raise
+        finally:
+            self._ticket = None
+
+    def open_stream(self) -> None:
+        """(on a worker thread, once admitted) Open the engine's stream now, in the trip that
+        planned the request: `start` then runs it without another trip to the worker pool.
+        A failure gives the admission back and is raised."""
+        try:
+            self._stream = self._open_stream()
+        except BaseException:
+            self.abandon()
+            raise
+
+    def abandon(self) -> None:
+        """The request ends before `start` (its client left, planning failed): an open stream
+        is closed and the admission given back."""
+        if self._stream is not None:
+            self._stream.close()
+            self._stream = None
+        if self._ticket is not None:
+            self.model.admission.abandon(self._ticket)
+            self._ticket = None
+        if self._admitted and self.task is None:
+            self._admitted = False
+            self.model.admission.release()
 
     def start(self) -> None:
         """Run the synthesis as a task of the running loop (after `admit`)."""
@@ -114,8 +159,11 @@ class Generation:
         stream = None
         self.started_at = time.perf_counter()
         try:
-            # One trip to the worker pool: the voice (cached encode) and the stream's start.
-            stream = await blocking(self._open_stream)
+            # Opened in the planning trip (`open_stream`), else one trip to the worker pool:
+            # the voice (cached encode) and the stream's start.
+            stream, self._stream = self._stream, None
+            if stream is None:
+                stream = await blocking(self._open_stream)
             self.cache_hit = self.model.replayed(stream)
             self.events.put_nowait((START, None))
 

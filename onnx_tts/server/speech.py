@@ -104,16 +104,26 @@ def plan_speech(state: Any, request: SpeechRequest, received: float) -> tuple[Ge
     return job, styling
 
 
-def _plan_and_encoder(
-    state: Any, speech: SpeechRequest, received: float
+def _plan_and_open(
+    state: Any, speech: SpeechRequest, received: float, planned: list[Generation]
 ) -> tuple[Generation, Styling, StreamEncoder]:
+    """(a worker thread) The request planned, its encoder made, and, when the model admits
+    it at once, its stream opened: in a burst of 8 clients each trip to the worker pool
+    waited for a thread, the GIL and the event loop. `planned` gets the job as soon as it
+    exists, so that the caller can give back what a cancelled trip took."""
     job, styling = plan_speech(state, speech, received)
+    planned.append(job)
     try:
         encoder = StreamEncoder(speech.response_format, job.output_rate, job.output_channels)
     except FormatUnavailable as error:
         raise APIError(
             400, str(error), param="response_format", code="unsupported_format"
         ) from None
+    if job.admit_at_once():
+        try:
+            job.open_stream()
+        except OnnxTTSError as error:
+            raise client_error(error) from None
     return job, styling, encoder
 
 
@@ -133,10 +143,17 @@ async def start_speech(
 ) -> Started | Response:
     """Plan, admit and start `speech`, and wait for its first audio: a Started, or a 499
     Response when the client left first. Refusals are APIErrors (400, 404, 429, ...)."""
-    # Off the event loop: resolving a voice reads the voice store (files or Redis). One trip
-    # to the worker pool for both (each trip waits for a thread and the GIL: in a burst of 8
-    # clients that was milliseconds per request before the engine saw it).
-    job, styling, encoder = await blocking(_plan_and_encoder, state, speech, received)
+    # Off the event loop: resolving a voice reads the voice store (files or Redis), and the
+    # stream's start plans the text. One trip to the worker pool when admitted at once.
+    planned: list[Generation] = []
+    try:
+        job, styling, encoder = await blocking(_plan_and_open, state, speech, received, planned)
+    except Busy as error:
+        raise busy_error(state, error) from None
+    except BaseException:
+        for job in planned:
+            job.abandon()
+        raise
     record = SynthesisRecord(
         request_id=request.state.request_id,
         model=job.model.name,
@@ -153,10 +170,10 @@ async def start_speech(
     try:
         await job.admit(state.config.queue_timeout)
     except Busy as error:
-        state.metrics.refused.inc()
-        raise APIError(
-            429, str(error), code="busy", headers={"Retry-After": str(error.retry_after)}
-        ) from None
+        raise busy_error(state, error) from None
+    except BaseException:
+        job.abandon()
+        raise
     job.start()
     try:
         first = await next_event(job, request)
@@ -177,6 +194,12 @@ async def start_speech(
         **styling.headers(),
     }
     return Started(job, encoder, first, record, headers)
+
+
+def busy_error(state: Any, error: Busy) -> APIError:
+    """No room for a request: counted, and a 429 that says when to retry."""
+    state.metrics.refused.inc()
+    return APIError(429, str(error), code="busy", headers={"Retry-After": str(error.retry_after)})
 
 
 def _requested_rate(value: Any, response_format: str) -> int | None:
