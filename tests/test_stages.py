@@ -15,7 +15,7 @@ import pytest
 
 import onnx_tts
 from onnx_tts.decoding.request import CancelToken, PlaybackClock, Request
-from onnx_tts.errors import CancelledError, InputError
+from onnx_tts.errors import CancelledError, InputError, OnnxTTSError
 from onnx_tts.families.base import Vocoder, VocoderCapabilities
 from onnx_tts.pipeline import stages
 from onnx_tts.pipeline.admission import Admission, retry_after_seconds
@@ -732,3 +732,23 @@ def test_short_texts_are_planned_one_at_a_time_and_a_long_one_beside_them(monkey
         assert order.index("long in") < order.index("a out")
     finally:
         engine.close()
+
+
+def test_a_stream_whose_construction_fails_is_collected_quietly(monkeypatch):
+    """A stream that never finished being made (refused options here; a signal's exception
+    raised inside it under the CLI) leaves nothing to close: collecting it reports nothing
+    (it used to print 'Exception ignored in VocoderStream.__del__' after the CLI's last line)."""
+    import gc
+
+    unraisable: list[Any] = []
+    monkeypatch.setattr("sys.unraisablehook", unraisable.append)
+    stage = VocoderStage(_RecordingVocoder(hop=4))
+    request = _one_shot_request("primed")
+    request.prime = np.zeros((2, 1), np.int64)  # a primed stream needs a stateful decoder
+    try:
+        with pytest.raises(OnnxTTSError, match="decoder with a state"):
+            stage.open(request, StreamingOptions(first_chunk_frames=4, stride_frames=4), 4)
+        gc.collect()
+        assert unraisable == []
+    finally:
+        stage.close()

@@ -267,7 +267,8 @@ class FrameStream:
             self._scheduler.wake()
 
     def __del__(self) -> None:
-        self.close()
+        if "_items" in vars(self):  # (a stream whose __init__ failed has nothing to close)
+            self.close()
 
 
 def tell_sink(call: Callable[[Any], Any], argument: Any) -> None:

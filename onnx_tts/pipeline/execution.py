@@ -419,7 +419,8 @@ class AudioStream:
                 stream.close()
 
     def __del__(self) -> None:
-        self.close()
+        if "_closed" in vars(self):  # (a stream whose __init__ failed has nothing to close)
+            self.close()
 
 
 class ReadyChunks:

@@ -252,7 +252,8 @@ class VocoderStream:
             self.stage.scheduler_wake()
 
     def __del__(self) -> None:
-        self.close()
+        if "_closed" in vars(self):  # (a stream whose __init__ failed has nothing to close)
+            self.close()
 
 
 class VocoderStage:
