@@ -430,12 +430,11 @@ class SlotRows(_RowHomeBase):
         `halves` (a core is free): with at least SPLIT_MIN_ROWS rows, the lower and the upper
         half run as two LM runs at once, on two cores (a row's values do not depend on its
         batch: `batch_probe.py`). The spans are disjoint: each half holds min_span rows."""
+        lm = self.lm_rows
         half = len(rows) // 2
         if halves and half >= max(self.min_span, SPLIT_MIN_ROWS // 2):
-            lm = self.lm_rows
             lower = self.prepare(rows[:half], inputs[: half * lm])
             return replace(lower, upper=self.prepare(rows[half:], inputs[half * lm :]))
-        lm = self.lm_rows
         first, last = int(rows[0]), int(rows[-1])
         if last - first + 1 < self.min_span:  # a lone row steps beside a spare one
             last = min(first + self.min_span - 1, self.rows - 1)
