@@ -7,10 +7,13 @@ one ORT per process and GPU builds work unchanged.
 
 from __future__ import annotations
 
+import atexit
+import concurrent.futures.thread  # noqa: F401 - registers its exit hook first (below)
 import glob
 import importlib.util
 import os
 import threading
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -88,6 +91,29 @@ def available_cores() -> int:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return os.cpu_count() or 1
+
+
+# Workers (anything with close()) whose daemon threads may be inside an ONNX Runtime run or
+# hand work to a thread pool: closed as soon as the main thread ends (`close_at_exit`).
+_CLOSE_AT_EXIT: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def close_at_exit(worker: Any) -> None:
+    """Have `worker.close()` run when the main thread ends, before anything of the interpreter
+    goes: before concurrent.futures stops taking work (a daemon thread handing a pool work then
+    dies with "Exception in thread ..." on stderr; CI saw it after a signal) and before ONNX
+    Runtime's statics are destroyed under a run (the process aborts, exit 134)."""
+    _CLOSE_AT_EXIT.add(worker)
+
+
+def _close_workers() -> None:
+    for worker in list(_CLOSE_AT_EXIT):
+        worker.close()
+
+
+# threading's exit hooks run when the main thread ends, before atexit's, latest registered
+# first: concurrent.futures registered its own on import (above), so ours runs before it.
+getattr(threading, "_register_atexit", atexit.register)(_close_workers)
 
 
 @dataclass(frozen=True)

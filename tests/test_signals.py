@@ -269,3 +269,45 @@ def test_a_commit_that_fails_is_not_completed() -> None:
         signal.sigtimedwait([], 0.01)
         raise OSError("disk full")
     assert not caught.value.completed
+
+
+_ENDS_MID_SYNTHESIS = """
+import atexit, threading
+import onnx_tts
+
+engine = onnx_tts.load()
+first_audio = threading.Event()
+
+
+def listen(text):
+    try:
+        for _ in engine.stream(text):
+            first_audio.set()
+    except onnx_tts.OnnxTTSError:  # "the engine was closed": the program is ending
+        pass
+
+
+for index in range(4):  # several streams: the vocoder stage decodes windows side by side
+    sentences = f"Sentence {index} keeps the engine busy while the program ends. " * 40
+    threading.Thread(target=listen, args=(sentences,), daemon=True).start()
+assert first_audio.wait(300)
+
+
+@atexit.register  # registered last, so it runs first of the atexit hooks
+def report():
+    print(sorted(t.name for t in threading.enumerate() if t.name.startswith("onnx-tts")))
+"""
+
+
+def test_a_program_that_ends_mid_synthesis_exits_quietly_with_the_workers_closed() -> None:
+    """The main thread ends while streams decode on daemon threads: the engine's workers are
+    closed as it ends, before concurrent.futures stops taking work (a worker handing its pool
+    a window then died with 'Exception in thread' on stderr) and before atexit's hooks run."""
+    done = subprocess.run(
+        [sys.executable, "-c", _ENDS_MID_SYNTHESIS],
+        capture_output=True,
+        text=True,
+        timeout=WAIT_BOUND_SECONDS,
+    )
+    assert (done.returncode, done.stderr) == (0, "")
+    assert done.stdout.strip() == "[]", done.stdout

@@ -12,11 +12,9 @@ alone, see docs/MODELS.md).
 
 from __future__ import annotations
 
-import atexit
 import logging
 import threading
 import time
-import weakref
 from abc import ABC, abstractmethod
 from typing import Any
 
@@ -25,20 +23,12 @@ import numpy as np
 from onnx_tts.decoding.policy import SchedulingPolicy, make_policy
 from onnx_tts.decoding.request import FrameStream, Request, tell_sink
 from onnx_tts.errors import OnnxTTSError
+from onnx_tts.session import close_at_exit
 
 log = logging.getLogger("onnx_tts.decoding")
 
 # Requests waiting beyond this many are refused (as the decode scheduler's queue).
 DEFAULT_MAX_WAITING = 1024
-# Schedulers whose workers may be inside an ONNX Runtime run: stopped at interpreter exit (a
-# daemon thread still in a run when the runtime's statics go aborts the process).
-_LIVE: weakref.WeakSet[DirectScheduler] = weakref.WeakSet()
-
-
-@atexit.register
-def _close_live_schedulers() -> None:
-    for scheduler in list(_LIVE):
-        scheduler.close()
 
 
 class DirectProgram(ABC):
@@ -107,7 +97,7 @@ class DirectScheduler:
                     )
                     thread.start()
                     self._threads.append(thread)
-                _LIVE.add(self)
+                close_at_exit(self)
             self._cv.notify()
         return request.sink
 

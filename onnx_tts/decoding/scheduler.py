@@ -20,11 +20,9 @@ depend on which requests shared its steps (tests/test_scheduler.py, tests/test_p
 
 from __future__ import annotations
 
-import atexit
 import logging
 import threading
 import time
-import weakref
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -40,6 +38,7 @@ from onnx_tts.decoding.prefill import DEFAULT_CHUNK_TOKENS, DEFAULT_PREFILL_MODE
 from onnx_tts.decoding.program import Admission, DecodeProgram
 from onnx_tts.decoding.request import FrameStream, Request, tell_sink
 from onnx_tts.errors import InputError, OnnxTTSError, checked_integer
+from onnx_tts.session import close_at_exit
 
 log = logging.getLogger("onnx_tts.decoding")
 
@@ -50,16 +49,6 @@ DEFAULT_MAX_WAITING = 1024  # requests waiting for a row beyond this many are re
 # A scheduler without work for this long lets its slot buffers go: a burst grew them, and a
 # long-running server would otherwise hold them until it exits. (None: kept.)
 IDLE_RELEASE_SECONDS: float | None = 60.0
-# Schedulers whose worker may be inside an ONNX Runtime run. At interpreter exit a daemon
-# worker still in a run aborts the process ("terminate called without an active exception",
-# exit 134) when the runtime's statics are destroyed under it: stop them first.
-_LIVE: weakref.WeakSet[DecodeScheduler] = weakref.WeakSet()
-
-
-@atexit.register
-def _close_live_schedulers() -> None:
-    for scheduler in list(_LIVE):
-        scheduler.close()
 
 
 class QueueFull(OnnxTTSError):
@@ -160,7 +149,7 @@ class DecodeScheduler:
                     target=self._run, name="onnx-tts-decode", daemon=True
                 )
                 self._thread.start()
-                _LIVE.add(self)
+                close_at_exit(self)
             self._cv.notify()
         return stream
 

@@ -28,11 +28,9 @@ dropped too.
 
 from __future__ import annotations
 
-import atexit
 import dataclasses
 import threading
 import time
-import weakref
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -44,6 +42,7 @@ from onnx_tts.decoding.policy import SchedulingPolicy, make_policy
 from onnx_tts.decoding.request import Handoff, Request
 from onnx_tts.errors import OnnxTTSError
 from onnx_tts.families.base import Vocoder
+from onnx_tts.session import close_at_exit
 from onnx_tts.vocoder import StreamingDecoder, StreamingOptions, Window
 
 # Windows due within this long of the first one are decoded in the same round.
@@ -58,13 +57,6 @@ MAX_VOCODER_BATCH_FRAMES = 160
 # three times what 8 first windows of the default voice take on two cores.
 FIRST_WINDOWS_HOLD_SECONDS = 0.1
 _END = object()
-_LIVE: weakref.WeakSet[VocoderStage] = weakref.WeakSet()
-
-
-@atexit.register
-def _close_live_stages() -> None:
-    for stage in list(_LIVE):
-        stage.close()
 
 
 def threads_per_stage(cores: int) -> dict[str, int]:
@@ -316,7 +308,7 @@ class VocoderStage:
                     # Its thread starts now, with the stage's: a burst starts no thread.
                     self._beside = ThreadPoolExecutor(1, thread_name_prefix="onnx-tts-vocoder")
                     self._beside.submit(_nothing)
-                _LIVE.add(self)
+                close_at_exit(self)
         return stream
 
     def hold_lm(self) -> None:
