@@ -761,6 +761,47 @@ def plot(results: dict[str, Any], path: Path) -> None:
     save_figure(figure, path, dpi=100)
 
 
+def plot_burst(results: dict[str, Any], path: Path) -> None:
+    """`--burst`: each burst's TTFA p95 round by round, and every request's TTFA pooled (its
+    distribution), per server, against the 150 ms goal."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = list(results["models"])
+    figure, axes = plt.subplots(len(models), 2, figsize=(12, 4 * len(models)), squeeze=False)
+    for row, name in enumerate(models):
+        for index, (label, server) in enumerate(results["models"][name]["servers"].items()):
+            rounds = server["rounds"]
+            style = {"color": f"C{index}", "label": label}
+            p95s = [1000 * r["ttfa_p95_s"] for r in rounds]
+            axes[row][0].plot(range(len(p95s)), p95s, "o-", **style)
+            pooled = sorted(1000 * t for r in rounds for t in r["ttfa_s"])
+            shares = [(i + 1) / len(pooled) for i in range(len(pooled))]
+            axes[row][1].plot(pooled, shares, **style)
+        axes[row][0].set_xlabel("burst")
+        axes[row][0].set_ylabel("time to first audio p95 of the burst (ms)")
+        axes[row][1].set_xlabel("time to first audio (ms), every request")
+        axes[row][1].set_ylabel("share of requests")
+        axes[row][1].axhline(0.95, color="grey", ls=":", lw=0.8)
+        for column, axis in enumerate(axes[row]):
+            goal = 1000 * GOAL_TTFA_P95_S
+            (axis.axhline if column == 0 else axis.axvline)(
+                goal, color="grey", ls="--", label="goal"
+            )
+            axis.grid(alpha=0.3)
+            axis.set_title(f"{name}: {('each burst', 'pooled')[column]}")
+            axis.legend(fontsize=7)
+        axes[row][0].set_ylim(bottom=0)
+    clients = next(iter(results["models"].values()))["clients"]
+    figure.suptitle(
+        f"onnx-tts serve, bursts of {clients} streaming clients that start together, "
+        f"{os.cpu_count()} cores shared"
+    )
+    save_figure(figure, path, dpi=100)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="1/4/8 clients, short windows")
@@ -877,6 +918,7 @@ def main_burst(args: argparse.Namespace, models: list[str]) -> int:
     results["machine"]["loadavg_end"] = load_average()
     path = args.json or RESULTS_DIR / "serve_burst.json"
     write_json(path, results)
+    plot_burst(results, args.plot or path.with_suffix(".png"))
     for name, data in results["models"].items():
         for label, server in data["servers"].items():
             p95, spread = server["ttfa_p95_s"], server["spread"].get("ttfa_p95_s", [0, 0])
@@ -887,7 +929,7 @@ def main_burst(args: argparse.Namespace, models: list[str]) -> int:
                 f"{'met' if server['goal_ttfa_p95_met'] else 'NOT met'}, no underruns "
                 f"{'met' if server['goal_no_underruns_met'] else 'NOT met'}"
             )
-    print(f"results: {path}")
+    print(f"results: {path}, {args.plot or path.with_suffix('.png')}")
     return 0
 
 
