@@ -11,6 +11,7 @@ import atexit
 import concurrent.futures.thread  # noqa: F401 - registers its exit hook first (below)
 import glob
 import importlib.util
+import logging
 import os
 import threading
 import weakref
@@ -108,7 +109,10 @@ def close_at_exit(worker: Any) -> None:
 
 def _close_workers() -> None:
     for worker in list(_CLOSE_AT_EXIT):
-        worker.close()
+        try:
+            worker.close()
+        except Exception as error:  # (one worker's failure must not keep the rest running)
+            logging.getLogger("onnx_tts").debug("closing %r at exit failed: %r", worker, error)
 
 
 # threading's exit hooks run when the main thread ends, before atexit's, latest registered
