@@ -375,11 +375,13 @@ def main(argv: list[str] | None = None) -> int:
     repo = Path(__file__).resolve().parents[1]
     if str(repo) not in sys.path:
         sys.path.insert(0, str(repo))
-    from benchmarks.results_io import load_average, machine_info, write_json
+    from benchmarks.results_io import load_average, machine_info, require_tree, write_json
     from export.voice.data import is_heldout
 
     if bool(args.before_python) != bool(args.before_repo):
         parser.error("--before-python and --before-repo go together")
+    if args.before_python:
+        require_tree(args.before_python, args.before_repo)
     if args.rounds < 1:
         parser.error("--rounds must be >= 1")
     missing = [s for s in SENTENCES if not is_heldout(s)]

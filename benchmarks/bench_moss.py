@@ -57,7 +57,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.results_io import save_figure, write_json  # noqa: E402
+from benchmarks.results_io import require_tree, save_figure, write_json  # noqa: E402
 
 RESULTS_DIR = ROOT / "benchmarks" / "results"
 DOCS = ROOT / "docs" / "BENCHMARKS.md"
@@ -519,6 +519,7 @@ def api(args: argparse.Namespace, frames: int) -> int:
     published = args.published_dir or source
     trees = []
     if args.before_python:
+        require_tree(args.before_python, args.before_repo)
         before = args.before_model_dir or model
         trees.append(
             moss_api.Tree("before", args.before_python, Path(args.before_repo).resolve(), before)

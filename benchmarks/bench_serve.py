@@ -61,7 +61,13 @@ if __package__ in (None, ""):  # run as a script: make `benchmarks` and `onnx_tt
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.live_server import LiveServer, ServerFailed
-from benchmarks.results_io import load_average, machine_info, save_figure, write_json
+from benchmarks.results_io import (
+    load_average,
+    machine_info,
+    require_tree,
+    save_figure,
+    write_json,
+)
 from onnx_tts.decoding.request import PlaybackClock
 from onnx_tts.server.encoding import wav_stream_header
 
@@ -850,6 +856,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--models takes voice and/or turbo")
     if bool(args.before_python) != bool(args.before_repo):
         parser.error("--before-python and --before-repo go together")
+    if args.before_python:
+        require_tree(args.before_python, args.before_repo)
     if args.quick:
         args.levels = [c for c in args.levels if c <= 8]
         args.rounds = 1

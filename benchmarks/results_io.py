@@ -9,6 +9,7 @@ import io
 import json
 import os
 import platform
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -76,3 +77,31 @@ def save_figure(figure: Any, path: Path, dpi: int = 110) -> None:
 
 
 __all__ = ["load_average", "machine_info", "save_figure", "write_atomically", "write_json"]
+
+
+def require_tree(python: str, repo: str | Path) -> str:
+    """Where `python`, run from the 'before' checkout `repo` with it on PYTHONPATH (as the
+    benches run it), imports onnx_tts from; SystemExit when that is not inside `repo`: an
+    editable install of another tree takes precedence over PYTHONPATH, and the 'before' arm
+    would silently measure the 'after' code."""
+    root = Path(repo).resolve()
+    probe = subprocess.run(
+        [python, "-c", "import onnx_tts; print(onnx_tts.__file__)"],
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
+    lines = probe.stdout.strip().splitlines()
+    if probe.returncode != 0 or not lines:
+        raise SystemExit(f"--before-python {python} cannot import onnx_tts in {root}")
+    imported = Path(lines[-1]).resolve()
+    if not imported.is_relative_to(root):
+        raise SystemExit(
+            f"--before-python {python} imports onnx_tts from {imported}, not from --before-repo "
+            f"{root} (an editable install of another tree wins over PYTHONPATH): give an "
+            "interpreter whose environment holds the old tree"
+        )
+    return str(imported)

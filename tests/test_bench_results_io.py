@@ -48,3 +48,29 @@ def test_machine_info_has_the_keys_results_are_read_with():
     assert len(info["loadavg_start"]) == 3
     assert info["onnxruntime"] and info["platform"] and info["python"]
     json.dumps(info)  # it goes into the results as it is
+
+
+def _old_tree(root):
+    (root / "onnx_tts").mkdir(parents=True)
+    (root / "onnx_tts" / "__init__.py").write_text("")
+    return root
+
+
+def test_require_tree_refuses_an_interpreter_that_imports_another_tree(tmp_path):
+    """This suite's interpreter has this checkout installed: PYTHONPATH does not move it to
+    an old tree, so a 'before' arm run with it would measure this tree."""
+    import sys
+
+    old = _old_tree(tmp_path / "old")
+    with pytest.raises(SystemExit, match="not from --before-repo"):
+        results_io.require_tree(sys.executable, old)
+
+
+def test_require_tree_accepts_an_interpreter_that_imports_the_old_tree(tmp_path):
+    import sys
+
+    old = _old_tree(tmp_path / "old")
+    launcher = tmp_path / "python-without-site"  # no site-packages: PYTHONPATH decides
+    launcher.write_text(f'#!/bin/sh\nexec "{sys.executable}" -S "$@"\n')
+    launcher.chmod(0o755)
+    assert results_io.require_tree(str(launcher), old) == str(old / "onnx_tts" / "__init__.py")
