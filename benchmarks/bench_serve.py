@@ -792,9 +792,8 @@ def plot_burst(results: dict[str, Any], path: Path) -> None:
         axes[row][1].set_ylabel("share of requests")
         axes[row][1].axhline(0.95, color="grey", ls=":", lw=0.8)
         for column, axis in enumerate(axes[row]):
-            goal = 1000 * GOAL_TTFA_P95_S
             (axis.axhline if column == 0 else axis.axvline)(
-                goal, color="grey", ls="--", label="goal"
+                1000 * GOAL_TTFA_P95_S, color="grey", ls="--", label="goal"
             )
             axis.grid(alpha=0.3)
             axis.set_title(f"{name}: {('each burst', 'pooled')[column]}")

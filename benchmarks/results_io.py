@@ -76,9 +76,6 @@ def save_figure(figure: Any, path: Path, dpi: int = 110) -> None:
     write_atomically(path, buffer.getvalue())
 
 
-__all__ = ["load_average", "machine_info", "save_figure", "write_atomically", "write_json"]
-
-
 def require_tree(python: str, repo: str | Path) -> str:
     """Where `python`, run from the 'before' checkout `repo` with it on PYTHONPATH (as the
     benches run it), imports onnx_tts from; SystemExit when that is not inside `repo`: an
@@ -105,3 +102,13 @@ def require_tree(python: str, repo: str | Path) -> str:
             "interpreter whose environment holds the old tree"
         )
     return str(imported)
+
+
+__all__ = [
+    "load_average",
+    "machine_info",
+    "require_tree",
+    "save_figure",
+    "write_atomically",
+    "write_json",
+]
